@@ -1,0 +1,5 @@
+import sys
+
+from harts.cli.main import main
+
+sys.exit(main())

@@ -90,12 +90,7 @@ def _int_tokens(tokens: Any) -> np.ndarray:
     if arr.size == 0:
         raise TrajectoryError("tokens: trajectory is empty")
     if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
-        if arr.dtype == object or np.issubdtype(arr.dtype, np.floating) or arr.dtype == bool:
-            ok = all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in arr.tolist())
-            if not ok:
-                raise TrajectoryError("tokens: every token must be an integer")
-        else:
-            raise TrajectoryError("tokens: every token must be an integer")
+        raise TrajectoryError("tokens: every token must be an integer")
     arr = arr.astype(np.int64)
     if (arr < 0).any():
         raise TrajectoryError(f"tokens: negative token id {int(arr[arr < 0][0])}")
@@ -107,7 +102,7 @@ def _mask(value: Any, n: int) -> np.ndarray:
     if arr.ndim != 1 or arr.size != n:
         raise TrajectoryError(f"loss_mask: length {arr.size} does not match {n} tokens")
     values = set(np.unique(arr).tolist()) if arr.size else set()
-    if not values <= {0, 1, True, False} or arr.dtype.kind not in "biu":
+    if not values <= {0, 1} or arr.dtype.kind not in "biu":
         raise TrajectoryError("loss_mask: values must be 0 or 1")
     mask = arr.astype(bool)
     if mask[0]:

@@ -1,0 +1,129 @@
+"""`harts workload ...` and `harts tree ...`: generate rollouts, build trees, report statistics."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from typing import Any
+
+from harts.cli.common import UserError, format_table, print_json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    wl = sub.add_parser("workload", help="generate synthetic SWE-bench-shaped rollouts")
+    wl_sub = wl.add_subparsers(dest="workload_command", metavar="ACTION", required=True)
+    gen = wl_sub.add_parser("generate", help="write a workload preset as rollout JSONL")
+    add_workload_args(gen, required=True)
+    gen.add_argument("--out", required=True, help="output JSONL path")
+    gen.set_defaults(func=cmd_generate)
+    ls = wl_sub.add_parser("presets", help="list workload presets")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_presets)
+
+    tr = sub.add_parser("tree", help="rollout-tree tools")
+    tr_sub = tr.add_subparsers(dest="tree_command", metavar="ACTION", required=True)
+    st = tr_sub.add_parser("stats", help="expanded/compact tokens, compression, nodes, depth, forks")
+    src = st.add_mutually_exclusive_group(required=True)
+    src.add_argument("--input", help="rollout JSONL file")
+    add_workload_args(src, required=False)
+    st.add_argument("--seed", type=int, default=None, help="workload seed (with --workload)")
+    st.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a workload parameter (with --workload); repeatable")
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.set_defaults(func=cmd_stats)
+
+
+def add_workload_args(parser: Any, required: bool) -> None:
+    parser.add_argument("--workload", metavar="PRESET", required=required,
+                        help="workload preset (see `harts workload presets`)")
+    if required:
+        parser.add_argument("--seed", type=int, default=None, help="override the preset's seed")
+        parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                            help="override a workload parameter, e.g. --set num_groups=4; repeatable")
+
+
+def workload_config(name: str, seed: int | None, sets: list[str]):
+    from harts.tree.workload import WorkloadConfig, preset
+
+    fields = {f.name: f for f in dataclasses.fields(WorkloadConfig)}
+    overrides: dict[str, Any] = {}
+    for item in sets:
+        key, eq, raw = item.partition("=")
+        if not eq or key not in fields:
+            raise UserError(f"--set {item!r}: expected KEY=VALUE with KEY one of {', '.join(fields)}")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        if isinstance(value, list):
+            value = tuple(value)
+        overrides[key] = value
+    if seed is not None:
+        overrides["seed"] = seed
+    try:
+        return preset(name, **overrides)
+    except (KeyError, ValueError, TypeError) as err:
+        raise UserError(str(err).strip("'\"")) from None
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from harts.tree.workload import PRESETS
+
+    rows = [
+        (name, c.scheme.value, c.num_groups, c.rollouts_per_group, f"{c.prompt_tokens[0]}-{c.prompt_tokens[1]}",
+         c.turns_median, c.max_context)
+        for name, c in PRESETS.items()
+    ]
+    if args.json:
+        print_json({name: dataclasses.asdict(c) for name, c in PRESETS.items()})
+    else:
+        print(format_table(["preset", "scheme", "groups", "rollouts", "prompt", "turns~", "max ctx"], rows))
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from harts.tree.io import save_jsonl
+    from harts.tree.workload import generate
+
+    cfg = workload_config(args.workload, args.seed, args.set)
+    wl = generate(cfg)
+    try:
+        trajs = wl.trajectories()
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    save_jsonl(trajs, args.out)
+    print(f"wrote {len(trajs)} trajectories ({sum(len(t) for t in trajs):,} tokens) to {args.out}",
+          file=sys.stderr)
+    return 0
+
+
+def load_forest(args: argparse.Namespace):
+    """The forest named by --input or --workload (structure-only for presets)."""
+    from harts.tree.build import build_forest
+    from harts.tree.io import RolloutFormatError, load_jsonl
+    from harts.tree.workload import generate
+
+    if args.input:
+        try:
+            trajs = load_jsonl(args.input)
+        except RolloutFormatError as err:
+            raise UserError(str(err)) from None
+        return build_forest(trajs)
+    cfg = workload_config(args.workload, args.seed, args.set)
+    return generate(cfg).forest()
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    forest = load_forest(args)
+    stats = forest.stats()
+    stats["build_seconds"] = time.perf_counter() - start
+    if args.json:
+        print_json(stats)
+    else:
+        rows = [(k.replace("_", " "), v) for k, v in stats.items()]
+        print(format_table(["statistic", "value"], rows))
+    return 0

@@ -289,34 +289,38 @@ def _tree_rollouts(wl: Workload, rng: np.random.Generator, group: str, prompt: i
     leaf_counter = [0]
 
     def grow(path: list[int], context: int, leaves: int, turns_left: int, sibling: int) -> None:
-        # a chain of turns; if more than one leaf remains, branch after a random number of
-        # turns inside the branch window, splitting the leaves among the continuations
-        if leaves > 1 and turns_left > 1:
+        # a chain of turns; while more than one leaf remains it branches after a random
+        # fraction of the turns it has left, splitting the leaves among the continuations
+        if leaves > 1:
             frac = rng.uniform(*cfg.branch_window)
-            run = int(np.clip(round(turns_left * frac), 1, turns_left - 1))
+            # at least one turn before each branch point (except right after the prompt), so
+            # a fork never stacks on another at the same depth
+            least = 0 if len(path) == 1 else 1
+            run = int(np.clip(round(turns_left * frac), least, max(turns_left - 1, least)))
         else:
             run = turns_left
-            leaves = 1 if turns_left <= 1 else leaves
         path = list(path)
+        capped = False
         for k in range(run):
             act, obs, nxt = _turn(wl, rng, context, sibling if k == 0 else 0)
             if nxt > cfg.max_context and len(path) > 1:
-                run = k
+                capped = True
                 break
             path += [act, obs]
             context = nxt
-        remaining = turns_left - run
-        if leaves <= 1 or remaining <= 0 or context >= cfg.max_context:
-            # drop the trailing observation: a sequence ends with the action it trains
-            symbols = np.asarray(path[:-1] if len(path) > 1 else path, dtype=np.int64)
-            for _ in range(max(1, leaves)):
-                # leaves cut short by the context cap collapse into one sequence per leaf
+        if leaves <= 1 or capped:
+            # drop the trailing observation: a sequence ends with the action it trains.
+            # Leaves cut short by the context cap end here together (identical sequences).
+            symbols = np.asarray(path[:-1], dtype=np.int64)
+            trained = symbols[np.asarray([wl.seg_kind[s] == ACTION for s in symbols])]
+            for _ in range(leaves):
                 wl.seq_symbols.append(symbols)
                 wl.seq_group.append(group)
                 wl.seq_id.append(f"{group}/l{leaf_counter[0]}")
-                wl.seq_trained.append(symbols[np.asarray([wl.seg_kind[s] == ACTION for s in symbols])])
+                wl.seq_trained.append(trained)
                 leaf_counter[0] += 1
             return
+        remaining = max(turns_left - run, 1)
         k = min(cfg.branching, leaves)
         shares = [leaves // k + (1 if i < leaves % k else 0) for i in range(k)]
         for i, share in enumerate(shares):

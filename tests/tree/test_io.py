@@ -1,0 +1,101 @@
+"""The JSONL rollout format: round trip, and a clear error for every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from harts.tree import RolloutFormatError, from_records, load_jsonl, save_jsonl
+from tests.strategies import trajectory_sets
+
+
+def _good(i: int = 0, **over):
+    rec = {
+        "id": f"t{i}",
+        "group": "g",
+        "tokens": [5, 6, 7],
+        "loss_mask": [0, 1, 1],
+        "advantage": 0.5,
+        "old_logprobs": [0.0, -1.0, -2.0],
+    }
+    rec.update(over)
+    return rec
+
+
+def _write(tmp_path, lines):
+    path = tmp_path / "r.jsonl"
+    path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n")
+    return path
+
+
+@settings(max_examples=15)
+@given(trajectory_sets())
+def test_save_load_round_trip(tmp_path_factory, trajs):
+    path = tmp_path_factory.mktemp("io") / "rt.jsonl"
+    save_jsonl(trajs, path)
+    back = load_jsonl(path)
+    assert len(back) == len(trajs)
+    for a, b in zip(trajs, back, strict=True):
+        assert a.same_as(b)
+
+
+def test_extra_fields_are_kept_and_per_token_advantage(tmp_path):
+    path = _write(tmp_path, [_good(0, reward=1.0, advantage=[0.0, 1.0, 2.0])])
+    (t,) = load_jsonl(path)
+    assert t.extra == {"reward": 1.0}
+    assert np.array_equal(t.advantage, [0.0, 1.0, 2.0])
+
+
+BAD = [
+    ("tokens", {"tokens": [1, 2]}, r"line 2: field 'loss_mask': length 3 does not match 2 tokens"),
+    ("loss_mask", {"loss_mask": [0, 1]}, r"line 2: field 'loss_mask': length 2 does not match 3"),
+    ("old_logprobs", {"old_logprobs": [0.0]}, r"line 2: field 'old_logprobs': length 1 does not"),
+    ("ref", {"ref_logprobs": [0.0, 1.0]}, r"line 2: field 'ref_logprobs': length 2"),
+    ("adv-list", {"advantage": [1.0]}, r"line 2: field 'advantage': length 1"),
+    ("float-token", {"tokens": [1, 2.5, 3]}, r"line 2: field 'tokens': position 1 is not an integer"),
+    ("str-token", {"tokens": [1, "a", 3]}, r"line 2: field 'tokens': position 1 is not an integer"),
+    ("bool-token", {"tokens": [1, True, 3]}, r"line 2: field 'tokens': position 1 is not an integer"),
+    ("negative", {"tokens": [1, -2, 3]}, r"line 2: field 'tokens': position 1 is negative"),
+    ("empty", {"tokens": [], "loss_mask": [], "old_logprobs": []}, r"line 2: field 'tokens': trajectory is empty"),
+    ("mask-value", {"loss_mask": [0, 2, 1]}, r"line 2: field 'loss_mask': position 1 is not 0 or 1"),
+    ("mask-first", {"loss_mask": [1, 1, 1]}, r"line 2: field 'loss_mask': position 0 cannot be trained"),
+    ("nan-adv", {"advantage": float("nan")}, r"line 2: field 'advantage': position 0 is NaN or infinite"),
+    ("inf-lp", {"old_logprobs": [0.0, float("-inf"), 0.0]}, r"line 2: field 'old_logprobs': position 1 is NaN"),
+    ("str-adv", {"advantage": "high"}, r"line 2: field 'advantage': position 0 is not a number"),
+    ("id", {"id": ""}, r"line 2: field 'id': must be a non-empty string"),
+    ("group", {"group": 3}, r"line 2: field 'group': must be a non-empty string"),
+    ("dup", {"id": "t0"}, r"line 2: field 'id': duplicate id 't0' \(first at .* line 1\)"),
+]
+
+
+@pytest.mark.parametrize("name,override,message", BAD, ids=[b[0] for b in BAD])
+def test_bad_field_names_line_and_field(tmp_path, name, override, message):
+    rec = _good(1, **override)
+    path = _write(tmp_path, [_good(0), rec])
+    with pytest.raises(RolloutFormatError, match=message) as info:
+        load_jsonl(path)
+    assert info.value.line == 2
+
+
+def test_missing_field_malformed_json_and_non_objects(tmp_path):
+    rec = _good(1)
+    del rec["old_logprobs"]
+    with pytest.raises(RolloutFormatError, match=r"line 2: field 'old_logprobs': missing"):
+        load_jsonl(_write(tmp_path, [_good(0), rec]))
+    with pytest.raises(RolloutFormatError, match=r"line 3: malformed JSON"):
+        load_jsonl(_write(tmp_path, [_good(0), _good(1), '{"id": "x", ']))
+    with pytest.raises(RolloutFormatError, match=r"line 1: each line must be a JSON object"):
+        load_jsonl(_write(tmp_path, ["[1, 2, 3]"]))
+    with pytest.raises(RolloutFormatError, match="no trajectories"):
+        load_jsonl(_write(tmp_path, [""]))
+    with pytest.raises(RolloutFormatError, match="cannot read file"):
+        load_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_python_api_uses_the_same_checks():
+    assert len(from_records([_good(0), _good(1)])) == 2
+    with pytest.raises(RolloutFormatError, match=r"record 2: field 'tokens': position 0 is negative"):
+        from_records([_good(0), _good(1, tokens=[-1, 1, 2])])

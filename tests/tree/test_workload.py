@@ -1,0 +1,75 @@
+"""Workload presets: reproducible, and the token-level tree equals the segment-level one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harts.tree import build_forest
+from harts.tree.workload import PRESETS, Scheme, generate, preset
+
+
+def _same_structure(a, b) -> None:
+    for name in ("node_parent", "node_start", "node_end", "node_group", "traj_node"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+
+
+@settings(max_examples=10)
+@given(st.sampled_from(["tiny-stepwise", "tiny-treestep", "small-stepwise", "small-treestep"]),
+       st.integers(0, 10_000))
+def test_token_forest_equals_structure_forest(name, seed):
+    wl = generate(preset(name, seed=seed))
+    _same_structure(build_forest(wl.trajectories()), wl.forest())
+
+
+def test_same_seed_same_workload_and_seed_matters():
+    a = generate(preset("small-treestep", seed=3))
+    b = generate(preset("small-treestep", seed=3))
+    c = generate(preset("small-treestep", seed=4))
+    _same_structure(a.forest(), b.forest())
+    assert all(x.same_as(y) for x, y in zip(a.trajectories(), b.trajectories(), strict=True))
+    assert a.seg_length != c.seg_length
+
+
+def test_schemes_have_their_shape():
+    step = generate(preset("tiny-stepwise")).trajectories()
+    # stepwise: a rollout's sequences are nested prefixes, each training only its last action
+    by_rollout: dict[str, list] = {}
+    for t in step:
+        by_rollout.setdefault(t.id.rsplit("/", 1)[0], []).append(t)
+    for seqs in by_rollout.values():
+        for a, b in zip(seqs, seqs[1:], strict=False):
+            assert np.array_equal(b.tokens[: len(a)], a.tokens)
+            assert not b.loss_mask[: len(a)].any()
+        for t in seqs:
+            trained = np.flatnonzero(t.loss_mask)
+            assert trained.size and trained[-1] == len(t) - 1
+    tree = generate(preset("tiny-treestep")).forest()
+    assert tree.num_trajectories == 2 * 4
+    assert (tree.node_num_children > 1).any()
+
+
+@pytest.mark.parametrize("name", [n for n in PRESETS if n.startswith("swe-")])
+def test_swe_presets_follow_the_calibration(name):
+    cfg = preset(name)
+    wl = generate(cfg)
+    f = wl.forest()
+    lengths = f.traj_length
+    prompts = [wl.seg_length[s[0]] for s in wl.seq_symbols]
+    assert min(prompts) >= 3000 and max(prompts) <= 8000
+    assert lengths.max() <= cfg.max_context
+    if cfg.scheme == Scheme.TREESTEP:
+        # final contexts: most land in 25k-130k tokens
+        assert np.mean((lengths >= 25_000) & (lengths <= 130_000)) > 0.5
+        assert f.num_trajectories == cfg.num_groups * cfg.rollouts_per_group
+
+
+def test_bad_config_and_unknown_preset():
+    with pytest.raises(KeyError, match="unknown workload preset 'nope'"):
+        preset("nope")
+    with pytest.raises(ValueError, match="action_range"):
+        preset("tiny-treestep", action_range=(5, 2))
+    with pytest.raises(ValueError, match="materialising more than"):
+        generate(preset("swe-stepwise-8")).trajectories()

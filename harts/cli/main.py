@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     except harts.cli.common.UserError as err:
         print(f"harts: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # output piped into `head` and closed early: not an error worth a traceback
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

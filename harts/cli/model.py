@@ -1,0 +1,72 @@
+"""`harts model ...`: registered model configs and their analytic parameter counts."""
+
+from __future__ import annotations
+
+import argparse
+
+from harts.cli.common import UserError, format_table, print_json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    model = sub.add_parser("model", help="model configurations")
+    model_sub = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)
+    params = model_sub.add_parser(
+        "params", help="total / active parameter counts of each config, next to the paper's Table 1"
+    )
+    params.add_argument("--model", metavar="NAME", default=None, help="one config (default: all)")
+    params.add_argument("--json", action="store_true", help="machine-readable output")
+    params.set_defaults(func=cmd_params)
+
+
+def cmd_params(args: argparse.Namespace) -> int:
+    from harts.config.models import (
+        TABLE1_PARAMS_B,
+        ConfigError,
+        ModelName,
+        get_model_config,
+        known_models,
+        parameter_counts,
+    )
+
+    names = known_models() if args.model is None else [args.model]
+    records = []
+    for name in names:
+        try:
+            config = get_model_config(name)
+        except ConfigError as err:
+            raise UserError(str(err)) from None
+        counts = parameter_counts(config)
+        paper = TABLE1_PARAMS_B.get(ModelName(name))
+        records.append({
+            "model": name,
+            "total": counts.total,
+            "active": counts.active,
+            "table1_total": None if paper is None else int(paper[0] * 1e9),
+            "table1_active": None if paper is None else int(paper[1] * 1e9),
+            "layers": config.num_layers,
+            "kda_mla": f"{config.kda_per_mla}:1",
+            "experts_topk": f"{config.num_experts}/{config.top_k}",
+            "by_component": counts.by_component,
+        })
+    if args.json:
+        print_json(records)
+        return 0
+
+    def billions(n: int | None) -> str:
+        if n is None:
+            return "-"
+        return f"{n / 1e9:.3f}B" if n >= 1e8 else f"{n / 1e6:.3f}M"
+
+    def diff(ours: int, paper: int | None) -> str:
+        return "-" if paper is None else f"{100 * (ours / paper - 1):+.1f}%"
+
+    rows = [
+        (r["model"], r["layers"], r["kda_mla"], r["experts_topk"],
+         billions(r["total"]), billions(r["table1_total"]), diff(r["total"], r["table1_total"]),
+         billions(r["active"]), billions(r["table1_active"]), diff(r["active"], r["table1_active"]))
+        for r in records
+    ]
+    headers = ["model", "layers", "KDA:MLA", "experts/top-k", "total", "Table 1", "diff",
+               "active", "Table 1", "diff"]
+    print(format_table(headers, rows))
+    return 0

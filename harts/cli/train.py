@@ -1,0 +1,135 @@
+"""`harts train`: policy-update steps on rollouts, trajectory-expanded (tree mode: later)."""
+
+from __future__ import annotations
+
+import argparse
+
+from harts.cli.common import UserError, format_table, print_json
+
+# Refuse to build models this large on a CPU: the Table 1 configs are for GPUs (and the
+# simulator), and allocating them here would only exhaust memory.
+_CPU_MAX_PARAMS = 200_000_000
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="run RL policy-update steps (PPO/GRPO loss) on rollouts")
+    p.add_argument("--mode", choices=["expanded", "tree"], default="expanded",
+                   help="expanded: trajectory-by-trajectory baseline; tree: rollout-tree execution")
+    p.add_argument("--model", default="tiny-cpu", metavar="NAME", help="model config (see `harts model params`)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--workload", metavar="PRESET", default=None,
+                     help="generated workload preset (default tiny-treestep)")
+    src.add_argument("--input", metavar="FILE.jsonl", default=None, help="rollout JSONL file")
+    p.add_argument("--steps", type=int, default=3, help="update steps (default 3)")
+    p.add_argument("--microbatch-tokens", type=int, default=4096, help="token budget per microbatch")
+    p.add_argument("--seed", type=int, default=0, help="model init and workload seed")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--grad-clip", type=float, default=1.0, help="max grad norm (<= 0: off)")
+    p.add_argument("--agg-mode", default="token-mean",
+                   choices=["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+    p.add_argument("--kl-coef", type=float, default=0.0, help="k3 KL to the rollouts' ref log-probs")
+    p.add_argument("--old-logprobs", choices=["recompute", "input"], default="recompute",
+                   help="recompute: current policy's log-probs before the step (on-policy, "
+                   "as verl's actor); input: the rollouts' old_logprobs")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--recompute", action="store_true", help="activation recomputation per layer")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_train)
+
+
+def _load_trajectories(args: argparse.Namespace) -> list:
+    if args.input is not None:
+        from harts.tree.io import load_jsonl
+
+        try:
+            return load_jsonl(args.input)
+        except (OSError, ValueError) as err:
+            raise UserError(f"--input {args.input}: {err}") from None
+    from harts.tree.workload import generate_trajectories
+
+    name = args.workload or "tiny-treestep"
+    try:
+        return generate_trajectories(name, seed=args.seed)
+    except (KeyError, ValueError) as err:
+        raise UserError(str(err).strip("'\"")) from None
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    if args.mode == "tree":
+        raise UserError("tree mode: not available yet")
+    if args.steps < 1:
+        raise UserError(f"--steps must be >= 1, got {args.steps}")
+    if args.microbatch_tokens < 1:
+        raise UserError(f"--microbatch-tokens must be >= 1, got {args.microbatch_tokens}")
+
+    from harts.config.models import ConfigError, get_model_config, parameter_counts
+
+    try:
+        config = get_model_config(args.model)
+    except ConfigError as err:
+        raise UserError(str(err)) from None
+    trajectories = _load_trajectories(args)
+    if not trajectories:
+        raise UserError("no trajectories to train on")
+    for t in trajectories:
+        top = int(t.tokens.max())
+        if top >= config.vocab_size:
+            raise UserError(
+                f"trajectory {t.id!r}: token id {top} is outside the vocabulary of "
+                f"{config.name} (size {config.vocab_size})"
+            )
+    if args.kl_coef > 0 and any(t.ref_logprobs is None for t in trajectories):
+        raise UserError("--kl-coef > 0 needs ref_logprobs in every trajectory")
+
+    import torch
+
+    from harts.exec.loss import PolicyLossConfig
+    from harts.exec.model import build_model
+    from harts.exec.trainer import ExpandedTrainer, OptimizerConfig
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    total = parameter_counts(config).total
+    if torch.device(device).type == "cpu" and total > _CPU_MAX_PARAMS:
+        raise UserError(f"{config.name} has {total / 1e9:.1f}B parameters: too large to train on a CPU")
+    dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
+    model = build_model(config, seed=args.seed, dtype=dtype, device=device, recompute=args.recompute)
+    trainer = ExpandedTrainer(
+        model,
+        OptimizerConfig(lr=args.lr, grad_clip=args.grad_clip if args.grad_clip > 0 else None),
+        PolicyLossConfig(agg_mode=args.agg_mode, kl_coef=args.kl_coef),
+    )
+
+    records = []
+    for step in range(1, args.steps + 1):
+        batch = trajectories
+        if args.old_logprobs == "recompute":
+            batch = trainer.recompute_old_logprobs(trajectories, args.microbatch_tokens)
+        result = trainer.step(batch, args.microbatch_tokens)
+        rec = {
+            "step": step,
+            **{k: v for k, v in result.losses.items()},
+            "grad_norm": result.grad_norm,
+            "tokens": result.tokens,
+            "trained_tokens": result.trained_tokens,
+            "microbatches": len(result.microbatches),
+            "seconds": result.seconds,
+            "tokens_per_s": result.tokens_per_second,
+        }
+        records.append(rec)
+        if not args.json:
+            if step == 1:
+                print(f"{config.name}: {len(trajectories)} trajectories, {result.tokens} tokens, "
+                      f"{len(result.microbatches)} microbatches of <= {args.microbatch_tokens} tokens, {device}")
+            print(f"step {step}  loss {rec['loss']:.6f}  pg {rec['pg_loss']:.6f}  aux {rec['aux_loss']:.3e}  "
+                  f"grad_norm {rec['grad_norm']:.4f}  {rec['tokens_per_s']:,.0f} tok/s", flush=True)
+    if args.json:
+        print_json({"model": config.name, "mode": args.mode, "steps": records})
+    else:
+        print(format_table(
+            ["step", "loss", "pg_loss", "aux_loss", "grad_norm", "entropy", "clip_frac", "tokens/s"],
+            [(r["step"], r["loss"], r["pg_loss"], r["aux_loss"], r["grad_norm"], r["entropy"],
+              r["clip_frac"], round(r["tokens_per_s"]))
+             for r in records],
+        ))
+    return 0

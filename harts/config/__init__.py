@@ -1,0 +1,1 @@
+"""Configurations as data (no torch): the simulator, the planner and the executor share them."""

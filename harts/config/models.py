@@ -1,0 +1,339 @@
+"""Model configurations of the hybrid-attention MoE models HARTS trains, as plain data.
+
+A model is Kimi-Linear-shaped: `num_layers` decoder blocks in repeating groups of
+`kda_per_mla` KDA (linear attention) layers followed by one MLA (full attention) layer;
+the first `num_dense_layers` blocks use a dense SwiGLU FFN, the rest a top-k MoE with
+shared experts. Nothing here imports torch: the simulator and planners read these configs
+and `parameter_counts` derives the parameter counts analytically, so the Table 1 models
+(7.9B and 124B parameters) are never instantiated on a CPU. `tests/config` proves the
+formula against `sum(p.numel())` of instantiated small models, so the formula and
+`harts.exec.model` cannot drift apart silently.
+
+Dimension names: d = d_model, H = heads, K / V = KDA key / value head dims, W = conv
+window, c = MLA KV latent rank, n / r / v = MLA no-RoPE / RoPE / value head dims,
+E = routed experts, k = top-k, f = FFN hidden dims.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal
+
+
+class ConfigError(ValueError):
+    """A model configuration that cannot be built; the message names the field."""
+
+
+class LayerKind(StrEnum):
+    KDA = "kda"
+    MLA = "mla"
+
+
+class FFNKind(StrEnum):
+    DENSE = "dense"
+    MOE = "moe"
+
+
+RouterKind = Literal["softmax", "sigmoid"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    vocab_size: int
+    d_model: int
+    num_layers: int
+    # Attention pattern: groups of `kda_per_mla` KDA layers then one MLA layer (0 = all MLA).
+    kda_per_mla: int = 3
+    # KDA (Kimi Delta Attention)
+    kda_num_heads: int = 2
+    kda_head_dim: int = 32  # K
+    kda_head_v_dim: int = 32  # V
+    kda_gate_rank: int | None = None  # low-rank forget/output gate projections; None = V
+    conv_window: int = 4  # W
+    chunk_size: int = 64
+    # MLA (multi-head latent attention)
+    mla_num_heads: int = 2
+    kv_lora_rank: int = 32  # c
+    q_lora_rank: int | None = None  # None = full-rank q projection
+    qk_nope_head_dim: int = 32  # n
+    qk_rope_head_dim: int = 16  # r (the decoupled key part; rotated only when use_rope)
+    v_head_dim: int = 32  # v
+    use_rope: bool = False  # Kimi-Linear's MLA uses no positional encoding
+    rope_theta: float = 10000.0
+    # FFN / MoE
+    num_dense_layers: int = 1
+    dense_ffn_dim: int = 128
+    num_experts: int = 8  # E routed experts per MoE layer
+    top_k: int = 2
+    expert_ffn_dim: int = 32
+    num_shared_experts: int = 1
+    router: RouterKind = "softmax"
+    aux_loss_coef: float = 1e-3
+    capacity_factor: float | None = None  # None = no token dropping (required in tree mode)
+    # Misc
+    norm_eps: float = 1e-6
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+
+    def validate(self) -> ModelConfig:
+        """Raise ConfigError naming the first inconsistent field; return self when valid."""
+        positive = [
+            "vocab_size", "d_model", "num_layers", "kda_num_heads", "kda_head_dim",
+            "kda_head_v_dim", "conv_window", "chunk_size", "mla_num_heads", "kv_lora_rank",
+            "qk_nope_head_dim", "v_head_dim",
+        ]
+        for f in positive:
+            _check_int(f, getattr(self, f), minimum=1)
+        for f in ["kda_per_mla", "qk_rope_head_dim", "num_dense_layers", "num_experts",
+                  "num_shared_experts", "dense_ffn_dim", "expert_ffn_dim", "top_k"]:
+            _check_int(f, getattr(self, f), minimum=0)
+        if not self.name:
+            raise ConfigError("name: must be non-empty")
+        group = self.kda_per_mla + 1
+        if self.num_layers % group:
+            raise ConfigError(
+                f"kda_per_mla: a KDA:MLA ratio of {self.kda_per_mla}:1 needs num_layers to be a "
+                f"multiple of {group}, got num_layers={self.num_layers}"
+            )
+        if self.kda_gate_rank is not None:
+            _check_int("kda_gate_rank", self.kda_gate_rank, minimum=1)
+        if self.q_lora_rank is not None:
+            _check_int("q_lora_rank", self.q_lora_rank, minimum=1)
+        if self.use_rope and (self.qk_rope_head_dim == 0 or self.qk_rope_head_dim % 2):
+            raise ConfigError(
+                f"qk_rope_head_dim: RoPE rotates pairs of channels, needs a positive even "
+                f"dim, got {self.qk_rope_head_dim}"
+            )
+        if self.num_dense_layers > self.num_layers:
+            raise ConfigError(
+                f"num_dense_layers: {self.num_dense_layers} > num_layers {self.num_layers}"
+            )
+        if self.num_dense_layers and self.dense_ffn_dim < 1:
+            raise ConfigError("dense_ffn_dim: must be >= 1 when there are dense FFN layers")
+        if self.num_moe_layers:
+            if self.num_experts < 1:
+                raise ConfigError("num_experts: MoE layers need at least one routed expert")
+            if not 1 <= self.top_k <= self.num_experts:
+                raise ConfigError(
+                    f"top_k: must be in [1, num_experts={self.num_experts}], got {self.top_k}"
+                )
+            if self.expert_ffn_dim < 1:
+                raise ConfigError("expert_ffn_dim: must be >= 1 when there are MoE layers")
+        if self.router not in ("softmax", "sigmoid"):
+            raise ConfigError(f"router: must be 'softmax' or 'sigmoid', got {self.router!r}")
+        if self.capacity_factor is not None and not self.capacity_factor > 0:
+            raise ConfigError(f"capacity_factor: must be > 0 or None, got {self.capacity_factor}")
+        for f in ["aux_loss_coef", "norm_eps", "init_std"]:
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+                raise ConfigError(f"{f}: must be a non-negative number, got {v!r}")
+        if not self.norm_eps > 0:
+            raise ConfigError("norm_eps: must be > 0")
+        if not self.rope_theta > 0:
+            raise ConfigError("rope_theta: must be > 0")
+        return self
+
+    def check_tree_mode(self) -> None:
+        """Tree mode routes each compact row once and weights it by its occurrence count;
+        capacity-based token dropping would drop rows, not trajectory tokens, so refuse it."""
+        if self.capacity_factor is not None:
+            raise ConfigError(
+                f"capacity_factor={self.capacity_factor}: token dropping breaks the "
+                "tree/expanded equivalence; tree mode needs capacity_factor=None"
+            )
+
+    def replace(self, **changes: object) -> ModelConfig:
+        return dataclasses.replace(self, **changes).validate()
+
+    @property
+    def layer_kinds(self) -> tuple[LayerKind, ...]:
+        group = self.kda_per_mla + 1
+        return tuple(
+            LayerKind.MLA if (i + 1) % group == 0 else LayerKind.KDA for i in range(self.num_layers)
+        )
+
+    @property
+    def ffn_kinds(self) -> tuple[FFNKind, ...]:
+        return tuple(
+            FFNKind.DENSE if i < self.num_dense_layers else FFNKind.MOE
+            for i in range(self.num_layers)
+        )
+
+    @property
+    def num_kda_layers(self) -> int:
+        return self.layer_kinds.count(LayerKind.KDA)
+
+    @property
+    def num_mla_layers(self) -> int:
+        return self.layer_kinds.count(LayerKind.MLA)
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.num_dense_layers
+
+    @property
+    def gate_rank(self) -> int:
+        return self.kda_head_v_dim if self.kda_gate_rank is None else self.kda_gate_rank
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name}: must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{name}: must be >= {minimum}, got {value}")
+
+
+# ---------------------------------------------------------------------------------------
+# Analytic parameter counts
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    total: int
+    active: int  # per token: all non-routed parameters + top_k of the E routed experts
+    by_component: dict[str, int]
+    active_by_component: dict[str, int]
+
+
+def kda_layer_params(c: ModelConfig) -> int:
+    d, h, k, v, w, r = c.d_model, c.kda_num_heads, c.kda_head_dim, c.kda_head_v_dim, c.conv_window, c.gate_rank
+    qk = 2 * d * h * k
+    vp = d * h * v
+    conv = w * (2 * h * k + h * v)
+    forget_gate = d * r + r * h * k + h + h * k  # low-rank f_proj, A_log [H], dt_bias [HK]
+    beta = d * h
+    out_gate = d * r + r * h * v + h * v  # low-rank g_proj with bias
+    o_norm = v
+    o_proj = h * v * d
+    return qk + vp + conv + forget_gate + beta + out_gate + o_norm + o_proj
+
+
+def mla_layer_params(c: ModelConfig) -> int:
+    d, h = c.d_model, c.mla_num_heads
+    qk_dim = c.qk_nope_head_dim + c.qk_rope_head_dim
+    if c.q_lora_rank is None:
+        q = d * h * qk_dim
+    else:
+        q = d * c.q_lora_rank + c.q_lora_rank + c.q_lora_rank * h * qk_dim
+    kv_a = d * (c.kv_lora_rank + c.qk_rope_head_dim) + c.kv_lora_rank
+    kv_b = c.kv_lora_rank * h * (c.qk_nope_head_dim + c.v_head_dim)
+    o = h * c.v_head_dim * d
+    return q + kv_a + kv_b + o
+
+
+def parameter_counts(config: ModelConfig) -> ParamCounts:
+    """Exact parameter counts of `harts.exec.model.HybridModel(config)` without building it."""
+    c = config.validate()
+    d = c.d_model
+    comp = {
+        "embedding": c.vocab_size * d,
+        "lm_head": 0 if c.tie_embeddings else c.vocab_size * d,
+        "norms": (2 * c.num_layers + 1) * d,
+        "kda": c.num_kda_layers * kda_layer_params(c),
+        "mla": c.num_mla_layers * mla_layer_params(c),
+        "dense_ffn": c.num_dense_layers * 3 * d * c.dense_ffn_dim,
+        "router": c.num_moe_layers * c.num_experts * d,
+        "shared_experts": c.num_moe_layers * 3 * d * c.expert_ffn_dim * c.num_shared_experts,
+        "routed_experts": c.num_moe_layers * c.num_experts * 3 * d * c.expert_ffn_dim,
+    }
+    active = dict(comp)
+    if c.num_moe_layers:
+        active["routed_experts"] = c.num_moe_layers * c.top_k * 3 * d * c.expert_ffn_dim
+    return ParamCounts(sum(comp.values()), sum(active.values()), comp, active)
+
+
+# ---------------------------------------------------------------------------------------
+# Registry
+
+
+class ModelName(StrEnum):
+    TINY_CPU = "tiny-cpu"
+    TINY = "tiny"
+    FLASH = "flash"
+
+
+# Table 1 of the HARTS paper (total / active parameters, billions): what `tiny` and `flash`
+# are sized to match.
+TABLE1_PARAMS_B: dict[ModelName, tuple[float, float]] = {
+    ModelName.TINY: (7.9, 1.3),
+    ModelName.FLASH: (124.0, 5.1),
+}
+
+_KIMI_VOCAB = 163_840
+
+_REGISTRY: dict[ModelName, ModelConfig] = {}
+
+
+def _register(name: ModelName, config: ModelConfig) -> None:
+    if name in _REGISTRY:
+        raise ConfigError(f"model config {name!r} registered twice")
+    if config.name != name.value:
+        raise ConfigError(f"model config registered as {name!r} is named {config.name!r}")
+    _REGISTRY[name] = config.validate()
+
+
+def known_models() -> list[str]:
+    return [n.value for n in _REGISTRY]
+
+
+def get_model_config(name: str | ModelName) -> ModelConfig:
+    """The registered config; unknown names fail listing the known ones."""
+    try:
+        key = ModelName(name)
+    except ValueError:
+        key = None
+    if key is None or key not in _REGISTRY:
+        raise ConfigError(f"unknown model {name!r}; known models: {', '.join(known_models())}")
+    return _REGISTRY[key]
+
+
+# Small enough for a training step on a few hundred tokens in well under a second on 2
+# CPU cores: 3 KDA + 1 MLA, one dense FFN layer, 3 MoE layers of 8 experts top-2.
+_register(
+    ModelName.TINY_CPU,
+    ModelConfig(
+        name="tiny-cpu", vocab_size=512, d_model=64, num_layers=4, kda_per_mla=3,
+        kda_num_heads=2, kda_head_dim=32, kda_head_v_dim=32, conv_window=4, chunk_size=64,
+        mla_num_heads=2, kv_lora_rank=32, q_lora_rank=None, qk_nope_head_dim=32,
+        qk_rope_head_dim=16, v_head_dim=32, use_rope=False,
+        num_dense_layers=1, dense_ffn_dim=128, num_experts=8, top_k=2, expert_ffn_dim=32,
+        num_shared_experts=1, router="softmax", aux_loss_coef=1e-3,
+    ),
+)
+
+# Table 1 "Tiny": 24 layers in 6 groups of 3 KDA + 1 MLA, layer 1 dense, layers 2-24 MoE
+# with 128 routed experts top-8 and one shared expert. Kimi-Linear-like head shapes
+# (KDA 16x128; MLA 8 heads, latent 512, no-RoPE 128 + decoupled 64, value 128, no RoPE).
+# Analytic count: 7.82B total / 1.31B active.
+_register(
+    ModelName.TINY,
+    ModelConfig(
+        name="tiny", vocab_size=_KIMI_VOCAB, d_model=1536, num_layers=24, kda_per_mla=3,
+        kda_num_heads=16, kda_head_dim=128, kda_head_v_dim=128, conv_window=4, chunk_size=64,
+        mla_num_heads=8, kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128,
+        qk_rope_head_dim=64, v_head_dim=128, use_rope=False,
+        num_dense_layers=1, dense_ffn_dim=8192, num_experts=128, top_k=8, expert_ffn_dim=512,
+        num_shared_experts=1, router="sigmoid", aux_loss_coef=1e-3,
+    ),
+)
+
+# Table 1 "Flash": 42 layers in 7 groups of 5 KDA + 1 MLA, layers 1-2 dense, layers 3-42
+# MoE with 512 routed experts top-8 and one shared expert. KDA 32x128, MLA 64 heads.
+# Analytic count: 124.0B total / 5.11B active.
+_register(
+    ModelName.FLASH,
+    ModelConfig(
+        name="flash", vocab_size=_KIMI_VOCAB, d_model=2560, num_layers=42, kda_per_mla=5,
+        kda_num_heads=32, kda_head_dim=128, kda_head_v_dim=128, conv_window=4, chunk_size=64,
+        mla_num_heads=64, kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128,
+        qk_rope_head_dim=64, v_head_dim=128, use_rope=False,
+        num_dense_layers=2, dense_ffn_dim=8192, num_experts=512, top_k=8, expert_ffn_dim=768,
+        num_shared_experts=1, router="sigmoid", aux_loss_coef=1e-3,
+    ),
+)

@@ -1,0 +1,195 @@
+"""The RL objective on per-target log-probs: PPO/GRPO clipped policy loss, k3 KL, entropy.
+
+Shapes: T hidden rows, D model dim, V vocabulary, U distinct rows that serve targets,
+N targets, S trajectories (sequences) of the step.
+
+A *target* is one trained-on trajectory position: (row, label, traj, position, weight,
+advantage, old log-prob, ref log-prob). `row` is the hidden row whose logits predict
+`label` (the row of position p-1 in trajectory layout, a compact row in tree layout, where
+one row may serve several targets with different labels). Log-softmax runs ONCE per
+distinct row, then each target gathers one scalar, so expanded vocabulary rows never exist.
+
+Aggregation (verl's `agg_loss` modes) with denominators passed in, computed once over the
+whole step (`loss_denominators`):
+
+    token-mean           sum_n w_n l_n / total_tokens
+    seq-mean-token-sum   sum_n w_n l_n / num_sequences
+    seq-mean-token-mean  sum_n w_n l_n / seq_tokens[traj_n] / num_sequences
+
+Because every denominator is global, the loss of a microbatch is its exact share of the
+full-batch loss and accumulating microbatch gradients gives the full-batch gradient. A
+sequence without trained tokens counts in num_sequences and contributes 0 (verl would
+produce 0/0 there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import numpy as np
+import torch
+from torch import Tensor
+
+AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+AGG_MODES: tuple[str, ...] = get_args(AggMode)
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    # dual-clip bound for negative advantages (verl's clip_ratio_c, e.g. 3.0); None = off
+    clip_ratio_c: float | None = None
+    kl_coef: float = 0.0  # k3 ("low_var_kl") KL to the reference log-probs
+    entropy_coef: float = 0.0
+    agg_mode: AggMode = "token-mean"
+
+    def validate(self) -> PolicyLossConfig:
+        if self.agg_mode not in AGG_MODES:
+            raise ValueError(f"agg_mode: unknown {self.agg_mode!r}; known: {', '.join(AGG_MODES)}")
+        if not (0 <= self.clip_eps_low < 1 and self.clip_eps_high >= 0):
+            raise ValueError("clip_eps_low must be in [0, 1) and clip_eps_high >= 0")
+        if self.clip_ratio_c is not None and not self.clip_ratio_c > 1:
+            raise ValueError(f"clip_ratio_c must be > 1 or None; got {self.clip_ratio_c}")
+        if self.kl_coef < 0 or self.entropy_coef < 0:
+            raise ValueError("kl_coef and entropy_coef must be >= 0")
+        return self
+
+
+@dataclass(frozen=True)
+class TargetTable:
+    row: Tensor  # int64 [N] hidden row whose logits predict the label
+    label: Tensor  # int64 [N]
+    traj: Tensor  # int64 [N] trajectory index within the step (indexes seq_tokens)
+    position: Tensor  # int64 [N] position of the label in its trajectory
+    weight: Tensor  # float [N] loss mask (1 = trained on)
+    advantage: Tensor  # float [N]
+    old_logprob: Tensor  # float [N]
+    ref_logprob: Tensor | None = None  # float [N]
+
+    @property
+    def num_targets(self) -> int:
+        return int(self.row.numel())
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> TargetTable:
+        def f(x: Tensor | None) -> Tensor | None:
+            if x is None:
+                return None
+            if dtype is not None and x.is_floating_point():
+                return x.to(device=device, dtype=dtype)
+            return x.to(device)
+
+        return TargetTable(*(f(getattr(self, n)) for n in self.__dataclass_fields__))
+
+
+@dataclass(frozen=True)
+class LossDenominators:
+    total_tokens: float  # trained tokens of the whole step
+    num_sequences: int  # trajectories of the whole step
+    seq_tokens: Tensor  # float64 [S] trained tokens per trajectory
+
+
+def loss_denominators(trained_tokens_per_traj: Sequence[float] | np.ndarray | Tensor) -> LossDenominators:
+    """Step-global denominators from each trajectory's trained-token count (sum of its loss
+    mask); the trajectory order defines the `traj` indices of the targets."""
+    counts = torch.as_tensor(np.asarray(trained_tokens_per_traj, dtype=np.float64))
+    if counts.dim() != 1 or counts.numel() == 0:
+        raise ValueError("need a non-empty 1-D array of per-trajectory trained-token counts")
+    if bool((counts < 0).any()):
+        raise ValueError("trained-token counts must be >= 0")
+    return LossDenominators(float(counts.sum()), int(counts.numel()), counts)
+
+
+def target_logprobs(
+    hidden_TD: Tensor, lm_head_VD: Tensor, row_N: Tensor, label_N: Tensor, *, entropy_grad: bool = False
+) -> tuple[Tensor, Tensor]:
+    """(logprob_N, entropy_N): log-softmax once per distinct row, gathered per target.
+
+    The entropy is of the full next-token distribution at the target's row; it carries a
+    gradient only with entropy_grad (an entropy bonus), otherwise it is a statistic."""
+    rows_U, inverse_N = torch.unique(row_N, return_inverse=True)
+    logits_UV = hidden_TD[rows_U] @ lm_head_VD.T
+    logp_UV = torch.log_softmax(logits_UV, dim=-1)
+    logprob_N = logp_UV[inverse_N, label_N]
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy_U = -(logp_UV.exp() * logp_UV).sum(-1)
+    return logprob_N, entropy_U[inverse_N]
+
+
+def aggregate(values_N: Tensor, table: TargetTable, den: LossDenominators, mode: AggMode) -> Tensor:
+    """This batch's contribution to the step-level aggregate of per-target values."""
+    weighted_N = values_N * table.weight.to(values_N.dtype)
+    if mode == "token-mean":
+        return weighted_N.sum() / max(den.total_tokens, 1.0)
+    if mode == "seq-mean-token-sum":
+        return weighted_N.sum() / den.num_sequences
+    if mode == "seq-mean-token-mean":
+        seq_N = den.seq_tokens.to(device=values_N.device, dtype=values_N.dtype)[table.traj].clamp(min=1.0)
+        return (weighted_N / seq_N).sum() / den.num_sequences
+    raise ValueError(f"unknown aggregation mode {mode!r}; known: {', '.join(AGG_MODES)}")
+
+
+@dataclass(frozen=True)
+class PolicyLossOutput:
+    loss: Tensor  # scalar to backpropagate: pg + kl_coef * kl - entropy_coef * entropy
+    pg_loss: Tensor  # detached contributions (all sum over microbatches to the step value)
+    kl: Tensor
+    entropy: Tensor
+    clip_frac: Tensor  # token-mean of "the clipped branch was taken"
+    ppo_kl: Tensor  # token-mean of old_logprob - logprob
+    logprob_N: Tensor  # detached per-target values
+    entropy_N: Tensor
+
+
+def policy_loss(
+    hidden_TD: Tensor,
+    lm_head_VD: Tensor,
+    table: TargetTable,
+    den: LossDenominators,
+    config: PolicyLossConfig | None = None,
+) -> PolicyLossOutput:
+    cfg = config or PolicyLossConfig()
+    logprob_N, entropy_N = target_logprobs(
+        hidden_TD, lm_head_VD, table.row, table.label, entropy_grad=cfg.entropy_coef > 0
+    )
+    dtype = logprob_N.dtype
+    adv_N = table.advantage.to(dtype)
+    log_ratio_N = logprob_N - table.old_logprob.to(dtype)
+    ratio_N = torch.exp(log_ratio_N)
+    pg1_N = -adv_N * ratio_N
+    pg2_N = -adv_N * ratio_N.clamp(1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high)
+    pg_N = torch.maximum(pg1_N, pg2_N)
+    clipped_N = (pg2_N > pg1_N).to(dtype)
+    if cfg.clip_ratio_c is not None:
+        pg3_N = -adv_N * cfg.clip_ratio_c
+        pg_N = torch.where(adv_N < 0, torch.minimum(pg_N, pg3_N), pg_N)
+    mode = cfg.agg_mode
+    pg = aggregate(pg_N, table, den, mode)
+    loss = pg
+    if cfg.kl_coef > 0:
+        if table.ref_logprob is None:
+            raise ValueError("kl_coef > 0 needs reference log-probs for every target")
+        delta_N = (table.ref_logprob.to(dtype) - logprob_N).clamp(-20.0, 20.0)
+        kl_N = (torch.exp(delta_N) - delta_N - 1.0).clamp(-10.0, 10.0)
+        kl = aggregate(kl_N, table, den, mode)
+        loss = loss + cfg.kl_coef * kl
+    else:
+        kl = pg.new_zeros(())
+    ent = aggregate(entropy_N, table, den, mode)
+    if cfg.entropy_coef > 0:
+        loss = loss - cfg.entropy_coef * ent
+    with torch.no_grad():
+        clip_frac = aggregate(clipped_N, table, den, "token-mean")
+        ppo_kl = aggregate(-log_ratio_N, table, den, "token-mean")
+    return PolicyLossOutput(
+        loss=loss,
+        pg_loss=pg.detach(),
+        kl=kl.detach(),
+        entropy=ent.detach(),
+        clip_frac=clip_frac,
+        ppo_kl=ppo_kl.detach(),
+        logprob_N=logprob_N.detach(),
+        entropy_N=entropy_N.detach(),
+    )

@@ -1,0 +1,110 @@
+"""Sequence mixing behind one interface, so one model serves packed sequences and trees.
+
+Shapes: T rows, H heads, D/K/E/V feature dims, W conv window, N packed sequences.
+
+The model runs every token-wise part (embeddings, projections, norms, FFN, MoE, LM head)
+once per row; the only places where rows see each other are the three methods of a
+`MixingContext`: full attention, the short convolution, and the KDA recurrence. A
+`PackedContext` mixes within each of N packed, independent sequences (the trajectory-
+expanded baseline); the tree executor supplies a context that mixes along each row's path
+through a rollout tree. `layer` and `name` identify the call so a context may keep
+per-layer state (the packed one ignores them). Under activation recomputation a layer's
+context calls run a second time during backward with the same arguments, so a context
+must give the same answer when called again.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@runtime_checkable
+class MixingContext(Protocol):
+    num_rows: int
+    # [T] float: occurrence count of each row (ones for packed sequences); MoE routing
+    # statistics (f_i, P_i, expert loads) weight rows by it.
+    row_weight: Tensor
+    # [T] int64: depth of each row in its sequence (the RoPE position when enabled).
+    position_ids: Tensor
+    # Optional attribute read with getattr(ctx, "allows_token_dropping", False): only a
+    # context whose rows are plain tokens (packed) may let MoE drop over-capacity tokens.
+
+    def attention(self, layer: int, q_THD: Tensor, k_THD: Tensor, v_THE: Tensor, scale: float) -> Tensor:
+        """o_THE: each row attends the rows before it on its own path (and itself)."""
+        ...
+
+    def short_conv(self, layer: int, name: str, x_TD: Tensor, weight_DW: Tensor, bias_D: Tensor | None) -> Tensor:
+        """SiLU(causal depthwise conv) along each row's path."""
+        ...
+
+    def kda(self, layer: int, q_THK: Tensor, k_THK: Tensor, v_THV: Tensor, g_THK: Tensor, beta_TH: Tensor, scale: float) -> Tensor:
+        """o_THV of the KDA recurrence along each row's path."""
+        ...
+
+
+class PackedContext:
+    """Independent sequences packed back to back: rows [cu[n], cu[n+1]) form sequence n.
+
+    Attention runs per sequence (causal SDPA on its own slice), so no row can see another
+    sequence and a packed sequence computes exactly what it computes alone. The conv uses
+    windows that stop at sequence starts; KDA runs chunkwise with chunks restarting at
+    each sequence start (`cu_seqlens`).
+    """
+
+    allows_token_dropping = True
+
+    def __init__(self, cu_seqlens: Tensor, row_weight: Tensor | None = None, *, chunk_size: int = 64):
+        cu = torch.as_tensor(cu_seqlens).to(torch.int64).cpu()
+        if cu.dim() != 1 or cu.numel() < 2 or int(cu[0]) != 0 or bool((cu[1:] <= cu[:-1]).any()):
+            raise ValueError(f"cu_seqlens must rise strictly from 0; got {cu.tolist()}")
+        self.cu_seqlens = cu
+        self.num_rows = int(cu[-1])
+        self.chunk_size = chunk_size
+        lengths = cu[1:] - cu[:-1]
+        starts = torch.repeat_interleave(cu[:-1], lengths)
+        self.position_ids = torch.arange(self.num_rows, dtype=torch.int64) - starts
+        if row_weight is None:
+            row_weight = torch.ones(self.num_rows, dtype=torch.float64)
+        if row_weight.shape != (self.num_rows,):
+            raise ValueError(f"row_weight must be [T={self.num_rows}]; got {tuple(row_weight.shape)}")
+        self.row_weight = row_weight
+        self._bounds = [int(b) for b in cu]
+        self._windows: dict[int, Tensor] = {}
+
+    def to(self, device: torch.device | str) -> PackedContext:
+        self.position_ids = self.position_ids.to(device)
+        self.row_weight = self.row_weight.to(device)
+        self._windows = {w: t.to(device) for w, t in self._windows.items()}
+        return self
+
+    def attention(self, layer: int, q_THD: Tensor, k_THD: Tensor, v_THE: Tensor, scale: float) -> Tensor:
+        outs = []
+        for start, end in zip(self._bounds[:-1], self._bounds[1:], strict=True):
+            q, k, v = (x[start:end].transpose(0, 1) for x in (q_THD, k_THD, v_THE))
+            o_HLE = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+            outs.append(o_HLE.transpose(0, 1))
+        return torch.cat(outs, dim=0)
+
+    def short_conv(self, layer: int, name: str, x_TD: Tensor, weight_DW: Tensor, bias_D: Tensor | None) -> Tensor:
+        from harts.exec.ops.conv import short_conv, window_from_cu_seqlens
+
+        W = weight_DW.shape[1]
+        window_TW = self._windows.get(W)
+        if window_TW is None:
+            window_TW = window_from_cu_seqlens(self.cu_seqlens.to(x_TD.device), W, self.num_rows)
+            self._windows[W] = window_TW
+        return short_conv(x_TD, weight_DW, bias_D, window_TW=window_TW, activation="silu")
+
+    def kda(self, layer: int, q_THK: Tensor, k_THK: Tensor, v_THV: Tensor, g_THK: Tensor, beta_TH: Tensor, scale: float) -> Tensor:
+        from harts.exec.ops.kda import chunk_kda
+
+        out = chunk_kda(
+            q_THK, k_THK, v_THV, g_THK, beta_TH, scale=scale,
+            cu_seqlens=self.cu_seqlens.to(q_THK.device), chunk_size=self.chunk_size,
+            output_final_state=False,
+        )
+        return out.o

@@ -1,0 +1,70 @@
+"""KDA (Kimi Delta Attention) layer, Kimi-Linear / fla `KimiDeltaAttention` shaped.
+
+Shapes: T rows, D model dim, H heads, K key head dim, V value head dim, W conv window,
+R gate rank.
+
+q/k/v: linear projection, short causal conv + SiLU (through the context), q/k L2-normalised
+per head. beta = sigmoid(b_proj x). Forget gate in log space per key channel:
+g = -exp(A_log[h]) * softplus(f_proj(x) + dt_bias), f_proj low-rank D -> R -> HK. Output:
+RMSNorm(o) * w * sigmoid(g_proj(x)) per head (g_proj low-rank with bias), then o_proj.
+The recurrence itself runs in `ctx.kda`, so this module never sees sequence structure.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from harts.config.models import ModelConfig
+from harts.exec.model.context import MixingContext
+from harts.exec.model.layers import GatedRMSNorm, l2_norm
+
+
+class KDAMixer(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        c = config
+        self.layer = layer
+        self.num_heads, self.head_k, self.head_v = c.kda_num_heads, c.kda_head_dim, c.kda_head_v_dim
+        d, H, K, V, W, R = c.d_model, self.num_heads, self.head_k, self.head_v, c.conv_window, c.gate_rank
+        self.q_proj = nn.Linear(d, H * K, bias=False)
+        self.k_proj = nn.Linear(d, H * K, bias=False)
+        self.v_proj = nn.Linear(d, H * V, bias=False)
+        self.q_conv = nn.Parameter(torch.empty(H * K, W))
+        self.k_conv = nn.Parameter(torch.empty(H * K, W))
+        self.v_conv = nn.Parameter(torch.empty(H * V, W))
+        self.f_proj = nn.Sequential(nn.Linear(d, R, bias=False), nn.Linear(R, H * K, bias=False))
+        self.b_proj = nn.Linear(d, H, bias=False)
+        self.A_log = nn.Parameter(torch.empty(H))
+        self.dt_bias = nn.Parameter(torch.empty(H * K))
+        self.g_proj = nn.Sequential(nn.Linear(d, R, bias=False), nn.Linear(R, H * V, bias=True))
+        self.o_norm = GatedRMSNorm(V, c.norm_eps)
+        self.o_proj = nn.Linear(H * V, d, bias=False)
+
+    @torch.no_grad()
+    def reset_special_parameters(self) -> None:
+        W = self.q_conv.shape[1]
+        for w in (self.q_conv, self.k_conv, self.v_conv):
+            # nn.Conv1d's default for a depthwise kernel of width W
+            w.uniform_(-1 / math.sqrt(W), 1 / math.sqrt(W))
+        self.A_log.copy_(torch.empty_like(self.A_log).uniform_(1, 16).log())
+        # Mamba-style: softplus(dt_bias) log-uniform in [1e-3, 1e-1]
+        dt = torch.exp(torch.empty_like(self.dt_bias).uniform_(math.log(1e-3), math.log(1e-1)))
+        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+
+    def forward(self, x_TD: Tensor, ctx: MixingContext) -> Tensor:
+        T = x_TD.shape[0]
+        H, K, V = self.num_heads, self.head_k, self.head_v
+        q_THK = ctx.short_conv(self.layer, "q", self.q_proj(x_TD), self.q_conv, None).view(T, H, K)
+        k_THK = ctx.short_conv(self.layer, "k", self.k_proj(x_TD), self.k_conv, None).view(T, H, K)
+        v_THV = ctx.short_conv(self.layer, "v", self.v_proj(x_TD), self.v_conv, None).view(T, H, V)
+        q_THK, k_THK = l2_norm(q_THK), l2_norm(k_THK)
+        f_THK = self.f_proj(x_TD).view(T, H, K) + self.dt_bias.view(H, K)
+        g_THK = -torch.exp(self.A_log).view(H, 1) * F.softplus(f_THK)
+        beta_TH = torch.sigmoid(self.b_proj(x_TD))
+        o_THV = ctx.kda(self.layer, q_THK, k_THK, v_THV, g_THK, beta_TH, K**-0.5)
+        o_THV = self.o_norm(o_THV, self.g_proj(x_TD).view(T, H, V))
+        return self.o_proj(o_THV.reshape(T, H * V))

@@ -1,0 +1,64 @@
+"""Token-wise building blocks: RMSNorm, gated RMSNorm, SwiGLU, rotary embedding.
+
+Shapes: T rows, H heads, D model dim, F FFN dim, R rotary dim.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def l2_norm(x: Tensor, eps: float = 1e-6) -> Tensor:
+    # fla's l2norm: x / sqrt(sum x^2 + eps), over the last (head) dim
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm over the last dim, then times sigmoid(gate) (fla FusedRMSNormGated, sigmoid)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor, gate: Tensor) -> Tensor:
+        return rms_norm(x, self.weight, self.eps) * torch.sigmoid(gate)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model: int, ffn_dim: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(d_model, ffn_dim, bias=False)
+        self.up_proj = nn.Linear(d_model, ffn_dim, bias=False)
+        self.down_proj = nn.Linear(ffn_dim, d_model, bias=False)
+
+    def forward(self, x_TD: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x_TD)) * self.up_proj(x_TD))
+
+
+def apply_rope(x_THR: Tensor, position_ids_T: Tensor, theta: float) -> Tensor:
+    """Rotate-half RoPE on the last dim (R even) at the given positions (tree depths)."""
+    R = x_THR.shape[-1]
+    inv_freq = theta ** (-torch.arange(0, R, 2, dtype=torch.float64, device=x_THR.device) / R)
+    angles_TR2 = position_ids_T.to(torch.float64)[:, None] * inv_freq[None, :]
+    cos = torch.cat([angles_TR2.cos()] * 2, dim=-1).to(x_THR.dtype)[:, None, :]
+    sin = torch.cat([angles_TR2.sin()] * 2, dim=-1).to(x_THR.dtype)[:, None, :]
+    x1, x2 = x_THR[..., : R // 2], x_THR[..., R // 2 :]
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return x_THR * cos + rotated * sin

@@ -1,0 +1,148 @@
+"""The Kimi-Linear-shaped hybrid-attention MoE model that HARTS trains.
+
+Shapes: T rows, D model dim, V vocabulary, L MoE layers, E routed experts.
+
+Every token-wise part runs once per row; all sequence mixing goes through the
+`MixingContext` handed to `forward`, so the same weights and the same code compute
+packed trajectories (the expanded baseline) and compact rollout trees. `forward` stops at
+the final norm: log-probs are taken by `harts.exec.loss`, which applies the LM head only
+to the rows that serve targets.
+
+Blocks are pre-norm: x += mixer(norm(x)); x += ffn(norm(x)). With `recompute=True` each
+block runs under non-reentrant `torch.utils.checkpoint`: activations are recomputed in
+backward and gradients are bit-identical (tested in float64).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from harts.config.models import FFNKind, LayerKind, ModelConfig, get_model_config
+from harts.exec.model.context import MixingContext
+from harts.exec.model.kda import KDAMixer
+from harts.exec.model.layers import RMSNorm, SwiGLU
+from harts.exec.model.mla import MLAMixer
+from harts.exec.model.moe import MoE
+
+
+@dataclass(frozen=True)
+class ModelOutput:
+    hidden_TD: Tensor  # after the final norm
+    aux_loss: Tensor  # scalar: MoE load-balancing loss summed over MoE layers (coef included)
+    expert_load: Tensor  # [L, E] row_weight-weighted routing counts per MoE layer
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.mixer_kind = config.layer_kinds[layer]
+        self.ffn_kind = config.ffn_kinds[layer]
+        self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.mixer = KDAMixer(config, layer) if self.mixer_kind == LayerKind.KDA else MLAMixer(config, layer)
+        self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
+        if self.ffn_kind == FFNKind.DENSE:
+            self.ffn: nn.Module = SwiGLU(config.d_model, config.dense_ffn_dim)
+        else:
+            self.ffn = MoE(config)
+
+    def forward(self, x_TD: Tensor, ctx: MixingContext) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        x_TD = x_TD + self.mixer(self.attn_norm(x_TD), ctx)
+        h_TD = self.ffn_norm(x_TD)
+        if self.ffn_kind == FFNKind.DENSE:
+            return x_TD + self.ffn(h_TD), None, None
+        y_TD, aux, load_E = self.ffn(h_TD, ctx)
+        return x_TD + y_TD, aux, load_E
+
+
+class HybridModel(nn.Module):
+    def __init__(self, config: ModelConfig, *, recompute: bool = False):
+        super().__init__()
+        self.config = config.validate()
+        self.recompute = recompute
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.reset_parameters()
+
+    @property
+    def lm_head_weight(self) -> Tensor:
+        """[V, D]: the LM head (the embedding table when tied)."""
+        return self.embed.weight if self.lm_head is None else self.lm_head.weight
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        std = self.config.init_std
+        # residual-branch outputs scaled down with depth (GPT-2 style)
+        out_std = std / math.sqrt(2 * self.config.num_layers)
+        for name, p in self.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if "norm" in name:
+                p.fill_(1.0)
+            elif leaf == "bias":
+                p.zero_()
+            elif name.endswith(("o_proj.weight", "down_proj.weight")) or leaf == "w_down":
+                p.normal_(0.0, out_std)
+            else:
+                p.normal_(0.0, std)
+        for module in self.modules():
+            if isinstance(module, KDAMixer):
+                module.reset_special_parameters()
+
+    def forward(self, input_ids_T: Tensor, ctx: MixingContext) -> ModelOutput:
+        if input_ids_T.dim() != 1 or input_ids_T.shape[0] != ctx.num_rows:
+            raise ValueError(f"input_ids must be [T={ctx.num_rows}]; got {tuple(input_ids_T.shape)}")
+        x_TD = self.embed(input_ids_T)
+        aux = x_TD.new_zeros(())
+        loads = []
+        for block in self.layers:
+            if self.recompute and torch.is_grad_enabled():
+                x_TD, layer_aux, load_E = checkpoint(block, x_TD, ctx, use_reentrant=False)
+            else:
+                x_TD, layer_aux, load_E = block(x_TD, ctx)
+            if layer_aux is not None:
+                aux = aux + layer_aux
+                loads.append(load_E)
+        if loads:
+            expert_load = torch.stack(loads)
+        else:
+            expert_load = x_TD.new_zeros(0, self.config.num_experts)
+        return ModelOutput(self.norm(x_TD), aux, expert_load)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def save_state_dict_file(self, path: str | Path) -> None:
+        from harts.exec.model.weights import save_state_dict_file
+
+        save_state_dict_file(self, path)
+
+    def load_state_dict_file(self, path: str | Path) -> None:
+        from harts.exec.model.weights import load_state_dict_file
+
+        load_state_dict_file(self, path)
+
+
+def build_model(
+    config: ModelConfig | str,
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    recompute: bool = False,
+) -> HybridModel:
+    """A freshly initialised model; the same seed gives the same weights, and the global
+    RNG state is left untouched."""
+    if isinstance(config, str):
+        config = get_model_config(config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = HybridModel(config, recompute=recompute)
+    return model.to(device=device, dtype=dtype)

@@ -1,0 +1,247 @@
+"""The trajectory-expanded reference trainer: the Baseline every HARTS number is measured against.
+
+Shapes: T packed rows of a microbatch, N targets, S trajectories of the step, L MoE layers,
+E routed experts.
+
+One update step: trajectories are packed into microbatches under a token budget
+(first-fit-decreasing; a trajectory longer than the budget gets a microbatch of its own);
+each microbatch runs the model over a `PackedContext` (sequences never see each other),
+the policy loss with step-global denominators, and a backward pass accumulating into
+.grad; then optional gradient clipping and one AdamW step. Because the denominators are
+global, the accumulated gradient equals the full-batch gradient for any packing.
+
+MoE auxiliary loss: routing statistics are per microbatch (as in Megatron / verl), and each
+microbatch's aux loss is scaled by its share of the step's tokens, T_mb / T_step, so a
+step of one microbatch gets exactly the full-batch aux loss and the reported `aux_loss` is
+a token-weighted mean over microbatches. (f_i * P_i is not linear in the rows, so this is
+the one term that depends on the packing; the tree executor uses the same rule per
+microbatch with occurrence-weighted rows.)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+from harts.exec.loss import (
+    LossDenominators,
+    PolicyLossConfig,
+    TargetTable,
+    loss_denominators,
+    policy_loss,
+)
+from harts.exec.model.context import PackedContext
+from harts.exec.model.model import HybridModel
+from harts.tree.trajectory import Trajectory
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.0  # applied to matrices only (not norms, biases, A_log, dt_bias)
+    grad_clip: float | None = 1.0  # max global L2 norm; None = no clipping
+
+
+@dataclass(frozen=True)
+class StepResult:
+    logprobs: list[np.ndarray]  # per trajectory, float64 [L]: log-prob of token p; NaN at p = 0
+    entropy: list[np.ndarray]  # per trajectory, float64 [L]: entropy of the distribution predicting p
+    losses: dict[str, float]  # loss, pg_loss, kl, entropy, aux_loss, clip_frac, ppo_kl
+    grad_norm: float  # global L2 norm before clipping
+    expert_load: np.ndarray  # float64 [L, E] routed-token counts summed over microbatches
+    tokens: int  # expanded tokens computed
+    trained_tokens: int
+    microbatches: list[list[int]] = field(default_factory=list)  # trajectory indices
+    seconds: float = 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("inf")
+
+
+def pack_microbatches(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """First-fit-decreasing bins of indices with total length <= budget; an item longer than
+    the budget gets a bin of its own. Deterministic: ties keep input order."""
+    if budget < 1:
+        raise ValueError(f"microbatch token budget must be >= 1; got {budget}")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        n = lengths[i]
+        for b, r in enumerate(room):
+            if n <= r:
+                bins[b].append(i)
+                room[b] -= n
+                break
+        else:
+            bins.append([i])
+            room.append(budget - n)
+    return bins
+
+
+def trajectory_targets(
+    trajectories: Sequence[Trajectory], traj_indices: Sequence[int], row_offsets: Sequence[int]
+) -> TargetTable:
+    """Targets of positions 1..L-1 of each trajectory (masked ones included with weight 0, so
+    every position gets a log-prob); trajectory j's row p-1 sits at row_offsets[j] + p - 1."""
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("row", "label", "traj", "position", "weight", "adv", "old", "ref")}
+    have_ref = all(trajectories[j].ref_logprobs is not None for j in traj_indices)
+    for j, off in zip(traj_indices, row_offsets, strict=True):
+        t = trajectories[j]
+        p = np.arange(1, len(t), dtype=np.int64)
+        parts["row"].append(off + p - 1)
+        parts["label"].append(t.tokens[1:])
+        parts["traj"].append(np.full(p.size, j, dtype=np.int64))
+        parts["position"].append(p)
+        parts["weight"].append(t.loss_mask[1:].astype(np.float64))
+        parts["adv"].append(t.advantage[1:])
+        parts["old"].append(t.old_logprobs[1:])
+        if have_ref:
+            parts["ref"].append(t.ref_logprobs[1:])
+    cat = {k: torch.from_numpy(np.concatenate(v)) if v else None for k, v in parts.items()}
+    return TargetTable(
+        row=cat["row"], label=cat["label"], traj=cat["traj"], position=cat["position"],
+        weight=cat["weight"], advantage=cat["adv"], old_logprob=cat["old"], ref_logprob=cat["ref"],
+    )
+
+
+def step_denominators(trajectories: Sequence[Trajectory]) -> LossDenominators:
+    return loss_denominators([int(t.loss_mask.sum()) for t in trajectories])
+
+
+class ExpandedTrainer:
+    def __init__(
+        self,
+        model: HybridModel,
+        optimizer: OptimizerConfig | None = None,
+        loss: PolicyLossConfig | None = None,
+    ):
+        optimizer = optimizer or OptimizerConfig()
+        loss = loss or PolicyLossConfig()
+        self.model = model
+        self.optimizer_config = optimizer
+        self.loss_config = loss.validate()
+        decay, no_decay = [], []
+        for p in model.parameters():
+            (decay if p.dim() >= 2 else no_decay).append(p)
+        self.optimizer = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": optimizer.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=optimizer.lr, betas=optimizer.betas, eps=optimizer.eps,
+        )
+
+    def _check_tokens(self, trajectories: Sequence[Trajectory]) -> None:
+        vocab = self.model.config.vocab_size
+        for t in trajectories:
+            if t.tokens.size and int(t.tokens.max()) >= vocab:
+                raise ValueError(
+                    f"trajectory {t.id!r}: token id {int(t.tokens.max())} is outside the "
+                    f"vocabulary of {self.model.config.name} (size {vocab})"
+                )
+
+    def forward_backward(self, trajectories: Sequence[Trajectory], microbatch_tokens: int) -> StepResult:
+        """Accumulate the step's gradient into .grad (not zeroed first); no optimizer step.
+        grad_norm is the norm of .grad afterwards."""
+        return self._run(trajectories, microbatch_tokens, backward=True)
+
+    @torch.no_grad()
+    def evaluate(self, trajectories: Sequence[Trajectory], microbatch_tokens: int) -> StepResult:
+        """Forward only: log-probs, entropy, losses and expert loads; grad_norm is 0."""
+        return self._run(trajectories, microbatch_tokens, backward=False)
+
+    def recompute_old_logprobs(self, trajectories: Sequence[Trajectory], microbatch_tokens: int) -> list[Trajectory]:
+        """The trajectories with old_logprobs replaced by the current policy's (on-policy
+        PPO, as verl's actor recomputes old_log_prob before the update)."""
+        result = self.evaluate(trajectories, microbatch_tokens)
+        return [
+            replace(t, old_logprobs=np.nan_to_num(lp, nan=0.0))
+            for t, lp in zip(trajectories, result.logprobs, strict=True)
+        ]
+
+    def _run(self, trajectories: Sequence[Trajectory], microbatch_tokens: int, backward: bool) -> StepResult:
+        if not trajectories:
+            raise ValueError("a step needs at least one trajectory")
+        self._check_tokens(trajectories)
+        start = time.perf_counter()
+        model = self.model
+        device = model.lm_head_weight.device
+        dtype = model.lm_head_weight.dtype
+        lengths = [len(t) for t in trajectories]
+        total_tokens = sum(lengths)
+        den = step_denominators(trajectories)
+        bins = pack_microbatches(lengths, microbatch_tokens)
+
+        logprobs = [np.full(n, np.nan) for n in lengths]
+        entropy = [np.full(n, np.nan) for n in lengths]
+        sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "aux_loss", "clip_frac", "ppo_kl"), 0.0)
+        expert_load = None
+        for members in bins:
+            sizes = [lengths[j] for j in members]
+            offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+            ids_T = torch.from_numpy(np.concatenate([trajectories[j].tokens for j in members])).to(device)
+            ctx = PackedContext(torch.from_numpy(offsets), chunk_size=model.config.chunk_size).to(device)
+            table = trajectory_targets(trajectories, members, offsets[:-1].tolist()).to(device, dtype)
+            out = model(ids_T, ctx)
+            pl = policy_loss(out.hidden_TD, model.lm_head_weight, table, den, self.loss_config)
+            aux = out.aux_loss * (ids_T.numel() / total_tokens)
+            loss = pl.loss + aux
+            if backward:
+                loss.backward()
+            for name, value in (("loss", loss), ("pg_loss", pl.pg_loss), ("kl", pl.kl), ("entropy", pl.entropy),
+                                ("aux_loss", aux), ("clip_frac", pl.clip_frac), ("ppo_kl", pl.ppo_kl)):
+                sums[name] += float(value.detach())
+            load = out.expert_load.detach().to(torch.float64).cpu().numpy()
+            expert_load = load if expert_load is None else expert_load + load
+            lp = pl.logprob_N.to(torch.float64).cpu().numpy()
+            ent = pl.entropy_N.to(torch.float64).cpu().numpy()
+            traj_N = table.traj.cpu().numpy()
+            pos_N = table.position.cpu().numpy()
+            for j in members:
+                sel = traj_N == j
+                logprobs[j][pos_N[sel]] = lp[sel]
+                entropy[j][pos_N[sel]] = ent[sel]
+
+        grads = [p.grad for p in model.parameters() if p.grad is not None] if backward else []
+        grad_norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
+        return StepResult(
+            logprobs=logprobs,
+            entropy=entropy,
+            losses=sums,
+            grad_norm=grad_norm,
+            expert_load=expert_load,
+            tokens=total_tokens,
+            trained_tokens=int(den.total_tokens),
+            microbatches=bins,
+            seconds=time.perf_counter() - start,
+        )
+
+    def step(self, trajectories: Sequence[Trajectory], microbatch_tokens: int) -> StepResult:
+        """One update: zero grads, forward/backward over all microbatches, clip, AdamW step."""
+        start = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        result = self.forward_backward(trajectories, microbatch_tokens)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.optimizer_config.grad_clip
+        if max_norm is not None and params:
+            torch.nn.utils.clip_grad_norm_(params, max_norm)
+        self.optimizer.step()
+        return replace(result, seconds=time.perf_counter() - start)
+
+
+__all__ = [
+    "ExpandedTrainer",
+    "OptimizerConfig",
+    "StepResult",
+    "pack_microbatches",
+    "step_denominators",
+    "trajectory_targets",
+]

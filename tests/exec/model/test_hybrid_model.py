@@ -1,0 +1,93 @@
+"""The model over packed sequences: packed == one at a time, causal, recompute-exact, float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harts.exec.model import PackedContext, build_model
+from harts.testing import assert_close
+
+LENGTHS = [5, 40, 1, 23]  # crosses the test chunk size (16) and the conv window
+
+
+def _packed(lengths):
+    return PackedContext(torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()]), chunk_size=16)
+
+
+def _ids(vocab, lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (sum(lengths),), generator=g)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"use_rope": True, "router": "sigmoid"}, {"q_lora_rank": 12, "tie_embeddings": True}],
+    ids=["base", "rope-sigmoid", "qlora-tied"],
+)
+def test_packed_equals_one_at_a_time(make_config, changes):
+    config = make_config(**changes)
+    model = build_model(config, dtype=torch.float64)
+    ids = _ids(config.vocab_size, LENGTHS)
+    packed = model(ids, _packed(LENGTHS))
+    assert packed.hidden_TD.dtype == torch.float64
+    start = 0
+    load = torch.zeros_like(packed.expert_load)
+    for n in LENGTHS:
+        alone = model(ids[start : start + n], _packed([n]))
+        assert_close(f"rows {start}:{start + n}", packed.hidden_TD[start : start + n], alone.hidden_TD, 1e-12)
+        load += alone.expert_load
+        start += n
+    # routing is per row, so loads add up exactly across sequences
+    assert torch.equal(load, packed.expert_load)
+    assert packed.expert_load.shape == (config.num_moe_layers, config.num_experts)
+    assert packed.expert_load.sum().item() == config.num_moe_layers * config.top_k * sum(LENGTHS)
+
+
+def test_causal_within_sequence(make_config):
+    config = make_config(use_rope=True)
+    model = build_model(config, dtype=torch.float64)
+    lengths = [30, 12]
+    ids = _ids(config.vocab_size, lengths)
+    base = model(ids, _packed(lengths)).hidden_TD
+    changed_ids = ids.clone()
+    changed_ids[17] = (ids[17] + 1) % config.vocab_size
+    changed = model(changed_ids, _packed(lengths)).hidden_TD
+    assert torch.equal(base[:17], changed[:17])
+    assert torch.equal(base[30:], changed[30:])
+    assert not torch.allclose(base[17:30], changed[17:30])
+
+
+def test_recompute_gives_bit_identical_gradients(make_config):
+    config = make_config(use_rope=True)
+    ids = _ids(config.vocab_size, LENGTHS, seed=3)
+    grads, outs = [], []
+    for recompute in (False, True):
+        model = build_model(config, dtype=torch.float64, recompute=recompute)
+        out = model(ids, _packed(LENGTHS))
+        loss = (out.hidden_TD @ model.lm_head_weight.T).logsumexp(-1).sum() + out.aux_loss
+        loss.backward()
+        outs.append(out.hidden_TD.detach())
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    assert torch.equal(outs[0], outs[1])
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        assert torch.equal(grads[0][name], grads[1][name]), name
+    assert all(g.abs().sum() > 0 for n, g in grads[0].items() if "w_" not in n), "a parameter got no gradient"
+
+
+def test_same_seed_same_weights_and_global_rng_untouched(make_config):
+    config = make_config()
+    state = torch.random.get_rng_state()
+    a, b = build_model(config, seed=5), build_model(config, seed=5)
+    assert torch.equal(state, torch.random.get_rng_state())
+    for (na, pa), (nb, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        assert na == nb and torch.equal(pa, pb)
+    c = build_model(config, seed=6)
+    assert not torch.equal(a.embed.weight, c.embed.weight)
+
+
+def test_input_must_match_context(make_config):
+    model = build_model(make_config())
+    with pytest.raises(ValueError, match=r"input_ids must be \[T=5\]"):
+        model(torch.zeros(4, dtype=torch.long), _packed([5]))

@@ -1,0 +1,54 @@
+"""The analytic parameter count (used by the simulator for models never built on CPU) equals
+the instantiated model's, in total and per component."""
+
+from __future__ import annotations
+
+import pytest
+
+from harts.config.models import parameter_counts
+from harts.exec.model import build_model
+from harts.exec.model.kda import KDAMixer
+from harts.exec.model.layers import SwiGLU
+from harts.exec.model.mla import MLAMixer
+from harts.exec.model.moe import MoE
+
+VARIANTS = [
+    {},
+    {"tie_embeddings": True},
+    {"q_lora_rank": 12},
+    {"use_rope": True},
+    {"kda_per_mla": 0, "num_layers": 2},
+    {"kda_per_mla": 1, "num_layers": 6, "num_dense_layers": 2},
+    {"num_shared_experts": 0, "router": "sigmoid"},
+    {"num_shared_experts": 2, "expert_ffn_dim": 24, "num_experts": 6, "top_k": 3},
+    {"kda_gate_rank": 5, "kda_head_v_dim": 12, "conv_window": 3},
+    {"num_dense_layers": 4, "num_experts": 0, "top_k": 0},
+    {"qk_rope_head_dim": 0},
+]
+
+
+def _numel(modules) -> int:
+    return sum(p.numel() for m in modules for p in m.parameters())
+
+
+@pytest.mark.parametrize("changes", VARIANTS, ids=[",".join(v) or "base" for v in VARIANTS])
+def test_analytic_count_equals_instantiated(make_config, changes):
+    config = make_config(**changes)
+    model = build_model(config)
+    counts = parameter_counts(config)
+    assert counts.total == sum(p.numel() for p in model.parameters())
+    by = counts.by_component
+    assert by["kda"] == _numel(m for m in model.modules() if isinstance(m, KDAMixer))
+    assert by["mla"] == _numel(m for m in model.modules() if isinstance(m, MLAMixer))
+    moes = [m for m in model.modules() if isinstance(m, MoE)]
+    assert by["router"] == _numel(m.router for m in moes)
+    assert by["routed_experts"] == sum(m.w_gate.numel() + m.w_up.numel() + m.w_down.numel() for m in moes)
+    assert by["shared_experts"] == _numel(m.shared for m in moes if m.shared is not None)
+    assert by["dense_ffn"] == _numel(b.ffn for b in model.layers if isinstance(b.ffn, SwiGLU))
+    assert by["embedding"] == model.embed.weight.numel()
+    assert by["lm_head"] == (0 if config.tie_embeddings else model.lm_head.weight.numel())
+
+
+def test_tiny_cpu_count():
+    model = build_model("tiny-cpu")
+    assert parameter_counts(model.config).total == model.num_parameters()

@@ -1,0 +1,280 @@
+"""`harts sim ...`: simulate a training step (plan + pipeline schedule) on a modelled cluster.
+
+    harts sim --workload swe-treestep-8 --planner l1l2 --schedule consumer-1f1b \\
+              --model tiny --gpus 8 --json
+    harts sim sweep --workload swe-treestep-8 --model tiny --gpus 8 --gantt sweep.png
+    harts sim fit --profile measured.json --out calibration.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from harts.cli.common import UserError, format_table, print_json
+
+SCHEDULE_NAMES = ("non-overlap", "overlap-bwd-first", "consumer-1f1b")
+PLANNER_NAMES = ("expanded-ffd", "ortools-ffd", "l1", "l1l2")
+BASELINE = "expanded-ffd"
+
+
+def _add_common(p: argparse.ArgumentParser, sweep: bool) -> None:
+    p.add_argument("--workload", required=sweep, help="workload preset (harts workload presets)"
+                   + ("; comma-separated for several" if sweep else ""))
+    p.add_argument("--model", default="tiny", help="model config name (tiny, flash, tiny-cpu)")
+    p.add_argument("--gpus", type=int, default=8, help="GPUs (DP x PP)")
+    p.add_argument("--dp", type=int, help="data-parallel replicas (default: from --gpus)")
+    p.add_argument("--pp", type=int, help="pipeline stages (default: 2 for tiny at >= 8 GPUs, 4 for flash)")
+    p.add_argument("--ep", type=int, help="expert parallelism inside a stage's DP group")
+    p.add_argument("--microbatch-tokens", type=int, help="planner token budget (default: the planners')")
+    p.add_argument("--hardware", default="h200", help="hardware profile name or JSON path")
+    p.add_argument("--cost-model", default="roofline", help="roofline or calibrated")
+    p.add_argument("--calibration", help="calibration JSON (harts sim fit) for --cost-model calibrated")
+    p.add_argument("--no-recompute", action="store_true", help="keep all activations (no recomputation)")
+    p.add_argument("--seed", type=int, default=0, help="planner seed")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    sim = sub.add_parser("sim", help="simulate a training step: planners x pipeline schedules on a cluster model")
+    _add_common(sim, sweep=False)
+    sim.add_argument("--planner", default="l1l2", help=f"step planner ({', '.join(PLANNER_NAMES)})")
+    sim.add_argument("--schedule", default="consumer-1f1b", help=f"pipeline schedule ({', '.join(SCHEDULE_NAMES)})")
+    sim.add_argument("--trace", help="write the execution trace (Chrome trace-event JSON)")
+    sim.add_argument("--gantt", help="write a Gantt chart (PNG)")
+    sim.add_argument("--schedule-out", help="write the schedule (text form)")
+    sim.set_defaults(func=cmd_sim)
+    ssub = sim.add_subparsers(dest="sim_command", metavar="ACTION")
+    sw = ssub.add_parser("sweep", help="planners x schedules: Table-4/Table-6-style comparison")
+    _add_common(sw, sweep=True)
+    sw.add_argument("--planners", default=",".join(PLANNER_NAMES))
+    sw.add_argument("--schedules", default=",".join(SCHEDULE_NAMES))
+    sw.add_argument("--schedule-planner", default="l1l2", help="planner of the schedule table")
+    sw.add_argument("--gantt", help="Gantt charts of the schedule table, one PNG per workload and "
+                    "schedule, named <stem>-<workload>-<schedule>.png")
+    sw.set_defaults(func=cmd_sweep)
+    fit = ssub.add_parser("fit", help="fit the calibrated cost model to a measured profile")
+    fit.add_argument("--profile", required=True, help="profile JSON or CSV (harts.sim.profile/v1)")
+    fit.add_argument("--out", required=True, help="calibration JSON to write")
+    fit.add_argument("--json", action="store_true")
+    fit.set_defaults(func=cmd_fit)
+
+
+# ---- shared setup ---------------------------------------------------------------------
+
+
+class _Setup:
+    def __init__(self, args: argparse.Namespace):
+        from harts.config.models import ConfigError, get_model_config
+        from harts.sim.hardware import load_hardware
+        from harts.sim.parallel import ParallelConfig, default_parallel
+
+        try:
+            self.model = get_model_config(args.model)
+        except ConfigError as err:
+            raise UserError(str(err)) from None
+        try:
+            self.hardware = load_hardware(args.hardware)
+        except (KeyError, OSError, ValueError) as err:
+            raise UserError(f"hardware profile: {err}") from None
+        if args.gpus < 1:
+            raise UserError("--gpus must be >= 1")
+        try:
+            base = default_parallel(self.model, args.gpus)
+            pp = args.pp or base.pp
+            dp = args.dp or args.gpus // pp
+            if dp * pp != args.gpus:
+                raise UserError(f"--dp {dp} x --pp {pp} != --gpus {args.gpus}")
+            ep = args.ep or (base.ep if base.dp == dp else 1)
+            self.parallel = ParallelConfig(dp=dp, pp=pp, ep=ep)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        self.cost_kwargs: dict[str, Any] = {"recompute": not args.no_recompute}
+        if args.cost_model == "calibrated":
+            from harts.sim.profile import load_calibration
+
+            if not args.calibration:
+                raise UserError("--cost-model calibrated needs --calibration FILE (harts sim fit)")
+            try:
+                self.cost_kwargs["calibration"] = load_calibration(args.calibration)
+            except (OSError, ValueError, KeyError) as err:
+                raise UserError(f"calibration: {err}") from None
+        self.cost_model = args.cost_model
+        self.args = args
+        self._forests: dict[str, Any] = {}
+
+    def forest(self, workload: str) -> Any:
+        from harts.tree.workload import generate, preset
+
+        if workload not in self._forests:
+            try:
+                self._forests[workload] = generate(preset(workload)).forest()
+            except KeyError as err:
+                raise UserError(str(err.args[0])) from None
+        return self._forests[workload]
+
+    def step(self, workload: str, planner: str) -> tuple[Any, Any]:
+        from harts.plan.planners import PlanConfig, make_plan
+        from harts.sim.adapter import step_from_plan
+
+        forest = self.forest(workload)
+        kw: dict[str, Any] = {"dp": self.parallel.dp, "seed": self.args.seed}
+        if self.args.microbatch_tokens:
+            kw["microbatch_tokens"] = self.args.microbatch_tokens
+        try:
+            plan = make_plan(forest, planner, PlanConfig(**kw))
+        except ValueError as err:
+            raise UserError(f"planner {planner}: {err}") from None
+        return plan, step_from_plan(plan, forest, self.model.chunk_size)
+
+    def simulate(self, step: Any, schedule: str) -> Any:
+        from harts.sim.costs import make_cost_model
+        from harts.sim.schedule import build_schedule
+        from harts.sim.simulate import simulate_step
+
+        try:
+            cost = make_cost_model(self.cost_model, self.model, self.parallel, self.hardware, **self.cost_kwargs)
+            sched = build_schedule(schedule, step, self.parallel.pp)
+        except (KeyError, ValueError) as err:
+            raise UserError(str(err.args[0]) if isinstance(err, KeyError) else str(err)) from None
+        return simulate_step(step, sched, cost)
+
+
+def _row(workload: str, planner: str, plan: Any, res: Any) -> dict[str, Any]:
+    return {
+        "workload": workload,
+        "planner": planner,
+        "microbatches": plan.num_microbatches,
+        "executed_tokens": plan.executed_tokens,
+        "compression": plan.expanded_tokens / max(1, plan.executed_tokens),
+        "plan_seconds": plan.plan_seconds,
+        **res.to_json(),
+    }
+
+
+# ---- commands -------------------------------------------------------------------------
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    if not args.workload:
+        raise UserError("harts sim needs --workload PRESET (or an action: sweep, fit)")
+    setup = _Setup(args)
+    plan, step = setup.step(args.workload, args.planner)
+    res = setup.simulate(step, args.schedule)
+    out = _row(args.workload, args.planner, plan, res)
+    out["model"] = setup.model.name
+    out["gpus"] = args.gpus
+    out["hardware"] = setup.hardware.name
+    if args.trace:
+        from harts.sim.trace_io import save_trace
+
+        save_trace(res.trace, args.trace, {k: out[k] for k in ("workload", "planner", "schedule", "model", "parallel")})
+        out["trace"] = args.trace
+    if args.gantt:
+        from harts.sim.gantt import plot_gantt
+
+        plot_gantt(res.trace, args.gantt, title=_title(out))
+        out["gantt"] = args.gantt
+    if args.schedule_out:
+        with open(args.schedule_out, "w") as fh:
+            fh.write(res.schedule.to_text())
+        out["schedule_file"] = args.schedule_out
+    if args.json:
+        print_json(out)
+        return 0
+    for k, v in out.items():
+        if k != "busy_seconds_by_kind":
+            print(f"{k:24s} {v}")
+    return 0
+
+
+def _title(row: dict[str, Any]) -> str:
+    return (f"{row['workload']} / {row['planner']} / {row['schedule']} / {row.get('model', '')} "
+            f"{row['parallel']}: {row['throughput'] / 1e3:,.1f} k expanded tok/s, "
+            f"step {row['step_seconds']:.2f} s, bubble {row['bubble_fraction'] * 100:.1f}%")
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    setup = _Setup(args)
+    workloads = [w for w in args.workload.split(",") if w]
+    planners = [p for p in args.planners.split(",") if p]
+    schedules = [s for s in args.schedules.split(",") if s]
+    sched_planner = args.schedule_planner if args.schedule_planner in planners else planners[-1]
+    default_schedule = "consumer-1f1b" if "consumer-1f1b" in schedules else schedules[0]
+    rows: list[dict[str, Any]] = []
+    sched_rows: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    for wl in workloads:
+        results: dict[str, dict[str, Any]] = {}
+        for planner in planners:
+            plan, step = setup.step(wl, planner)
+            for schedule in schedules if planner == sched_planner else [default_schedule]:
+                res = setup.simulate(step, schedule)
+                row = _row(wl, planner, plan, res)
+                if schedule == default_schedule:
+                    results[planner] = row
+                if planner == sched_planner:
+                    sched_rows.append(row)
+                    if args.gantt:
+                        from pathlib import Path
+
+                        from harts.sim.gantt import plot_gantt
+
+                        p = Path(args.gantt)
+                        name = p.with_name(f"{p.stem}-{wl}-{schedule}{p.suffix or '.png'}")
+                        plot_gantt(res.trace, name, title=_title({**row, "model": setup.model.name}))
+                        row["gantt"] = str(name)
+        base = results.get(BASELINE)
+        for planner in planners:
+            row = results[planner]
+            row["speedup_vs_expanded"] = row["throughput"] / base["throughput"] if base else None
+            rows.append(row)
+    meta = {"model": setup.model.name, "gpus": args.gpus, "parallel": setup.parallel.describe(),
+            "hardware": setup.hardware.name, "cost_model": setup.cost_model,
+            "sweep_seconds": time.perf_counter() - t0}
+    if args.json:
+        print_json({**meta, "planners": rows, "schedules": sched_rows})
+        return 0
+    print(f"model {meta['model']}, {args.gpus} GPUs ({meta['parallel']}), {meta['hardware']}, "
+          f"{meta['cost_model']} cost model, schedule {default_schedule}")
+    print(format_table(
+        ["workload", "planner", "mbs", "compression", "step s", "k tok/s", "speedup", "bubble %", "peak GB", "plan s"],
+        [[r["workload"], r["planner"], r["microbatches"], round(r["compression"], 3), round(r["step_seconds"], 3),
+          round(r["throughput"] / 1e3, 1),
+          "-" if r["speedup_vs_expanded"] is None else f"{r['speedup_vs_expanded']:.2f}x",
+          round(100 * r["bubble_fraction"], 1), round(r["peak_memory_bytes"] / 1e9, 1), round(r["plan_seconds"], 3)]
+         for r in rows],
+    ))
+    print()
+    print(f"pipeline schedules ({sched_planner})")
+    print(format_table(
+        ["workload", "schedule", "step s", "k tok/s", "bubble %", "peak GB", "ep lockstep"],
+        [[r["workload"], r["schedule"], round(r["step_seconds"], 3), round(r["throughput"] / 1e3, 1),
+          round(100 * r["bubble_fraction"], 1), round(r["peak_memory_bytes"] / 1e9, 1), str(r["ep_lockstep"])]
+         for r in sched_rows],
+    ))
+    return 0
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from harts.sim.profile import fit_profile, load_profile
+
+    try:
+        header, ms = load_profile(args.profile)
+    except (OSError, ValueError, json.JSONDecodeError) as err:
+        raise UserError(f"profile: {err}") from None
+    cal = fit_profile(ms, device=str(header.get("device", "")))
+    cal.save(args.out)
+    if args.json:
+        print_json(cal.to_dict())
+        return 0
+    print(format_table(
+        ["op", "rows", "rel rms", "coefficients"],
+        [[k, f.rows, round(f.rel_rms, 4), ", ".join(f"{n}={c:.3e}" for n, c in zip(f.features, f.coefficients, strict=True))]
+         for k, f in sorted(cal.fits.items())],
+    ))
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0

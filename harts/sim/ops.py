@@ -1,0 +1,343 @@
+"""Counting, not pricing: the kernels one pipeline stage runs for a microbatch, with their
+FLOPs, HBM bytes, kernel launches and communication bytes, derived from the model config.
+
+Both cost models price the same `OpCall` list (`costs.py`): the roofline model from the
+hardware profile, the calibrated model from coefficients fitted to measured profiles, so
+a difference between them is a difference in prices, never in what was counted.
+
+Conventions (stated once, used everywhere): activations and weights are bf16 (2 bytes);
+gradients accumulate in fp32 (a backward GEMM reads the bf16 weight and reads + writes the
+fp32 gradient: 10 bytes per parameter); the backward of a GEMM does twice its forward FLOPs;
+the optimizer is Adam with fp32 master weights and moments sharded over the DP group
+(ZeRO-1). A fused action (a consumer backward that also runs its producer's backward) reads
+each weight once for both: that is the physical saving of the fusion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from harts.config.models import ModelConfig, kda_layer_params, mla_layer_params
+from harts.sim.parallel import ParallelConfig, StageLayers
+from harts.sim.work import MicrobatchWork
+
+__all__ = [
+    "OpCall",
+    "OpKind",
+    "Phase",
+    "StageCounter",
+]
+
+BF16, FP32 = 2, 4
+GRAD_BYTES_PER_PARAM = BF16 + 2 * FP32  # read weight, read + write the fp32 gradient
+ADAM_BYTES_PER_PARAM = 4 * FP32 + 3 * FP32 + BF16  # read p,m,v,g; write p,m,v; bf16 copy
+
+
+class OpKind(StrEnum):
+    GEMM = "gemm"
+    ELEMENTWISE = "elementwise"
+    ATTENTION_CAUSAL = "attention_causal"
+    ATTENTION_TREE = "attention_tree"
+    KDA_CHUNK = "kda_chunk"
+    ALL_TO_ALL = "all_to_all"
+    P2P = "p2p"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_GATHER = "all_gather"
+    OPTIMIZER = "optimizer"
+
+
+class Phase(StrEnum):
+    FWD = "fwd"
+    BWD = "bwd"
+    STEP = "step"  # once per step (gradient sync, optimizer)
+
+
+@dataclass(frozen=True)
+class OpCall:
+    name: str
+    kind: OpKind
+    phase: Phase
+    calls: int = 1  # kernel launches (or collective calls)
+    flops: float = 0.0
+    bytes: float = 0.0  # HBM traffic
+    comm_bytes: float = 0.0  # bytes each GPU sends
+    group: int = 1  # ranks in the collective
+    spans_nodes: bool = False
+    pair_heads: float = 0.0  # attention: allowed (query, key) pairs x heads
+    qk_v_dim: float = 0.0  # attention: qk_dim + v_dim
+    token_heads_kv: float = 0.0  # KDA: tokens x heads x K x V
+    chunk_steps: float = 0.0  # KDA: sequential chunk steps of the longest sequence
+
+
+def _gemm(name: str, phase: Phase, n: float, d_in: int, d_out: int, calls: int, n_weights: float = 1.0) -> OpCall:
+    """n rows through a d_in x d_out projection (n_weights copies of it, e.g. local experts)."""
+    params = d_in * d_out * n_weights
+    if phase == Phase.FWD:
+        return OpCall(name, OpKind.GEMM, phase, calls, 2.0 * n * d_in * d_out,
+                      params * BF16 + n * (d_in + d_out) * BF16)
+    return OpCall(name, OpKind.GEMM, phase, 2 * calls, 4.0 * n * d_in * d_out,
+                  params * GRAD_BYTES_PER_PARAM + 2 * n * (d_in + d_out) * BF16)
+
+
+def _elementwise(name: str, phase: Phase, bytes_fwd: float, calls: int) -> OpCall:
+    m = 1 if phase == Phase.FWD else 2
+    return OpCall(name, OpKind.ELEMENTWISE, phase, m * calls, bytes=m * bytes_fwd)
+
+
+class StageCounter:
+    """Op lists and memory sizes of one pipeline stage under one parallel layout."""
+
+    def __init__(self, model: ModelConfig, parallel: ParallelConfig, layers: StageLayers, gpus_per_node: int,
+                 recompute: bool = True):
+        self.recompute = recompute
+        self.m = model
+        self.par = parallel
+        self.layers = layers
+        self.gpus_per_node = gpus_per_node
+        self.ep_spans_nodes = parallel.ep_spans_nodes(gpus_per_node)
+
+    # ---- per-layer op lists ----------------------------------------------------------
+
+    def _kda_layer(self, phase: Phase, n: float, works: Sequence[MicrobatchWork]) -> list[OpCall]:
+        m = self.m
+        d, h, k, v, r = m.d_model, m.kda_num_heads, m.kda_head_dim, m.kda_head_v_dim, m.gate_rank
+        qkv = 2 * h * k + h * v
+        ops = [
+            _elementwise("kda.norm", phase, 2 * n * d * BF16, 1),
+            _gemm("kda.in_proj", phase, n, d, qkv + h + 2 * r, 4),
+            _gemm("kda.gate_up", phase, n, r, h * k + h * v, 2),
+            _elementwise("kda.conv", phase, 3 * n * qkv * BF16, 4),
+        ]
+        for w in works:
+            for rnd in w.kda_rounds:
+                ops.append(OpCall("kda.core", OpKind.KDA_CHUNK, phase, 1,
+                                  token_heads_kv=float(rnd.tokens) * h * k * v,
+                                  chunk_steps=float(rnd.max_chunks)))
+        ops += [
+            _elementwise("kda.out_norm_gate", phase, 3 * n * h * v * BF16, 2),
+            _gemm("kda.o_proj", phase, n, h * v, d, 1),
+            _elementwise("kda.residual", phase, 3 * n * d * BF16, 1),
+        ]
+        return ops
+
+    def _mla_layer(self, phase: Phase, n: float, works: Sequence[MicrobatchWork]) -> list[OpCall]:
+        m = self.m
+        d, h, c = m.d_model, m.mla_num_heads, m.kv_lora_rank
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        ops = [
+            _elementwise("mla.norm", phase, 2 * n * d * BF16, 1),
+            _gemm("mla.q_kv_a", phase, n, d, h * qk + c + m.qk_rope_head_dim, 2),
+            _elementwise("mla.kv_norm", phase, 2 * n * c * BF16, 1),
+            _gemm("mla.kv_b", phase, n, c, h * (m.qk_nope_head_dim + m.v_head_dim), 1),
+        ]
+        causal = sum(w.attn_pairs_causal for w in works)
+        tree = sum(w.attn_pairs_tree for w in works)
+        for kind, pairs in ((OpKind.ATTENTION_CAUSAL, causal), (OpKind.ATTENTION_TREE, tree)):
+            if pairs:
+                ops.append(OpCall("mla.attention", kind, phase, 1, pair_heads=float(pairs) * h,
+                                  qk_v_dim=float(qk + m.v_head_dim)))
+        ops += [
+            _gemm("mla.o_proj", phase, n, h * m.v_head_dim, d, 1),
+            _elementwise("mla.residual", phase, 3 * n * d * BF16, 1),
+        ]
+        return ops
+
+    def _dense_ffn(self, phase: Phase, n: float) -> list[OpCall]:
+        d, f = self.m.d_model, self.m.dense_ffn_dim
+        return [
+            _elementwise("ffn.norm", phase, 2 * n * d * BF16, 1),
+            _gemm("ffn.gate_up", phase, n, d, 2 * f, 1),
+            _elementwise("ffn.act", phase, 3 * n * f * BF16, 1),
+            _gemm("ffn.down", phase, n, f, d, 1),
+            _elementwise("ffn.residual", phase, 3 * n * d * BF16, 1),
+        ]
+
+    def _moe_ffn(self, phase: Phase, n: float) -> list[OpCall]:
+        m, ep = self.m, self.par.ep
+        d, f, e, k = m.d_model, m.expert_ffn_dim, m.num_experts, m.top_k
+        local_e = e / ep
+        # balanced routing assumption: each GPU of the EP group runs n * k routed rows
+        routed = n * k
+        ops = [
+            _elementwise("moe.norm", phase, 2 * n * d * BF16, 1),
+            _gemm("moe.router", phase, n, d, e, 1),
+            _elementwise("moe.topk", phase, 2 * n * e * FP32, 2),
+        ]
+        a2a = []
+        if ep > 1:
+            sent = routed * d * BF16 * (ep - 1) / ep
+            a2a = [OpCall("moe.all_to_all", OpKind.ALL_TO_ALL, phase, 2, comm_bytes=2 * sent,
+                          group=ep, spans_nodes=self.ep_spans_nodes)]
+        ops += a2a
+        ops += [
+            _elementwise("moe.permute", phase, 4 * routed * d * BF16, 2),
+            _gemm("moe.experts_gate_up", phase, routed, d, 2 * f, 1, n_weights=local_e),
+            _elementwise("moe.act", phase, 3 * routed * f * BF16, 1),
+            _gemm("moe.experts_down", phase, routed, f, d, 1, n_weights=local_e),
+        ]
+        if m.num_shared_experts:
+            fs = f * m.num_shared_experts
+            ops += [
+                _gemm("moe.shared_gate_up", phase, n, d, 2 * fs, 1),
+                _elementwise("moe.shared_act", phase, 3 * n * fs * BF16, 1),
+                _gemm("moe.shared_down", phase, n, fs, d, 1),
+            ]
+        ops.append(_elementwise("moe.residual", phase, 3 * n * d * BF16, 1))
+        return ops
+
+    # ---- a microbatch (or a fused group) through the stage --------------------------
+
+    def pass_ops(self, phase: Phase, works: Sequence[MicrobatchWork]) -> list[OpCall]:
+        """One forward or backward pass of the stage over the given microbatches, run as one
+        pass (one set of kernels, each weight read once). In a fused backward the KDA calls
+        of the consumer and of its producer stay separate rounds: the producer's boundary
+        states only receive their gradient once the consumer's KDA backward has run."""
+        return [op for op, count in self.pass_op_counts(phase, works) for _ in range(count)]
+
+    def pass_op_counts(self, phase: Phase, works: Sequence[MicrobatchWork]) -> list[tuple[OpCall, int]]:
+        """`pass_ops` grouped: every layer of one kind runs the same kernels on the same rows,
+        so each distinct op is listed once with the number of layers that run it."""
+        if phase == Phase.BWD and self.recompute:
+            # full activation recomputation: the backward reruns the stage's forward first
+            # (the loss head excepted: its gradient is formed in the forward, chunk by chunk)
+            again = [(op, c) for op, c in self._pass_op_counts(Phase.FWD, works)
+                     if op.name not in ("final_norm", "lm_head", "log_softmax")]
+            return again + self._pass_op_counts(phase, works)
+        return self._pass_op_counts(phase, works)
+
+    def _pass_op_counts(self, phase: Phase, works: Sequence[MicrobatchWork]) -> list[tuple[OpCall, int]]:
+        lay = self.layers
+        n = float(sum(w.tokens for w in works))
+        out: list[tuple[OpCall, int]] = []
+        if lay.has_embedding:
+            out.append((_elementwise("embedding", phase, 2 * n * self.m.d_model * BF16, 1), 1))
+        for count, ops in (
+            (lay.num_kda, lambda: self._kda_layer(phase, n, works)),
+            (lay.num_mla, lambda: self._mla_layer(phase, n, works)),
+            (lay.num_dense_ffn, lambda: self._dense_ffn(phase, n)),
+            (lay.num_moe, lambda: self._moe_ffn(phase, n)),
+        ):
+            if count:
+                out += [(op, count) for op in ops()]
+        if lay.has_lm_head:
+            rows = float(sum(w.rows_out for w in works))
+            vocab = self.m.vocab_size
+            out += [
+                (_elementwise("final_norm", phase, 2 * n * self.m.d_model * BF16, 1), 1),
+                (_gemm("lm_head", phase, rows, self.m.d_model, vocab, 1), 1),
+                # chunked log-softmax + gather: read the logits, write their gradient
+                (_elementwise("log_softmax", phase, 2 * rows * vocab * BF16, 2), 1),
+            ]
+        return out
+
+    def p2p_op(self, phase: Phase, work: MicrobatchWork) -> OpCall:
+        """Hidden rows (forward) or their gradient (backward) to the next/previous stage."""
+        return OpCall("pp.send", OpKind.P2P, phase, 1, comm_bytes=float(work.tokens) * self.m.d_model * BF16,
+                      group=2, spans_nodes=self.par.pp_spans_nodes(self.gpus_per_node))
+
+    # ---- parameters and memory -------------------------------------------------------
+
+    def stage_params(self) -> tuple[float, float]:
+        """(non-expert parameters, routed-expert parameters) held by the stage, unsharded."""
+        m, lay = self.m, self.layers
+        d = m.d_model
+        dense = lay.num_kda * kda_layer_params(m) + lay.num_mla * mla_layer_params(m)
+        dense += 2 * d * len(lay.layers)
+        dense += lay.num_dense_ffn * 3 * d * m.dense_ffn_dim
+        dense += lay.num_moe * (m.num_experts * d + 3 * d * m.expert_ffn_dim * m.num_shared_experts)
+        experts = lay.num_moe * m.num_experts * 3 * d * m.expert_ffn_dim
+        if lay.has_embedding:
+            dense += m.vocab_size * d
+        if lay.has_lm_head:
+            dense += d + (0 if m.tie_embeddings else m.vocab_size * d)
+        return float(dense), float(experts)
+
+    def static_bytes(self) -> float:
+        """bf16 weights + fp32 gradients + Adam state (fp32 master, m, v) sharded over DP."""
+        dense, experts = self.stage_params()
+        local_experts = experts / self.par.ep
+        expert_dp = self.par.dp // self.par.ep
+        per_param = BF16 + FP32
+        return (dense + local_experts) * per_param + 3 * FP32 * (dense / self.par.dp + local_experts / expert_dp)
+
+    def _layer_activation_bytes(self) -> dict[str, float]:
+        """Saved-for-backward bytes per row of one layer of each kind (no recomputation)."""
+        m = self.m
+        d = m.d_model
+        h, k, v, r = m.kda_num_heads, m.kda_head_dim, m.kda_head_v_dim, m.gate_rank
+        qkv = 2 * h * k + h * v
+        kda = 2 * d * BF16 + 2 * qkv * BF16 + h * k * FP32 + h * FP32 + 2 * r * BF16 + 3 * h * v * BF16
+        hm, c = m.mla_num_heads, m.kv_lora_rank
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        mla = (2 * d + hm * qk + c + m.qk_rope_head_dim + c + hm * (m.qk_nope_head_dim + m.v_head_dim)
+               + hm * m.v_head_dim) * BF16 + hm * FP32
+        dense = (2 * d + 3 * m.dense_ffn_dim) * BF16
+        fs = m.expert_ffn_dim * m.num_shared_experts
+        moe = ((2 * d + m.top_k * (d + 3 * m.expert_ffn_dim) + 3 * fs) * BF16
+               + m.num_experts * FP32 + m.top_k * FP32)
+        return {"kda": kda, "mla": mla, "dense": dense, "moe": moe}
+
+    def activation_bytes_per_token(self) -> float:
+        """Held from a row's forward to its backward on this stage. With recomputation only
+        each layer's input (bf16 hidden row) is kept; without, everything saved for backward."""
+        m, lay = self.m, self.layers
+        d = m.d_model
+        head = d * BF16 + FP32 if lay.has_lm_head else 0.0
+        if self.recompute:
+            return float(len(lay.layers) * d * BF16 + head)
+        a = self._layer_activation_bytes()
+        total = lay.num_kda * a["kda"] + lay.num_mla * a["mla"] + lay.num_dense_ffn * a["dense"] + lay.num_moe * a["moe"]
+        return float(total + head)
+
+    def recompute_working_bytes_per_token(self) -> float:
+        """With recomputation, the backward holds one layer's saved activations at a time."""
+        if not self.recompute:
+            return 0.0
+        a = self._layer_activation_bytes()
+        lay = self.layers
+        attn = max(a["kda"] if lay.num_kda else 0.0, a["mla"] if lay.num_mla else 0.0)
+        ffn = max(a["dense"] if lay.num_dense_ffn else 0.0, a["moe"] if lay.num_moe else 0.0)
+        return float(attn + ffn)
+
+    def producer_extra_bytes_per_token(self) -> float:
+        """Gradient accumulators a producer keeps for its consumers, per producer row: fp32
+        dK/dV of every MLA layer and the KDA boundary-state gradients (one K x V state per
+        head per chunk boundary)."""
+        m, lay = self.m, self.layers
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        mla = m.mla_num_heads * (qk + m.v_head_dim) * FP32
+        kda = m.kda_num_heads * m.kda_head_dim * m.kda_head_v_dim * FP32 / m.chunk_size
+        return float(lay.num_mla * mla + lay.num_kda * kda)
+
+    def transient_bytes(self, works: Sequence[MicrobatchWork], phase: Phase = Phase.FWD) -> float:
+        """Workspace live only during a pass: MoE dispatch buffers, one logits chunk, and in a
+        recomputing backward one layer's activations."""
+        m, lay = self.m, self.layers
+        n = float(sum(w.tokens for w in works))
+        out = n * self.recompute_working_bytes_per_token() if phase == Phase.BWD else 0.0
+        if lay.num_moe:
+            out += 2 * n * m.top_k * (m.d_model + 2 * m.expert_ffn_dim) * BF16
+        if lay.has_lm_head:
+            out += min(n, 8192.0) * m.vocab_size * FP32
+        return out
+
+    def step_ops(self) -> list[OpCall]:
+        """Gradient sync (reduce-scatter fp32 gradients, all-gather bf16 weights) and Adam."""
+        dense, experts = self.stage_params()
+        par = self.par
+        local_experts = experts / par.ep
+        expert_dp = par.dp // par.ep
+        ops: list[OpCall] = []
+        for name, params, group in (("dense", dense, par.dp), ("experts", local_experts, expert_dp)):
+            if group > 1 and params:
+                spans = group > self.gpus_per_node
+                frac = (group - 1) / group
+                ops.append(OpCall(f"grad.reduce_scatter.{name}", OpKind.REDUCE_SCATTER, Phase.STEP, 1,
+                                  comm_bytes=params * FP32 * frac, group=group, spans_nodes=spans))
+                ops.append(OpCall(f"grad.all_gather.{name}", OpKind.ALL_GATHER, Phase.STEP, 1,
+                                  comm_bytes=params * BF16 * frac, group=group, spans_nodes=spans))
+        shard = dense / par.dp + local_experts / expert_dp
+        opt = [OpCall("adam", OpKind.OPTIMIZER, Phase.STEP, 8, bytes=shard * ADAM_BYTES_PER_PARAM)]
+        return ops + opt

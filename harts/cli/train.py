@@ -127,8 +127,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         print_json({"model": config.name, "mode": args.mode, "steps": records})
     else:
         print(format_table(
-            ["step", "loss", "pg_loss", "aux_loss", "grad_norm", "entropy", "clip_frac", "tokens/s"],
-            [(r["step"], r["loss"], r["pg_loss"], r["aux_loss"], r["grad_norm"], r["entropy"],
+            ["step", "loss", "pg_loss", "kl", "aux_loss", "grad_norm", "entropy", "clip_frac", "tokens/s"],
+            [(r["step"], r["loss"], r["pg_loss"], r["kl"], r["aux_loss"], r["grad_norm"], r["entropy"],
               r["clip_frac"], round(r["tokens_per_s"]))
              for r in records],
         ))

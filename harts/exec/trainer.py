@@ -59,6 +59,12 @@ class StepResult:
     trained_tokens: int
     microbatches: list[list[int]] = field(default_factory=list)  # trajectory indices
     seconds: float = 0.0
+    # per microbatch: rows executed, plus layout statistics (tree mode: KDA rounds, replay)
+    layout: list[dict] = field(default_factory=list)
+
+    @property
+    def executed_rows(self) -> int:
+        return sum(m["rows"] for m in self.layout)
 
     @property
     def tokens_per_second(self) -> float:
@@ -116,7 +122,26 @@ def step_denominators(trajectories: Sequence[Trajectory]) -> LossDenominators:
     return loss_denominators([int(t.loss_mask.sum()) for t in trajectories])
 
 
+@dataclass(frozen=True)
+class Microbatch:
+    """One microbatch as the step loop sees it, whatever the layout (packed or tree)."""
+
+    members: list[int]  # step-level trajectory indices whose targets it owns
+    ids_T: torch.Tensor  # token id of each row it executes
+    ctx: object  # the MixingContext over those rows
+    table: TargetTable  # its targets, `traj` indexing the step's trajectories
+    expanded_tokens: int  # tokens these trajectories hold when expanded
+    info: dict = field(default_factory=dict)  # layout statistics (tree mode: rounds, replay)
+
+
 class ExpandedTrainer:
+    """The baseline: trajectories packed into microbatches, each mixing only within itself.
+
+    Subclasses change only `_microbatches` (the layout); the step loop, the loss and its
+    denominators, the aux-loss rule and the optimizer are shared, so a difference between
+    modes can only come from the layout.
+    """
+
     def __init__(
         self,
         model: HybridModel,
@@ -148,15 +173,18 @@ class ExpandedTrainer:
                     f"vocabulary of {self.model.config.name} (size {vocab})"
                 )
 
-    def forward_backward(self, trajectories: Sequence[Trajectory], microbatch_tokens: int) -> StepResult:
+    def forward_backward(self, trajectories: Sequence[Trajectory], microbatch_tokens: int,
+                         partition: Sequence[Sequence[int]] | None = None) -> StepResult:
         """Accumulate the step's gradient into .grad (not zeroed first); no optimizer step.
-        grad_norm is the norm of .grad afterwards."""
-        return self._run(trajectories, microbatch_tokens, backward=True)
+        grad_norm is the norm of .grad afterwards. `partition` fixes which trajectories
+        share a microbatch (default: the layout's own packing under the budget)."""
+        return self._run(trajectories, microbatch_tokens, backward=True, partition=partition)
 
     @torch.no_grad()
-    def evaluate(self, trajectories: Sequence[Trajectory], microbatch_tokens: int) -> StepResult:
+    def evaluate(self, trajectories: Sequence[Trajectory], microbatch_tokens: int,
+                 partition: Sequence[Sequence[int]] | None = None) -> StepResult:
         """Forward only: log-probs, entropy, losses and expert loads; grad_norm is 0."""
-        return self._run(trajectories, microbatch_tokens, backward=False)
+        return self._run(trajectories, microbatch_tokens, backward=False, partition=partition)
 
     def recompute_old_logprobs(self, trajectories: Sequence[Trajectory], microbatch_tokens: int) -> list[Trajectory]:
         """The trajectories with old_logprobs replaced by the current policy's (on-policy
@@ -167,32 +195,48 @@ class ExpandedTrainer:
             for t, lp in zip(trajectories, result.logprobs, strict=True)
         ]
 
-    def _run(self, trajectories: Sequence[Trajectory], microbatch_tokens: int, backward: bool) -> StepResult:
+    def partition(self, trajectories: Sequence[Trajectory], microbatch_tokens: int) -> list[list[int]]:
+        """Which trajectories share a microbatch: first-fit-decreasing on their lengths."""
+        return pack_microbatches([len(t) for t in trajectories], microbatch_tokens)
+
+    def _microbatches(self, trajectories: Sequence[Trajectory], partition: Sequence[Sequence[int]]):
+        model = self.model
+        device = model.lm_head_weight.device
+        dtype = model.lm_head_weight.dtype
+        for members in partition:
+            members = list(members)
+            sizes = [len(trajectories[j]) for j in members]
+            offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+            ids_T = torch.from_numpy(np.concatenate([trajectories[j].tokens for j in members])).to(device)
+            ctx = PackedContext(torch.from_numpy(offsets), chunk_size=model.config.chunk_size).to(device)
+            table = trajectory_targets(trajectories, members, offsets[:-1].tolist()).to(device, dtype)
+            yield Microbatch(members, ids_T, ctx, table, int(offsets[-1]))
+
+    def _run(self, trajectories: Sequence[Trajectory], microbatch_tokens: int, backward: bool,
+             partition: Sequence[Sequence[int]] | None = None) -> StepResult:
         if not trajectories:
             raise ValueError("a step needs at least one trajectory")
         self._check_tokens(trajectories)
         start = time.perf_counter()
         model = self.model
-        device = model.lm_head_weight.device
-        dtype = model.lm_head_weight.dtype
         lengths = [len(t) for t in trajectories]
         total_tokens = sum(lengths)
         den = step_denominators(trajectories)
-        bins = pack_microbatches(lengths, microbatch_tokens)
+        bins = [list(b) for b in partition] if partition is not None else self.partition(trajectories, microbatch_tokens)
+        covered = sorted(j for b in bins for j in b)
+        if covered != list(range(len(trajectories))):
+            raise ValueError("the microbatch partition must hold every trajectory exactly once")
 
         logprobs = [np.full(n, np.nan) for n in lengths]
         entropy = [np.full(n, np.nan) for n in lengths]
         sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "aux_loss", "clip_frac", "ppo_kl"), 0.0)
         expert_load = None
-        for members in bins:
-            sizes = [lengths[j] for j in members]
-            offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-            ids_T = torch.from_numpy(np.concatenate([trajectories[j].tokens for j in members])).to(device)
-            ctx = PackedContext(torch.from_numpy(offsets), chunk_size=model.config.chunk_size).to(device)
-            table = trajectory_targets(trajectories, members, offsets[:-1].tolist()).to(device, dtype)
-            out = model(ids_T, ctx)
-            pl = policy_loss(out.hidden_TD, model.lm_head_weight, table, den, self.loss_config)
-            aux = out.aux_loss * (ids_T.numel() / total_tokens)
+        infos = []
+        for mb in self._microbatches(trajectories, bins):
+            out = model(mb.ids_T, mb.ctx)
+            pl = policy_loss(out.hidden_TD, model.lm_head_weight, mb.table, den, self.loss_config)
+            # the aux loss of a microbatch weighs by its share of the step's (expanded) tokens
+            aux = out.aux_loss * (mb.expanded_tokens / total_tokens)
             loss = pl.loss + aux
             if backward:
                 loss.backward()
@@ -203,12 +247,13 @@ class ExpandedTrainer:
             expert_load = load if expert_load is None else expert_load + load
             lp = pl.logprob_N.to(torch.float64).cpu().numpy()
             ent = pl.entropy_N.to(torch.float64).cpu().numpy()
-            traj_N = table.traj.cpu().numpy()
-            pos_N = table.position.cpu().numpy()
-            for j in members:
+            traj_N = mb.table.traj.cpu().numpy()
+            pos_N = mb.table.position.cpu().numpy()
+            for j in mb.members:
                 sel = traj_N == j
                 logprobs[j][pos_N[sel]] = lp[sel]
                 entropy[j][pos_N[sel]] = ent[sel]
+            infos.append({"rows": int(mb.ids_T.numel()), **mb.info})
 
         grads = [p.grad for p in model.parameters() if p.grad is not None] if backward else []
         grad_norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
@@ -222,13 +267,15 @@ class ExpandedTrainer:
             trained_tokens=int(den.total_tokens),
             microbatches=bins,
             seconds=time.perf_counter() - start,
+            layout=infos,
         )
 
-    def step(self, trajectories: Sequence[Trajectory], microbatch_tokens: int) -> StepResult:
+    def step(self, trajectories: Sequence[Trajectory], microbatch_tokens: int,
+             partition: Sequence[Sequence[int]] | None = None) -> StepResult:
         """One update: zero grads, forward/backward over all microbatches, clip, AdamW step."""
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        result = self.forward_backward(trajectories, microbatch_tokens)
+        result = self.forward_backward(trajectories, microbatch_tokens, partition)
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.optimizer_config.grad_clip
         if max_norm is not None and params:
@@ -239,6 +286,7 @@ class ExpandedTrainer:
 
 __all__ = [
     "ExpandedTrainer",
+    "Microbatch",
     "OptimizerConfig",
     "StepResult",
     "pack_microbatches",

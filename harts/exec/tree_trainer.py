@@ -1,0 +1,71 @@
+"""Tree-mode training: the same step loop as the expanded baseline over rollout trees.
+
+Legend: R compact rows of a microbatch, N targets.
+
+A microbatch holds whole trees (one group = one radix tree); groups are packed by
+first-fit-decreasing on their *compact* size under the token budget (a tree larger than
+the budget gets a microbatch of its own; splitting trees across microbatches is the job
+of the sharing-window executor). Each microbatch runs the model once per compact row over
+a `TreeContext`; each row's logits serve every target whose previous position is that
+row, and losses use the step's expanded denominators, so the step computes the same
+numbers as `ExpandedTrainer` on the same trajectories. MoE statistics weight each row by
+its occurrence count; token dropping is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from harts.exec.loss import PolicyLossConfig, TargetTable
+from harts.exec.model.model import HybridModel
+from harts.exec.trainer import ExpandedTrainer, Microbatch, OptimizerConfig, pack_microbatches
+from harts.exec.tree import TreeContext
+from harts.tree import Trajectory, build_forest
+
+
+class TreeTrainer(ExpandedTrainer):
+    def __init__(
+        self,
+        model: HybridModel,
+        optimizer: OptimizerConfig | None = None,
+        loss: PolicyLossConfig | None = None,
+        *,
+        kda_mode: str = "replay",
+    ):
+        model.config.check_tree_mode()
+        super().__init__(model, optimizer, loss)
+        self.kda_mode = kda_mode
+
+    def partition(self, trajectories: Sequence[Trajectory], microbatch_tokens: int) -> list[list[int]]:
+        """Whole groups, packed first-fit-decreasing by their compact (tree) size."""
+        groups: dict[str, list[int]] = {}
+        for j, t in enumerate(trajectories):
+            groups.setdefault(t.group, []).append(j)
+        members = list(groups.values())
+        sizes = [build_forest([trajectories[j] for j in m]).compact_tokens for m in members]
+        return [sorted(j for g in b for j in members[g]) for b in pack_microbatches(sizes, microbatch_tokens)]
+
+    def _microbatches(self, trajectories: Sequence[Trajectory], partition: Sequence[Sequence[int]]):
+        model = self.model
+        device = model.lm_head_weight.device
+        dtype = model.lm_head_weight.dtype
+        for members in partition:
+            members = list(members)
+            forest = build_forest([trajectories[j] for j in members])
+            tg = forest.targets()
+            global_traj = np.asarray(members, dtype=np.int64)[tg.traj]
+            table = TargetTable(
+                row=torch.from_numpy(tg.row), label=torch.from_numpy(tg.label),
+                traj=torch.from_numpy(global_traj), position=torch.from_numpy(tg.position),
+                weight=torch.from_numpy(tg.weight), advantage=torch.from_numpy(tg.advantage),
+                old_logprob=torch.from_numpy(tg.old_logprob),
+                ref_logprob=None if tg.ref_logprob is None else torch.from_numpy(tg.ref_logprob),
+            ).to(device, dtype)
+            ctx = TreeContext(forest, chunk_size=model.config.chunk_size, kda_mode=self.kda_mode, device=device)
+            ids_T = torch.from_numpy(forest.token_ids).to(device)
+            info = {"kda_rounds": ctx.kda_rounds, "replay_tokens": ctx.replay_tokens,
+                    "compression": forest.compression}
+            yield Microbatch(members, ids_T, ctx, table, forest.expanded_tokens, info)

@@ -155,3 +155,97 @@ def trajectory_sets(
             )
     # shuffle across groups so the builder cannot rely on input order
     return draw(st.permutations(out))
+
+
+# ---- simulator (harts/sim): steps of microbatches with sharing windows, engine programs --
+
+
+@st.composite
+def sim_steps(draw: st.DrawFn, max_replicas: int = 3, max_windows: int = 3, max_consumers: int = 3):
+    """A StepWork: per replica, windows of a producer and its consumers or plain
+    microbatches, with small random token counts, KDA rounds and attention pairs."""
+    from harts.sim.work import KDARound, MicrobatchWork, StepWork
+
+    replicas = draw(st.integers(1, max_replicas))
+    mbs = []
+    nxt = 0
+    for r in range(replicas):
+        slot = 0
+        for _ in range(draw(st.integers(1, max_windows))):
+            with_producer = draw(st.booleans())
+            producer = None
+            if with_producer:
+                producer = nxt
+                mbs.append(_sim_mb(draw, nxt, r, slot, None, KDARound, MicrobatchWork))
+                nxt += 1
+            for _ in range(draw(st.integers(1 if not with_producer else 0, max_consumers))):
+                mbs.append(_sim_mb(draw, nxt, r, slot, producer, KDARound, MicrobatchWork))
+                nxt += 1
+                slot += 1
+            if with_producer and mbs[-1].mb == producer:
+                slot += 1
+    expanded = sum(m.expanded_tokens for m in mbs) or 1
+    return StepWork(tuple(mbs), replicas, expanded_tokens=expanded)
+
+
+def _sim_mb(draw, mb, replica, slot, producer, KDARound, MicrobatchWork):
+    tokens = draw(st.integers(1, 6000))
+    rounds = tuple(
+        KDARound(t, max(1, -(-t // 64)), 1)
+        for t in draw(st.lists(st.integers(1, tokens + 63), min_size=1, max_size=3))
+    )
+    tree = draw(st.booleans())
+    pairs = draw(st.integers(tokens, tokens * (tokens + 1) // 2 + tokens * 4000))
+    return MicrobatchWork(
+        mb=mb, replica=replica, tokens=tokens, kda_rounds=rounds,
+        attn_pairs_causal=0 if tree else pairs, attn_pairs_tree=pairs if tree else 0,
+        producer=producer, slot=slot, order=mb,
+        expanded_tokens=0 if producer == mb else draw(st.integers(tokens, 4 * tokens)),
+    )
+
+
+@st.composite
+def sim_programs(draw: st.DrawFn, max_actions: int = 24):
+    """An engine Program: a random DAG over a few lanes, each lane's order consistent with
+    the dependencies (a topological order), optional two-member gangs, random buffers."""
+    from harts.sim.engine import Action, Program
+
+    n = draw(st.integers(1, max_actions))
+    lanes = [(r, s, k) for r in range(2) for s in range(2) for k in ("compute", "comm")]
+    lanes = lanes[: draw(st.integers(1, len(lanes)))]
+    lane_of = [draw(st.sampled_from(lanes)) for _ in range(n)]
+    deps = []
+    for i in range(n):
+        cands = list(range(i))
+        deps.append(tuple(sorted(set(draw(st.lists(st.sampled_from(cands), max_size=3))))) if cands else ())
+    durations = [draw(st.floats(0.0, 5.0, allow_nan=False)) for _ in range(n)]
+    # buffers: an action may allocate one that a later action on the same rank frees
+    alloc = [() for _ in range(n)]
+    free = [() for _ in range(n)]
+    for i in range(n):
+        later = [j for j in range(i + 1, n) if lane_of[j][:2] == lane_of[i][:2] and i in deps[j]]
+        if later and draw(st.booleans()):
+            j = draw(st.sampled_from(later))
+            alloc[i] = ((f"buf{i}", float(draw(st.integers(1, 100)))),)
+            free[j] = free[j] + (f"buf{i}",)
+    # gangs: pairs of actions on different lanes with no dependency path between them are
+    # unsafe in general; gang only actions that are each first on their lane and dep-free
+    gang = [None] * n
+    firsts = {}
+    for i in range(n):
+        firsts.setdefault(lane_of[i], i)
+    heads = [i for i in firsts.values() if not deps[i]]
+    if len(heads) >= 2 and draw(st.booleans()):
+        for i in heads[:2]:
+            gang[i] = "g0"
+    actions = tuple(
+        Action(idx=i, name=f"a{i}", kind="X", lane=lane_of[i], duration=durations[i], deps=deps[i],
+               gang=gang[i], alloc=alloc[i], free=free[i],
+               transient=float(draw(st.integers(0, 10))))
+        for i in range(n)
+    )
+    order = {}
+    for i in range(n):
+        order.setdefault(lane_of[i], []).append(i)
+    static = {lane[:2]: float(draw(st.integers(0, 50))) for lane in set(lane_of)}
+    return Program(actions, {k: tuple(v) for k, v in order.items()}, static)

@@ -70,7 +70,7 @@ class _Setup:
     def __init__(self, args: argparse.Namespace):
         from harts.config.models import ConfigError, get_model_config
         from harts.sim.hardware import load_hardware
-        from harts.sim.parallel import ParallelConfig, default_parallel
+        from harts.sim.parallel import ParallelConfig, default_ep, default_parallel
 
         try:
             self.model = get_model_config(args.model)
@@ -88,7 +88,7 @@ class _Setup:
             dp = args.dp or args.gpus // pp
             if dp * pp != args.gpus:
                 raise UserError(f"--dp {dp} x --pp {pp} != --gpus {args.gpus}")
-            ep = args.ep or (base.ep if base.dp == dp else 1)
+            ep = args.ep or default_ep(self.model, dp)
             self.parallel = ParallelConfig(dp=dp, pp=pp, ep=ep)
         except ValueError as err:
             raise UserError(str(err)) from None

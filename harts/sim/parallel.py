@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from harts.config.models import FFNKind, LayerKind, ModelConfig
 
-__all__ = ["ParallelConfig", "StageLayers", "default_parallel", "stage_layers"]
+__all__ = ["ParallelConfig", "StageLayers", "default_ep", "default_parallel", "stage_layers"]
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,15 @@ def default_parallel(model: ModelConfig, gpus: int) -> ParallelConfig:
     dp = gpus // pp
     if dp * pp != gpus:
         raise ValueError(f"{gpus} GPUs do not split into {pp} stages")
+    return ParallelConfig(dp=dp, pp=pp, ep=default_ep(model, dp))
+
+
+def default_ep(model: ModelConfig, dp: int) -> int:
+    """The largest power of two that divides DP and the expert count, up to one node (8)."""
     ep = 1
     while ep * 2 <= min(dp, 8) and dp % (ep * 2) == 0 and model.num_experts % (ep * 2) == 0:
         ep *= 2
-    return ParallelConfig(dp=dp, pp=pp, ep=ep)
+    return ep
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,76 @@
+"""`harts sim`, `harts sim sweep`, `harts sim fit` end to end on small inputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_profile import synthetic_rows
+
+from harts.cli.main import main
+from harts.sim.profile import save_profile
+from harts.sim.schedule import Schedule
+from harts.sim.trace_io import diff_traces, load_trace_events
+
+
+def run(capsys, argv):
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_sim_json_trace_gantt_schedule(capsys, tmp_path):
+    trace, png, sched = tmp_path / "t.json", tmp_path / "g.png", tmp_path / "s.txt"
+    code, out, _ = run(capsys, ["sim", "--workload", "small-treestep", "--planner", "l1",
+                                "--schedule", "consumer-1f1b", "--model", "tiny", "--gpus", "4", "--pp", "2",
+                                "--microbatch-tokens", "6000", "--json", "--trace", str(trace),
+                                "--gantt", str(png), "--schedule-out", str(sched)])
+    assert code == 0
+    d = json.loads(out)
+    for key in ("throughput", "step_seconds", "bubble_fraction", "peak_memory_bytes"):
+        assert d[key] > 0
+    assert d["parallel"] == "DP2/PP2/EP2"
+    assert d["throughput"] == pytest.approx(d["expanded_tokens"] / d["step_seconds"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert Schedule.from_text(sched.read_text()).name == "consumer-1f1b"
+    events = load_trace_events(trace)
+    diff = diff_traces(events, events)
+    assert diff.matched == len(events) and diff.makespan_error == 0.0
+    assert diff.makespan_simulated == pytest.approx(d["step_seconds"])
+
+
+def test_sweep_tables(capsys, tmp_path):
+    code, out, _ = run(capsys, ["sim", "sweep", "--workload", "small-stepwise", "--planners", "expanded-ffd,l1",
+                                "--schedule-planner", "l1", "--model", "tiny", "--gpus", "2", "--pp", "2",
+                                "--microbatch-tokens", "8192", "--gantt", str(tmp_path / "s.png")])
+    assert code == 0
+    assert "speedup" in out and "pipeline schedules (l1)" in out
+    for s in ("non-overlap", "overlap-bwd-first", "consumer-1f1b"):
+        assert s in out
+        assert (tmp_path / f"s-small-stepwise-{s}.png").exists()
+
+
+def test_fit_command(capsys, tmp_path):
+    prof = tmp_path / "p.json"
+    save_profile(prof, "synthetic", synthetic_rows(noise=0.0))
+    code, out, _ = run(capsys, ["sim", "fit", "--profile", str(prof), "--out", str(tmp_path / "c.json"), "--json"])
+    assert code == 0
+    assert "gemm:fwd" in json.loads(out)["fits"]
+    code, out, _ = run(capsys, ["sim", "--workload", "small-treestep", "--planner", "l1", "--model", "tiny",
+                                "--gpus", "1", "--cost-model", "calibrated", "--calibration",
+                                str(tmp_path / "c.json"), "--json"])
+    assert code == 0 and json.loads(out)["cost_model"] == "calibrated"
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["sim", "--workload", "nope", "--planner", "l1"], "unknown workload preset"),
+    (["sim", "--workload", "small-treestep", "--schedule", "gpipe"], "unknown schedule"),
+    (["sim", "--workload", "small-treestep", "--planner", "magic"], "unknown planner"),
+    (["sim", "--workload", "small-treestep", "--gpus", "6", "--pp", "4"], "!= --gpus"),
+    (["sim", "--workload", "small-treestep", "--model", "huge"], "unknown model"),
+    (["sim"], "needs --workload"),
+])
+def test_user_errors(capsys, argv, msg):
+    code, _, err = run(capsys, argv)
+    assert code == 2
+    assert msg in err

@@ -1,4 +1,4 @@
-"""`harts train`: policy-update steps on rollouts, trajectory-expanded (tree mode: later)."""
+"""`harts train`: policy-update steps on rollouts, trajectory-expanded or over rollout trees."""
 
 from __future__ import annotations
 
@@ -56,8 +56,6 @@ def _load_trajectories(args: argparse.Namespace) -> list:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    if args.mode == "tree":
-        raise UserError("tree mode: not available yet")
     if args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
     if args.microbatch_tokens < 1:
@@ -87,6 +85,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from harts.exec.loss import PolicyLossConfig
     from harts.exec.model import build_model
     from harts.exec.trainer import ExpandedTrainer, OptimizerConfig
+    from harts.exec.tree_trainer import TreeTrainer
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     total = parameter_counts(config).total
@@ -94,7 +93,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UserError(f"{config.name} has {total / 1e9:.1f}B parameters: too large to train on a CPU")
     dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
     model = build_model(config, seed=args.seed, dtype=dtype, device=device, recompute=args.recompute)
-    trainer = ExpandedTrainer(
+    if args.mode == "tree":
+        try:
+            config.check_tree_mode()
+        except ConfigError as err:
+            raise UserError(str(err)) from None
+    trainer_cls = TreeTrainer if args.mode == "tree" else ExpandedTrainer
+    trainer = trainer_cls(
         model,
         OptimizerConfig(lr=args.lr, grad_clip=args.grad_clip if args.grad_clip > 0 else None),
         PolicyLossConfig(agg_mode=args.agg_mode, kl_coef=args.kl_coef),
@@ -113,14 +118,16 @@ def cmd_train(args: argparse.Namespace) -> int:
             "tokens": result.tokens,
             "trained_tokens": result.trained_tokens,
             "microbatches": len(result.microbatches),
+            "executed_rows": result.executed_rows,
             "seconds": result.seconds,
             "tokens_per_s": result.tokens_per_second,
         }
         records.append(rec)
         if not args.json:
             if step == 1:
-                print(f"{config.name}: {len(trajectories)} trajectories, {result.tokens} tokens, "
-                      f"{len(result.microbatches)} microbatches of <= {args.microbatch_tokens} tokens, {device}")
+                print(f"{config.name} ({args.mode}): {len(trajectories)} trajectories, {result.tokens} tokens "
+                      f"-> {result.executed_rows} executed rows, {len(result.microbatches)} microbatches "
+                      f"of <= {args.microbatch_tokens} tokens, {device}")
             print(f"step {step}  loss {rec['loss']:.6f}  pg {rec['pg_loss']:.6f}  aux {rec['aux_loss']:.3e}  "
                   f"grad_norm {rec['grad_norm']:.4f}  {rec['tokens_per_s']:,.0f} tok/s", flush=True)
     if args.json:

@@ -196,8 +196,15 @@ def test_cli_train_expanded(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "step 1  loss" in out and "tok/s" in out
 
-    assert main(["train", "--mode", "tree"]) == 2
-    assert "tree mode: not available yet" in capsys.readouterr().err
+    # tree mode trains the same step: identical losses in float64, fewer executed rows
+    runs = {}
+    for mode in ("expanded", "tree"):
+        assert main(["train", "--mode", mode, "--steps", "2", "--dtype", "float64", "--json"]) == 0
+        runs[mode] = json.loads(capsys.readouterr().out)["steps"]
+    for e, t in zip(runs["expanded"], runs["tree"], strict=True):
+        assert abs(e["loss"] - t["loss"]) <= 1e-12 * max(1.0, abs(e["loss"]))
+        assert abs(e["grad_norm"] - t["grad_norm"]) <= 1e-10 * e["grad_norm"]
+        assert t["executed_rows"] < e["executed_rows"]
     from harts.tree.io import save_jsonl
 
     path = tmp_path / "big-token.jsonl"

@@ -1,0 +1,186 @@
+"""Helpers for the KDA tests: random packed problems and fla-core's independent references.
+
+fla's naive functions take [B, T, H, K] tensors, one sequence per batch row; here each packed
+sequence is run through them alone (batch of one) and the results are concatenated back.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from unittest import mock
+
+import fla.ops.kda.naive as fla_kda_naive
+import torch
+import torch.nn.functional as F
+from hypothesis import strategies as st
+
+from harts.testing import assert_close
+
+TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
+INPUTS = ("q", "k", "v", "g", "beta", "initial_state")
+
+
+class _TorchWithFloat64:
+    """Stand-in for the `torch` module inside fla.ops.kda.naive.
+
+    fla's naive KDA casts its inputs with `.to(torch.float)` and allocates with
+    `dtype=torch.float`, i.e. float32. To check our float64 path at 1e-10 we run fla's code
+    unchanged but with `torch.float` meaning float64; every other attribute is torch's own.
+    """
+
+    float = torch.float64
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+@contextmanager
+def fla_float64():
+    with mock.patch.object(fla_kda_naive, "torch", _TorchWithFloat64()):
+        yield
+
+
+@dataclass
+class Problem:
+    """A packed KDA problem: leaf inputs, cu_seqlens and the upstream gradients."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+    initial_state: torch.Tensor
+    cu_seqlens: torch.Tensor
+    do: torch.Tensor
+    dht: torch.Tensor
+
+    def inputs(self) -> dict[str, torch.Tensor]:
+        return {name: getattr(self, name) for name in INPUTS}
+
+    def leaves(self) -> dict[str, torch.Tensor]:
+        return {name: x.detach().clone().requires_grad_() for name, x in self.inputs().items()}
+
+    @property
+    def bounds(self) -> list[tuple[int, int]]:
+        cu = self.cu_seqlens.tolist()
+        return list(zip(cu[:-1], cu[1:], strict=True))
+
+
+def make_problem(
+    lens: list[int], H: int, K: int, V: int, seed: int, dtype: torch.dtype, decay: float = 1.0
+) -> Problem:
+    """Realistic magnitudes: q, k L2-normalised (as the layer does), beta in (0, 1),
+    g = decay * logsigmoid(normal) <= 0. Drawn in float64 and cast, so both dtypes see the
+    same numbers."""
+    gen = torch.Generator().manual_seed(seed)
+    T, N = sum(lens), len(lens)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    tensors = dict(
+        q=F.normalize(randn(T, H, K), dim=-1),
+        k=F.normalize(randn(T, H, K), dim=-1),
+        v=randn(T, H, V),
+        g=decay * F.logsigmoid(randn(T, H, K)),
+        beta=torch.sigmoid(randn(T, H)),
+        initial_state=randn(N, H, K, V),
+        do=randn(T, H, V),
+        dht=randn(N, H, K, V),
+    )
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int64)
+    return Problem(**{name: x.to(dtype) for name, x in tensors.items()}, cu_seqlens=cu)
+
+
+@st.composite
+def kda_problem_shapes(draw, dtype: torch.dtype, max_len: int, max_seqs: int = 3):
+    """(lens, H, K, V, seed, decay): small heads and dims, lengths from 1 to max_len.
+
+    float64 also draws the ill-conditioned corners: K = 2 (unit keys in a plane are nearly
+    collinear, so the UT system is poorly conditioned) and decay 1.0 (mean retention 0.45
+    per token, e^-50 over a chunk). There, float32 chunkwise gradients are only good to a
+    few 1e-6 against a float64 truth, fla's own naive_chunk_kda dg up to ~8e-6 (measured
+    over 2000 draws), too near the 1e-5 bound to be a test of our code; so float32 draws
+    K >= 4 and decay <= 0.3, where both forms stay below ~3e-6.
+    """
+    wide = dtype == torch.float64
+    lens = draw(st.lists(st.integers(1, max_len), min_size=1, max_size=max_seqs))
+    H = draw(st.integers(1, 3))
+    K = draw(st.sampled_from([2, 4, 8, 16] if wide else [4, 8, 16]))
+    V = draw(st.sampled_from([1, 3, 8, 16]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    decay = draw(st.sampled_from([0.05, 0.3, 1.0] if wide else [0.05, 0.3]))
+    return lens, H, K, V, seed, decay
+
+
+def grads_of(o, final_state, do, dht, leaves: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    loss = (o * do).sum() + (final_state * dht).sum()
+    names = list(leaves)
+    grads = torch.autograd.grad(loss, [leaves[n] for n in names])
+    return dict(zip(names, grads, strict=True))
+
+
+def run_ours(fn, p: Problem, **kwargs) -> dict[str, torch.Tensor]:
+    """Run a packed op of ours (chunk_kda or naive_recurrent_kda); outputs and all gradients."""
+    x = p.leaves()
+    result = fn(
+        x["q"],
+        x["k"],
+        x["v"],
+        x["g"],
+        x["beta"],
+        initial_state=x["initial_state"],
+        cu_seqlens=p.cu_seqlens,
+        **kwargs,
+    )
+    o, final_state = result[0], result[1]
+    return {"o": o, "final_state": final_state, **grads_of(o, final_state, p.do, p.dht, x)}
+
+
+def run_fla(fla_fn, p: Problem, chunk_size: int | None = None) -> dict[str, torch.Tensor]:
+    """fla's naive reference run on each packed sequence alone, results concatenated.
+
+    naive_chunk_kda needs a multiple of chunk_size: the sequence is zero-padded at the end,
+    which is exact (k = v = g = beta = 0 leaves the state as it is; padded outputs dropped).
+    """
+    dtype = p.q.dtype
+    outs: dict[str, list[torch.Tensor]] = {name: [] for name in ("o", "final_state", *INPUTS)}
+    for n, (start, end) in enumerate(p.bounds):
+        x = {name: p.inputs()[name][start:end] for name in INPUTS[:-1]}
+        x["initial_state"] = p.initial_state[n : n + 1]
+        x = {name: t.detach().clone().requires_grad_() for name, t in x.items()}
+        batched = {name: x[name][None] for name in INPUTS[:-1]}
+        kwargs = {}
+        if chunk_size is not None:
+            pad = (-(end - start)) % chunk_size
+            batched = {
+                name: torch.cat([t, t.new_zeros(1, pad, *t.shape[2:])], dim=1)
+                for name, t in batched.items()
+            }
+            kwargs["chunk_size"] = chunk_size
+        with fla_float64() if dtype == torch.float64 else nullcontext():
+            o, final_state = fla_fn(
+                **batched, initial_state=x["initial_state"], output_final_state=True, **kwargs
+            )
+        o = o[0, : end - start]
+        assert o.dtype == dtype and final_state.dtype == dtype
+        grads = grads_of(o, final_state[0], p.do[start:end], p.dht[n], x)
+        outs["o"].append(o)
+        outs["final_state"].append(final_state[0])
+        for name in INPUTS:
+            outs[name].append(grads[name])
+    stacked = {"final_state": torch.stack(outs["final_state"])}
+    stacked["initial_state"] = torch.cat(outs["initial_state"])
+    for name in ("o", *INPUTS[:-1]):
+        stacked[name] = torch.cat(outs[name])
+    return stacked
+
+
+def compare(label: str, ours: dict, ref: dict, tol: float) -> dict[str, float]:
+    """assert_close on outputs, final states and every gradient; returns the errors."""
+    errors = {}
+    for name in ("o", "final_state", *INPUTS):
+        key = name if name in ("o", "final_state") else f"d{name}"
+        errors[key] = assert_close(f"{label} {key}", ours[name], ref[name], tol)
+    return errors

@@ -35,6 +35,8 @@ def _add_common(p: argparse.ArgumentParser, sweep: bool) -> None:
     p.add_argument("--calibration", help="calibration JSON (harts sim fit) for --cost-model calibrated")
     p.add_argument("--no-recompute", action="store_true", help="keep all activations (no recomputation)")
     p.add_argument("--seed", type=int, default=0, help="planner seed")
+    p.add_argument("--ep-lockstep", action="store_true",
+                   help="run the k-th passes of an EP group together (falls back when they cannot line up)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -140,7 +142,7 @@ class _Setup:
             sched = build_schedule(schedule, step, self.parallel.pp)
         except (KeyError, ValueError) as err:
             raise UserError(str(err.args[0]) if isinstance(err, KeyError) else str(err)) from None
-        return simulate_step(step, sched, cost)
+        return simulate_step(step, sched, cost, ep_lockstep=self.args.ep_lockstep)
 
 
 def _row(workload: str, planner: str, plan: Any, res: Any) -> dict[str, Any]:

@@ -10,10 +10,13 @@ stream does. Dependencies come from the plan, not the schedule:
   producer's outputs) unless that consumer runs in the same fused pass;
 - the gradient sync of a stage is one collective over its replicas (a gang); the
   optimizer follows it.
-EP lockstep: with expert parallelism, every MoE layer of a pass is an all-to-all over the
-stage's EP group, so the k-th passes of the group's ranks run together and last as long as
-the slowest (a gang). This needs the ranks' F/B patterns to line up (what DP slots are
-for); where they do not, the passes run unsynchronised and the result says so.
+EP lockstep (opt-in, `ep_lockstep=True`): with expert parallelism every MoE layer of a
+pass is an all-to-all over the stage's EP group, so the k-th passes of the group's ranks
+run together and last as long as the slowest (a gang). That needs the ranks' F/B patterns
+and dependencies to line up; where they do not (a deadlock), the passes run unsynchronised
+and the result says so. Off by default, so schedules compare under one rule: the
+all-to-all is then priced as bandwidth inside each pass, and replicas wait for each other
+only at the gradient sync.
 Memory per rank: static (weights, gradients, optimizer shard) + activations allocated at a
 forward's start and freed at the end of its backward + the producer's gradient
 accumulators (held from PF to PB) + per-pass workspace.
@@ -36,7 +39,7 @@ from harts.sim.work import StepWork
 __all__ = ["SimResult", "lower", "simulate", "simulate_step"]
 
 
-def lower(step: StepWork, schedule: Schedule, cost: CostModel, ep_lockstep: bool = True) -> Program:
+def lower(step: StepWork, schedule: Schedule, cost: CostModel, ep_lockstep: bool = False) -> Program:
     P = schedule.num_stages
     if P != cost.parallel.pp:
         raise ValueError(f"schedule has {P} stages, the cost model {cost.parallel.pp}")
@@ -216,7 +219,7 @@ class SimResult:
         }
 
 
-def simulate_step(step: StepWork, schedule: Schedule, cost: CostModel, ep_lockstep: bool = True) -> SimResult:
+def simulate_step(step: StepWork, schedule: Schedule, cost: CostModel, ep_lockstep: bool = False) -> SimResult:
     program = lower(step, schedule, cost, ep_lockstep)
     lockstep = any(a.gang and a.gang.startswith("ep:") for a in program.actions)
     try:
@@ -268,7 +271,7 @@ def simulate(
     parallel: ParallelConfig,
     hardware: HardwareProfile,
     cost_model: str = "roofline",
-    ep_lockstep: bool = True,
+    ep_lockstep: bool = False,
     **cost_kwargs: Any,
 ) -> SimResult:
     cost = make_cost_model(cost_model, model, parallel, hardware, **cost_kwargs)

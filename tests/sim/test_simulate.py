@@ -25,11 +25,19 @@ TINY = get_model_config("tiny")
 EPS = 1e-9
 
 
-@given(sim_steps(), st.integers(1, 3), st.sampled_from(SCHEDULES), st.booleans(), st.booleans())
-def test_step_properties(step, pp, schedule, ep, recompute):
+@given(sim_steps(), st.integers(1, 3), st.sampled_from(SCHEDULES), st.booleans(), st.booleans(), st.booleans())
+def test_step_properties(step, pp, schedule, ep, recompute, lockstep):
     par = ParallelConfig(dp=step.num_replicas, pp=pp, ep=step.num_replicas if ep else 1)
     cost = make_cost_model("roofline", TINY, par, HW, recompute=recompute)
-    res = simulate_step(step, build_schedule(schedule, step, pp), cost)
+    res = simulate_step(step, build_schedule(schedule, step, pp), cost, ep_lockstep=lockstep)
+    if res.ep_lockstep:
+        # gang members start together and last as long as the slowest
+        by_gang: dict[str, list[int]] = {}
+        for a in res.program.actions:
+            if a.gang:
+                by_gang.setdefault(a.gang, []).append(a.idx)
+        for members in by_gang.values():
+            assert len({res.trace.events[m].start for m in members}) == 1
     prog, tr = res.program, res.trace
     for a in prog.actions:
         for d in a.deps:
@@ -44,7 +52,7 @@ def test_step_properties(step, pp, schedule, ep, recompute):
         assert tr.memory_timeline[rank][-1][1] == pytest.approx(prog.static_memory[rank])
     assert 0.0 <= res.bubble_fraction < 1.0
     assert res.throughput == pytest.approx(step.expanded_tokens / res.step_seconds)
-    again = simulate_step(step, build_schedule(schedule, step, pp), cost)
+    again = simulate_step(step, build_schedule(schedule, step, pp), cost, ep_lockstep=lockstep)
     assert again.trace == tr
 
 

@@ -1,52 +1,119 @@
 """Exact execution over a rollout tree's compact layout: the tree `MixingContext`.
 
-Legend: R compact rows, H heads, K/V/D/E feature dims, W conv window, S KDA sequences.
+Legend: L local rows of a microbatch (context rows + computed rows), C computed rows,
+H heads, K/V/D/E feature dims, W conv window, S KDA sequences.
 
-The model runs token-wise work once per compact row; this context supplies the three
+The model runs token-wise work once per *computed* row; this context supplies the three
 places where rows see each other, each restricted to a row's own root path:
 
-- full attention: one masked attention over the compact rows with the DFS interval mask
-  `k <= q <= row_end[k]` (ancestor-or-self). On CPU a dense boolean mask; the GPU fast
-  path plugs in behind `attention` with the same contract.
+- full attention: the computed rows attend the local rows with the DFS interval mask
+  `k <= q <= end[k]` (ancestor-or-self). On CPU a dense boolean mask; a GPU fast path
+  plugs in behind `attention` with the same contract.
 - short convolution: a row's window is its previous W-1 rows along its path, gathered
   through parent pointers (so windows cross forks correctly).
 - KDA: the rounds of a `KDASchedule`. Each round is ONE packed varlen chunkwise call.
   A sequence gathers its replay rows (ancestor tokens [a, s_v1), state only) and its own
-  rows; only its own rows' outputs are kept. Its initial state is a boundary state that
-  an earlier round's call returned (still in the autograd graph, so gradients flow back
-  into the producer) or zeros. Every row's output is written by exactly one sequence; the
-  outputs of all rounds are concatenated and put back in row order with one gather.
+  rows; only its own rows' outputs are kept. Its initial state is zeros, a boundary state
+  that an earlier round's call returned (still in the autograd graph, so gradients flow
+  back into the producing call), or an *external* state handed in from another
+  microbatch. Every computed row's output is written by exactly one sequence.
 
-Two schedules: `replay` (the minimum-call plan of harts.plan.kda_calls: sequences start
-at chunk-aligned positions, so each trajectory's chunk grid is reproduced and handoffs
-are bit-exact) and `node` (the no-replay ablation: every node is its own sequence,
-starting mid-chunk at its fork from its parent's final state; fewer tokens, different
-rounding).
+A microbatch's rows form a `LocalLayout`: its computed rows plus the *context* rows it
+reads from a producer microbatch (sharing windows, harts.exec.window). Context rows are
+never recomputed: their mixing inputs (attention keys/values, conv inputs, KDA inputs of
+replayed rows) and the KDA states at the consumer's chunk-aligned starts come from a
+`Stash` the producer recorded. With no context rows (`TreeContext(forest)`) this is the
+single-microbatch tree path.
+
+Two KDA schedules: `replay` (the minimum-call plan of harts.plan.kda_calls: sequences
+start at chunk-aligned positions, so each trajectory's chunk grid is reproduced and
+handoffs are bit-exact) and `node` (the no-replay ablation: every node is its own
+sequence, starting mid-chunk at its fork from its parent's final state).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from harts.plan.kda_calls import KDACallPlan, plan_kda_calls_for
+from harts.plan.kda_calls import plan_kda_calls
 from harts.tree.forest import RolloutForest
+
+ZERO_STATE = -1
+EXTERNAL_STATE = -2
+
+
+@dataclass(frozen=True, eq=False)
+class LocalLayout:
+    """The rows one microbatch touches, in DFS order, with its path structure."""
+
+    rows: np.ndarray  # int64 [L]: global compact row ids, ascending
+    computed: np.ndarray  # bool [L]: computed here (else read from the producer)
+    parent: np.ndarray  # int64 [L]: local index of the previous row on the path, -1 at a root
+    end: np.ndarray  # int64 [L]: local index of the last row of the row's subtree
+    position: np.ndarray  # int64 [L]: depth
+
+    @classmethod
+    def of_rows(cls, forest: RolloutForest, computed_rows: np.ndarray,
+                context_rows: np.ndarray | None = None) -> LocalLayout:
+        computed_rows = np.unique(np.asarray(computed_rows, dtype=np.int64))
+        context_rows = np.unique(np.asarray(context_rows if context_rows is not None else [], dtype=np.int64))
+        if np.intersect1d(computed_rows, context_rows).size:
+            raise ValueError("a row cannot be both computed and read from the producer")
+        rows = np.union1d(computed_rows, context_rows)
+        computed = np.isin(rows, computed_rows)
+        gparent = forest.row_parent[rows]
+        local_parent = np.searchsorted(rows, gparent)
+        has = gparent >= 0
+        ok = np.zeros(rows.size, dtype=bool)
+        ok[has] = (local_parent[has] < rows.size) & (rows[np.minimum(local_parent[has], rows.size - 1)] == gparent[has])
+        if not (ok | ~has).all():
+            bad = int(rows[np.flatnonzero(has & ~ok)[0]])
+            raise ValueError(f"row {bad}: its parent row {int(forest.row_parent[bad])} is neither computed "
+                             "nor read from the producer")
+        parent = np.where(has, local_parent, -1)
+        if (computed[parent[has & ~computed]]).any():
+            raise ValueError("a context row cannot descend from a computed row")
+        end = np.searchsorted(rows, forest.row_end[rows], side="right") - 1
+        return cls(rows, computed, parent.astype(np.int64), end.astype(np.int64),
+                   forest.row_position[rows].astype(np.int64))
+
+    @classmethod
+    def full(cls, forest: RolloutForest) -> LocalLayout:
+        return cls.of_rows(forest, np.arange(forest.num_rows))
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.rows.size)
+
+    @property
+    def computed_index(self) -> np.ndarray:
+        return np.flatnonzero(self.computed)
+
+    @property
+    def context_index(self) -> np.ndarray:
+        return np.flatnonzero(~self.computed)
+
+    def ancestor(self, row: int, steps: int) -> int:
+        for _ in range(steps):
+            row = int(self.parent[row])
+        return row
 
 
 @dataclass(frozen=True)
 class KDARound:
-    """One packed call: which rows go in, which outputs come out, where states come from."""
+    """One packed call: which local rows go in, which outputs come out, where states come from."""
 
-    gather_rows: np.ndarray  # int64 [Tr]: compact rows, sequence after sequence
+    gather_rows: np.ndarray  # int64 [Tr]: local rows, sequence after sequence
     cu_seqlens: np.ndarray  # int64 [Sr + 1]
     keep: np.ndarray  # int64: positions in gather_rows whose outputs are written
-    # per sequence: (round, index into that round's handed-off states) or (-1, -1) = zeros
+    # per sequence: ZERO_STATE, EXTERNAL_STATE or the round whose handed states it starts from
     init_round: np.ndarray  # int64 [Sr]
-    init_index: np.ndarray  # int64 [Sr]
+    init_index: np.ndarray  # int64 [Sr]: index into those states / the external states
 
 
 @dataclass(frozen=True)
@@ -58,64 +125,147 @@ class KDASchedule:
     # sequence's final state ("node")
     handoff: str  # "chunk" | "final"
     replay_tokens: int
-    written_rows: np.ndarray  # int64 [R]: rows in the order the rounds write them
+    written_rows: np.ndarray  # int64 [C]: local rows in the order the rounds write them
+    # external states this microbatch starts from: (position a, local row at depth a-1)
+    external: tuple[tuple[int, int], ...] = ()
+    # per local row computed here: the round and state base of its sequence, and the
+    # sequence's aligned start (global position); -1 elsewhere. Lets a consumer ask this
+    # microbatch for S(a) at any chunk boundary on its rows.
+    row_round: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    row_state_base: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    row_seq_start: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def num_rounds(self) -> int:
         return len(self.rounds)
 
 
-def _replay_rows(forest: RolloutForest, first_row: int, count: int) -> list[int]:
-    rows = []
-    r = first_row
-    parent = forest.row_parent
-    for _ in range(count):
-        r = int(parent[r])
-        rows.append(r)
-    return rows[::-1]
+def _segments(layout: LocalLayout) -> tuple[np.ndarray, np.ndarray]:
+    """Maximal fork-free runs of computed rows: (first local row, last local row) each."""
+    L = layout.num_rows
+    kids = np.bincount(layout.parent[layout.parent >= 0], minlength=L)
+    idx = np.arange(L)
+    prev = idx - 1
+    starts = (
+        (idx == 0)
+        | (layout.parent != prev)
+        | (np.r_[True, kids[:-1] != 1] if L else np.zeros(0, bool))
+        | (layout.computed != np.r_[~layout.computed[:1], layout.computed[:-1]])
+    )
+    first = np.flatnonzero(starts & layout.computed)
+    # a segment runs until the next segment start
+    all_starts = np.flatnonzero(starts)
+    nxt = np.searchsorted(all_starts, first, side="right")
+    last = np.where(nxt < all_starts.size, all_starts[np.minimum(nxt, all_starts.size - 1)] - 1, L - 1)
+    return first, last
 
 
-def replay_schedule(forest: RolloutForest, chunk_size: int = 64, plan: KDACallPlan | None = None) -> KDASchedule:
-    """Rounds of the minimum-call plan, as gather/scatter indices over compact rows."""
-    plan = plan if plan is not None else plan_kda_calls_for(forest, chunk_size)
-    B = plan.chunk_size
-    rs = forest.node_row_start
-    # where each sequence's boundary states land in its round's chunk_states tensor
+def replay_schedule(layout: LocalLayout, chunk_size: int = 64) -> KDASchedule:
+    """The minimum-call plan over the computed rows of a layout, as gather/scatter indices.
+
+    Each tree of computed rows whose root starts at depth s > 0 (below context rows) is
+    planned in coordinates shifted by its aligned start a = floor(s/B)*B — a multiple of B,
+    so chunk grids are unchanged — with a virtual first node covering the replayed context
+    rows [a, s); its S(a) is an external state (zeros when a = 0).
+    """
+    B = chunk_size
+    first, last = _segments(layout)
+    seg_of_row = np.full(layout.num_rows, -1, dtype=np.int64)
+    for i, (f, l_) in enumerate(zip(first.tolist(), last.tolist(), strict=True)):
+        seg_of_row[f : l_ + 1] = i
+    # planner arrays (preorder: local order of segments is DFS order)
+    n_parent, n_start, n_end, n_rows, n_shift, n_virtual = [], [], [], [], [], []
+    root_ext: dict[int, int] = {}  # planner root node -> external state index or ZERO_STATE
+    external: list[tuple[int, int]] = []
+    node_of_seg = {}
+    for i, (f, l_) in enumerate(zip(first.tolist(), last.tolist(), strict=True)):
+        par_row = int(layout.parent[f])
+        s = int(layout.position[f])
+        if par_row >= 0 and layout.computed[par_row]:
+            parent = node_of_seg[int(seg_of_row[par_row])]
+            shift = n_shift[parent]
+        else:
+            # a tree of computed rows: plan it shifted by its aligned start
+            shift = s // B * B
+            if shift > 0:
+                external.append((shift, layout.ancestor(f, s - shift + 1)))
+                ext = len(external) - 1
+            else:
+                ext = ZERO_STATE
+            parent = -1
+            if s > shift:
+                # the replayed context rows [a, s) as a virtual node heading the tree
+                root_ext[len(n_parent)] = ext
+                n_parent.append(-1)
+                n_start.append(0)
+                n_end.append(s - shift)
+                n_rows.append(np.asarray([layout.ancestor(f, k) for k in range(s - shift, 0, -1)], np.int64))
+                n_shift.append(shift)
+                n_virtual.append(True)
+                parent = len(n_parent) - 1
+            else:
+                root_ext[len(n_parent)] = ext
+        node_of_seg[i] = len(n_parent)
+        n_parent.append(parent)
+        n_start.append(s - shift)
+        n_end.append(int(layout.position[l_]) + 1 - shift)
+        n_rows.append(np.arange(f, l_ + 1, dtype=np.int64))
+        n_shift.append(shift)
+        n_virtual.append(False)
+    plan = plan_kda_calls(np.asarray(n_parent, np.int64), np.asarray(n_start, np.int64),
+                          np.asarray(n_end, np.int64), B)
+    root_of = np.arange(len(n_parent))
+    for v in range(len(n_parent)):
+        if n_parent[v] >= 0:
+            root_of[v] = root_of[n_parent[v]]
+    L = layout.num_rows
+    row_round = np.full(L, -1, np.int64)
+    row_base = np.full(L, -1, np.int64)
+    row_start = np.full(L, -1, np.int64)
     state_base: dict[int, tuple[int, int]] = {}
-    rounds = []
-    written = []
+    rounds, written = [], []
+    replay_total = 0
     for r, seqs in enumerate(plan.rounds):
         gather, cu, keep, init_r, init_i = [], [0], [], [], []
         num_states = 0
         for s in seqs.tolist():
-            head = int(plan.seq_head[s])
+            chain = plan.chain(s).tolist()
+            head = chain[0]
             replay = int(plan.seq_replay[s])
-            own = np.concatenate([np.arange(rs[v], rs[v + 1]) for v in plan.chain(s).tolist()])
-            rows = _replay_rows(forest, int(rs[head]), replay) + own.tolist()
+            own_rows = [n_rows[v] for v in chain]
+            own_kept = [n_rows[v] for v in chain if not n_virtual[v]]
+            replay_rows = [layout.ancestor(int(n_rows[head][0]), k) for k in range(replay, 0, -1)]
             base = len(gather)
-            gather.extend(rows)
-            keep.extend(range(base + replay, base + len(rows)))
-            written.append(own)
+            gather.extend(replay_rows)
+            n_virt = sum(n_rows[v].size for v in chain if n_virtual[v])
+            replay_total += replay + n_virt
+            # virtual nodes only ever head a chain, so kept rows follow them contiguously
+            gather.extend(np.concatenate(own_rows).tolist())
+            keep.extend(range(base + replay + n_virt, len(gather)))
+            kept = np.concatenate(own_kept) if own_kept else np.zeros(0, np.int64)
+            written.append(kept)
+            shift = n_shift[head]
+            row_round[kept] = r
+            row_base[kept] = num_states
+            row_start[kept] = int(plan.seq_start[s]) + shift
             cu.append(len(gather))
             state_base[s] = (r, num_states)
-            num_states += len(rows) // B
+            num_states += (len(gather) - base) // B
             p = int(plan.seq_producer[s])
             if p < 0:
-                init_r.append(-1)
-                init_i.append(-1)
+                ext = root_ext[int(root_of[head])]
+                init_r.append(ZERO_STATE if ext == ZERO_STATE else EXTERNAL_STATE)
+                init_i.append(-1 if ext == ZERO_STATE else ext)
             else:
                 pr, pbase = state_base[p]
-                offset = (int(plan.seq_start[s]) - int(plan.seq_start[p])) // B - 1
                 init_r.append(pr)
-                init_i.append(pbase + offset)
-        rounds.append(
-            KDARound(
-                np.asarray(gather, np.int64), np.asarray(cu, np.int64), np.asarray(keep, np.int64),
-                np.asarray(init_r, np.int64), np.asarray(init_i, np.int64),
-            )
-        )
-    return KDASchedule("replay", B, tuple(rounds), "chunk", int(plan.replay_tokens),
-                       np.concatenate(written) if written else np.zeros(0, np.int64))
+                init_i.append(pbase + (int(plan.seq_start[s]) - int(plan.seq_start[p])) // B - 1)
+        rounds.append(KDARound(np.asarray(gather, np.int64), np.asarray(cu, np.int64),
+                               np.asarray(keep, np.int64), np.asarray(init_r, np.int64),
+                               np.asarray(init_i, np.int64)))
+    return KDASchedule("replay", B, tuple(rounds), "chunk", replay_total,
+                       np.concatenate(written) if written else np.zeros(0, np.int64),
+                       tuple(external), row_round, row_base, row_start)
 
 
 def node_schedule(forest: RolloutForest, chunk_size: int = 64) -> KDASchedule:
@@ -133,7 +283,7 @@ def node_schedule(forest: RolloutForest, chunk_size: int = 64) -> KDASchedule:
             cu.append(len(gather))
             index_in_round[v] = i
             p = int(forest.node_parent[v])
-            init_r.append(-1 if p < 0 else lv - 1)
+            init_r.append(ZERO_STATE if p < 0 else lv - 1)
             init_i.append(-1 if p < 0 else index_in_round[p])
         g = np.asarray(gather, np.int64)
         written.append(g)
@@ -143,39 +293,139 @@ def node_schedule(forest: RolloutForest, chunk_size: int = 64) -> KDASchedule:
                        np.concatenate(written) if written else np.zeros(0, np.int64))
 
 
+class Stash:
+    """What a producer microbatch hands to its consumers, per mixing call.
+
+    `inputs[(layer, name)]` holds the producer's mixing inputs over its computed rows
+    (attention k/v, conv input, KDA q/k/v/g/beta) and `kda_states[layer]` the states its
+    KDA rounds handed on. `detach()` makes one leaf copy per tensor for the consumers, so
+    their backward passes accumulate into `.grad`; `producer_backward_pairs()` pairs each
+    original tensor with that accumulated gradient for the producer's single backward.
+    """
+
+    def __init__(self, computed_rows: np.ndarray):
+        self.rows = computed_rows  # global rows, ascending: index space of every tensor
+        self.inputs: dict[tuple[int, str], tuple[Tensor, ...]] = {}
+        self.kda_states: dict[int, list[Tensor]] = {}
+        self.schedule: KDASchedule | None = None
+        self.hidden: Tensor | None = None
+        self._leaves: dict = {}
+
+    def leaves(self) -> Stash:
+        """A view whose tensors are detached leaves (created once, shared by all consumers)."""
+        if not self._leaves:
+            for key, ts in self.inputs.items():
+                self._leaves[("in", key)] = tuple(t.detach().requires_grad_(t.requires_grad) for t in ts)
+            for layer, states in self.kda_states.items():
+                self._leaves[("kda", layer)] = [t.detach().requires_grad_(t.requires_grad) for t in states]
+            if self.hidden is not None:
+                self._leaves[("hidden",)] = self.hidden.detach().requires_grad_(self.hidden.requires_grad)
+        view = Stash(self.rows)
+        view.schedule = self.schedule
+        view.inputs = {key: self._leaves[("in", key)] for key in self.inputs}
+        view.kda_states = {layer: self._leaves[("kda", layer)] for layer in self.kda_states}
+        view.hidden = self._leaves.get(("hidden",))
+        return view
+
+    def producer_backward_pairs(self) -> tuple[list[Tensor], list[Tensor]]:
+        outs, grads = [], []
+        for key, ts in self.inputs.items():
+            for t, leaf in zip(ts, self._leaves.get(("in", key), ()), strict=False):
+                if leaf.grad is not None:
+                    outs.append(t)
+                    grads.append(leaf.grad)
+        for layer, states in self.kda_states.items():
+            for t, leaf in zip(states, self._leaves.get(("kda", layer), ()), strict=False):
+                if leaf.grad is not None:
+                    outs.append(t)
+                    grads.append(leaf.grad)
+        leaf = self._leaves.get(("hidden",))
+        if leaf is not None and leaf.grad is not None:
+            outs.append(self.hidden)
+            grads.append(leaf.grad)
+        return outs, grads
+
+    def retained_bytes(self) -> int:
+        total = sum(t.numel() * t.element_size() for ts in self.inputs.values() for t in ts)
+        total += sum(t.numel() * t.element_size() for ts in self.kda_states.values() for t in ts if t is not None)
+        if self.hidden is not None:
+            total += self.hidden.numel() * self.hidden.element_size()
+        return total
+
+    def state_at(self, layer: int, global_row: int, position: int) -> Tensor:
+        """S(position): the state after the computed row `global_row` (depth position-1)."""
+        i = int(np.searchsorted(self.rows, global_row))
+        sch = self.schedule
+        if i >= self.rows.size or self.rows[i] != global_row or sch is None or sch.row_round[i] < 0:
+            raise ValueError(f"the producer did not compute row {global_row}")
+        r, base, start = int(sch.row_round[i]), int(sch.row_state_base[i]), int(sch.row_seq_start[i])
+        offset = (position - start) // sch.chunk_size - 1
+        return self.kda_states[layer][r][base + offset]
+
+
 class TreeContext:
-    """`MixingContext` over the compact layout of a forest (one microbatch of whole trees)."""
+    """`MixingContext` over a microbatch's local layout (by default: a whole forest)."""
 
     allows_token_dropping = False
 
     def __init__(self, forest: RolloutForest, *, chunk_size: int = 64, kda_mode: str = "replay",
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", layout: LocalLayout | None = None,
+                 row_weight: np.ndarray | None = None, stash: Stash | None = None,
+                 record: bool = False):
         if kda_mode not in ("replay", "node"):
             raise ValueError(f"kda_mode must be 'replay' or 'node', got {kda_mode!r}")
+        layout = layout if layout is not None else LocalLayout.full(forest)
+        if kda_mode == "node" and not layout.computed.all():
+            raise ValueError("the no-replay ablation runs on whole forests only")
+        if not layout.computed.all() and stash is None:
+            raise ValueError("a layout with context rows needs its producer's stash")
         self.forest = forest
-        self.num_rows = forest.num_rows
+        self.layout = layout
         self.chunk_size = chunk_size
         dev = torch.device(device)
         self.device = dev
-        self.row_weight = torch.as_tensor(forest.row_occurrence, dtype=torch.float64, device=dev)
-        self.position_ids = torch.as_tensor(forest.row_position, dtype=torch.int64, device=dev)
-        self.row_parent = torch.as_tensor(forest.row_parent, dtype=torch.int64, device=dev)
-        row_end = torch.as_tensor(forest.row_end, dtype=torch.int64, device=dev)
-        idx = torch.arange(self.num_rows, device=dev)
-        # [R_q, R_k]: k is an ancestor-or-self of q
-        self.attn_mask = (idx[None, :] <= idx[:, None]) & (idx[:, None] <= row_end[None, :])
-        self.schedule = (replay_schedule(forest, chunk_size) if kda_mode == "replay"
-                         else node_schedule(forest, chunk_size))
+        comp = layout.computed_index
+        self._computed = torch.as_tensor(comp, device=dev)
+        self.num_rows = int(comp.size)
+        weight = forest.row_occurrence[layout.rows[comp]] if row_weight is None else row_weight
+        self.row_weight = torch.as_tensor(weight, dtype=torch.float64, device=dev)
+        self.position_ids = torch.as_tensor(layout.position[comp], dtype=torch.int64, device=dev)
+        self.row_parent = torch.as_tensor(layout.parent, dtype=torch.int64, device=dev)
+        end = torch.as_tensor(layout.end, dtype=torch.int64, device=dev)
+        q_idx = self._computed
+        k_idx = torch.arange(layout.num_rows, device=dev)
+        # [C, L]: key k is an ancestor-or-self of computed query q
+        self.attn_mask = (k_idx[None, :] <= q_idx[:, None]) & (q_idx[:, None] <= end[None, :])
+        self.stash = stash
+        self.record = Stash(layout.rows[comp]) if record else None
+        # local order = context rows (stash order) then computed rows, put back in place
+        ctx_idx = layout.context_index
+        order = np.concatenate([ctx_idx, comp])
+        inverse = np.empty(layout.num_rows, dtype=np.int64)
+        inverse[order] = np.arange(layout.num_rows)
+        self._to_local = torch.as_tensor(inverse, device=dev)
+        if stash is not None:
+            self._stash_pick = torch.as_tensor(np.searchsorted(stash.rows, layout.rows[ctx_idx]), device=dev)
+        if kda_mode == "replay":
+            self.schedule = replay_schedule(layout, chunk_size)
+        else:
+            self.schedule = node_schedule(forest, chunk_size)
+        if self.record is not None:
+            self.record.schedule = self.schedule
         self._rounds = [
             (torch.as_tensor(r.gather_rows, device=dev), torch.as_tensor(r.cu_seqlens, device=dev),
              torch.as_tensor(r.keep, device=dev), r.init_round.tolist(), r.init_index.tolist())
             for r in self.schedule.rounds
         ]
-        inverse = np.empty(self.num_rows, dtype=np.int64)
-        inverse[self.schedule.written_rows] = np.arange(self.num_rows)
-        if not np.array_equal(np.sort(self.schedule.written_rows), np.arange(self.num_rows)):
-            raise AssertionError("KDA schedule must write every row exactly once")
-        self._unpermute = torch.as_tensor(inverse, device=dev)
+        # written rows are local; outputs must come back in computed order
+        pos_in_computed = np.full(layout.num_rows, -1, dtype=np.int64)
+        pos_in_computed[comp] = np.arange(comp.size)
+        written = pos_in_computed[self.schedule.written_rows]
+        if not np.array_equal(np.sort(written), np.arange(comp.size)):
+            raise AssertionError("KDA schedule must write every computed row exactly once")
+        unpermute = np.empty(comp.size, dtype=np.int64)
+        unpermute[written] = np.arange(comp.size)
+        self._unpermute = torch.as_tensor(unpermute, device=dev)
         self._windows: dict[int, Tensor] = {}
 
     @property
@@ -186,39 +436,58 @@ class TreeContext:
     def replay_tokens(self) -> int:
         return self.schedule.replay_tokens
 
+    def _local(self, key: tuple[int, str], *own: Tensor) -> tuple[Tensor, ...]:
+        """Mixing inputs over all local rows: the producer's for context rows, ours after."""
+        if self.record is not None:
+            self.record.inputs[key] = own
+        if self.stash is None:
+            return own
+        theirs = self.stash.inputs[key]
+        return tuple(torch.cat([t[self._stash_pick], o])[self._to_local] for t, o in zip(theirs, own, strict=True))
+
     def attention(self, layer: int, q_THD: Tensor, k_THD: Tensor, v_THE: Tensor, scale: float) -> Tensor:
-        q, k, v = (x.transpose(0, 1) for x in (q_THD, k_THD, v_THE))
+        k_LHD, v_LHE = self._local((layer, "attention"), k_THD, v_THE)
+        q, k, v = (x.transpose(0, 1) for x in (q_THD, k_LHD, v_LHE))
         o_HTE = F.scaled_dot_product_attention(q, k, v, attn_mask=self.attn_mask, scale=scale)
         return o_HTE.transpose(0, 1)
 
     def short_conv(self, layer: int, name: str, x_TD: Tensor, weight_DW: Tensor, bias_D: Tensor | None) -> Tensor:
         from harts.exec.ops.conv import short_conv, window_from_parents
 
+        (x_LD,) = self._local((layer, f"conv:{name}"), x_TD)
         W = weight_DW.shape[1]
         if W not in self._windows:
             self._windows[W] = window_from_parents(self.row_parent, W)
-        return short_conv(x_TD, weight_DW, bias_D, window_TW=self._windows[W], activation="silu")
+        y_LD = short_conv(x_LD, weight_DW, bias_D, window_TW=self._windows[W], activation="silu")
+        return y_LD if self.stash is None else y_LD[self._computed]
 
     def kda(self, layer: int, q_THK: Tensor, k_THK: Tensor, v_THV: Tensor, g_THK: Tensor,
             beta_TH: Tensor, scale: float) -> Tensor:
         from harts.exec.ops.kda import chunk_kda
 
-        H, K, V = q_THK.shape[1], q_THK.shape[2], v_THV.shape[2]
+        q, k, v, g, beta = self._local((layer, "kda"), q_THK, k_THK, v_THV, g_THK, beta_TH)
+        H, K, V = q.shape[1], q.shape[2], v.shape[2]
+        external = [self.stash.state_at(layer, int(self.layout.rows[row]), a)
+                    for a, row in self.schedule.external] if self.schedule.external else []
         handed: list[Tensor] = []  # per round: the states later rounds may start from
         outputs: list[Tensor] = []
         chunk = self.schedule.handoff == "chunk"
         for gather, cu, keep, init_round, init_index in self._rounds:
-            if all(r < 0 for r in init_round):
+            if all(r == ZERO_STATE for r in init_round):
                 h0 = None
             else:
-                ref = handed[next(r for r in init_round if r >= 0)]
-                zero = ref.new_zeros(H, K, V)
-                h0 = torch.stack([zero if r < 0 else handed[r][i] for r, i in zip(init_round, init_index, strict=True)])
+                states = [external[i] if r == EXTERNAL_STATE else handed[r][i]
+                          for r, i in zip(init_round, init_index, strict=True) if r != ZERO_STATE]
+                zero = states[0].new_zeros(H, K, V)
+                it = iter(states)
+                h0 = torch.stack([zero if r == ZERO_STATE else next(it) for r in init_round])
             out = chunk_kda(
-                q_THK[gather], k_THK[gather], v_THV[gather], g_THK[gather], beta_TH[gather],
+                q[gather], k[gather], v[gather], g[gather], beta[gather],
                 scale=scale, initial_state=h0, cu_seqlens=cu, chunk_size=self.chunk_size,
                 output_final_state=not chunk, output_chunk_states=chunk,
             )
             handed.append(out.chunk_states if chunk else out.final_state)
             outputs.append(out.o[keep])
+        if self.record is not None:
+            self.record.kda_states[layer] = handed
         return torch.cat(outputs, dim=0)[self._unpermute]

@@ -1,0 +1,743 @@
+"""`l1l2`: HARTS level 1 + level 2, joint refinement of membership, sharing, placement
+and order.
+
+Level 1 (`l1`) fixes how many slots a compression-oriented packing needs; level 2
+rebuilds the step around *sharing windows* so that no row is computed twice and every
+slot carries the same load on every replica.
+
+1. **Cells.** Each replica's S slots are cut into runs of consecutive slots, *cells*
+   (m per replica; a tree larger than the budget gets a cell of its own). Whole trees
+   are dealt to cells largest-cost-first into the cell least loaded relative to its slot
+   count (token room capped near the step's average fill), then the best move or swap
+   out of the heaviest cell is applied while it helps. A tree never leaves its cell and
+   each cell has at most one producer, so every row of the step is computed exactly
+   once: the compression is the forest's own.
+2. **Membership inside a cell** (k slots, target L = the cell's load / k). Items are
+   subtrees; a tree too large for a microbatch is split (its top node goes to the
+   producer, its children become items). k - 2 slots are *covered*: filled just past L
+   by the subset of items with the least overshoot within the token room (a min-token
+   knapsack over rounded costs), either anchored on the largest item or splitting an
+   item at a fork when nothing covers; the two cheapest slots become the window's ends.
+3. **Sharing as the balancing lever.** The overshoot of every covered slot is *shaved*:
+   a DFS prefix of one of its items, cut on the KDA chunk grid, moves into the producer
+   (a DFS prefix is ancestor-closed, so the item's remaining rows read it as context).
+   Moved work reappears, split `forward_fraction : 1 - forward_fraction`, in the first
+   and last slots, where the producer's forward and backward run; a last shave from one
+   end solves the two end equations (their sum is fixed by conservation), so every slot
+   of the cell carries L up to one chunk of work.
+4. **Budget.** Every microbatch of a window holds its rows plus `producer_retention` x
+   the producer's rows, and the producer itself fits the budget. When the full levelling
+   does not fit, the largest fraction of it that does is applied (bisection); when even
+   the covering does not pack, the cell is packed without levelling (largest cost into
+   the least-loaded slot, or first-fit-decreasing by tokens then load-evening moves),
+   slots heaviest first. The best feasible of these per cell is kept.
+5. **Order.** Per cell: slots that do not read the producer, the producer, its first
+   consumer, the other slots, the last consumer; the producer's backward follows the
+   last consumer (the executor's window).
+
+(S, m) is chosen to minimise the step's critical path sum_s max_r load(s, r), for S from
+the compact-token lower bound up to L1's slot count (so `l1l2` never uses more slots than
+`l1`, which never uses more than first-fit-decreasing); L1's own plan competes on the
+same measure and wins when windows do not pay. The compression is therefore never below
+L1's. KDA replay is not counted: shaved prefixes end on the chunk grid.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from harts.plan.plan import Plan
+from harts.plan.planners.common import (
+    ForestIndex,
+    PlanConfig,
+    TreeMB,
+    finalize_tree,
+    first_fit_decreasing,
+    lpt_balanced,
+)
+from harts.plan.planners.l1 import l1_microbatches, place
+from harts.plan.planners.registry import PlannerName, register_planner
+from harts.tree.forest import RolloutForest
+
+_MAX_SWAP_ROUNDS = 400
+# stop searching slot counts once the critical path is this close to the ideal
+_GOOD_ENOUGH = 0.002
+# shave at most this share of an item (its last rows always stay with the consumer)
+_MAX_SHAVE = 0.95
+
+
+@dataclass(eq=False)
+class Item:
+    """A subtree `root` placed in one microbatch, minus a DFS prefix shaved into the
+    producer: whole nodes `full` and rows [0, cut_off) of node `cut_node`."""
+
+    root: int
+    cost: float
+    tokens: int
+    full: list[int] = field(default_factory=list)
+    cut_node: int = -1
+    cut_off: int = 0
+    shaved_cost: float = 0.0
+    shaved_tokens: int = 0
+
+    @property
+    def left_cost(self) -> float:
+        return self.cost - self.shaved_cost
+
+    @property
+    def left_tokens(self) -> int:
+        return self.tokens - self.shaved_tokens
+
+
+@dataclass(eq=False)
+class Cell:
+    """One replica's run of k consecutive slots: its items per slot and its producer
+    (the trunk nodes of split trees plus every item's shaved prefix)."""
+
+    k: int
+    trees: list[int]
+    trunk: list[int] = field(default_factory=list)  # whole nodes split into the producer
+    trunk_cost: float = 0.0
+    trunk_tokens: int = 0
+    bins: list[list[Item]] = field(default_factory=list)
+    _hanging: set[int] = field(default_factory=set)  # item roots whose parent is a trunk node
+
+    def p_cost(self) -> float:
+        return self.trunk_cost + sum(it.shaved_cost for b in self.bins for it in b)
+
+    def p_tokens(self) -> int:
+        return self.trunk_tokens + sum(it.shaved_tokens for b in self.bins for it in b)
+
+    def bin_cost(self, b: int) -> float:
+        return sum(it.left_cost for it in self.bins[b])
+
+    def bin_tokens(self, b: int) -> int:
+        return sum(it.left_tokens for it in self.bins[b])
+
+    def reads_producer(self, b: int) -> bool:
+        return any(it.shaved_tokens or it.root in self._hanging for it in self.bins[b])
+
+
+class _CellSolver:
+    def __init__(self, idx: ForestIndex, config: PlanConfig):
+        self.idx = idx
+        self.cm = config.cost_model
+        self.budget = config.microbatch_tokens
+        self.rho = config.producer_retention
+        self.ff = config.cost_model.forward_fraction
+        self.overhead = config.cost_model.microbatch_overhead
+        self.chunk = config.chunk_size
+
+    # ---- shaving ----------------------------------------------------------------------
+
+    def _offset_for(self, u: int, want: float) -> int:
+        """Largest chunk-aligned offset o in [0, length) of node u whose rows [0, o) cost
+        at most `want` (the cut lands on a multiple of the chunk size in depth)."""
+        idx = self.idx
+        s, e = idx.start[u], idx.end[u]
+        first = (s // self.chunk + 1) * self.chunk
+        if first >= e:
+            return 0
+        depths = np.arange(first, e, self.chunk, dtype=np.int64)
+        costs = self.cm.segment_cost(np.full(depths.size, s), depths)
+        n = int(np.searchsorted(costs, want, side="right"))
+        return int(depths[n - 1] - s) if n else 0
+
+    def shave(self, it: Item, want: float) -> None:
+        """Re-cut item `it` so that its shaved DFS prefix costs about `want` (never more,
+        never the whole item)."""
+        idx = self.idx
+        want = min(want, _MAX_SHAVE * it.cost)
+        it.full, it.cut_node, it.cut_off, it.shaved_cost, it.shaved_tokens = [], -1, 0, 0.0, 0
+        last = idx.sub_end[it.root]
+        for u in range(it.root, last + 1):
+            c = idx.node_cost[u]
+            if u < last and it.shaved_cost + c <= want:
+                it.full.append(u)
+                it.shaved_cost += c
+                it.shaved_tokens += idx.length[u]
+                continue
+            o = self._offset_for(u, want - it.shaved_cost)
+            if o:
+                it.cut_node, it.cut_off = u, o
+                seg = self.cm.segment_cost(np.array([idx.start[u]]), np.array([idx.start[u] + o]))
+                it.shaved_cost += float(seg[0])
+                it.shaved_tokens += o
+            break
+
+    def shave_bin(self, c: Cell, b: int, amount: float) -> None:
+        """Move about `amount` of work from bin b into the producer, item by item."""
+        # deep items first: their prefix carries more work per token the producer retains
+        idx = self.idx
+        for it in sorted(c.bins[b], key=lambda x: (-idx.start[x.root], -x.left_cost, x.root)):
+            if amount <= 0:
+                return
+            before = it.shaved_cost
+            self.shave(it, before + amount)
+            amount -= it.shaved_cost - before
+
+    # ---- one cell ---------------------------------------------------------------------
+
+    def loads(self, c: Cell) -> list[float]:
+        out = [self.overhead + c.bin_cost(b) if c.bins[b] else 0.0 for b in range(c.k)]
+        if c.trunk or any(it.shaved_tokens for b in c.bins for it in b):
+            cons = [b for b in range(c.k) if c.reads_producer(b)]
+            pc = self.overhead + c.p_cost()
+            out[cons[0]] += self.ff * pc
+            out[cons[-1]] += (1.0 - self.ff) * pc
+        return out
+
+    def _split_item(self, c: Cell, items: list[Item], it: Item) -> bool:
+        idx = self.idx
+        v = it.root
+        if not idx.children[v] or c.trunk_tokens + idx.length[v] > self.budget:
+            return False
+        items.remove(it)
+        items += [Item(w, idx.sub_cost[w], idx.sub_rows[w]) for w in idx.children[v]]
+        c.trunk.append(v)
+        c.trunk_cost += idx.node_cost[v]
+        c.trunk_tokens += idx.length[v]
+        c._hanging.update(idx.children[v])
+        return True
+
+    def solve(self, c: Cell) -> bool:
+        """Level the cell (every slot at the cell's mean load) when the budget allows,
+        trying two ways of filling it; otherwise pack it largest-cost-first into the
+        least-loaded slot with token room. Keeps the feasible result with the lowest
+        peak load."""
+        best: tuple[float, int, Cell] | None = None
+        for attempt in ("cover", "anchor", "lpt", "ffd"):
+            trial = Cell(k=c.k, trees=list(c.trees))
+            if attempt in ("lpt", "ffd"):
+                ok = self._solve_lpt(Cell(k=c.k, trees=list(c.trees)), out=trial, ffd=attempt == "ffd")
+            else:
+                ok = self._solve_level(trial, anchored=attempt == "anchor")
+            if ok:
+                key = (max(self.loads(trial)), trial.p_tokens())
+                if best is None or key < best[:2]:
+                    best = (*key, trial)
+        if best is None:
+            return False
+        trial = best[2]
+        c.trunk, c.trunk_cost, c.trunk_tokens = trial.trunk, trial.trunk_cost, trial.trunk_tokens
+        c.bins, c._hanging = trial.bins, trial._hanging
+        return True
+
+    def _mandatory_splits(self, c: Cell, items: list[Item]) -> bool:
+        """Split trees too large for one microbatch next to the producer."""
+        while True:
+            room = self.budget - self.rho * c.trunk_tokens
+            big = [it for it in items if it.tokens > room]
+            if not big:
+                return True
+            if not self._split_item(c, items, max(big, key=lambda x: (x.tokens, -x.root))):
+                return False
+
+    def _solve_lpt(self, c: Cell, out: Cell, ffd: bool) -> bool:
+        """No levelling: whole items largest-cost-first into the least-loaded slot with
+        token room, or (`ffd`, for tight budgets) first-fit-decreasing by tokens followed
+        by load-lowering moves and swaps; slots ordered by load, heaviest first."""
+        idx = self.idx
+        items = [Item(t, idx.sub_cost[t], idx.sub_rows[t]) for t in c.trees]
+        if not self._mandatory_splits(c, items) or len(items) < c.k:
+            return False
+        room = int(self.budget - self.rho * c.trunk_tokens)
+        cost = [it.cost for it in items]
+        tokens = [it.tokens for it in items]
+        ids = list(range(len(items)))
+        if not ffd:
+            bins = lpt_balanced(ids, cost, tokens, c.k, room)
+        else:
+            bins = first_fit_decreasing(ids, tokens, room)
+            if len(bins) > c.k:
+                return False
+            while len(bins) < c.k:
+                donor = max((b for b in bins if len(b) > 1), key=len, default=None)
+                if donor is None:
+                    return False
+                small = min(donor, key=lambda i: (cost[i], i))
+                donor.remove(small)
+                bins.append([small])
+            _balance_bins(bins, cost, tokens, room)
+        if bins is None or any(not b for b in bins):
+            return False
+        bins.sort(key=lambda b: (-sum(cost[i] for i in b), min(b)))
+        out.trunk, out.trunk_cost, out.trunk_tokens = c.trunk, c.trunk_cost, c.trunk_tokens
+        out._hanging = c._hanging
+        out.bins = [[items[i] for i in b] for b in bins]
+        return self._fits(out)
+
+    def _solve_level(self, c: Cell, anchored: bool) -> bool:
+        idx = self.idx
+        k = c.k
+        items = [Item(t, idx.sub_cost[t], idx.sub_rows[t]) for t in c.trees]
+        if not self._mandatory_splits(c, items):
+            return False
+        total = sum(it.cost for it in items) + c.trunk_cost
+        target = total / k
+        # items above the target go one per middle slot (their excess is shaved); any
+        # more than that are split at their top node
+        while True:
+            huge = [it for it in items if it.cost > target]
+            if len(huge) <= max(0, k - 2):
+                break
+            if not self._split_item(c, items, max(huge, key=lambda x: (x.cost, -x.root))):
+                return False
+        if len(items) < k:
+            return False
+        todo = sorted(items, key=lambda x: (-x.cost, x.root))
+        unit = max(target / 1000.0, 1e-9)
+        room = self.budget - self.rho * c.trunk_tokens
+        # k - 2 covering slots: the largest remaining item, completed by the subset of
+        # the others that reaches the target with the least overshoot within the token
+        # room; the two end slots share what is left
+        bins: list[list[Item]] = []
+        overshoot = 0.0
+        for _ in range(k - 2):
+            if len(todo) < 3:
+                break
+            if anchored:
+                anchor = todo[0]
+                pick = [anchor]
+                if anchor.cost < target:
+                    pick += _subset_near(
+                        todo[1:-2], target - anchor.cost, unit, cover=True, room=room - anchor.tokens
+                    )
+            else:
+                while True:
+                    if todo[0].cost > target:
+                        pick = [todo[0]]
+                    else:
+                        pick = _subset_near(todo, target, unit, cover=True, room=room)
+                    short = sum(it.cost for it in pick) < target
+                    if pick and not short and len(todo) - len(pick) >= 2:
+                        break
+                    # the rest cannot cover the target and leave an item per end:
+                    # split the largest remaining item at a fork and try again
+                    fork = next((it for it in todo if len(idx.children[it.root]) > 1), None)
+                    if fork is None or not self._split_item(c, todo, fork):
+                        break
+                    todo.sort(key=lambda x: (-x.cost, x.root))
+                    room = self.budget - self.rho * c.trunk_tokens
+                if not pick or len(todo) - len(pick) < 2:
+                    return False
+            for it in pick:
+                todo.remove(it)
+            bins.append(pick)
+            overshoot += max(0.0, sum(it.cost for it in pick) - target)
+        if k == 1:
+            bins.append(todo)
+        else:
+            x = c.trunk_cost + overshoot
+            rest_tokens = sum(it.tokens for it in todo)
+            pick = _subset_near(todo, target - self.ff * x, unit, cover=False, room=room)
+            if pick and len(pick) < len(todo) and rest_tokens - sum(it.tokens for it in pick) > room:
+                last = _subset_near(todo, target - (1.0 - self.ff) * x, unit, cover=False, room=room)
+                if last and len(last) < len(todo):
+                    pick = [it for it in todo if it not in last]
+            bins += [pick, [it for it in todo if it not in pick]]
+        bins = [b for b in bins if b]
+        if len(bins) < k:
+            return False
+        # the two cheapest slots are the window's ends: they absorb the producer's
+        # forward (first slot) and backward (last slot); the others are levelled down
+        order = sorted(range(k), key=lambda b: (sum(it.cost for it in bins[b]), b))
+        last, first = order[0], order[1] if k > 1 else order[0]
+        middle = [b for b in range(k) if b not in (first, last)]
+        c.bins = [bins[first], *(bins[b] for b in middle)] + ([bins[last]] if k > 1 else [])
+        if k > 1:
+            plan = self._shave_plan(c, target)
+            # the largest share of the levelling shaves the budget allows
+            lo, hi = 0.0, 1.0
+            self._apply(c, plan, 1.0)
+            if self._fits(c):
+                return True
+            for _ in range(12):
+                mid = 0.5 * (lo + hi)
+                self._apply(c, plan, mid)
+                if self._fits(c):
+                    lo = mid
+                else:
+                    hi = mid
+            self._apply(c, plan, lo)
+            return self._fits(c)
+        return self._fits(c)
+
+    def _shave_plan(self, c: Cell, target: float) -> list[tuple[int, float]]:
+        """(bin, amount) shaves that level the cell: each middle slot down to the target,
+        the ends made consumers, then one end shaved so both ends meet the target."""
+        k = c.k
+        plan = []
+        for b in range(1, k - 1):
+            excess = c.bin_cost(b) - target
+            if excess > 0:
+                plan.append((b, excess))
+        for b, amount in plan:
+            self.shave_bin(c, b, amount)
+        for b in (0, k - 1):
+            if not c.reads_producer(b):
+                it = min(c.bins[b], key=lambda x: (x.cost, x.root))
+                amount = 1e-9 + self._first_chunk_cost(it.root)
+                self.shave(it, amount)
+                plan.append((b, it.shaved_cost))
+        xp = self.overhead + c.p_cost()
+        a = target - (self.overhead + c.bin_cost(0)) - self.ff * xp
+        if a >= 0:
+            plan.append((k - 1, a / self.ff if self.ff > 0 else 0.0))
+        else:
+            plan.append((0, -a / (1.0 - self.ff)))
+        for b in c.bins:
+            for it in b:
+                self.shave(it, 0.0)
+        return plan
+
+    def _apply(self, c: Cell, plan: list[tuple[int, float]], lam: float) -> None:
+        for b in c.bins:
+            for it in b:
+                self.shave(it, 0.0)
+        for b, amount in plan:
+            self.shave_bin(c, b, lam * amount)
+        if lam < 1.0:
+            # the ends must still read the producer when one exists
+            if c.trunk or any(it.shaved_tokens for b in c.bins for it in b):
+                for b in (0, c.k - 1):
+                    if not c.reads_producer(b):
+                        it = min(c.bins[b], key=lambda x: (x.cost, x.root))
+                        self.shave(it, 1e-9 + self._first_chunk_cost(it.root))
+
+    def _fits(self, c: Cell) -> bool:
+        p_tokens = c.p_tokens()
+        if p_tokens > self.budget:
+            return False
+        room = self.budget - self.rho * p_tokens
+        return all(c.bin_tokens(b) <= room for b in range(c.k))
+
+    def _first_chunk_cost(self, v: int) -> float:
+        idx = self.idx
+        s = idx.start[v]
+        e = min(idx.end[v], (s // self.chunk + 1) * self.chunk)
+        if e >= idx.end[v]:
+            return idx.node_cost[v]
+        return float(self.cm.segment_cost(np.array([s]), np.array([e]))[0])
+
+
+def _balance_bins(bins: list[list[int]], cost: list[float], tokens: list[int], room: int) -> None:
+    """Even out bin loads (least sum of squares) by moving or swapping single items
+    between two bins while tokens allow; the best improving step each round."""
+    load = [sum(cost[i] for i in b) for b in bins]
+    tok = [sum(tokens[i] for i in b) for b in bins]
+    n = len(bins)
+    for _ in range(4 * len(cost)):
+        best, best_gain = None, 1e-9
+        for h in range(n):
+            for j in range(n):
+                if j == h or load[h] <= load[j]:
+                    continue
+                gap = load[h] - load[j]
+                for a in bins[h]:
+                    for b in [None, *bins[j]]:
+                        d = cost[a] - (cost[b] if b is not None else 0.0)
+                        if not 0 < d < gap or (len(bins[h]) == 1 and b is None):
+                            continue
+                        dt = tokens[a] - (tokens[b] if b is not None else 0)
+                        if tok[j] + dt > room or tok[h] - dt > room:
+                            continue
+                        # change of load[h]^2 + load[j]^2 when d moves from h to j
+                        gain = 2.0 * d * (gap - d)
+                        if gain > best_gain:
+                            best, best_gain = (h, j, a, b, d, dt), gain
+        if best is None:
+            return
+        h, j, a, b, d, dt = best
+        bins[h].remove(a)
+        bins[j].append(a)
+        if b is not None:
+            bins[j].remove(b)
+            bins[h].append(b)
+        load[h] -= d
+        load[j] += d
+        tok[h] -= dt
+        tok[j] += dt
+
+
+def _subset_near(items: list[Item], aim: float, unit: float, cover: bool, room: float) -> list[Item]:
+    """A non-empty subset of `items` with at most `room` tokens whose cost is closest to
+    `aim`: the least cost >= aim when `cover` (if any), else the nearest either side.
+    A min-token knapsack over costs rounded to `unit`: dp[s] = the fewest tokens of a
+    subset with rounded cost s, one numpy pass per item, kept for backtracking."""
+    if not items:
+        return []
+    w = [max(1, round(it.cost / unit)) for it in items]
+    target = max(0, round(aim / unit))
+    limit = max(target + max(w) + 1, 1)
+    big = np.iinfo(np.int64).max // 4
+    dp = np.full(limit + 1, big, dtype=np.int64)
+    dp[0] = 0
+    hist = [dp]
+    for wi, it in zip(w, items, strict=True):
+        new = dp.copy()
+        if wi <= limit:
+            np.minimum(new[wi:], dp[: limit + 1 - wi] + it.tokens, out=new[wi:])
+        dp = new
+        hist.append(dp)
+    ok = dp <= room
+    ok[0] = False
+    sums = np.flatnonzero(ok)
+    if not sums.size:
+        return []
+    above = sums[sums >= target]
+    if cover and above.size:
+        best = int(above[0])
+    else:
+        best = int(sums[np.argmin(np.abs(sums - target))])
+    out = []
+    s = best
+    for i in range(len(items), 0, -1):
+        if s and hist[i][s] != hist[i - 1][s]:
+            out.append(items[i - 1])
+            s -= w[i - 1]
+    return out[::-1]
+
+
+# ---- cells ------------------------------------------------------------------------------
+
+
+def _assign_trees(
+    idx: ForestIndex, sizes: list[int], cap: list[float], fixed: dict[int, int]
+) -> list[list[int]] | None:
+    """Trees to cells: largest cost first into the cell least loaded relative to its size
+    (with token room), then the best single move or swap between the heaviest cell and
+    any other while it lowers the heaviest relative load. `fixed` pins trees to cells."""
+    n = len(sizes)
+    load = [0.0] * n
+    tokens = [0] * n
+    cells: list[list[int]] = [[] for _ in range(n)]
+    cost, rows = idx.sub_cost, idx.sub_rows
+    for t, i in fixed.items():
+        cells[i].append(t)
+        load[i] += cost[t]
+        tokens[i] += rows[t]
+    for t in sorted(idx.roots, key=lambda r: (-cost[r], r)):
+        if t in fixed:
+            continue
+        best = -1
+        for i in range(n):
+            if tokens[i] + rows[t] <= cap[i] and (best < 0 or load[i] / sizes[i] < load[best] / sizes[best]):
+                best = i
+        if best < 0:
+            return None
+        cells[best].append(t)
+        load[best] += cost[t]
+        tokens[best] += rows[t]
+    for _ in range(_MAX_SWAP_ROUNDS):
+        rel = [load[i] / sizes[i] for i in range(n)]
+        hi = max(range(n), key=lambda i: (rel[i], -i))
+        best_val, best_move = rel[hi], None
+        for lo in range(n):
+            if lo == hi:
+                continue
+            for a in cells[hi]:
+                if a in fixed:
+                    continue
+                for b in [None, *cells[lo]]:
+                    if b in fixed:
+                        continue
+                    delta = cost[a] - (cost[b] if b is not None else 0.0)
+                    dt = rows[a] - (rows[b] if b is not None else 0)
+                    if delta <= 0 or tokens[lo] + dt > cap[lo] or tokens[hi] - dt > cap[hi]:
+                        continue
+                    new = max((load[hi] - delta) / sizes[hi], (load[lo] + delta) / sizes[lo])
+                    if new < best_val - 1e-9:
+                        best_val, best_move = new, (lo, a, b, delta, dt)
+        if best_move is None:
+            break
+        lo, a, b, delta, dt = best_move
+        cells[hi].remove(a)
+        cells[lo].append(a)
+        if b is not None:
+            cells[lo].remove(b)
+            cells[hi].append(b)
+        load[hi] -= delta
+        load[lo] += delta
+        tokens[hi] -= dt
+        tokens[lo] += dt
+    return cells
+
+
+def _group_sizes(slots: int, groups: int) -> list[int]:
+    base, extra = divmod(slots, groups)
+    return [base + (1 if g < extra else 0) for g in range(groups) if base + (1 if g < extra else 0)]
+
+
+def _build(
+    idx: ForestIndex, solver: _CellSolver, dp: int, slots: int, groups: int
+) -> list[list[Cell]] | None:
+    """Cells per replica. A tree larger than the budget gets a cell of its own on its
+    replica (its trunk then only weighs on that cell's microbatches' budget)."""
+    giants = sorted((r for r in idx.roots if idx.sub_rows[r] > solver.budget),
+                    key=lambda r: (-idx.sub_rows[r], r))
+    # only a few giants get cells of their own (when every tree is a giant, as with
+    # step-wise sampling, the cells' own producers take them)
+    if len(giants) > dp:
+        giants = []
+    layout: list[list[int]] = []
+    fixed: dict[int, int] = {}
+    n = 0
+    for r in range(dp):
+        own = math.ceil(idx.sub_rows[giants[r]] / (0.9 * solver.budget)) if r < len(giants) else 0
+        if own and slots > own:
+            sizes = [own, *_group_sizes(slots - own, min(groups, slots - own))]
+            fixed[giants[r]] = n
+        else:
+            sizes = _group_sizes(slots, groups)
+        layout.append(sizes)
+        n += len(sizes)
+    flat = [k for sizes in layout for k in sizes]
+    # token room per cell: near the step's average fill first (so no cell is left with
+    # more tokens than its slots can pack), looser if that cannot be met
+    fill = idx.forest.compact_tokens / (dp * slots * solver.budget)
+    for slack in (0.01, 0.03, 0.1, None):
+        share = 1.0 if slack is None else min(1.0, fill + slack)
+        trees = _assign_trees(idx, flat, [k * solver.budget * share for k in flat], fixed)
+        if trees is None:
+            continue
+        out: list[list[Cell]] = []
+        i = 0
+        ok = True
+        for sizes in layout:
+            row = []
+            for k in sizes:
+                c = Cell(k=k, trees=trees[i])
+                i += 1
+                if c.trees and not solver.solve(c):
+                    ok = False
+                    break
+                if not c.trees:
+                    c.bins = [[] for _ in range(k)]
+                row.append(c)
+            if not ok:
+                break
+            out.append(row)
+        if ok:
+            return out
+    return None
+
+
+def _critical_path(cells: list[list[Cell]], solver: _CellSolver) -> float:
+    """sum over slots of the max load across replicas."""
+    rows = [[x for c in row for x in solver.loads(c)] for row in cells]
+    return sum(max(col) for col in zip(*rows, strict=True))
+
+
+def _to_microbatches(idx: ForestIndex, cells: list[list[Cell]]) -> list[TreeMB]:
+    mbs: list[TreeMB] = []
+    for r, row in enumerate(cells):
+        slot0 = 0
+        order = 0
+        for c in row:
+            trunk = set(c.trunk)
+            has_p = bool(c.trunk) or any(it.shaved_tokens for b in c.bins for it in b)
+            prod: TreeMB | None = None
+            prod_id = -1
+            if has_p:
+                prod = TreeMB()
+                for v in c.trunk:
+                    prod.add_node(idx, v)
+                    prod.trajs.extend(idx.ends_here[v])
+            for b in range(c.k):
+                if not c.bins[b]:
+                    continue
+                m = TreeMB()
+                for it in c.bins[b]:
+                    _add_item(idx, m, prod, it, trunk)
+                if m.context:
+                    if prod_id < 0:
+                        prod.replica, prod.slot, prod.order = r, slot0 + b, order
+                        order += 1
+                        prod_id = len(mbs)
+                        mbs.append(prod)
+                    m.producer = prod_id
+                m.replica, m.slot, m.order = r, slot0 + b, order
+                order += 1
+                mbs.append(m)
+            slot0 += c.k
+    return mbs
+
+
+def _add_item(idx: ForestIndex, m: TreeMB, prod: TreeMB | None, it: Item, trunk: set[int]) -> None:
+    """Rows of item `it` to consumer m (context from the producer), its prefix to prod."""
+    for u in it.full:
+        prod.add_node(idx, u)
+        m.context[u] = (0, idx.length[u])
+    if it.cut_node >= 0:
+        u, o = it.cut_node, it.cut_off
+        prod.rows[u] = (0, o)
+        prod.tokens += o
+        m.context[u] = (0, o)
+        m.rows[u] = (o, idx.length[u])
+        m.tokens += idx.length[u] - o
+    skip = set(it.full)
+    for u in range(it.root, idx.sub_end[it.root] + 1):
+        if u not in skip and u != it.cut_node:
+            m.add_node(idx, u)
+    m.trajs.extend(idx.trajs_in_subtree(it.root))
+    u = idx.parent[it.root]
+    while u >= 0 and u in trunk and u not in m.context:
+        m.context[u] = (0, idx.length[u])
+        u = idx.parent[u]
+
+
+def _group_options(slots: int) -> list[int]:
+    out, m = [], 1
+    while m <= slots:
+        out.append(m)
+        m = m + 1 if m < 4 else m * 2
+    return out
+
+
+@register_planner(PlannerName.L1L2)
+def plan_l1l2(forest: RolloutForest, config: PlanConfig) -> Plan:
+    idx = ForestIndex(forest, config.cost_model)
+    budget = config.microbatch_tokens
+    l1_mbs, _ = l1_microbatches(idx, config)
+    l1_slots = math.ceil(len(l1_mbs) / config.dp)
+    lower = max(1, math.ceil(forest.compact_tokens / (config.dp * budget)))
+    solver = _CellSolver(idx, config)
+    # the critical path can be no shorter than an even split of all the step's work
+    ideal = (sum(idx.sub_cost[r] for r in idx.roots) + config.cost_model.microbatch_overhead) / config.dp
+    best = None
+    feasible_slots = 0
+    for slots in range(lower, l1_slots + 1):
+        found = 0
+        for groups in _group_options(slots):
+            cells = _build(idx, solver, config.dp, slots, groups)
+            if cells is None:
+                continue
+            found += 1
+            crit = _critical_path(cells, solver)
+            if best is None or crit < best[0] * (1 - 1e-9):
+                best = (crit, slots, groups, cells)
+        feasible_slots += bool(found)
+        # a near-ideal plan, or two slot counts that work, ends the search
+        if best is not None and (best[0] <= ideal * (1 + _GOOD_ENOUGH) or feasible_slots >= 2):
+            break
+    # L1's own microbatches (recomputed paths, no windows) compete on the same measure
+    place(l1_mbs, config.dp)
+    l1_loads = [[0.0] * l1_slots for _ in range(config.dp)]
+    for m in l1_mbs:
+        l1_loads[m.replica][m.slot] += config.cost_model.microbatch_overhead + m.cost
+    l1_crit = sum(max(col) for col in zip(*l1_loads, strict=True))
+    if best is None or l1_crit < best[0] * (1 - 1e-9):
+        return finalize_tree(idx, l1_mbs, config, PlannerName.L1L2.value, {"chosen": "l1"})
+    _, slots, groups, cells = best
+    mbs = _to_microbatches(idx, cells)
+    info = {
+        "slots_considered": [lower, l1_slots],
+        "cells_per_replica": groups,
+        "producers": len({m.producer for m in mbs if m.producer is not None}),
+        "producer_tokens": sum(c.p_tokens() for row in cells for c in row),
+    }
+    return finalize_tree(idx, mbs, config, PlannerName.L1L2.value, info)

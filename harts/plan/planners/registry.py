@@ -1,0 +1,70 @@
+"""The step-planner registry: one `StrEnum` of names, one function per name.
+
+A planner is `fn(forest, config) -> Plan`. `make_plan` is the one entry point: it checks
+the config, times the planner (wall clock, stored as `Plan.plan_seconds`) and, unless told
+otherwise, validates the result against the forest so a planner bug fails loudly at the
+place it happened.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from enum import StrEnum
+
+from harts.plan.plan import Plan
+from harts.plan.planners.common import PlanConfig
+from harts.tree.forest import RolloutForest
+
+
+class PlannerName(StrEnum):
+    EXPANDED_FFD = "expanded-ffd"
+    ORTOOLS_FFD = "ortools-ffd"
+    L1 = "l1"
+    L1L2 = "l1l2"
+
+
+PlannerFn = Callable[[RolloutForest, PlanConfig], Plan]
+_PLANNERS: dict[PlannerName, PlannerFn] = {}
+
+
+def register_planner(name: PlannerName) -> Callable[[PlannerFn], PlannerFn]:
+    def deco(fn: PlannerFn) -> PlannerFn:
+        if not isinstance(name, PlannerName):
+            raise TypeError(f"planner names are PlannerName members, got {name!r}")
+        if name in _PLANNERS:
+            raise ValueError(f"planner {name.value!r} registered twice")
+        _PLANNERS[name] = fn
+        return fn
+
+    return deco
+
+
+def known_planners() -> list[str]:
+    return [n.value for n in PlannerName if n in _PLANNERS]
+
+
+def get_planner(name: str) -> PlannerFn:
+    try:
+        key = PlannerName(name)
+    except ValueError:
+        key = None
+    if key is None or key not in _PLANNERS:
+        raise ValueError(f"unknown planner {name!r}; known planners: {', '.join(known_planners())}")
+    return _PLANNERS[key]
+
+
+def make_plan(
+    forest: RolloutForest, planner: str, config: PlanConfig | None = None, validate: bool = True
+) -> Plan:
+    config = config or PlanConfig()
+    config.validate()
+    fn = get_planner(planner)
+    t0 = time.perf_counter()
+    plan = fn(forest, config)
+    seconds = time.perf_counter() - t0
+    plan = dataclasses.replace(plan, plan_seconds=seconds)
+    if validate:
+        plan.validate(forest)
+    return plan

@@ -249,3 +249,55 @@ def sim_programs(draw: st.DrawFn, max_actions: int = 24):
         order.setdefault(lane_of[i], []).append(i)
     static = {lane[:2]: float(draw(st.integers(0, 50))) for lane in set(lane_of)}
     return Program(actions, {k: tuple(v) for k, v in order.items()}, static)
+
+
+# ---- step planners (harts/plan/planners): forests to plan and configurations to plan them
+# with. Forests are workload presets under random seeds or random segment-symbol forests
+# (several groups, shared prefixes, forks at the root and deep down, duplicate
+# sequences); budgets range from the longest trajectory (tight) to several times it.
+
+
+@st.composite
+def plan_forests(draw: st.DrawFn, max_groups: int = 4, max_per_group: int = 6):
+    import numpy as np
+
+    from harts.tree.build import build_structure
+    from harts.tree.workload import generate, preset
+
+    if draw(st.booleans()):
+        name = draw(st.sampled_from(("tiny-stepwise", "tiny-treestep", "small-stepwise", "small-treestep")))
+        return generate(preset(name, seed=draw(st.integers(0, 10_000)))).forest()
+    num_symbols = draw(st.integers(3, 12))
+    lengths = draw(st.lists(st.integers(1, 90), min_size=num_symbols, max_size=num_symbols))
+    seqs, groups, ids = [], [], []
+    for g in range(draw(st.integers(1, max_groups))):
+        mine: list[list[int]] = []
+        for _ in range(draw(st.integers(1, max_per_group))):
+            if mine and draw(st.booleans()):
+                base = draw(st.sampled_from(mine))
+                cut = draw(st.integers(1, len(base)))
+                tail = draw(st.lists(st.integers(0, num_symbols - 1), min_size=0, max_size=4))
+                seq = base[:cut] + tail
+            else:
+                seq = draw(st.lists(st.integers(0, num_symbols - 1), min_size=1, max_size=6))
+            mine.append(seq)
+            seqs.append(np.asarray(seq, dtype=np.int64))
+            groups.append(f"g{g}")
+            ids.append(f"g{g}/s{len(ids)}")
+    return build_structure(seqs, groups, ids, np.asarray(lengths, dtype=np.int64))
+
+
+@st.composite
+def plan_configs(draw: st.DrawFn, forest):
+    from harts.plan.planners import PlanConfig
+
+    longest = int(forest.traj_length.max())
+    budget = draw(st.one_of(st.just(longest), st.integers(longest, 4 * longest)))
+    return PlanConfig(
+        dp=draw(st.integers(1, 5)),
+        microbatch_tokens=budget,
+        producer_retention=draw(st.sampled_from((0.0, 0.35, 1.0))),
+        seed=draw(st.integers(0, 3)),
+        time_limit=0.05,
+        chunk_size=draw(st.sampled_from((1, 4, 64))),
+    )

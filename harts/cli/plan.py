@@ -1,0 +1,214 @@
+"""`harts plan ...`: plan a training step into microbatches on data-parallel replicas.
+
+    harts plan compare --workload swe-treestep-64 --dp 8 [--json]
+    harts plan make --planner l1l2 --workload swe-treestep-64 --dp 8 --out plan.json
+    harts plan --planner l1l2 --workload swe-treestep-64 --dp 8 --out plan.json   # same
+    harts plan validate --plan plan.json --workload swe-treestep-64 [--json]
+    harts plan planners
+
+The step comes from a workload preset (structure only, no token ids) or a rollout JSONL
+file (--input). Balances print as percentages in the table and as fractions in JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from harts.cli.common import UserError, format_table, print_json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    pl = sub.add_parser(
+        "plan",
+        help="plan a step: microbatches, sharing windows, replicas and slots",
+        description="Plan a training step. Without an action, `harts plan --planner NAME "
+        "... --out FILE` makes one plan (like `harts plan make`).",
+        # no prefix matching: `validate --plan` must not be read as `--planner`
+        allow_abbrev=False,
+    )
+    _add_make_args(pl, required=False)
+    pl.set_defaults(func=cmd_make, plan_command=None)
+    pl_sub = pl.add_subparsers(dest="plan_command", metavar="ACTION")
+
+    cmp_ = pl_sub.add_parser("compare", help="run every planner on the same step, metrics side by side")
+    _add_step_args(cmp_)
+    cmp_.add_argument("--planners", default=None, metavar="A,B",
+                      help="comma-separated planners to run (default: all)")
+    cmp_.add_argument("--json", action="store_true", help="machine-readable output")
+    cmp_.set_defaults(func=cmd_compare)
+
+    mk = pl_sub.add_parser("make", help="make one plan and save it as JSON")
+    _add_make_args(mk, required=True)
+    mk.set_defaults(func=cmd_make)
+
+    va = pl_sub.add_parser("validate", help="check a saved plan against its step; print its metrics")
+    va.add_argument("--plan", required=True, help="plan JSON written by `harts plan make`")
+    _add_step_args(va, planning=False)
+    va.add_argument("--json", action="store_true", help="machine-readable output")
+    va.set_defaults(func=cmd_validate)
+
+    ls = pl_sub.add_parser("planners", help="list the registered planners")
+    ls.set_defaults(func=cmd_planners)
+
+
+def _add_step_args(p: argparse.ArgumentParser, planning: bool = True) -> None:
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--workload", metavar="PRESET", help="workload preset (see `harts workload presets`)")
+    src.add_argument("--input", metavar="JSONL", help="rollout JSONL file")
+    p.add_argument("--seed", type=int, default=None, help="workload seed (with --workload)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a workload parameter (with --workload); repeatable")
+    if not planning:
+        return
+    # defaults live in harts.plan.plan (resolved in the handler: registering stays cheap)
+    p.add_argument("--dp", type=int, default=1, help="data-parallel replicas (default 1)")
+    p.add_argument("--microbatch-tokens", type=int, default=None,
+                   help="activation budget per microbatch in tokens (default 131072: every "
+                        "trajectory of the SWE workloads fits)")
+    p.add_argument("--producer-retention", type=float, default=None,
+                   help="memory a retained producer row costs relative to a computed row "
+                        "(default 0.35: full activation recomputation)")
+    p.add_argument("--time-limit", type=float, default=2.0,
+                   help="ortools-ffd search limit (CP-SAT deterministic time, ~seconds; default 2)")
+    p.add_argument("--plan-seed", type=int, default=0, help="seed of search-based planners (default 0)")
+
+
+def _add_make_args(p: argparse.ArgumentParser, required: bool) -> None:
+    p.add_argument("--planner", required=required, metavar="NAME",
+                   help="planner name (see `harts plan planners`)")
+    _add_step_args(p)
+    p.add_argument("--out", required=required, metavar="FILE", help="where to write the plan JSON")
+    p.add_argument("--json", action="store_true", help="print the plan's metrics as JSON")
+
+
+def _forest(args: argparse.Namespace):
+    from harts.cli.tree import load_forest
+
+    if not args.workload and not args.input:
+        raise UserError("give the step: --workload PRESET or --input JSONL")
+    return load_forest(args)
+
+
+def _config(args: argparse.Namespace):
+    from harts.plan.plan import DEFAULT_MICROBATCH_TOKENS, DEFAULT_PRODUCER_RETENTION
+    from harts.plan.planners import PlanConfig
+
+    tokens = DEFAULT_MICROBATCH_TOKENS if args.microbatch_tokens is None else args.microbatch_tokens
+    retention = DEFAULT_PRODUCER_RETENTION if args.producer_retention is None else args.producer_retention
+    cfg = PlanConfig(
+        dp=args.dp,
+        microbatch_tokens=tokens,
+        producer_retention=retention,
+        seed=args.plan_seed,
+        time_limit=args.time_limit,
+    )
+    try:
+        cfg.validate()
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    return cfg
+
+
+def _run(forest, name: str, cfg):
+    from harts.plan.planners import make_plan
+
+    try:
+        return make_plan(forest, name, cfg)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+
+
+def _result(metrics) -> dict[str, Any]:
+    m = metrics.to_dict()
+    keys = ("planner", "compression", "slot_balance", "balance_p5", "step_balance", "slots",
+            "plan_seconds", "mode", "microbatches", "executed_tokens", "expanded_tokens",
+            "max_memory_tokens")
+    return {k: m[k] for k in keys}
+
+
+def _table(results: list[dict[str, Any]]) -> str:
+    rows = [
+        (r["planner"], r["mode"], f"{r['compression']:.3f}x", f"{100 * r['slot_balance']:.2f}%",
+         f"{100 * r['balance_p5']:.2f}%", f"{100 * r['step_balance']:.2f}%", r["slots"],
+         r["microbatches"], round(r["plan_seconds"], 3))
+        for r in results
+    ]
+    return format_table(
+        ["planner", "mode", "compression", "slot balance", "balance P5", "step balance", "slots",
+         "microbatches", "seconds"],
+        rows,
+    )
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from harts.plan.metrics import compute_metrics
+    from harts.plan.planners import known_planners
+
+    names = known_planners() if not args.planners else [n.strip() for n in args.planners.split(",")]
+    for n in names:
+        if n not in known_planners():
+            raise UserError(f"unknown planner {n!r}; known planners: {', '.join(known_planners())}")
+    forest = _forest(args)
+    cfg = _config(args)
+    results = []
+    for n in names:
+        if not args.json and sys.stderr.isatty():
+            sys.stderr.write(f"planning with {n} ...\r")
+        results.append(_result(compute_metrics(_run(forest, n, cfg), forest)))
+    if args.json:
+        print_json({"results": results})
+    else:
+        print(_table(results))
+    return 0
+
+
+def cmd_make(args: argparse.Namespace) -> int:
+    from harts.plan.metrics import compute_metrics
+
+    if args.plan_command is None and (not args.planner or not args.out):
+        raise UserError("`harts plan` needs --planner NAME and --out FILE (or an action: "
+                        "compare, make, validate, planners)")
+    forest = _forest(args)
+    plan = _run(forest, args.planner, _config(args))
+    plan.save(args.out)
+    result = _result(compute_metrics(plan, forest))
+    if args.json:
+        print_json(result)
+    else:
+        print(_table([result]))
+        print(f"wrote {plan.num_microbatches} microbatches to {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from harts.plan.metrics import compute_metrics
+    from harts.plan.plan import Plan
+
+    try:
+        plan = Plan.load(args.plan)
+    except OSError as err:
+        raise UserError(f"{args.plan}: {err.strerror}") from None
+    except ValueError as err:
+        raise UserError(f"{args.plan}: {err}") from None
+    forest = _forest(args)
+    try:
+        plan.validate(forest)
+    except ValueError as err:
+        raise UserError(f"{args.plan}: {err}") from None
+    result = _result(compute_metrics(plan, forest))
+    if args.json:
+        print_json({"valid": True, **result})
+    else:
+        print(_table([result]))
+        print(f"{args.plan}: valid", file=sys.stderr)
+    return 0
+
+
+def cmd_planners(args: argparse.Namespace) -> int:
+    from harts.plan.planners import known_planners
+
+    for n in known_planners():
+        print(n)
+    return 0

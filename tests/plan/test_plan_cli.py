@@ -1,0 +1,69 @@
+"""`harts plan compare / make / validate`, through the real entry point."""
+
+from __future__ import annotations
+
+import json
+
+from harts.cli.main import main
+from harts.plan.plan import Plan
+from harts.tree.workload import generate, preset
+
+RESULT_KEYS = {"planner", "compression", "slot_balance", "balance_p5", "step_balance", "slots",
+               "plan_seconds"}
+
+
+def test_compare_json_has_every_planner(capsys):
+    assert main(["plan", "compare", "--workload", "small-treestep", "--dp", "2", "--json",
+                 "--time-limit", "0.1"]) == 0
+    results = json.loads(capsys.readouterr().out)["results"]
+    assert [r["planner"] for r in results] == ["expanded-ffd", "ortools-ffd", "l1", "l1l2"]
+    for r in results:
+        assert RESULT_KEYS <= set(r)
+        assert 0 < r["slot_balance"] <= 1 and 0 < r["balance_p5"] <= 1 and 0 < r["step_balance"] <= 1
+    assert results[0]["compression"] == 1.0
+    assert results[3]["compression"] >= results[2]["compression"] > 1.0
+
+
+def test_compare_table_and_subset(capsys):
+    assert main(["plan", "compare", "--workload", "tiny-stepwise", "--planners", "l1,l1l2"]) == 0
+    out = capsys.readouterr().out
+    assert "slot balance" in out and "l1l2" in out and "expanded-ffd" not in out
+
+
+def test_make_in_both_spellings_then_validate(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    args = ["--planner", "l1l2", "--workload", "small-treestep", "--seed", "4", "--dp", "2"]
+    assert main(["plan", *args, "--out", str(a)]) == 0
+    assert "l1l2" in capsys.readouterr().out
+    assert main(["plan", "make", *args, "--out", str(b), "--json"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert a.read_text().replace(_seconds(a), "") == b.read_text().replace(_seconds(b), "")
+    plan = Plan.load(b)
+    assert plan.planner == "l1l2" and plan.dp == 2 and plan.num_slots == metrics["slots"]
+    plan.validate(generate(preset("small-treestep", seed=4)).forest())
+    assert main(["plan", "validate", "--plan", str(b), "--workload", "small-treestep", "--seed", "4",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["valid"] is True
+
+
+def _seconds(path) -> str:
+    return json.dumps(json.loads(path.read_text())["plan_seconds"])
+
+
+def test_user_errors_exit_2(tmp_path, capsys):
+    out = str(tmp_path / "p.json")
+    assert main(["plan", "--planner", "l9", "--workload", "tiny-treestep", "--out", out]) == 2
+    assert "unknown planner 'l9'; known planners: expanded-ffd, ortools-ffd, l1, l1l2" in capsys.readouterr().err
+    assert main(["plan", "--workload", "tiny-treestep"]) == 2
+    assert "needs --planner NAME and --out FILE" in capsys.readouterr().err
+    assert main(["plan", "compare", "--workload", "tiny-treestep", "--microbatch-tokens", "5"]) == 2
+    assert "raise --microbatch-tokens" in capsys.readouterr().err
+    assert main(["plan", "compare", "--dp", "2"]) == 2
+    assert "--workload PRESET or --input JSONL" in capsys.readouterr().err
+    # a plan checked against another step
+    assert main(["plan", "make", "--planner", "l1", "--workload", "tiny-treestep", "--out", out]) == 0
+    capsys.readouterr()
+    assert main(["plan", "validate", "--plan", out, "--workload", "small-treestep"]) == 2
+    assert "made for a different forest" in capsys.readouterr().err
+    assert main(["plan", "validate", "--plan", str(tmp_path / "none.json"), "--workload", "tiny-treestep"]) == 2
+    assert "No such file" in capsys.readouterr().err

@@ -34,7 +34,8 @@ def kda_tree_from_lengths(
     return KDATreeCase(tuple(parents), tuple(starts), tuple(ends), chunk_size)
 
 
-_KDA_SHAPES = ("bushy", "binary", "forest", "chain", "fan", "caterpillar")
+# Binary twice: it is the shape that reaches three rounds within a dozen nodes.
+_KDA_SHAPES = ("bushy", "binary", "binary", "forest", "chain", "fan", "caterpillar")
 
 
 @st.composite
@@ -60,7 +61,7 @@ def small_kda_trees(
             v = len(parents)
             parents.append(p)
             room = max_nodes - len(parents) - len(slots)
-            fanout = draw(st.sampled_from((0, 2) if shape == "binary" else (0, 1, 2, 3)))
+            fanout = draw(st.sampled_from((2, 2, 0) if shape == "binary" else (0, 1, 2, 3)))
             if fanout <= room:
                 slots.extend([v] * fanout)
     else:
@@ -85,7 +86,9 @@ def small_kda_trees(
     for p in parents:
         s = 0 if p < 0 else ends[p]
         to_boundary = B - s % B
-        kind = draw(st.sampled_from(("boundary", "inside", "cross", "long")))
+        # "inside" twice: short segments that fork inside their chain's first chunk are
+        # where the planner's IN/OUT distinction decides the continuation.
+        kind = draw(st.sampled_from(("boundary", "inside", "inside", "cross", "long")))
         if kind == "boundary":
             length = to_boundary + B * draw(st.integers(0, 1))
         elif kind == "inside" and to_boundary > 1:

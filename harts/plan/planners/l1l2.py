@@ -35,10 +35,11 @@ slot carries the same load on every replica.
    consumer, the other slots, the last consumer; the producer's backward follows the
    last consumer (the executor's window).
 
-(S, m) is chosen to minimise the step's critical path sum_s max_r load(s, r), for S from
-the compact-token lower bound up to L1's slot count (so `l1l2` never uses more slots than
-`l1`, which never uses more than first-fit-decreasing); L1's own plan competes on the
-same measure and wins when windows do not pay. The compression is therefore never below
+(S, m) is chosen to minimise the step's critical path sum_s max_r load(s, r): S rises
+from the compact-token lower bound, never past L1's slot count (so `l1l2` never uses more
+slots than `l1`, which never uses more than first-fit-decreasing), and the search stops
+at a near-ideal critical path or after two slot counts that work. L1's own plan competes
+on the same measure and wins when windows do not pay, so the compression is never below
 L1's. KDA replay is not counted: shaved prefixes end on the chunk grid.
 """
 

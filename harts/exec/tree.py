@@ -394,8 +394,13 @@ class TreeContext:
         end = torch.as_tensor(layout.end, dtype=torch.int64, device=dev)
         q_idx = self._computed
         k_idx = torch.arange(layout.num_rows, device=dev)
+        from harts.exec import backend
+
+        # GPU: FlexAttention over a block mask from the intervals (None = dense reference)
+        self._fast_attention = backend.tree_attention(q_idx, end, dev)
         # [C, L]: key k is an ancestor-or-self of computed query q
-        self.attn_mask = (k_idx[None, :] <= q_idx[:, None]) & (q_idx[:, None] <= end[None, :])
+        self.attn_mask = None if self._fast_attention is not None else (
+            (k_idx[None, :] <= q_idx[:, None]) & (q_idx[:, None] <= end[None, :]))
         self.stash = stash
         self.record = Stash(layout.rows[comp]) if record else None
         # local order = context rows (stash order) then computed rows, put back in place
@@ -447,6 +452,8 @@ class TreeContext:
 
     def attention(self, layer: int, q_THD: Tensor, k_THD: Tensor, v_THE: Tensor, scale: float) -> Tensor:
         k_LHD, v_LHE = self._local((layer, "attention"), k_THD, v_THE)
+        if self._fast_attention is not None:
+            return self._fast_attention(q_THD, k_LHD, v_LHE, scale)
         q, k, v = (x.transpose(0, 1) for x in (q_THD, k_LHD, v_LHE))
         o_HTE = F.scaled_dot_product_attention(q, k, v, attn_mask=self.attn_mask, scale=scale)
         return o_HTE.transpose(0, 1)
@@ -463,7 +470,7 @@ class TreeContext:
 
     def kda(self, layer: int, q_THK: Tensor, k_THK: Tensor, v_THV: Tensor, g_THK: Tensor,
             beta_TH: Tensor, scale: float) -> Tensor:
-        from harts.exec.ops.kda import chunk_kda
+        from harts.exec.backend import chunk_kda
 
         q, k, v, g, beta = self._local((layer, "kda"), q_THK, k_THK, v_THV, g_THK, beta_TH)
         H, K, V = q.shape[1], q.shape[2], v.shape[2]

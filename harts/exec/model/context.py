@@ -100,7 +100,7 @@ class PackedContext:
         return short_conv(x_TD, weight_DW, bias_D, window_TW=window_TW, activation="silu")
 
     def kda(self, layer: int, q_THK: Tensor, k_THK: Tensor, v_THV: Tensor, g_THK: Tensor, beta_TH: Tensor, scale: float) -> Tensor:
-        from harts.exec.ops.kda import chunk_kda
+        from harts.exec.backend import chunk_kda
 
         out = chunk_kda(
             q_THK, k_THK, v_THV, g_THK, beta_TH, scale=scale,

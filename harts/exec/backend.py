@@ -1,0 +1,99 @@
+"""Implementation selection: the fast GPU paths where they can run, the references otherwise.
+
+One registry per op family, keyed by `Impl`: the reference (`harts.exec.ops`, dense masks;
+runs anywhere, every dtype) and the GPU paths (`harts.exec.gpu`: fla-core KDA with our
+boundary-state kernel, FlexAttention over DFS-interval block masks). A fast path is chosen
+when the tensors are on CUDA, the dtype is one it computes (fp32/bf16/fp16, never fp64)
+and its library imports; `HARTS_FORCE_REFERENCE=1` forces the references everywhere (the
+A/B switch for equivalence and speed comparisons). Call sites ask here and never import a
+GPU module themselves, so CPU-only machines never touch triton kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from enum import StrEnum
+
+import torch
+from torch import Tensor
+
+FORCE_ENV = "HARTS_FORCE_REFERENCE"
+FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class Impl(StrEnum):
+    REFERENCE = "reference"
+    FLA = "fla"  # fla-core chunk_kda (+ harts' boundary-state kernel for replay handoffs)
+    FLEX = "flex"  # FlexAttention with a block mask from DFS intervals
+
+
+def force_reference() -> bool:
+    return os.environ.get(FORCE_ENV, "").strip() not in ("", "0", "false", "False")
+
+
+@functools.cache
+def fla_available() -> bool:
+    try:
+        import fla.ops.kda  # noqa: F401
+        import triton  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means "not available"
+        return False
+    return True
+
+
+@functools.cache
+def flex_available() -> bool:
+    try:
+        from torch.nn.attention.flex_attention import BlockMask, flex_attention  # noqa: F401
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+def kda_impl(device: torch.device, dtype: torch.dtype) -> Impl:
+    if force_reference() or device.type != "cuda" or dtype not in FAST_DTYPES or not fla_available():
+        return Impl.REFERENCE
+    return Impl.FLA
+
+
+def tree_attention_impl(device: torch.device) -> Impl:
+    if force_reference() or device.type != "cuda" or not flex_available():
+        return Impl.REFERENCE
+    return Impl.FLEX
+
+
+def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, **kwargs):
+    """`harts.exec.ops.kda.chunk_kda`'s contract, on the implementation `kda_impl` picks."""
+    if kda_impl(q.device, q.dtype) is Impl.FLA:
+        from harts.exec.gpu.kda import chunk_kda_fast
+
+        return chunk_kda_fast(q, k, v, g, beta, **kwargs)
+    from harts.exec.ops.kda import chunk_kda as reference
+
+    return reference(q, k, v, g, beta, **kwargs)
+
+
+class FlexTreeAttention:
+    """Ancestor attention for one layout: queries `q_local_C` attend keys by `end_L`.
+    The block mask is built on first use and reused by every layer (and recomputation)."""
+
+    def __init__(self, q_local_C: Tensor, end_L: Tensor):
+        self.q_local_C = q_local_C
+        self.end_L = end_L
+        self._mask = None
+
+    def __call__(self, q_CHD: Tensor, k_LHD: Tensor, v_LHE: Tensor, scale: float) -> Tensor:
+        from harts.exec.gpu.attention import tree_attention, tree_block_mask
+
+        if self._mask is None:
+            full = self.q_local_C.numel() == self.end_L.numel()
+            self._mask = tree_block_mask(self.end_L, None if full else self.q_local_C)
+        return tree_attention(q_CHD, k_LHD, v_LHE, scale, self._mask)
+
+
+def tree_attention(q_local_C: Tensor, end_L: Tensor, device: torch.device) -> FlexTreeAttention | None:
+    """The fast ancestor attention for a layout, or None where the dense-mask reference runs."""
+    if tree_attention_impl(device) is Impl.REFERENCE:
+        return None
+    return FlexTreeAttention(q_local_C, end_L)

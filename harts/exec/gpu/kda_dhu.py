@@ -1,0 +1,148 @@
+"""Triton kernel: the backward state recurrence of chunkwise KDA with gradients injected at
+chunk boundaries (what fla-core's `chunk_gated_delta_rule_bwd_dhu` lacks).
+
+Legend: T packed tokens, N sequences, H heads, K key / V value channels, BT chunk size,
+NT chunks of all sequences (sequence n owns chunks chunk_offsets[n]:chunk_offsets[n+1]).
+
+fla's kernel seeds the reverse recurrence with dL/dS at each sequence's end (`dht`) only.
+A tree's replay rounds also hand the states at *inner* chunk boundaries to later rounds,
+and their gradients must enter the recurrence where those states were produced. With
+dS_c = dL/d(state after chunk c), the recurrence over chunks, last to first, is
+
+    dS_c   += ext_c                              (injected: consumers of that boundary state)
+    dh[c]   = dS_c                               (what the dq/dk/dw kernels read)
+    dv2_c   = kg_c dS_c + dv_c                   (value gradient through the state)
+    dS_prev = Diag(2^{gk_last_c}) dS_c + scale * qg_c^T do_c - w_c^T dv2_c
+
+with qg, kg, w, gk (log2-space cumulative gate) exactly as fla's KDA forward produces them,
+so this kernel drops into fla's backward in place of `chunk_gated_delta_rule_bwd_dhu`
+(`dht` becomes the injection at each sequence's last chunk). One program per (value
+block, sequence x head) walks its chunks in reverse; the state gradient [K, BV] stays in
+fp32 registers. No loop variable is cast (`.to`), so the kernel also runs under
+TRITON_INTERPRET=1 on CPU, where the tests check it against `bwd_dhu_reference`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _bwd_dhu_inject_kernel(
+    q, k, w, gk, dh_ext, do, dv, dh, dv2, dh0, cu_seqlens, chunk_offsets, scale,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, HAS_EXT: tl.constexpr, USE_H0: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_n = i_nh // H
+    i_h = i_nh % H
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    T = eos - bos
+    NT = (T + BT - 1) // BT
+    boh = tl.load(chunk_offsets + i_n).to(tl.int64)
+
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    off_kv = o_k[:, None] * V + o_v[None, :]
+
+    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+    for it in range(0, NT):
+        i_t = NT - 1 - it
+        o_t = i_t * BT + tl.arange(0, BT)
+        m_t = o_t < T
+        row = bos + o_t
+        state = ((boh + i_t) * H + i_h) * (K * V)
+        if HAS_EXT:
+            b_dh += tl.load(dh_ext + state + off_kv, mask=m_kv, other=0.0)
+        tl.store(dh + state + off_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
+
+        m_tk = m_t[:, None] & m_k[None, :]
+        m_tv = m_t[:, None] & m_v[None, :]
+        off_tk = (row[:, None] * H + i_h) * K + o_k[None, :]
+        off_tv = (row[:, None] * H + i_h) * V + o_v[None, :]
+        b_k = tl.load(k + off_tk, mask=m_tk, other=0.0)
+        b_dv = tl.dot(b_k, b_dh.to(b_k.dtype))
+        b_dv += tl.load(dv + off_tv, mask=m_tv, other=0.0).to(tl.float32)
+        tl.store(dv2 + off_tv, b_dv.to(dv2.dtype.element_ty), mask=m_tv)
+
+        last = tl.minimum((i_t + 1) * BT, T) - 1
+        b_gl = tl.load(gk + ((bos + last) * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+        b_dh *= tl.exp2(b_gl)[:, None]
+
+        off_kt = (row[None, :] * H + i_h) * K + o_k[:, None]
+        m_kt = m_k[:, None] & m_t[None, :]
+        b_q = tl.load(q + off_kt, mask=m_kt, other=0.0)
+        b_w = tl.load(w + off_kt, mask=m_kt, other=0.0)
+        b_do = tl.load(do + off_tv, mask=m_tv, other=0.0)
+        b_dh += tl.dot(b_q, b_do.to(b_q.dtype)) * scale - tl.dot(b_w, b_dv.to(b_w.dtype))
+
+    if USE_H0:
+        tl.store(dh0 + i_nh * (K * V) + off_kv, b_dh.to(dh0.dtype.element_ty), mask=m_kv)
+
+
+def bwd_dhu_inject(
+    q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, gk: torch.Tensor, do: torch.Tensor,
+    dv: torch.Tensor, dh_ext: torch.Tensor | None, cu_seqlens: torch.Tensor,
+    chunk_offsets: torch.Tensor, num_chunks: int, scale: float, *, chunk_size: int = 64,
+    with_dh0: bool = True, block_v: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(dh [1, NT, H, K, V] in q's dtype, dh0 [N, H, K, V] fp32 or None, dv2 like dv).
+
+    q, k, w, gk: [1, T, H, K] (fla's qg, kg, w and log2 cumulative gate); do, dv: [1, T, H, V];
+    dh_ext: fp32 [NT, H, K, V], the gradient w.r.t. the state after each chunk (None = 0).
+    """
+    _, T, H, K = q.shape
+    V = do.shape[-1]
+    N = cu_seqlens.numel() - 1
+    BK = max(16, triton.next_power_of_2(K))
+    BV = block_v or (32 if K > 64 else 64)
+    BV = min(BV, max(16, triton.next_power_of_2(V)))
+    dh = q.new_empty(1, num_chunks, H, K, V)
+    dh0 = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device) if with_dh0 else None
+    dv2 = torch.empty_like(dv)
+    if dh_ext is not None:
+        dh_ext = dh_ext.contiguous()
+    grid = (triton.cdiv(V, BV), N * H)
+    _bwd_dhu_inject_kernel[grid](
+        q, k, w, gk, dh_ext, do, dv, dh, dv2, dh0, cu_seqlens, chunk_offsets, scale,
+        H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_EXT=dh_ext is not None, USE_H0=with_dh0,
+        num_warps=4,
+    )
+    return dh, dh0, dv2
+
+
+def bwd_dhu_reference(q, k, w, gk, do, dv, dh_ext, cu_seqlens, scale, chunk_size=64):
+    """The same recurrence in plain PyTorch (float64), one sequence and chunk at a time."""
+    q, k, w, gk, do, dv = (x[0].double() for x in (q, k, w, gk, do, dv))
+    T, H, K = q.shape
+    V = do.shape[-1]
+    cu = [int(c) for c in cu_seqlens]
+    B = chunk_size
+    dh_rows, dh0_rows = [], []
+    dv2 = torch.empty_like(dv)
+    chunk = 0
+    for n in range(len(cu) - 1):
+        bos, eos = cu[n], cu[n + 1]
+        nt = (eos - bos + B - 1) // B
+        rows = []
+        S = torch.zeros(H, K, V, dtype=torch.float64, device=q.device)
+        for i in reversed(range(nt)):
+            s, e = bos + i * B, min(bos + (i + 1) * B, eos)
+            if dh_ext is not None:
+                S = S + dh_ext[chunk + i].double()
+            rows.append(S.clone())
+            d = torch.einsum("thk,hkv->thv", k[s:e], S) + dv[s:e]
+            dv2[s:e] = d
+            S = gk[e - 1].exp2()[:, :, None] * S
+            S = S + scale * torch.einsum("thk,thv->hkv", q[s:e], do[s:e]) - torch.einsum("thk,thv->hkv", w[s:e], d)
+        dh_rows.extend(rows[::-1])
+        dh0_rows.append(S)
+        chunk += nt
+    return torch.stack(dh_rows)[None], torch.stack(dh0_rows), dv2[None]

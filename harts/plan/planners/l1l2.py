@@ -153,6 +153,8 @@ class _CellSolver:
         idx = self.idx
         want = min(want, _MAX_SHAVE * it.cost)
         it.full, it.cut_node, it.cut_off, it.shaved_cost, it.shaved_tokens = [], -1, 0, 0.0, 0
+        if want <= 0:
+            return
         last = idx.sub_end[it.root]
         for u in range(it.root, last + 1):
             c = idx.node_cost[u]

@@ -50,6 +50,16 @@ Cost. `Microbatch.cost` is the load of the microbatch under `Plan.cost_model` (a
 `harts.plan.cost` spec): `microbatch_overhead + sum of segment costs of its pieces`
 (expanded: one segment `[0, length)` per trajectory copy).
 
+Validation. `Plan.validate(forest, budget=None, cost_model=None)` raises ValueError
+naming the first broken invariant: the plan was made for this forest (`Plan.forest`, a
+size digest); ids equal positions; replicas, orders and slots as above; every trajectory
+owned by exactly one microbatch; every row a microbatch needs (the ancestors of its own
+rows and the root paths of its trajectories) computed by it or read as context, every
+context piece computed by its producer and actually needed, and every computed row needed
+by the microbatch itself or by a consumer; producers on the consumer's replica and
+earlier in its order, one level deep, windows disjoint; the stored token counts exact;
+the budget; and, given a cost model, the stored costs.
+
 JSON. `Plan.save`/`Plan.load` (and `to_json`/`from_json`) round-trip exactly: floats are
 written with `repr`. The file has one line per microbatch so two plans diff line by line.
 """
@@ -108,6 +118,8 @@ class Piece(NamedTuple):
 
 @dataclass(frozen=True)
 class Microbatch:
+    """One microbatch; `id` equals its index in `Plan.microbatches`."""
+
     id: int
     replica: int
     slot: int
@@ -164,6 +176,9 @@ def forest_digest(forest: RolloutForest) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class Plan:
+    """A step plan (see the module docstring). `info` holds planner notes (JSON-able);
+    `plan_seconds` is the planner's wall time."""
+
     mode: PlanMode
     planner: str
     dp: int

@@ -37,6 +37,7 @@ class FFNKind(StrEnum):
 
 
 RouterKind = Literal["softmax", "sigmoid"]
+AuxScope = Literal["microbatch", "global"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,15 @@ class ModelConfig:
     num_shared_experts: int = 1
     router: RouterKind = "softmax"
     aux_loss_coef: float = 1e-3
+    # Over which rows the MoE aux loss takes its routed fractions f_i: "microbatch" (each
+    # microbatch's own, its aux scaled by its token share; depends on the split) or
+    # "global" (f_i of the whole step from a no-grad statistics pass; the aux no longer
+    # depends on how the step is split). See `harts.exec.model.moe`. It lives here, next to
+    # aux_loss_coef, because it is part of the objective every trainer of this model
+    # optimises: expanded, tree and window trainers built from one config cannot disagree
+    # on it, and torch-free readers (the simulator) can see that a step costs one more
+    # forward pass. It adds no parameters.
+    aux_scope: AuxScope = "microbatch"
     capacity_factor: float | None = None  # None = no token dropping (required in tree mode)
     # Misc
     norm_eps: float = 1e-6
@@ -124,6 +134,8 @@ class ModelConfig:
                 raise ConfigError("expert_ffn_dim: must be >= 1 when there are MoE layers")
         if self.router not in ("softmax", "sigmoid"):
             raise ConfigError(f"router: must be 'softmax' or 'sigmoid', got {self.router!r}")
+        if self.aux_scope not in ("microbatch", "global"):
+            raise ConfigError(f"aux_scope: must be 'microbatch' or 'global', got {self.aux_scope!r}")
         if self.capacity_factor is not None and not self.capacity_factor > 0:
             raise ConfigError(f"capacity_factor: must be > 0 or None, got {self.capacity_factor}")
         for f in ["aux_loss_coef", "norm_eps", "init_std"]:

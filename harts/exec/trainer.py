@@ -10,18 +10,30 @@ the policy loss with step-global denominators, and a backward pass accumulating 
 .grad; then optional gradient clipping and one AdamW step. Because the denominators are
 global, the accumulated gradient equals the full-batch gradient for any packing.
 
-MoE auxiliary loss: routing statistics are per microbatch (as in Megatron / verl), and each
-microbatch's aux loss is scaled by its share of the step's tokens, T_mb / T_step, so a
-step of one microbatch gets exactly the full-batch aux loss and the reported `aux_loss` is
-a token-weighted mean over microbatches. (f_i * P_i is not linear in the rows, so this is
-the one term that depends on the packing; the tree executor uses the same rule per
-microbatch with occurrence-weighted rows.)
+MoE auxiliary loss, `ModelConfig.aux_scope`:
+- "microbatch" (default): routing statistics are per microbatch (as in Megatron / verl), and
+  each microbatch's aux loss is scaled by its share of the step's tokens, T_mb / T_step, so
+  a step of one microbatch gets exactly the full-batch aux loss and the reported `aux_loss`
+  is a token-weighted mean over microbatches. (f_i * P_i is not linear in the rows, so this
+  is the one term that depends on the packing; the tree executor uses the same rule per
+  microbatch with occurrence-weighted rows.)
+- "global": before the training pass, `moe_statistics_pass` runs the model without grad
+  over every microbatch the same `_microbatches` generator yields, sums the expert loads
+  and row weights into step-global routed fractions, and `set_moe_global` hands them to
+  each microbatch's context before its training forward. Each microbatch's aux loss is
+  then its exact part of the full-batch aux loss (no share scaling), so the step's aux
+  loss and its gradient do not depend on the split; any subclass that yields `Microbatch`
+  objects gets this for free. The pass costs one extra forward; in on-policy PPO it is the
+  same forward as the old-log-prob recomputation and could be fused with it (not done
+  here). It is skipped when the model has no MoE layer or aux_loss_coef = 0. Each
+  microbatch's layout info records `moe_stats_drift`, the routing assignments (weighted)
+  that differ between the two passes: 0 with deterministic kernels.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -36,6 +48,7 @@ from harts.exec.loss import (
 )
 from harts.exec.model.context import PackedContext
 from harts.exec.model.model import HybridModel
+from harts.exec.model.moe import MoEGlobalStats, set_moe_global
 from harts.tree.trajectory import Trajectory
 
 
@@ -132,6 +145,29 @@ class Microbatch:
     table: TargetTable  # its targets, `traj` indexing the step's trajectories
     expanded_tokens: int  # tokens these trajectories hold when expanded
     info: dict = field(default_factory=dict)  # layout statistics (tree mode: rounds, replay)
+
+
+@torch.no_grad()
+def moe_statistics_pass(model: HybridModel, microbatches: Iterable[Microbatch]) -> tuple[MoEGlobalStats, list[torch.Tensor]]:
+    """No-grad forward over every microbatch of a step, in order: the step-global MoE
+    statistics (loads and row weights summed over all microbatches) and each microbatch's
+    float64 [L, E] expert loads. Routing ignores any global statistics a context already
+    carries (they change only the aux value), so the loads are the training pass's loads.
+    Reusable by any executor whose microbatches have `ids_T` and `ctx`. A microbatch's
+    optional `after_forward(out, loss)` hook (a window producer stashing what its consumers
+    read) is called with loss=None: this pass has no loss and no backward."""
+    loads = []
+    total_weight = 0.0
+    for mb in microbatches:
+        out = model(mb.ids_T, mb.ctx)
+        after_forward = getattr(mb, "after_forward", None)
+        if after_forward is not None:
+            after_forward(out, None)
+        loads.append(out.expert_load.detach().to(torch.float64).cpu())
+        total_weight += float(mb.ctx.row_weight.detach().to(torch.float64).sum())
+    if not loads:
+        raise ValueError("the MoE statistics pass needs at least one microbatch")
+    return MoEGlobalStats.from_loads(torch.stack(loads).sum(0), total_weight, model.config.top_k), loads
 
 
 class ExpandedTrainer:
@@ -232,18 +268,29 @@ class ExpandedTrainer:
         sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "aux_loss", "clip_frac", "ppo_kl"), 0.0)
         expert_load = None
         infos = []
-        for mb in self._microbatches(trajectories, bins):
+        config = model.config
+        stats, stats_loads = None, []
+        if config.aux_scope == "global" and config.num_moe_layers and config.aux_loss_coef:
+            stats, stats_loads = moe_statistics_pass(model, self._microbatches(trajectories, bins))
+        for i, mb in enumerate(self._microbatches(trajectories, bins)):
+            if stats is not None:
+                set_moe_global(mb.ctx, stats)
             out = model(mb.ids_T, mb.ctx)
             pl = policy_loss(out.hidden_TD, model.lm_head_weight, mb.table, den, self.loss_config)
-            # the aux loss of a microbatch weighs by its share of the step's (expanded) tokens
-            aux = out.aux_loss * (mb.expanded_tokens / total_tokens)
+            if stats is None:
+                # the aux loss of a microbatch weighs by its share of the step's (expanded) tokens
+                aux = out.aux_loss * (mb.expanded_tokens / total_tokens)
+            else:
+                # global scope: already this microbatch's exact part of the step's aux loss
+                aux = out.aux_loss
             loss = pl.loss + aux
             if backward:
                 loss.backward()
             for name, value in (("loss", loss), ("pg_loss", pl.pg_loss), ("kl", pl.kl), ("entropy", pl.entropy),
                                 ("aux_loss", aux), ("clip_frac", pl.clip_frac), ("ppo_kl", pl.ppo_kl)):
                 sums[name] += float(value.detach())
-            load = out.expert_load.detach().to(torch.float64).cpu().numpy()
+            load_t = out.expert_load.detach().to(torch.float64).cpu()
+            load = load_t.numpy()
             expert_load = load if expert_load is None else expert_load + load
             lp = pl.logprob_N.to(torch.float64).cpu().numpy()
             ent = pl.entropy_N.to(torch.float64).cpu().numpy()
@@ -253,7 +300,10 @@ class ExpandedTrainer:
                 sel = traj_N == j
                 logprobs[j][pos_N[sel]] = lp[sel]
                 entropy[j][pos_N[sel]] = ent[sel]
-            infos.append({"rows": int(mb.ids_T.numel()), **mb.info})
+            info = {"rows": int(mb.ids_T.numel()), **mb.info}
+            if stats is not None:
+                info["moe_stats_drift"] = float((load_t - stats_loads[i]).abs().sum()) / 2
+            infos.append(info)
 
         grads = [p.grad for p in model.parameters() if p.grad is not None] if backward else []
         grad_norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
@@ -289,6 +339,7 @@ __all__ = [
     "Microbatch",
     "OptimizerConfig",
     "StepResult",
+    "moe_statistics_pass",
     "pack_microbatches",
     "step_denominators",
     "trajectory_targets",

@@ -50,7 +50,7 @@ class Block(nn.Module):
         if self.ffn_kind == FFNKind.DENSE:
             self.ffn: nn.Module = SwiGLU(config.d_model, config.dense_ffn_dim)
         else:
-            self.ffn = MoE(config)
+            self.ffn = MoE(config, moe_index=config.ffn_kinds[:layer].count(FFNKind.MOE))
 
     def forward(self, x_TD: Tensor, ctx: MixingContext) -> tuple[Tensor, Tensor | None, Tensor | None]:
         x_TD = x_TD + self.mixer(self.attn_norm(x_TD), ctx)

@@ -15,6 +15,26 @@ that stands for q_r trajectory tokens is routed once and counted q_r times throu
 p_r is the softmax output, or for a sigmoid router the scores normalised to sum to one.
 `load_E` = sum_r w_r 1[i in topk(r)], the expert-load counts of the expanded tokens.
 
+Aux scope (`ModelConfig.aux_scope`). f_i * P_i is not linear in the rows, so an aux loss
+computed per microbatch depends on how the step is split. With "global" the trainer first
+runs a no-grad statistics pass over every microbatch of the step (same weights, same
+deterministic routing as the training pass) and hands each context the step's routed
+fractions and total weight Q_step = sum of row weights over all microbatches (the step's
+expanded tokens), through `set_moe_global`:
+
+    f_i^global = sum_{r in step} w_r 1[i in topk(r)] / (k Q_step)
+    aux_mb     = coef * E * sum_i f_i^global * (sum_{r in mb} w_r p_ri) / Q_step
+
+The aux losses of the microbatches then sum to the full-batch value whatever the split
+(a tree, a packing, or a sharing window of producer and consumer microbatches), and the
+gradient flows through P only, as in the microbatch scope. In on-policy PPO the
+statistics pass coincides with the old-log-prob recomputation pass verl already runs
+before the update, so the two can be fused; they are not fused here. The module reads the
+statistics with getattr defaults (`moe_global_f`, `moe_total_weight`), so a context that
+carries none computes the statistics over its own rows, which is the global value when
+one call covers the whole step. Each MoE module indexes `moe_global_f` by its MoE-layer
+ordinal `moe_index`, set by the model at construction.
+
 Token dropping (capacity_factor) is only allowed when the context says its rows are plain
 tokens (`allows_token_dropping`): a compact row stands for several tokens, so dropping it
 would not drop what expanded training drops. Over-capacity assignments are dropped in row
@@ -24,6 +44,7 @@ order; statistics count the routing decisions before dropping.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -34,10 +55,37 @@ from harts.exec.model.context import MixingContext
 from harts.exec.model.layers import SwiGLU
 
 
+@dataclass(frozen=True)
+class MoEGlobalStats:
+    """Step-global routing statistics, what every microbatch's aux loss uses in the global scope."""
+
+    f_LE: Tensor  # float64 [L, E]: routed fraction of each expert per MoE layer (rows sum to 1)
+    total_weight: float  # Q_step: sum of row weights over every microbatch of the step
+
+    @classmethod
+    def from_loads(cls, load_LE: Tensor, total_weight: float, top_k: int) -> MoEGlobalStats:
+        """From the step's summed expert loads (`ModelOutput.expert_load` summed over
+        microbatches) and its summed row weights."""
+        if not total_weight > 0:
+            raise ValueError(f"the step's total row weight must be > 0; got {total_weight}")
+        load_LE = load_LE.detach().to(torch.float64)
+        return cls(load_LE / (top_k * total_weight), float(total_weight))
+
+
+def set_moe_global(ctx: object, stats: MoEGlobalStats | None) -> None:
+    """Hand a context the step-global statistics (None: back to its own rows' statistics).
+    Sets `ctx.moe_global_f` (list of [E] tensors by MoE-layer ordinal) and
+    `ctx.moe_total_weight`; call it on every microbatch's context before its forward."""
+    ctx.moe_global_f = None if stats is None else list(stats.f_LE.unbind(0))
+    ctx.moe_total_weight = None if stats is None else stats.total_weight
+
+
 class MoE(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, moe_index: int = 0):
         super().__init__()
         c = config
+        # ordinal among the model's MoE layers: indexes the step-global statistics
+        self.moe_index = moe_index
         self.num_experts, self.top_k, self.router_kind = c.num_experts, c.top_k, c.router
         self.aux_loss_coef, self.capacity_factor = c.aux_loss_coef, c.capacity_factor
         d, E, F_ = c.d_model, c.num_experts, c.expert_ffn_dim
@@ -71,10 +119,21 @@ class MoE(nn.Module):
             selected_TE = torch.zeros(T, E, dtype=x_TD.dtype, device=x_TD.device)
             selected_TE.scatter_(1, top_i_Tk, 1.0)
             load_E = (w_T[:, None] * selected_TE).sum(0)
-        total_w = w_T.sum()
-        f_E = load_E / (k * total_w)
-        P_E = (w_T[:, None] * probs_TE).sum(0) / total_w
-        aux = self.aux_loss_coef * E * (f_E * P_E).sum()
+        global_f = getattr(ctx, "moe_global_f", None)
+        if global_f is None:
+            total_w = w_T.sum()
+            f_E = load_E / (k * total_w)
+            P_E = (w_T[:, None] * probs_TE).sum(0) / total_w
+            aux = self.aux_loss_coef * E * (f_E * P_E).sum()
+        else:
+            if self.moe_index >= len(global_f):
+                raise ValueError(
+                    f"moe_global_f holds {len(global_f)} MoE layers; this is MoE layer {self.moe_index}"
+                )
+            f_E = global_f[self.moe_index].to(device=x_TD.device, dtype=x_TD.dtype)
+            # this microbatch's part of the step's P_i: its rows over the step's total weight
+            P_E = (w_T[:, None] * probs_TE).sum(0) / ctx.moe_total_weight
+            aux = self.aux_loss_coef * E * (f_E * P_E).sum()
 
         if self.capacity_factor is not None:
             if not getattr(ctx, "allows_token_dropping", False):

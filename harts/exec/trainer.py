@@ -33,7 +33,7 @@ MoE auxiliary loss, `ModelConfig.aux_scope`:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -145,6 +145,11 @@ class Microbatch:
     table: TargetTable  # its targets, `traj` indexing the step's trajectories
     expanded_tokens: int  # tokens these trajectories hold when expanded
     info: dict = field(default_factory=dict)  # layout statistics (tree mode: rounds, replay)
+    # hidden rows the loss reads, from the model's (sharing windows append context rows)
+    hidden_of: Callable[[torch.Tensor], torch.Tensor] | None = None
+    # called with (model output, loss) instead of an immediate backward (a window
+    # producer, whose backward runs after its consumers'); loss is None in no-loss passes
+    after_forward: Callable[[object, torch.Tensor | None], None] | None = None
 
 
 @torch.no_grad()
@@ -160,9 +165,8 @@ def moe_statistics_pass(model: HybridModel, microbatches: Iterable[Microbatch]) 
     total_weight = 0.0
     for mb in microbatches:
         out = model(mb.ids_T, mb.ctx)
-        after_forward = getattr(mb, "after_forward", None)
-        if after_forward is not None:
-            after_forward(out, None)
+        if mb.after_forward is not None:
+            mb.after_forward(out, None)
         loads.append(out.expert_load.detach().to(torch.float64).cpu())
         total_weight += float(mb.ctx.row_weight.detach().to(torch.float64).sum())
     if not loads:
@@ -276,7 +280,8 @@ class ExpandedTrainer:
             if stats is not None:
                 set_moe_global(mb.ctx, stats)
             out = model(mb.ids_T, mb.ctx)
-            pl = policy_loss(out.hidden_TD, model.lm_head_weight, mb.table, den, self.loss_config)
+            hidden_TD = out.hidden_TD if mb.hidden_of is None else mb.hidden_of(out.hidden_TD)
+            pl = policy_loss(hidden_TD, model.lm_head_weight, mb.table, den, self.loss_config)
             if stats is None:
                 # the aux loss of a microbatch weighs by its share of the step's (expanded) tokens
                 aux = out.aux_loss * (mb.expanded_tokens / total_tokens)
@@ -284,7 +289,9 @@ class ExpandedTrainer:
                 # global scope: already this microbatch's exact part of the step's aux loss
                 aux = out.aux_loss
             loss = pl.loss + aux
-            if backward:
+            if mb.after_forward is not None:
+                mb.after_forward(out, loss)
+            elif backward:
                 loss.backward()
             for name, value in (("loss", loss), ("pg_loss", pl.pg_loss), ("kl", pl.kl), ("entropy", pl.entropy),
                                 ("aux_loss", aux), ("clip_frac", pl.clip_frac), ("ppo_kl", pl.ppo_kl)):

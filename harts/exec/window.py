@@ -1,0 +1,199 @@
+"""Executing a step Plan exactly, sharing windows included.
+
+Legend: C rows a microbatch computes, X context rows it reads from its producer.
+
+A tree-mode `Plan` (harts.plan.plan) places microbatches on replicas. A microbatch
+computes the rows of its pieces and owns the targets of its trajectories; a *consumer*
+also reads context rows that its *producer* computed. Execution, per replica in plan
+order (replicas run one after another here: their gradients simply add, which is what a
+data-parallel all-reduce of the step-global loss computes):
+
+1. producer forward over its rows, recording through its context a `Stash`: the mixing
+   inputs of every row (attention keys/values, conv inputs, KDA inputs), the KDA states
+   its rounds handed on, and its final hidden rows. No backward yet.
+2. each consumer: forward over its own rows, with every mixing op extended by the
+   context rows' stashed inputs (detached leaves shared by all consumers of the window),
+   KDA trees starting from the producer's chunk-aligned states; loss over its targets
+   (the hidden rows of context rows come from the stash); backward, which accumulates
+   into the leaves' `.grad`.
+3. after the window's last consumer: one producer backward, feeding its own loss and the
+   accumulated leaf gradients through the producer graph.
+
+Row weights (occurrence counts for MoE statistics) count, for every computed row, the
+trajectories whose targets use *that computation*: a microbatch's own trajectories, and
+for a producer its consumers' trajectories. Summed over the step they are the expanded
+batch's counts, whatever the split. Loss denominators are the step's, as everywhere.
+
+Prior-art plans without windows may compute a shared row in several microbatches; each
+copy is then an independent computation weighted by its own trajectories.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from harts.exec.loss import PolicyLossConfig, TargetTable
+from harts.exec.model.model import HybridModel
+from harts.exec.trainer import ExpandedTrainer, Microbatch, OptimizerConfig
+from harts.exec.tree import LocalLayout, Stash, TreeContext
+from harts.plan.plan import Plan, PlanMode
+from harts.tree import Trajectory, build_forest
+from harts.tree.forest import RolloutForest
+
+
+def piece_rows(forest: RolloutForest, pieces: Sequence) -> np.ndarray:
+    starts = forest.node_row_start
+    parts = [np.arange(starts[p.node] + p.start, starts[p.node] + p.end) for p in pieces]
+    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+
+
+@dataclass
+class WindowStats:
+    """What a sharing window held: reported per producer."""
+
+    producer: int
+    consumers: list[int]
+    retained_bytes: int = 0
+    producer_rows: int = 0
+    context_rows_read: int = 0
+
+
+@dataclass
+class _Window:
+    producer: int
+    consumers: list[int]
+    stash: Stash | None = None
+    loss: torch.Tensor | None = None
+    done: int = 0
+    stats: WindowStats = field(default=None)  # type: ignore[assignment]
+
+
+class PlanTrainer(ExpandedTrainer):
+    """Runs the microbatches of a `Plan`; tree-mode plans with sharing windows exactly."""
+
+    def __init__(self, model: HybridModel, plan: Plan, optimizer: OptimizerConfig | None = None,
+                 loss: PolicyLossConfig | None = None):
+        if plan.mode == PlanMode.TREE:
+            model.config.check_tree_mode()
+        super().__init__(model, optimizer, loss)
+        self.plan = plan
+        self.windows: list[WindowStats] = []
+
+    def partition(self, trajectories: Sequence[Trajectory], microbatch_tokens: int) -> list[list[int]]:
+        order = sorted(self.plan.microbatches, key=lambda m: (m.replica, m.order))
+        return [list(m.trajectories) for m in order]
+
+    def _microbatches(self, trajectories: Sequence[Trajectory], partition: Sequence[Sequence[int]]):
+        if self.plan.mode == PlanMode.EXPANDED:
+            yield from super()._microbatches(trajectories, partition)
+            return
+        yield from self._tree_microbatches(trajectories)
+
+    def _tree_microbatches(self, trajectories: Sequence[Trajectory]):
+        model, plan = self.model, self.plan
+        device = model.lm_head_weight.device
+        dtype = model.lm_head_weight.dtype
+        forest = build_forest(trajectories)
+        plan.validate(forest)
+        mbs = {m.id: m for m in plan.microbatches}
+        consumers = plan.consumers()
+        targets = forest.targets()
+        rows_of = forest.traj_rows
+        off = forest.traj_offsets
+        computed = {m.id: piece_rows(forest, m.pieces) for m in plan.microbatches}
+        # row weights: the trajectories that use each computation
+        weights = {i: np.zeros(r.size, np.float64) for i, r in computed.items()}
+        for m in plan.microbatches:
+            for t in m.trajectories:
+                path = rows_of[off[t] : off[t + 1]]
+                here = np.isin(path, computed[m.id])
+                pos = np.searchsorted(computed[m.id], path[here])
+                np.add.at(weights[m.id], pos, 1.0)
+                if (~here).any():
+                    if m.producer is None:
+                        raise ValueError(f"microbatch {m.id} lacks rows of trajectory {t}")
+                    p = m.producer
+                    pos = np.searchsorted(computed[p], path[~here])
+                    if not np.array_equal(computed[p][np.minimum(pos, computed[p].size - 1)], path[~here]):
+                        raise ValueError(f"microbatch {m.id}: its producer does not compute rows it needs")
+                    np.add.at(weights[p], pos, 1.0)
+        windows = {p: _Window(p, sorted(cs, key=lambda c: (mbs[c].replica, mbs[c].order)))
+                   for p, cs in consumers.items()}
+        self.windows = []
+        for m in sorted(plan.microbatches, key=lambda m: (m.replica, m.order)):
+            comp = computed[m.id]
+            ctx_rows = piece_rows(forest, m.context)
+            window = windows.get(m.producer) if m.producer is not None else None
+            stash = None
+            if window is not None:
+                if window.stash is None:
+                    raise ValueError(f"consumer {m.id} runs before its producer {m.producer}")
+                stash = window.stash.leaves()
+            layout = LocalLayout.of_rows(forest, comp, ctx_rows)
+            is_producer = m.id in windows
+            ctx = TreeContext(forest, chunk_size=model.config.chunk_size, device=device, layout=layout,
+                              row_weight=weights[m.id], stash=stash, record=is_producer)
+            # targets of owned trajectories; rows -> index into [computed hidden | context hidden]
+            sel = np.isin(targets.traj, np.asarray(m.trajectories, np.int64))
+            t_rows = targets.row[sel]
+            in_comp = np.isin(t_rows, comp)
+            hidden_index = np.empty(t_rows.size, np.int64)
+            hidden_index[in_comp] = np.searchsorted(comp, t_rows[in_comp])
+            extra_rows = np.unique(t_rows[~in_comp])
+            hidden_index[~in_comp] = comp.size + np.searchsorted(extra_rows, t_rows[~in_comp])
+            table = TargetTable(
+                row=torch.from_numpy(hidden_index), label=torch.from_numpy(targets.label[sel]),
+                traj=torch.from_numpy(targets.traj[sel]), position=torch.from_numpy(targets.position[sel]),
+                weight=torch.from_numpy(targets.weight[sel]), advantage=torch.from_numpy(targets.advantage[sel]),
+                old_logprob=torch.from_numpy(targets.old_logprob[sel]),
+                ref_logprob=None if targets.ref_logprob is None else torch.from_numpy(targets.ref_logprob[sel]),
+            ).to(device, dtype)
+            hidden_of = None
+            if extra_rows.size:
+                if stash is None:
+                    raise ValueError(f"microbatch {m.id} has targets on rows it neither computes nor reads")
+                pick = torch.as_tensor(np.searchsorted(stash.rows, extra_rows), device=device)
+
+                def hidden_of(h, stash=stash, pick=pick):
+                    return torch.cat([h, stash.hidden[pick]])
+
+            after_forward = None
+            if is_producer:
+                w = windows[m.id]
+                w.stats = WindowStats(m.id, w.consumers, producer_rows=int(comp.size))
+
+                def after_forward(out, loss, w=w, ctx=ctx):
+                    w.stash = ctx.record
+                    w.stash.hidden = out.hidden_TD
+                    w.loss = loss
+                    w.stats.retained_bytes = w.stash.retained_bytes()
+
+            ids_T = torch.from_numpy(forest.token_ids[comp]).to(device)
+            info = {"kda_rounds": ctx.kda_rounds, "replay_tokens": ctx.replay_tokens,
+                    "context_rows": int(ctx_rows.size), "role": "producer" if is_producer else
+                    ("consumer" if window is not None else "standalone")}
+            yield Microbatch(list(m.trajectories), ids_T, ctx, table, int(round(weights[m.id].sum())), info,
+                             hidden_of=hidden_of, after_forward=after_forward)
+            if window is not None:
+                window.done += 1
+                window.stats.context_rows_read += int(ctx_rows.size)
+                if window.done == len(window.consumers):
+                    self._producer_backward(window)
+
+    def _producer_backward(self, window: _Window) -> None:
+        stash = window.stash
+        if stash is None or window.loss is None:
+            return
+        outs, grads = stash.producer_backward_pairs()
+        if window.loss.requires_grad:
+            outs = [window.loss, *outs]
+            grads = [torch.ones_like(window.loss), *grads]
+        if outs and torch.is_grad_enabled():
+            torch.autograd.backward(outs, grads)
+        self.windows.append(window.stats)
+        window.stash = None  # release the retained producer state
+        window.loss = None

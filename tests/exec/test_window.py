@@ -1,0 +1,113 @@
+"""Plans with sharing windows execute exactly: producer + consumers == expanded == one tree."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harts.config.models import get_model_config
+from harts.exec.loss import PolicyLossConfig
+from harts.exec.model.model import build_model
+from harts.exec.trainer import ExpandedTrainer
+from harts.exec.tree_trainer import TreeTrainer
+from harts.exec.window import PlanTrainer
+from harts.plan.planners import PlanConfig, make_plan
+from harts.tree import build_forest
+from harts.tree.workload import generate_trajectories
+from harts.verify.equivalence import compare_steps
+from tests.strategies import trajectory_sets
+
+TOL = 1e-10
+LOSS = PolicyLossConfig(kl_coef=0.1)
+
+
+def _config(chunk: int):
+    return get_model_config("tiny-cpu").replace(chunk_size=chunk, aux_scope="global")
+
+
+def _run(trainer_cls, cfg, trajs, *args, **kw):
+    model = build_model(cfg, seed=3, dtype=torch.float64)
+    trainer = trainer_cls(model, *args, loss=LOSS, **kw)
+    return model, trainer, trainer.forward_backward(trajs, 1 << 20)
+
+
+def _check(ref, ref_model, got, got_model):
+    rep = compare_steps(ref, ref_model, got, got_model)
+    assert rep["max_rel_logprob_err"] <= TOL, rep["max_rel_logprob_err"]
+    assert rep["max_rel_grad_err"] <= TOL, rep["worst_grad_params"]
+    assert rep["max_rel_expert_load_err"] <= TOL
+    for name, err in rep["loss_abs_err"].items():
+        assert err <= TOL, name
+    return rep
+
+
+def _tight_budget(forest) -> int:
+    # every trajectory fits, whole trees do not: the planners must split at forks
+    return max(int(forest.traj_length.max()) + 5, forest.compact_tokens // 3)
+
+
+def _windowed(trajs, chunk, planner, budget):
+    forest = build_forest(trajs)
+    plan = make_plan(forest, planner, PlanConfig(microbatch_tokens=budget, chunk_size=chunk))
+    return plan
+
+
+@pytest.mark.parametrize("chunk", [4, 8, 64])
+@pytest.mark.parametrize("workload,seed", [("tiny-treestep", 1), ("tiny-stepwise", 2)])
+def test_split_plans_match_expanded_and_single_tree(workload, seed, chunk):
+    trajs = generate_trajectories(workload, seed=seed)
+    forest = build_forest(trajs)
+    budget = _tight_budget(forest)
+    cfg = _config(chunk)
+    ref_model, _, ref = _run(ExpandedTrainer, cfg, trajs)
+    tree_model, _, tree = _run(TreeTrainer, cfg, trajs)
+    for planner in ("l1l2", "l1", "ortools-ffd", "expanded-ffd"):
+        plan = _windowed(trajs, chunk, planner, budget)
+        model, trainer, got = _run(PlanTrainer, cfg, trajs, plan)
+        _check(ref, ref_model, got, model)
+        _check(tree, tree_model, got, model)
+        if planner == "l1l2" and plan.consumers():
+            assert trainer.windows and all(w.retained_bytes > 0 for w in trainer.windows)
+
+
+@settings(max_examples=12)
+@given(trajectory_sets(max_groups=2, max_per_group=5, max_len=24, alphabet=2, with_ref=True),
+       st.sampled_from([2, 4, 8]),
+       st.floats(0.3, 0.9))
+def test_drawn_forests_and_budgets(trajs, chunk, frac):
+    forest = build_forest(trajs)
+    longest = int(forest.traj_length.max())
+    budget = max(longest, int(forest.compact_tokens * frac))
+    plan = _windowed(trajs, chunk, "l1l2", budget)
+    cfg = _config(chunk)
+    ref_model, _, ref = _run(ExpandedTrainer, cfg, trajs)
+    model, _, got = _run(PlanTrainer, cfg, trajs, plan)
+    _check(ref, ref_model, got, model)
+
+
+def test_recomputation_inside_windows_is_bit_identical():
+    trajs = generate_trajectories("tiny-treestep", seed=1)
+    forest = build_forest(trajs)
+    plan = _windowed(trajs, 8, "l1l2", _tight_budget(forest))
+    assert plan.consumers(), "the budget must force a sharing window"
+    grads = []
+    for recompute in (False, True):
+        model = build_model(_config(8), seed=3, dtype=torch.float64, recompute=recompute)
+        PlanTrainer(model, plan, loss=LOSS).forward_backward(trajs, 1 << 20)
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_microbatch_scope_is_refused_only_where_it_breaks_equivalence():
+    # row weights still sum to the expanded batch's counts, so expert loads are exact
+    trajs = generate_trajectories("tiny-treestep", seed=1)
+    forest = build_forest(trajs)
+    plan = _windowed(trajs, 8, "l1l2", _tight_budget(forest))
+    cfg = get_model_config("tiny-cpu").replace(chunk_size=8)
+    _, _, ref = _run(ExpandedTrainer, cfg, trajs)
+    _, _, got = _run(PlanTrainer, cfg, trajs, plan)
+    assert np.allclose(got.expert_load, ref.expert_load, rtol=0, atol=1e-9)

@@ -22,6 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--input", metavar="FILE.jsonl", default=None, help="rollout JSONL file")
     p.add_argument("--steps", type=int, default=3, help="update steps (default 3)")
     p.add_argument("--microbatch-tokens", type=int, default=4096, help="token budget per microbatch")
+    p.add_argument("--planner", default=None, metavar="NAME",
+                   help="tree mode: execute this step planner's plan (e.g. l1l2: trees larger than the "
+                   "budget split into producer/consumer sharing windows); default: whole trees")
     p.add_argument("--seed", type=int, default=0, help="model init and workload seed")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--grad-clip", type=float, default=1.0, help="max grad norm (<= 0: off)")
@@ -99,8 +102,24 @@ def cmd_train(args: argparse.Namespace) -> int:
         except ConfigError as err:
             raise UserError(str(err)) from None
     trainer_cls = TreeTrainer if args.mode == "tree" else ExpandedTrainer
+    extra: tuple = ()
+    if args.planner is not None:
+        if args.mode != "tree":
+            raise UserError("--planner needs --mode tree")
+        from harts.exec.window import PlanTrainer
+        from harts.plan.planners import PlanConfig, known_planners, make_plan
+        from harts.tree import build_forest
+
+        if args.planner not in known_planners():
+            raise UserError(f"unknown planner {args.planner!r}; known: {', '.join(known_planners())}")
+        try:
+            plan = make_plan(build_forest(trajectories), args.planner,
+                             PlanConfig(microbatch_tokens=args.microbatch_tokens, chunk_size=config.chunk_size))
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        trainer_cls, extra = PlanTrainer, (plan,)
     trainer = trainer_cls(
-        model,
+        model, *extra,
         OptimizerConfig(lr=args.lr, grad_clip=args.grad_clip if args.grad_clip > 0 else None),
         PolicyLossConfig(agg_mode=args.agg_mode, kl_coef=args.kl_coef),
     )

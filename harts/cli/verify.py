@@ -16,7 +16,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     p.add_argument("--seed", type=int, default=0, help="model init (and workload) seed")
     p.add_argument("--microbatch-tokens", type=int, default=1 << 20,
-                   help="token budget per microbatch (whole trees per microbatch)")
+                   help="token budget per microbatch")
+    p.add_argument("--planner", default=None, metavar="NAME",
+                   help="execute this step planner's plan (trees split across microbatches, sharing "
+                   "windows); default: whole trees per microbatch")
     p.add_argument("--old-logprobs", choices=["recompute", "input"], default="recompute",
                    help="recompute: on-policy ratios of 1 (every target carries gradient)")
     p.add_argument("--json", action="store_true")
@@ -63,15 +66,25 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from harts.verify.equivalence import verify_step
 
     dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
-    report = verify_step(trajectories, model=args.model, dtype=dtype, seed=args.seed,
-                         microbatch_tokens=args.microbatch_tokens,
-                         recompute_old_logprobs=args.old_logprobs == "recompute")
+    if args.planner is not None:
+        from harts.plan.planners import known_planners
+
+        if args.planner not in known_planners():
+            raise UserError(f"unknown planner {args.planner!r}; known: {', '.join(known_planners())}")
+    try:
+        report = verify_step(trajectories, model=args.model, dtype=dtype, seed=args.seed,
+                             microbatch_tokens=args.microbatch_tokens, planner=args.planner,
+                             recompute_old_logprobs=args.old_logprobs == "recompute")
+    except ValueError as err:
+        # planners refuse budgets that a trajectory does not fit, with advice
+        raise UserError(str(err)) from None
     if args.json:
         print_json(report)
         return 0
     print(f"{report['num_trajectories']} trajectories, {report['num_targets']} targets, "
           f"{report['expanded_tokens']} expanded -> {report['compact_tokens']} compact tokens, "
-          f"{report['microbatches']} microbatch(es), {report['dtype']}")
+          f"{report['microbatches']} microbatch(es), {report['sharing_windows']} sharing window(s), "
+          f"{report['dtype']}" + (f", planner {report['planner']}" if report["planner"] else ""))
     nr = report["no_replay"]
     rows = [
         ("KDA rounds (most in a microbatch)", report["rounds"], nr["rounds"]),

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from harts.config.models import ModelConfig
+from harts.config.models import ModelConfig, get_model_config
 from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.model import HybridModel, build_model
 from harts.exec.trainer import ExpandedTrainer, StepResult
@@ -136,41 +136,76 @@ def verify_step(
     dtype: torch.dtype = torch.float64,
     seed: int = 0,
     microbatch_tokens: int = 1 << 20,
+    planner: str | None = None,
     loss: PolicyLossConfig | None = None,
     device: str = "cpu",
     recompute_old_logprobs: bool = True,
     no_replay: bool = True,
 ) -> dict[str, Any]:
-    """One forward/backward in both modes from identical weights; the comparison report."""
+    """One forward/backward in both modes from identical weights; the comparison report.
+
+    Without a planner the tree side holds whole trees per microbatch (packed under the
+    budget) and the expanded reference uses the same partition. With a planner the tree
+    side executes that planner's Plan (trees split across microbatches, sharing windows),
+    and the MoE aux loss switches to the step-global scope on both sides, the one scope
+    under which the aux term does not depend on the split.
+    """
+    from harts.exec.window import PlanTrainer
+    from harts.plan.planners import PlanConfig, make_plan
+
     if loss is None:
         has_ref = all(t.ref_logprobs is not None for t in trajectories)
         loss = PolicyLossConfig(kl_coef=0.1 if has_ref else 0.0)
-    ref_model = build_model(model, seed=seed, dtype=dtype, device=device)
+    config = get_model_config(model) if isinstance(model, str) else model
+    if planner is not None:
+        config = config.replace(aux_scope="global")
+    ref_model = build_model(config, seed=seed, dtype=dtype, device=device)
     expanded = ExpandedTrainer(ref_model, loss=loss)
-    tree_model = build_model(model, seed=seed, dtype=dtype, device=device)
-    tree = TreeTrainer(tree_model, loss=loss)
+    tree_model = build_model(config, seed=seed, dtype=dtype, device=device)
     trajectories = list(trajectories)
     if recompute_old_logprobs:
         # on-policy ratios of 1: no target is clipped, so every gradient path is exercised
         trajectories = expanded.recompute_old_logprobs(trajectories, microbatch_tokens)
-    partition = tree.partition(trajectories, microbatch_tokens)
-    ref = expanded.forward_backward(trajectories, microbatch_tokens, partition)
+    plan = None
+    if planner is None:
+        tree: ExpandedTrainer = TreeTrainer(tree_model, loss=loss)
+        partition = tree.partition(trajectories, microbatch_tokens)
+        ref_partition = partition
+    else:
+        forest = build_forest(trajectories)
+        plan = make_plan(forest, planner, PlanConfig(microbatch_tokens=microbatch_tokens,
+                                                     chunk_size=config.chunk_size))
+        tree = PlanTrainer(tree_model, plan, loss=loss)
+        partition = tree.partition(trajectories, microbatch_tokens)
+        ref_partition = None
+    ref = expanded.forward_backward(trajectories, microbatch_tokens, ref_partition)
     got = tree.forward_backward(trajectories, microbatch_tokens, partition)
     report: dict[str, Any] = {
-        "model": model if isinstance(model, str) else model.name,
+        "model": config.name,
         "dtype": str(dtype).removeprefix("torch."),
+        "planner": planner,
+        "aux_scope": config.aux_scope,
         "num_trajectories": len(trajectories),
         "num_targets": int(sum(len(t) - 1 for t in trajectories)),
         "microbatches": len(partition),
+        "sharing_windows": len(plan.consumers()) if plan is not None else 0,
         "expanded_tokens": got.tokens,
         "compact_tokens": sum(m["rows"] for m in got.layout),
-        "rounds": max(m["kda_rounds"] for m in got.layout),
-        "replay_tokens": sum(m["replay_tokens"] for m in got.layout),
+        "rounds": max(m.get("kda_rounds", 0) for m in got.layout),
+        "replay_tokens": sum(m.get("replay_tokens", 0) for m in got.layout),
         **compare_steps(ref, ref_model, got, tree_model),
     }
+    if plan is not None:
+        # the same step as one microbatch of whole trees: what splitting costs or changes
+        one_model = build_model(config, seed=seed, dtype=dtype, device=device)
+        one = TreeTrainer(one_model, loss=loss).forward_backward(trajectories, 1 << 62)
+        report["vs_single_microbatch"] = compare_steps(one, one_model, got, tree_model)
+        report["window_retained_bytes"] = [w.retained_bytes for w in tree.windows]
     if no_replay:
-        nr_model = build_model(model, seed=seed, dtype=dtype, device=device)
-        nr = TreeTrainer(nr_model, loss=loss, kda_mode="node").forward_backward(trajectories, microbatch_tokens, partition)
+        nr_model = build_model(config, seed=seed, dtype=dtype, device=device)
+        nr_trainer = TreeTrainer(nr_model, loss=loss, kda_mode="node")
+        nr_partition = nr_trainer.partition(trajectories, microbatch_tokens if plan is None else 1 << 62)
+        nr = nr_trainer.forward_backward(trajectories, microbatch_tokens, nr_partition)
         report["no_replay"] = {
             "rounds": max(m["kda_rounds"] for m in nr.layout),
             "replay_tokens": 0,

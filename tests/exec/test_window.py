@@ -111,3 +111,24 @@ def test_microbatch_scope_is_refused_only_where_it_breaks_equivalence():
     _, _, ref = _run(ExpandedTrainer, cfg, trajs)
     _, _, got = _run(PlanTrainer, cfg, trajs, plan)
     assert np.allclose(got.expert_load, ref.expert_load, rtol=0, atol=1e-9)
+
+
+def test_cli_train_and_verify_with_a_planner(capsys):
+    import json
+
+    from harts.cli.main import main
+
+    # tiny-treestep seed 0: trees of ~140 compact rows, longest trajectory 115 tokens
+    args = ["--workload", "tiny-treestep", "--microbatch-tokens", "130"]
+    assert main(["train", "--mode", "tree", "--planner", "l1l2", "--steps", "1", "--json", *args]) == 0
+    steps = json.loads(capsys.readouterr().out)["steps"]
+    assert steps[0]["microbatches"] > 2 and np.isfinite(steps[0]["loss"])
+    assert main(["verify", "--planner", "l1l2", "--json", *args]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["sharing_windows"] >= 1 and rep["aux_scope"] == "global"
+    assert rep["max_rel_logprob_err"] <= TOL and rep["max_rel_grad_err"] <= TOL
+    assert rep["vs_single_microbatch"]["max_rel_grad_err"] <= TOL
+    assert all(b > 0 for b in rep["window_retained_bytes"])
+    assert main(["verify", "--planner", "nope"]) == 2
+    assert main(["train", "--mode", "tree", "--planner", "l1l2", "--microbatch-tokens", "50"]) == 2
+    assert "more than the microbatch budget" in capsys.readouterr().err

@@ -97,3 +97,19 @@ def tree_attention(q_local_C: Tensor, end_L: Tensor, device: torch.device) -> Fl
     if tree_attention_impl(device) is Impl.REFERENCE:
         return None
     return FlexTreeAttention(q_local_C, end_L)
+
+
+def causal_attention(q_HLD: Tensor, k_HLD: Tensor, v_HLE: Tensor, scale: float) -> Tensor:
+    """Causal SDPA for one packed sequence. On CUDA with a value dim below the qk dim (MLA:
+    192 vs 128) the values are zero-padded to the qk dim so the fused flash kernel runs
+    instead of the math fallback that materialises [H, L, L] scores; the padding columns
+    of the output are exactly zero and dropped."""
+    import torch.nn.functional as F
+
+    D, E = q_HLD.shape[-1], v_HLE.shape[-1]
+    if q_HLD.is_cuda and not force_reference():
+        # fused kernels need 4-D [B, H, L, D] inputs (3-D ones fall back to math)
+        v_pad = F.pad(v_HLE, (0, D - E)) if E < D else v_HLE
+        o = F.scaled_dot_product_attention(q_HLD[None], k_HLD[None], v_pad[None], is_causal=True, scale=scale)
+        return o[0, ..., :E]
+    return F.scaled_dot_product_attention(q_HLD, k_HLD, v_HLE, is_causal=True, scale=scale)

@@ -88,6 +88,8 @@ def attended_pairs(row_end_R: Tensor) -> int:
 
 
 _COMPILED = {}
+FP32_KERNEL_OPTIONS = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_M1": 16, "BLOCK_N1": 32, "BLOCK_M2": 32,
+                       "BLOCK_N2": 16, "num_stages": 1, "num_warps": 4}
 
 
 def _flex(compiled: bool):
@@ -107,5 +109,8 @@ def tree_attention(q_THD: Tensor, k_THD: Tensor, v_THE: Tensor, scale: float, bl
         compiled = q_THD.is_cuda
     q, k, v = (x.transpose(0, 1)[None] for x in (q_THD, k_THD, v_THE))
     fn = _flex(compiled)
+    if kernel_options is None and compiled and q_THD.dtype == torch.float32:
+        # fp32 tiles at qk 192 overflow shared memory with the default configs (280 KB > 227 KB)
+        kernel_options = dict(FP32_KERNEL_OPTIONS)
     o = fn(q, k, v, block_mask=block_mask, scale=scale, kernel_options=kernel_options)
     return o[0].transpose(0, 1)

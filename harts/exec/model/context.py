@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -82,10 +81,12 @@ class PackedContext:
         return self
 
     def attention(self, layer: int, q_THD: Tensor, k_THD: Tensor, v_THE: Tensor, scale: float) -> Tensor:
+        from harts.exec.backend import causal_attention
+
         outs = []
         for start, end in zip(self._bounds[:-1], self._bounds[1:], strict=True):
             q, k, v = (x[start:end].transpose(0, 1) for x in (q_THD, k_THD, v_THE))
-            o_HLE = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+            o_HLE = causal_attention(q, k, v, scale)
             outs.append(o_HLE.transpose(0, 1))
         return torch.cat(outs, dim=0)
 

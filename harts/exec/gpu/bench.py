@@ -1,0 +1,222 @@
+"""Update-step and per-op benchmarks on a CUDA device (the library behind `harts bench`).
+
+Step benchmark: one full update (forward, backward, AdamW) of the same generated
+trajectories in expanded and in tree mode, same model, dtype and microbatch token budget
+(each mode packs its own microbatches under it: trajectories for expanded, whole trees by
+compact size for tree). Activation recomputation is on in both. Reported per mode: the
+median step time over `steps` timed steps after `warmup` (compilation, autotuning), the
+expanded tokens per second, and the peak allocated memory over the timed steps; plus the
+FLOP-compression limit expanded / (compact + KDA replay) tokens that bounds the speedup.
+
+Per-op benchmarks (`op_benchmarks`): fla's chunk_kda vs our replay path (boundary states
+out, their gradients in) on the same packed tokens, and FlexAttention over a DFS ancestor
+mask vs dense causal SDPA, each per token / per attended pair, forward+backward; rows also
+go out in the simulator's profile schema (`harts.sim.profile/v1`).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def time_cuda(fn, repeats: int = 10, warmup: int = 3) -> float:
+    """Median seconds of fn() with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    _sync()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def step_benchmark(trajectories, *, model: str = "tiny-h200", dtype: torch.dtype = torch.bfloat16,
+                   microbatch_tokens: int = 131072, steps: int = 2, warmup: int = 1,
+                   device: str = "cuda", modes=("expanded", "tree"), seed: int = 0) -> dict[str, Any]:
+    from harts.config.tiny_h200 import resolve_model
+    from harts.exec.model.model import build_model
+    from harts.exec.trainer import ExpandedTrainer
+    from harts.exec.tree_trainer import TreeTrainer
+    from harts.tree import build_forest
+
+    cfg = resolve_model(model)
+    out: dict[str, Any] = {"model": cfg.name, "dtype": str(dtype).removeprefix("torch."),
+                           "microbatch_tokens": microbatch_tokens, "trajectories": len(trajectories)}
+    for mode in modes:
+        net = build_model(cfg, seed=seed, dtype=dtype, device=device, recompute=True)
+        trainer = (TreeTrainer if mode == "tree" else ExpandedTrainer)(net)
+        for _ in range(warmup):
+            trainer.step(trajectories, microbatch_tokens)
+        _sync()
+        torch.cuda.reset_peak_memory_stats()
+        times = []
+        for _ in range(steps):
+            _sync()
+            t0 = time.perf_counter()
+            res = trainer.step(trajectories, microbatch_tokens)
+            _sync()
+            times.append(time.perf_counter() - t0)
+        out[mode] = {
+            "seconds": statistics.median(times), "all_seconds": times,
+            "peak_bytes": int(torch.cuda.max_memory_allocated()),
+            "microbatches": len(res.microbatches), "rows": res.executed_rows,
+            "tokens_per_second": res.tokens / statistics.median(times), "loss": res.losses["loss"],
+        }
+        if mode == "tree":
+            out[mode]["kda_rounds"] = max(m["kda_rounds"] for m in res.layout)
+            out[mode]["replay_tokens"] = sum(m["replay_tokens"] for m in res.layout)
+        out["expanded_tokens"] = res.tokens
+        del trainer, net, res
+        gc.collect()
+        torch.cuda.empty_cache()
+    forest = build_forest(trajectories)
+    out["compact_tokens"] = forest.compact_tokens
+    out["compression"] = forest.expanded_tokens / forest.compact_tokens
+    if "tree" in out:
+        replay = out["tree"]["replay_tokens"]
+        out["flop_limit"] = out["expanded_tokens"] / (out["tree"]["rows"] + replay)
+    if "tree" in out and "expanded" in out:
+        out["speedup"] = out["expanded"]["seconds"] / out["tree"]["seconds"]
+        out["speedup_over_limit"] = out["speedup"] / out["flop_limit"]
+        out["tree_peak_bytes"] = out["tree"]["peak_bytes"]
+        out["expanded_peak_bytes"] = out["expanded"]["peak_bytes"]
+    return out
+
+
+def _kda_inputs(T: int, H: int, K: int, V: int, dtype, device, seed: int = 0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(T, H, K, device=device, dtype=dtype, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(T, H, K, device=device, generator=gen), dim=-1).to(dtype)
+    v = torch.randn(T, H, V, device=device, dtype=dtype, generator=gen)
+    g = (-torch.rand(T, H, K, device=device, generator=gen) * 0.2).to(dtype)
+    beta = torch.rand(T, H, device=device, generator=gen).to(dtype)
+    q = torch.nn.functional.normalize(q.float(), dim=-1).to(dtype)
+    return [x.requires_grad_() for x in (q, k, v, g, beta)]
+
+
+def kda_op_benchmark(T: int = 32768, num_seqs: int = 16, H: int = 16, K: int = 128, V: int = 128,
+                     dtype=torch.bfloat16, device: str = "cuda") -> tuple[dict, list[dict]]:
+    """fla chunk_kda vs the replay path (boundary states out + their gradients in)."""
+    from fla.ops.kda import chunk_kda as fla_chunk_kda
+
+    from harts.exec.gpu.kda import chunk_kda_fast
+
+    xs = _kda_inputs(T, H, K, V, dtype, device)
+    rng = np.random.default_rng(0)
+    cuts = np.sort(rng.choice(np.arange(1, T), num_seqs - 1, replace=False))
+    cu_host = torch.as_tensor(np.concatenate([[0], cuts, [T]]), dtype=torch.int64)
+    cu = cu_host.to(device)
+    do = torch.randn(T, H, V, device=device, dtype=dtype)
+
+    def fla_fwd():
+        return fla_chunk_kda(*(x[None] for x in xs), cu_seqlens=cu, cu_seqlens_cpu=cu_host, output_final_state=True)
+
+    def fla_fb():
+        o, ht = fla_fwd()
+        torch.autograd.backward([o[0], ht], [do, torch.ones_like(ht)])
+
+    def ours_fwd():
+        return chunk_kda_fast(*xs, cu_seqlens=cu_host, output_chunk_states=True)
+
+    dstates = {}
+
+    def ours_fb():
+        out = ours_fwd()
+        if "s" not in dstates:
+            dstates["s"] = torch.randn_like(out.chunk_states)
+        torch.autograd.backward([out.o, out.chunk_states], [do, dstates["s"]])
+
+    res = {}
+    with torch.no_grad():
+        res["fla_fwd_s"] = time_cuda(fla_fwd)
+        res["ours_fwd_s"] = time_cuda(ours_fwd)
+    res["fla_fwdbwd_s"] = time_cuda(fla_fb)
+    res["ours_fwdbwd_s"] = time_cuda(ours_fb)
+    res.update(tokens=T, num_seqs=num_seqs, heads=H, head_k_dim=K, head_v_dim=V, dtype=str(dtype))
+    res["fla_tokens_per_s"] = T / res["fla_fwdbwd_s"]
+    res["ours_tokens_per_s"] = T / res["ours_fwdbwd_s"]
+    res["ours_over_fla_per_token"] = res["ours_fwdbwd_s"] / res["fla_fwdbwd_s"]
+    max_chunks = int(((cu_host[1:] - cu_host[:-1] + 63) // 64).max())
+    prof = []
+    for who in ("fla", "ours"):
+        base = dict(op="kda_chunk", tokens=T, heads=H, head_k_dim=K, head_v_dim=V, max_chunks=max_chunks,
+                    impl=who)
+        prof.append({**base, "phase": "fwd", "seconds": res[f"{who}_fwd_s"]})
+        prof.append({**base, "phase": "bwd", "seconds": res[f"{who}_fwdbwd_s"] - res[f"{who}_fwd_s"]})
+    return res, prof
+
+
+def attention_op_benchmark(row_end: np.ndarray, H: int = 16, qk: int = 192, vd: int = 128,
+                           dtype=torch.bfloat16, device: str = "cuda") -> tuple[dict, list[dict]]:
+    """FlexAttention over the DFS mask of `row_end` vs causal SDPA at the same length."""
+    from harts.exec.backend import causal_attention
+    from harts.exec.gpu.attention import attended_pairs, tree_attention, tree_block_mask
+
+    R = int(row_end.size)
+    end = torch.as_tensor(row_end, device=device)
+    q, k = (torch.randn(R, H, qk, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
+    v = torch.randn(R, H, vd, device=device, dtype=dtype, requires_grad=True)
+    do = torch.randn(R, H, vd, device=device, dtype=dtype)
+    t0 = time.perf_counter()
+    bm = tree_block_mask(end)
+    _sync()
+    mask_s = time.perf_counter() - t0
+    scale = qk**-0.5
+
+    def flex_fwd():
+        return tree_attention(q, k, v, scale, bm)
+
+    def flex_fb():
+        flex_fwd().backward(do)
+
+    def sdpa_fwd():
+        # values zero-padded to the qk dim, so the flash kernel runs (as PackedContext does)
+        return causal_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), scale)
+
+    def sdpa_fb():
+        sdpa_fwd().backward(do.transpose(0, 1))
+
+    res = {"rows": R, "heads": H, "qk_dim": qk, "v_dim": vd, "block_mask_build_s": mask_s}
+    with torch.no_grad():
+        res["flex_fwd_s"] = time_cuda(flex_fwd)
+        res["sdpa_fwd_s"] = time_cuda(sdpa_fwd)
+    res["flex_fwdbwd_s"] = time_cuda(flex_fb)
+    res["flex_peak_bytes"] = int(torch.cuda.max_memory_allocated())
+    res["sdpa_fwdbwd_s"] = time_cuda(sdpa_fb)
+    pairs = attended_pairs(end)
+    causal = R * (R + 1) // 2
+    res.update(tree_pairs=pairs, causal_pairs=causal, density=pairs / (R * R))
+    res["flex_over_sdpa_per_pair"] = (res["flex_fwdbwd_s"] / pairs) / (res["sdpa_fwdbwd_s"] / causal)
+    prof = []
+    for op, who, p in (("attention_tree", "flex", pairs), ("attention_causal", "sdpa", causal)):
+        base = dict(op=op, pairs=p, heads=H, qk_dim=qk, v_dim=vd, impl=who)
+        prof.append({**base, "phase": "fwd", "seconds": res[f"{who}_fwd_s"]})
+        prof.append({**base, "phase": "bwd", "seconds": res[f"{who}_fwdbwd_s"] - res[f"{who}_fwd_s"]})
+    return res, prof
+
+
+def gemm_profile(shapes=((32768, 1536, 4096), (32768, 4096, 1536), (8192, 1536, 512), (65536, 1536, 32768)),
+                 dtype=torch.bfloat16, device: str = "cuda") -> list[dict]:
+    rows = []
+    for m, kk, n in shapes:
+        a = torch.randn(m, kk, device=device, dtype=dtype)
+        b = torch.randn(kk, n, device=device, dtype=dtype)
+        s = time_cuda(lambda a=a, b=b: a @ b)
+        rows.append(dict(op="gemm", phase="fwd", seconds=s, m=m, k=kk, n=n, tflops=2 * m * kk * n / s / 1e12))
+    return rows

@@ -1,0 +1,64 @@
+"""`harts bench`: update-step throughput, tree vs expanded, on a CUDA device (prints a table,
+writes JSON in the `benchmarks/results/h200.json` run schema)."""
+
+from __future__ import annotations
+
+import argparse
+
+from harts.cli.common import UserError, format_table
+
+SCHEMES = {
+    # the generator's SWE calibration, one prompt group (one GPU)
+    "treestep": ("swe-treestep-1", {}),
+    # full SWE stepwise is 8.6M expanded tokens; one rollout at a 24k context cap keeps its shape
+    "stepwise": ("swe-stepwise-1", {"rollouts_per_group": 1, "max_context": 24576}),
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="time tree vs expanded update steps on the GPU")
+    p.add_argument("--model", default="tiny-h200", help="model config (tiny-h200: Tiny-shaped, fits one H200)")
+    p.add_argument("--schemes", nargs="+", choices=sorted(SCHEMES), default=["treestep", "stepwise"])
+    p.add_argument("--microbatch-tokens", type=int, default=131072)
+    p.add_argument("--steps", type=int, default=2, help="timed steps per mode (median reported)")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--json", metavar="PATH", help="write {'runs': [...]} here")
+    p.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import json
+
+    import torch
+
+    from harts.config.models import ConfigError
+    from harts.config.tiny_h200 import resolve_model
+    from harts.exec.gpu.bench import step_benchmark
+    from harts.tree.workload import generate, preset
+
+    if not torch.cuda.is_available():
+        raise UserError("harts bench needs a CUDA device")
+    try:
+        cfg = resolve_model(args.model)
+    except ConfigError as err:
+        raise UserError(str(err)) from None
+    if args.steps < 1 or args.microbatch_tokens < 1:
+        raise UserError("--steps and --microbatch-tokens must be >= 1")
+    runs = []
+    for scheme in args.schemes:
+        name, over = SCHEMES[scheme]
+        trajs = generate(preset(name, vocab_size=cfg.vocab_size, **over)).trajectories()
+        r = step_benchmark(trajs, model=args.model, microbatch_tokens=args.microbatch_tokens,
+                           steps=args.steps, warmup=args.warmup)
+        r.update(scheme=scheme, workload=name, overrides=over)
+        runs.append(r)
+    rows = [(r["scheme"], r["expanded_tokens"], r["compact_tokens"], f"{r['flop_limit']:.2f}",
+             f"{r['expanded']['seconds']:.2f}", f"{r['tree']['seconds']:.2f}", f"{r['speedup']:.2f}",
+             f"{r['speedup_over_limit']:.2f}", f"{r['expanded_peak_bytes'] / 2**30:.1f}",
+             f"{r['tree_peak_bytes'] / 2**30:.1f}") for r in runs]
+    print(format_table(["scheme", "expanded tok", "compact", "flop limit", "exp s", "tree s", "speedup",
+                        "of limit", "exp GiB", "tree GiB"], rows))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"runs": runs}, fh, indent=1)
+    return 0

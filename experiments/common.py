@@ -59,8 +59,10 @@ class Table:
         return {
             "title": self.title,
             "columns": [{"key": c.key, "label": c.label, "kind": c.kind, "fmt": c.fmt} for c in self.columns],
-            "rows": [to_plain(r) for r in self.rows],
+            "rows": [to_plain({k: v for k, v in r.items() if not k.startswith("_")}) for r in self.rows],
             "cells": self.cells(),
+            # a row may be the paper's own (a "_kind": "paper" entry), shaded like paper columns
+            "row_kinds": [str(r.get("_kind", "")) for r in self.rows],
             "note": self.note,
         }
 

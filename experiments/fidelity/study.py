@@ -225,7 +225,8 @@ def _run(cfg: FidelityConfig, progress: Progress) -> StudyResult:
                     if np.isfinite(val):
                         vm[f"depth{k}.{v}.{metric}"] = val
                 eb = drow.get(f"B.{metric}", float("nan"))
-                if eb > 0:
+                # no handoff above these rows: no-replay is exact too, there is nothing to compare
+                if eb > 0 and drow[f"noreplay.{metric}"] > 0:
                     drow[f"noreplay.{metric}.excess"] = (drow[f"noreplay.{metric}"] / eb - 1.0) * 100.0
                     drow[f"harts.{metric}.share"] = drow[f"harts.{metric}"] / eb
                     vm[f"depth{k}.noreplay.{metric}.excess_pct"] = drow[f"noreplay.{metric}.excess"]
@@ -245,7 +246,7 @@ def _run(cfg: FidelityConfig, progress: Progress) -> StudyResult:
         metrics.update({f"{dname}.{k}": v for k, v in vm.items()})
     progress.finish()
     paper = TABLE7_FIDELITY
-    t7_rows.append({"dtype": "paper (Tiny, bf16, DP8/TP1/PP1/EP8)", "rerun": paper["self_rerun_cosine"],
+    t7_rows.append({"_kind": "paper", "dtype": "paper (Tiny, bf16, DP8/TP1/PP1/EP8)", "rerun": paper["self_rerun_cosine"],
                     "harts": paper["harts_cosine"], "harts_recompute": paper["harts_recompute_cosine"],
                     "loss_diff": paper["abs_loss_diff"], "rerun_gap": 1 - paper["self_rerun_cosine"],
                     "harts_gap": 1 - paper["harts_cosine"]})

@@ -109,10 +109,12 @@ def render_table(t: dict[str, Any]) -> str:
     cols = t["columns"]
     head = "".join(f'<th class="{_e(c["kind"])}">{_e(c["label"])}</th>' for c in cols)
     body = []
-    for cells in t.get("cells") or []:
+    cells_rows = t.get("cells") or []
+    kinds = t.get("row_kinds") or [""] * len(cells_rows)
+    for cells, row_kind in zip(cells_rows, kinds, strict=False):
         tds = []
         for c, cell in zip(cols, cells, strict=False):
-            cls = [c["kind"]]
+            cls = ["paper" if row_kind == "paper" and c["kind"] != "key" else c["kind"]]
             if _is_num(cell):
                 cls.append("num")
             tds.append(f'<td class="{" ".join(cls)}">{_e(cell)}</td>')

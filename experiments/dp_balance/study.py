@@ -36,6 +36,8 @@ TINY = DPBalanceConfig(num_groups=4, steps=2, dps=(2, 4), time_limit=0.3)
 
 
 def run(cfg: DPBalanceConfig, progress: Progress) -> StudyResult:
+    from harts.plan.metrics import per_slot_balance
+
     progress.start(cfg.steps * len(cfg.dps) * len(cfg.planners))
     rows, variants, metrics = [], [], {}
     dists: dict[tuple[int, str], np.ndarray] = {}
@@ -46,8 +48,6 @@ def run(cfg: DPBalanceConfig, progress: Progress) -> StudyResult:
             plan_json = ""
             for step in range(cfg.steps):
                 progress.step(f"DP{dp} {planner}, step {step}")
-                from harts.plan.metrics import per_slot_balance
-
                 forest = step_forest(cfg.scheme, cfg.num_groups, step, cfg.num_groups)
                 plan, m = make_step_plan(forest, planner, model=cfg.model, dp=dp,
                                          microbatch_tokens=cfg.microbatch_tokens, seed=step,

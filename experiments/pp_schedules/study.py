@@ -11,8 +11,8 @@ schedules then coincide. Throughput counts expanded tokens per simulated step se
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
+from typing import Any
 
 from experiments.common import Column, Progress, StudyResult, Table, Variant, mean, png, pyplot
 from experiments.paper import TABLE6_PP
@@ -134,18 +134,16 @@ def run(cfg: PPSchedulesConfig, progress: Progress) -> StudyResult:
     return StudyResult(metrics=metrics, table=table, variants=tuple(variants), figures=figures)
 
 
-def _gantt(res, title: str) -> bytes:
+def _gantt(res: Any, title: str) -> bytes:
     import tempfile
     from pathlib import Path
 
-    from experiments.common import pyplot
     from harts.sim.gantt import plot_gantt
 
-    pyplot()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "gantt.png"
         plot_gantt(res.trace, path, title=title, max_replicas=2)
-        return io.BytesIO(path.read_bytes()).getvalue()
+        return path.read_bytes()
 
 
 def _plot(rows: list[dict], cfg: PPSchedulesConfig) -> bytes:

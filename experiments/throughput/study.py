@@ -99,7 +99,8 @@ def run(cfg: ThroughputConfig, progress: Progress) -> StudyResult:
     from harts.config.models import get_model_config
 
     names = [cfg.baseline, *cfg.planners]
-    total = sum(cfg.steps * (len(names) + (c.model in cfg.nodewise_models)) for c in cfg.cases)
+    total = sum(cfg.steps * (len(names) + ("l1l2" in cfg.planners and c.model in cfg.nodewise_models))
+                for c in cfg.cases)
     progress.start(total)
     rows, variants, metrics = [], [], {}
     for case in cfg.cases:

@@ -1,6 +1,6 @@
 """`harts report`: the latest run of every study as one static HTML page.
 
-    harts report                          # ./report.html from ./harts-runs/mlflow.db
+    harts report                          # harts-runs/report.html from harts-runs/mlflow.db
     harts report --out /tmp/r.html --tracking-uri http://127.0.0.1:5000
 
 The page is self-contained (tables inline, PNG plots embedded as base64, no scripts), so
@@ -26,7 +26,8 @@ from harts.cli.common import UserError, print_json
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="one static HTML page with the latest run of every study (tables and plots)")
-    p.add_argument("--out", default="report.html", help="HTML file to write (default: report.html)")
+    p.add_argument("--out", default="harts-runs/report.html",
+                   help="HTML file to write (default: harts-runs/report.html, beside the embedded store)")
     p.add_argument("--tracking-uri", help="mlflow tracking URI (default: $MLFLOW_TRACKING_URI, else the "
                    "embedded store ./harts-runs/mlflow.db)")
     p.add_argument("--json", action="store_true", help="print what was rendered as JSON")

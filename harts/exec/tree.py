@@ -293,37 +293,106 @@ def node_schedule(forest: RolloutForest, chunk_size: int = 64) -> KDASchedule:
                        np.concatenate(written) if written else np.zeros(0, np.int64))
 
 
-class Stash:
-    """What a producer microbatch hands to its consumers, per mixing call.
+def stash_category(name: str) -> str:
+    """Which row set a mixing input needs: attention keys/values, conv inputs or KDA inputs."""
+    return "attention" if name == "attention" else ("conv" if name.startswith("conv:") else "kda")
 
-    `inputs[(layer, name)]` holds the producer's mixing inputs over its computed rows
-    (attention k/v, conv input, KDA q/k/v/g/beta) and `kda_states[layer]` the states its
-    KDA rounds handed on. `detach()` makes one leaf copy per tensor for the consumers, so
-    their backward passes accumulate into `.grad`; `producer_backward_pairs()` pairs each
-    original tensor with that accumulated gradient for the producer's single backward.
+
+@dataclass
+class StashNeeds:
+    """The producer rows (global ids, ascending) consumers read, per kind of state."""
+
+    attention: np.ndarray  # context rows: every consumer row attends its ancestors
+    conv: np.ndarray  # the W-1 rows above each consumer root
+    kda: np.ndarray  # rows replayed by consumer KDA sequences
+    hidden: np.ndarray  # context rows whose logits serve consumer targets
+    states: list[tuple[int, int]]  # (global row at depth a-1, a): S(a) at consumer starts
+
+    @classmethod
+    def union(cls, needs: list[StashNeeds]) -> StashNeeds:
+        def cat(name: str) -> np.ndarray:
+            parts = [getattr(n, name) for n in needs]
+            return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+
+        states = sorted({s for n in needs for s in n.states})
+        return cls(cat("attention"), cat("conv"), cat("kda"), cat("hidden"), states)
+
+
+class Stash:
+    """What a producer microbatch hands to its consumers.
+
+    While the producer runs, its context records every mixing input over its computed rows
+    and the states its KDA rounds hand on. `keep(needs)` then cuts that down to what the
+    consumers read — attention keys/values of context rows, conv inputs of the W-1 rows
+    above each consumer root, KDA inputs of replayed rows, the K x V states at consumer
+    starts, hidden rows serving consumer targets — and nothing more: with activation
+    recomputation this is all the producer retains until its backward.
+    `leaves()` gives the consumers detached leaf copies (shared by all consumers, so their
+    backward passes accumulate into `.grad`); `producer_backward_pairs()` pairs each kept
+    tensor with that gradient for the producer's single backward.
     """
 
     def __init__(self, computed_rows: np.ndarray):
-        self.rows = computed_rows  # global rows, ascending: index space of every tensor
+        self.rows = computed_rows  # global rows the recorded tensors are indexed by
         self.inputs: dict[tuple[int, str], tuple[Tensor, ...]] = {}
-        self.kda_states: dict[int, list[Tensor]] = {}
+        self.input_rows: dict[str, np.ndarray] = {}  # category -> global rows kept
+        self.kda_states: dict[int, Tensor] = {}  # layer -> [n, H, K, V] at `state_keys`
+        self.state_keys: list[tuple[int, int]] = []
         self.schedule: KDASchedule | None = None
         self.hidden: Tensor | None = None
+        self.hidden_rows = computed_rows
+        self._handed: dict[int, list[Tensor]] = {}
         self._leaves: dict = {}
+
+    def record_kda(self, layer: int, handed: list[Tensor]) -> None:
+        self._handed[layer] = handed
+
+    def keep(self, needs: StashNeeds, hidden: Tensor) -> None:
+        """Keep only what consumers read (called once, after the producer's forward)."""
+        for key, ts in self.inputs.items():
+            rows = getattr(needs, stash_category(key[1]))
+            idx = torch.as_tensor(np.searchsorted(self.rows, rows), device=ts[0].device)
+            self.inputs[key] = tuple(t[idx] for t in ts)
+            self.input_rows[stash_category(key[1])] = rows
+        self.state_keys = list(needs.states)
+        for layer in self._handed:
+            states = [self._state_at(layer, row, a) for row, a in self.state_keys]
+            self.kda_states[layer] = torch.stack(states) if states else None  # type: ignore[assignment]
+        self._handed = {}
+        idx = torch.as_tensor(np.searchsorted(self.rows, needs.hidden), device=hidden.device)
+        self.hidden = hidden[idx]
+        self.hidden_rows = needs.hidden
+
+    def _state_at(self, layer: int, global_row: int, position: int) -> Tensor:
+        i = int(np.searchsorted(self.rows, global_row))
+        sch = self.schedule
+        if i >= self.rows.size or self.rows[i] != global_row or sch is None or sch.row_round[i] < 0:
+            raise ValueError(f"the producer did not compute row {global_row}")
+        r, base, start = int(sch.row_round[i]), int(sch.row_state_base[i]), int(sch.row_seq_start[i])
+        offset = (position - start) // sch.chunk_size - 1
+        return self._handed[layer][r][base + offset]
+
+    def state_at(self, layer: int, global_row: int, position: int) -> Tensor:
+        """S(position) on the path through `global_row` (the row at depth position-1)."""
+        return self.kda_states[layer][self.state_keys.index((global_row, position))]
 
     def leaves(self) -> Stash:
         """A view whose tensors are detached leaves (created once, shared by all consumers)."""
         if not self._leaves:
             for key, ts in self.inputs.items():
                 self._leaves[("in", key)] = tuple(t.detach().requires_grad_(t.requires_grad) for t in ts)
-            for layer, states in self.kda_states.items():
-                self._leaves[("kda", layer)] = [t.detach().requires_grad_(t.requires_grad) for t in states]
+            for layer, st in self.kda_states.items():
+                if st is not None:
+                    self._leaves[("kda", layer)] = st.detach().requires_grad_(st.requires_grad)
             if self.hidden is not None:
                 self._leaves[("hidden",)] = self.hidden.detach().requires_grad_(self.hidden.requires_grad)
         view = Stash(self.rows)
         view.schedule = self.schedule
+        view.input_rows = self.input_rows
+        view.state_keys = self.state_keys
+        view.hidden_rows = self.hidden_rows
         view.inputs = {key: self._leaves[("in", key)] for key in self.inputs}
-        view.kda_states = {layer: self._leaves[("kda", layer)] for layer in self.kda_states}
+        view.kda_states = {layer: self._leaves.get(("kda", layer)) for layer in self.kda_states}
         view.hidden = self._leaves.get(("hidden",))
         return view
 
@@ -334,11 +403,11 @@ class Stash:
                 if leaf.grad is not None:
                     outs.append(t)
                     grads.append(leaf.grad)
-        for layer, states in self.kda_states.items():
-            for t, leaf in zip(states, self._leaves.get(("kda", layer), ()), strict=False):
-                if leaf.grad is not None:
-                    outs.append(t)
-                    grads.append(leaf.grad)
+        for layer, st in self.kda_states.items():
+            leaf = self._leaves.get(("kda", layer))
+            if leaf is not None and leaf.grad is not None:
+                outs.append(st)
+                grads.append(leaf.grad)
         leaf = self._leaves.get(("hidden",))
         if leaf is not None and leaf.grad is not None:
             outs.append(self.hidden)
@@ -346,21 +415,36 @@ class Stash:
         return outs, grads
 
     def retained_bytes(self) -> int:
-        total = sum(t.numel() * t.element_size() for ts in self.inputs.values() for t in ts)
-        total += sum(t.numel() * t.element_size() for ts in self.kda_states.values() for t in ts if t is not None)
+        tensors = [t for ts in self.inputs.values() for t in ts]
+        tensors += [t for t in self.kda_states.values() if t is not None]
         if self.hidden is not None:
-            total += self.hidden.numel() * self.hidden.element_size()
-        return total
+            tensors.append(self.hidden)
+        return sum(t.numel() * t.element_size() for t in tensors)
 
-    def state_at(self, layer: int, global_row: int, position: int) -> Tensor:
-        """S(position): the state after the computed row `global_row` (depth position-1)."""
-        i = int(np.searchsorted(self.rows, global_row))
-        sch = self.schedule
-        if i >= self.rows.size or self.rows[i] != global_row or sch is None or sch.row_round[i] < 0:
-            raise ValueError(f"the producer did not compute row {global_row}")
-        r, base, start = int(sch.row_round[i]), int(sch.row_state_base[i]), int(sch.row_seq_start[i])
-        offset = (position - start) // sch.chunk_size - 1
-        return self.kda_states[layer][r][base + offset]
+
+def consumer_needs(layout: LocalLayout, schedule: KDASchedule, target_rows: np.ndarray,
+                   conv_window: int) -> StashNeeds:
+    """The producer rows a consumer with this layout and KDA schedule reads."""
+    ctx = ~layout.computed
+    roots = np.flatnonzero(layout.computed & (layout.parent >= 0) & ctx[np.maximum(layout.parent, 0)])
+    conv = set()
+    for r in roots.tolist():
+        p = int(layout.parent[r])
+        for _ in range(conv_window - 1):
+            if p < 0:
+                break
+            conv.add(p)
+            p = int(layout.parent[p])
+    gathered = np.unique(np.concatenate([r.gather_rows for r in schedule.rounds])) if schedule.rounds else np.zeros(0, np.int64)
+    kda = gathered[ctx[gathered]]
+    rows = layout.rows
+    return StashNeeds(
+        attention=rows[ctx],
+        conv=rows[np.asarray(sorted(conv), np.int64)],
+        kda=rows[kda],
+        hidden=np.unique(np.intersect1d(target_rows, rows[ctx])),
+        states=[(int(rows[row]), a) for a, row in schedule.external],
+    )
 
 
 class TreeContext:
@@ -371,7 +455,7 @@ class TreeContext:
     def __init__(self, forest: RolloutForest, *, chunk_size: int = 64, kda_mode: str = "replay",
                  device: torch.device | str = "cpu", layout: LocalLayout | None = None,
                  row_weight: np.ndarray | None = None, stash: Stash | None = None,
-                 record: bool = False):
+                 record: bool = False, schedule: KDASchedule | None = None):
         if kda_mode not in ("replay", "node"):
             raise ValueError(f"kda_mode must be 'replay' or 'node', got {kda_mode!r}")
         layout = layout if layout is not None else LocalLayout.full(forest)
@@ -410,8 +494,17 @@ class TreeContext:
         inverse[order] = np.arange(layout.num_rows)
         self._to_local = torch.as_tensor(inverse, device=dev)
         if stash is not None:
-            self._stash_pick = torch.as_tensor(np.searchsorted(stash.rows, layout.rows[ctx_idx]), device=dev)
-        if kda_mode == "replay":
+            # per kind of input: where each context row sits in the stash (-1: not kept,
+            # never read by a computed row; filled with zeros)
+            self._stash_pick = {}
+            for cat, kept in stash.input_rows.items():
+                at = np.searchsorted(kept, layout.rows[ctx_idx])
+                ok = (at < kept.size) & (kept[np.minimum(at, max(kept.size - 1, 0))] == layout.rows[ctx_idx]) \
+                    if kept.size else np.zeros(ctx_idx.size, bool)
+                self._stash_pick[cat] = torch.as_tensor(np.where(ok, at, kept.size), device=dev)
+        if schedule is not None:
+            self.schedule = schedule
+        elif kda_mode == "replay":
             self.schedule = replay_schedule(layout, chunk_size)
         else:
             self.schedule = node_schedule(forest, chunk_size)
@@ -448,7 +541,9 @@ class TreeContext:
         if self.stash is None:
             return own
         theirs = self.stash.inputs[key]
-        return tuple(torch.cat([t[self._stash_pick], o])[self._to_local] for t, o in zip(theirs, own, strict=True))
+        pick = self._stash_pick[stash_category(key[1])]
+        return tuple(torch.cat([torch.cat([t, t.new_zeros(1, *t.shape[1:])])[pick], o])[self._to_local]
+                     for t, o in zip(theirs, own, strict=True))
 
     def attention(self, layer: int, q_THD: Tensor, k_THD: Tensor, v_THE: Tensor, scale: float) -> Tensor:
         k_LHD, v_LHE = self._local((layer, "attention"), k_THD, v_THE)
@@ -496,5 +591,5 @@ class TreeContext:
             handed.append(out.chunk_states if chunk else out.final_state)
             outputs.append(out.o[keep])
         if self.record is not None:
-            self.record.kda_states[layer] = handed
+            self.record.record_kda(layer, handed)
         return torch.cat(outputs, dim=0)[self._unpermute]

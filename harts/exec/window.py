@@ -39,7 +39,14 @@ import torch
 from harts.exec.loss import PolicyLossConfig, TargetTable
 from harts.exec.model.model import HybridModel
 from harts.exec.trainer import ExpandedTrainer, Microbatch, OptimizerConfig
-from harts.exec.tree import LocalLayout, Stash, TreeContext
+from harts.exec.tree import (
+    LocalLayout,
+    Stash,
+    StashNeeds,
+    TreeContext,
+    consumer_needs,
+    replay_schedule,
+)
 from harts.plan.plan import Plan, PlanMode
 from harts.tree import Trajectory, build_forest
 from harts.tree.forest import RolloutForest
@@ -66,6 +73,7 @@ class WindowStats:
 class _Window:
     producer: int
     consumers: list[int]
+    needs: StashNeeds | None = None
     stash: Stash | None = None
     loss: torch.Tensor | None = None
     done: int = 0
@@ -121,24 +129,33 @@ class PlanTrainer(ExpandedTrainer):
                     if not np.array_equal(computed[p][np.minimum(pos, computed[p].size - 1)], path[~here]):
                         raise ValueError(f"microbatch {m.id}: its producer does not compute rows it needs")
                     np.add.at(weights[p], pos, 1.0)
-        windows = {p: _Window(p, sorted(cs, key=lambda c: (mbs[c].replica, mbs[c].order)))
-                   for p, cs in consumers.items()}
+        B = model.config.chunk_size
+        layouts = {m.id: LocalLayout.of_rows(forest, computed[m.id], piece_rows(forest, m.context))
+                   for m in plan.microbatches}
+        schedules = {i: replay_schedule(lay, B) for i, lay in layouts.items()}
+        owned = {m.id: np.isin(targets.traj, np.asarray(m.trajectories, np.int64)) for m in plan.microbatches}
+        windows = {}
+        for p, cs in consumers.items():
+            needs = StashNeeds.union([
+                consumer_needs(layouts[c], schedules[c], targets.row[owned[c]], model.config.conv_window)
+                for c in cs])
+            windows[p] = _Window(p, sorted(cs, key=lambda c: (mbs[c].replica, mbs[c].order)), needs=needs)
         self.windows = []
         for m in sorted(plan.microbatches, key=lambda m: (m.replica, m.order)):
             comp = computed[m.id]
-            ctx_rows = piece_rows(forest, m.context)
+            layout = layouts[m.id]
+            ctx_rows = layout.rows[~layout.computed]
             window = windows.get(m.producer) if m.producer is not None else None
             stash = None
             if window is not None:
                 if window.stash is None:
                     raise ValueError(f"consumer {m.id} runs before its producer {m.producer}")
                 stash = window.stash.leaves()
-            layout = LocalLayout.of_rows(forest, comp, ctx_rows)
             is_producer = m.id in windows
-            ctx = TreeContext(forest, chunk_size=model.config.chunk_size, device=device, layout=layout,
-                              row_weight=weights[m.id], stash=stash, record=is_producer)
+            ctx = TreeContext(forest, chunk_size=B, device=device, layout=layout, row_weight=weights[m.id],
+                              stash=stash, record=is_producer, schedule=schedules[m.id])
             # targets of owned trajectories; rows -> index into [computed hidden | context hidden]
-            sel = np.isin(targets.traj, np.asarray(m.trajectories, np.int64))
+            sel = owned[m.id]
             t_rows = targets.row[sel]
             in_comp = np.isin(t_rows, comp)
             hidden_index = np.empty(t_rows.size, np.int64)
@@ -156,7 +173,7 @@ class PlanTrainer(ExpandedTrainer):
             if extra_rows.size:
                 if stash is None:
                     raise ValueError(f"microbatch {m.id} has targets on rows it neither computes nor reads")
-                pick = torch.as_tensor(np.searchsorted(stash.rows, extra_rows), device=device)
+                pick = torch.as_tensor(np.searchsorted(stash.hidden_rows, extra_rows), device=device)
 
                 def hidden_of(h, stash=stash, pick=pick):
                     return torch.cat([h, stash.hidden[pick]])
@@ -168,7 +185,7 @@ class PlanTrainer(ExpandedTrainer):
 
                 def after_forward(out, loss, w=w, ctx=ctx):
                     w.stash = ctx.record
-                    w.stash.hidden = out.hidden_TD
+                    w.stash.keep(w.needs, out.hidden_TD)
                     w.loss = loss
                     w.stats.retained_bytes = w.stash.retained_bytes()
 

@@ -99,7 +99,7 @@ class _CaptureKDA:
 
 def kda_layer_check(model: HybridModel, trajectories: Sequence[Trajectory]) -> dict[str, Any] | None:
     """First KDA layer on its real inputs: tree (replay / no replay) vs per-trajectory."""
-    from harts.exec.ops.kda import chunk_kda
+    from harts.exec.backend import chunk_kda
     from harts.exec.tree import TreeContext
 
     forest = build_forest(trajectories)

@@ -1,8 +1,9 @@
 """`harts run`: the main job on embedded defaults, end to end.
 
-workload -> rollout trees -> KDA call plan -> one tree training step verified against the
-trajectory-expanded reference (float64). Each later stage (step planners, simulation)
-joins this same command as it lands.
+workload -> rollout trees -> minimum-call KDA plan -> step plan (l1l2, trees split into
+sharing windows) -> that plan executed for one training step and verified against the
+trajectory-expanded reference (float64) -> the planners and a pipeline schedule simulated
+on a SWE-shaped 8-GPU step -> everything logged to the embedded mlflow store.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workload", default="tiny-treestep", help="workload preset (default: tiny-treestep)")
     p.add_argument("--model", default="tiny-cpu", help="model config (default: tiny-cpu)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--planner", default="l1l2", help="step planner to execute (default: l1l2)")
+    p.add_argument("--sim-workload", default="swe-treestep-8", help="preset for the simulation stage")
+    p.add_argument("--tracking-uri", default=None, help="mlflow store (default: ./harts-runs)")
+    p.add_argument("--no-log", action="store_true", help="do not log the run to mlflow")
     p.add_argument("--json", action="store_true", help="machine-readable summary")
     p.set_defaults(func=cmd_run)
 
@@ -58,22 +63,75 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from harts.verify.equivalence import verify_step
 
-    _say(args, f"\n== 3. one tree training step on {args.model}, verified against the expanded reference ==")
+    # a budget every trajectory fits but whole trees do not: the planner must split trees
+    budget = max(int(forest.traj_length.max()) + 8, forest.compact_tokens // 3)
+    _say(args, f"\n== 3. step plan ({args.planner}, {budget}-token microbatches) executed for one training "
+               f"step on {args.model}, verified against the expanded reference ==")
     t1 = time.perf_counter()
-    rep = verify_step(trajs, model=args.model, dtype=torch.float64, seed=args.seed)
+    rep = verify_step(trajs, model=args.model, dtype=torch.float64, seed=args.seed,
+                      planner=args.planner, microbatch_tokens=budget)
     rep["seconds"] = time.perf_counter() - t1
     summary["verify"] = rep
+    one = rep.get("vs_single_microbatch", {})
     rows = [
+        ("microbatches / sharing windows", f"{rep['microbatches']} / {rep['sharing_windows']}", ""),
         ("compact / expanded tokens", f"{rep['compact_tokens']} / {rep['expanded_tokens']}", ""),
-        ("KDA rounds", rep["rounds"], rep["no_replay"]["rounds"]),
+        ("KDA rounds (most in a microbatch)", rep["rounds"], rep["no_replay"]["rounds"]),
         ("max rel log-prob error", rep["max_rel_logprob_err"], rep["no_replay"]["max_rel_logprob_err"]),
         ("max rel gradient error", rep["max_rel_grad_err"], rep["no_replay"]["max_rel_grad_err"]),
         ("loss abs error", rep["loss_abs_err"]["loss"], rep["no_replay"]["loss_abs_err"]["loss"]),
+        ("max rel gradient error vs one microbatch", one.get("max_rel_grad_err", float("nan")), ""),
     ]
-    _say(args, format_table(["float64, tree vs expanded", "tree (replay)", "no replay"], rows))
-    ok = rep["max_rel_logprob_err"] <= 1e-10 and rep["max_rel_grad_err"] <= 1e-10
+    _say(args, format_table(["float64, vs expanded", f"tree ({args.planner})", "no replay"], rows))
+    ok = (rep["max_rel_logprob_err"] <= 1e-10 and rep["max_rel_grad_err"] <= 1e-10
+          and one.get("max_rel_grad_err", 0.0) <= 1e-10)
     summary["equivalent"] = ok
     _say(args, "equivalent to expanded training within 1e-10: " + ("yes" if ok else "NO"))
+
+    summary["simulation"] = _simulate(args)
+    sim = summary["simulation"]
+    _say(args, f"\n== 4. simulated update step: {args.sim_workload}, Tiny, 8 H200s "
+               f"(DP{sim['dp']} x PP{sim['pp']}), {sim['schedule']} ==")
+    _say(args, format_table(
+        ["planner", "compression", "step s", "k tok/s", "bubble", "speedup"],
+        [(r["planner"], r["compression"], r["step_seconds"], r["throughput"] / 1e3, r["bubble_fraction"],
+          r["throughput"] / sim["runs"][0]["throughput"]) for r in sim["runs"]]))
+
+    if not args.no_log:
+        from harts.track import log_main_run
+
+        hint = log_main_run(summary, args.tracking_uri)
+        summary["tracking"] = hint
+        _say(args, f"\nlogged to mlflow; to browse: {hint}")
     if args.json:
         print_json(summary)
     return 0 if ok else 1
+
+
+def _simulate(args: argparse.Namespace) -> dict:
+    from harts.config.models import get_model_config
+    from harts.plan.planners import PlanConfig, make_plan
+    from harts.sim.adapter import step_from_plan
+    from harts.sim.costs import make_cost_model
+    from harts.sim.hardware import load_hardware
+    from harts.sim.parallel import ParallelConfig, default_ep, default_parallel
+    from harts.sim.schedule import build_schedule
+    from harts.sim.simulate import simulate_step
+    from harts.tree.workload import generate, preset
+
+    model = get_model_config("tiny")
+    base = default_parallel(model, 8)
+    parallel = ParallelConfig(dp=base.dp, pp=base.pp, ep=default_ep(model, base.dp))
+    cost = make_cost_model("roofline", model, parallel, load_hardware("h200"), recompute=True)
+    forest = generate(preset(args.sim_workload)).forest()
+    schedule = "consumer-1f1b"
+    runs = []
+    for planner in ("expanded-ffd", "ortools-ffd", "l1", args.planner):
+        plan = make_plan(forest, planner, PlanConfig(dp=parallel.dp, seed=args.seed, time_limit=1.0))
+        step = step_from_plan(plan, forest, model.chunk_size)
+        res = simulate_step(step, build_schedule(schedule, step, parallel.pp), cost)
+        runs.append({"planner": planner, "compression": plan.expanded_tokens / max(1, plan.executed_tokens),
+                     "step_seconds": res.step_seconds, "throughput": res.throughput,
+                     "bubble_fraction": res.bubble_fraction, "peak_memory_bytes": res.peak_memory_bytes})
+    return {"workload": args.sim_workload, "model": "tiny", "gpus": 8, "dp": parallel.dp, "pp": parallel.pp,
+            "schedule": schedule, "runs": runs}

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-from strategies import KDATreeCase, kda_tree_from_lengths, small_kda_trees
 
 from harts.plan.kda_calls import (
     KDACallPlan,
@@ -25,6 +24,7 @@ from harts.plan.kda_calls import (
     plan_kda_calls,
     plan_kda_calls_for,
 )
+from tests.strategies import KDATreeCase, kda_tree_from_lengths, small_kda_trees
 
 
 def reference_cost(case: KDATreeCase, nxt: tuple[int, ...]) -> tuple[int, int]:

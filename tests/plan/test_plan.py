@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import plan_configs, plan_forests
 
 from harts.plan.cost import (
     TINY_PAIR_WEIGHT,
@@ -25,6 +24,7 @@ from harts.plan.metrics import compute_metrics, per_slot_balance, slot_loads
 from harts.plan.plan import Microbatch, Piece, Plan, PlanMode, Role, forest_digest
 from harts.plan.planners import make_plan
 from harts.tree.build import build_structure
+from tests.strategies import plan_configs, plan_forests
 
 COST = TokenCost()
 

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import plan_configs, plan_forests
 
 from harts.plan.cost import TokenCost
 from harts.plan.metrics import compute_metrics
@@ -19,6 +18,7 @@ from harts.plan.planners import PlanConfig, PlannerName, get_planner, known_plan
 from harts.plan.planners.common import ForestIndex, first_fit_decreasing, lpt_balanced, tree_units
 from harts.plan.planners.registry import register_planner
 from harts.tree.workload import generate, preset
+from tests.strategies import plan_configs, plan_forests
 
 forest_and_config = plan_forests().flatmap(lambda f: st.tuples(st.just(f), plan_configs(f)))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_profile import synthetic_rows
+from tests.sim.test_profile import synthetic_rows
 
 from harts.cli.main import main
 from harts.sim.profile import save_profile

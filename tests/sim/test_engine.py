@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given
-from strategies import sim_programs
 
 from harts.sim.engine import Action, DeadlockError, Program, execute, lower_bound
+from tests.strategies import sim_programs
 
 EPS = 1e-9
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import sim_steps
 
 from harts.sim.schedule import PassOp, Schedule, build_schedule, known_schedules
 from harts.sim.work import KDARound, MicrobatchWork, StepWork
+from tests.strategies import sim_steps
 
 SCHEDULES = ("non-overlap", "overlap-bwd-first", "consumer-1f1b")
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import sim_steps
 
 from harts.config.models import get_model_config
 from harts.sim.costs import make_cost_model
@@ -18,6 +17,7 @@ from harts.sim.parallel import ParallelConfig
 from harts.sim.schedule import build_schedule
 from harts.sim.simulate import lower, simulate, simulate_step
 from harts.sim.work import KDARound, MicrobatchWork, StepWork
+from tests.strategies import sim_steps
 
 SCHEDULES = ("non-overlap", "overlap-bwd-first", "consumer-1f1b")
 HW = load_hardware("h200")

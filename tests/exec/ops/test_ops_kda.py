@@ -14,10 +14,17 @@ from fla.ops.kda.naive import naive_chunk_kda as fla_naive_chunk_kda
 from fla.ops.kda.naive import naive_recurrent_kda as fla_naive_recurrent_kda
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kda_reference import TOL, compare, kda_problem_shapes, make_problem, run_fla, run_ours
 
 from harts.exec.ops.kda import KDAOutput, chunk_kda, naive_recurrent_kda
 from harts.testing import assert_close
+from tests.exec.ops.kda_reference import (
+    TOL,
+    compare,
+    kda_problem_shapes,
+    make_problem,
+    run_fla,
+    run_ours,
+)
 
 DTYPES = [torch.float64, torch.float32]
 WORST: dict[str, float] = defaultdict(float)

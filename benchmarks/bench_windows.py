@@ -4,11 +4,12 @@
 
 For generated presets (structure only) planned by `l1l2` at a budget where trees exceed a
 microbatch, for every sharing window: producer rows, consumers, and the producer state
-retained until its backward, in bytes for the Tiny model in bf16 —
-`held`: what harts.exec.window keeps (every producer row's mixing inputs and hidden row,
-plus the KDA states its rounds hand on), and `needed`: the minimum consumers read (KV and
-hidden rows of the context rows, conv inputs of the W-1 rows before each consumer root,
-KDA inputs of replayed rows and one K x V state per head per consumer root and KDA layer).
+retained until its backward, in bytes for the Tiny model in bf16 (KDA states fp32) —
+`retained`: what harts.exec.window keeps, which is what consumers read (KV and hidden
+rows of the context rows, conv inputs of the W-1 rows above each consumer root, KDA
+inputs of replayed rows and one K x V state per head per consumer start and KDA layer),
+next to `all inputs`: every producer row's mixing inputs plus every chunk state its
+rounds hand on (what a stash that keeps everything would hold; our first version did).
 Extra work compared with executing each tree in one microbatch: executed rows (rows
 computed twice) and KDA replay tokens, from the same LocalLayout/replay_schedule the
 executor runs. Then a measured CPU run (tiny-cpu, float32) of the same executor for the
@@ -85,9 +86,9 @@ def study(name: str, budget: int, model: str) -> dict:
         needed = (n_ctx * (per["attention"] + per["hidden"]) + roots * (W - 1) * per["conv"]
                   + replay_rows * per["kda_inputs"] + roots * per["kda_state"])
         windows.append({"producer": p, "consumers": len(cs), "producer_rows": int(prod_rows.size),
-                        "context_rows": n_ctx, "held_bytes": int(held), "needed_bytes": int(needed)})
-    held = [w["held_bytes"] for w in windows] or [0]
-    needed = [w["needed_bytes"] for w in windows] or [0]
+                        "context_rows": n_ctx, "all_inputs_bytes": int(held), "retained_bytes": int(needed)})
+    held = [w["all_inputs_bytes"] for w in windows] or [0]
+    needed = [w["retained_bytes"] for w in windows] or [0]
     return {
         "workload": name, "model": model, "microbatch_tokens": budget,
         "microbatches": plan.num_microbatches, "windows": len(windows),
@@ -95,8 +96,8 @@ def study(name: str, budget: int, model: str) -> dict:
         "extra_rows": int(executed - forest.compact_tokens),
         "replay_one_microbatch": int(one_replay), "replay_plan": int(replay),
         "extra_replay": int(replay - one_replay),
-        "peak_held_bytes": int(max(held)), "mean_held_bytes": float(np.mean(held)),
-        "peak_needed_bytes": int(max(needed)), "mean_needed_bytes": float(np.mean(needed)),
+        "peak_all_inputs_bytes": int(max(held)),
+        "peak_retained_bytes": int(max(needed)), "mean_retained_bytes": float(np.mean(needed)),
         "window_detail": windows,
     }
 
@@ -132,12 +133,12 @@ def main() -> None:
         print(json.dumps({"analytic": rows, "measured_cpu": cpu}, indent=2))
         return
     print(f"{'workload':16} {'budget':>7} {'mbs':>4} {'win':>4} {'extra rows':>10} {'replay 1mb':>10} "
-          f"{'replay plan':>11} {'peak held':>10} {'peak needed':>11}")
+          f"{'replay plan':>11} {'peak retained':>13} {'all inputs':>10}")
     for r in rows:
         print(f"{r['workload']:16} {r['microbatch_tokens']:7d} {r['microbatches']:4d} {r['windows']:4d} "
               f"{r['extra_rows']:10d} {r['replay_one_microbatch']:10d} {r['replay_plan']:11d} "
-              f"{r['peak_held_bytes'] / 2**30:8.2f}GB {r['peak_needed_bytes'] / 2**30:9.2f}GB")
-    print(f"measured on CPU ({cpu['workload']}, {cpu['model']}): {cpu['windows']} window(s), held "
+              f"{r['peak_retained_bytes'] / 2**30:11.2f}GB {r['peak_all_inputs_bytes'] / 2**30:8.2f}GB")
+    print(f"measured on CPU ({cpu['workload']}, {cpu['model']}): {cpu['windows']} window(s), retained "
           f"{cpu['held_bytes']} bytes for {cpu['producer_rows']} producer rows")
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.sim.test_profile import synthetic_rows
 
 from harts.cli.main import main
 from harts.sim.profile import save_profile
 from harts.sim.schedule import Schedule
 from harts.sim.trace_io import diff_traces, load_trace_events
+from tests.sim.test_profile import synthetic_rows
 
 
 def run(capsys, argv):

@@ -28,10 +28,11 @@ def build_forest(trajectories: Sequence[Trajectory]) -> RolloutForest:
     if not trajectories:
         raise ValueError("no trajectories to build a forest from")
     ids = [t.id for t in trajectories]
-    if len(set(ids)) != len(ids):
-        seen: set[str] = set()
-        dup = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
-        raise ValueError(f"duplicate trajectory id {dup!r}")
+    seen: set[str] = set()
+    for tid in ids:
+        if tid in seen:
+            raise ValueError(f"duplicate trajectory id {tid!r}")
+        seen.add(tid)
     seqs = [t.tokens for t in trajectories]
     forest = _build(
         seqs,

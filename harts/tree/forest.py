@@ -153,14 +153,11 @@ class RolloutForest:
     @cached_property
     def node_level(self) -> np.ndarray:
         """Number of ancestors of each node (0 at a root)."""
-        level = np.zeros(self.num_nodes, dtype=np.int64)
-        has_parent = self.node_parent >= 0
         # parents precede children in preorder, so one forward pass suffices
-        lv = level.tolist()
+        lv = [0] * self.num_nodes
         for v, p in enumerate(self.node_parent.tolist()):
             if p >= 0:
                 lv[v] = lv[p] + 1
-        del has_parent
         return np.asarray(lv, dtype=np.int64)
 
     @cached_property

@@ -215,11 +215,11 @@ STEP_WORKLOADS = {
 
 
 def sec_step(args):
-    from harts.config.tiny_h200 import resolve_model
+    from harts.config.models import get_model_config
     from harts.exec.gpu.bench import step_benchmark
     from harts.tree.workload import generate, preset
 
-    vocab = resolve_model(args.model).vocab_size
+    vocab = get_model_config(args.model).vocab_size
     runs = []
     for scheme in args.schemes:
         name, over = STEP_WORKLOADS[scheme]

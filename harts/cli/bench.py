@@ -31,15 +31,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     import torch
 
-    from harts.config.models import ConfigError
-    from harts.config.tiny_h200 import resolve_model
+    from harts.config.models import ConfigError, get_model_config
     from harts.exec.gpu.bench import step_benchmark
     from harts.tree.workload import generate, preset
 
     if not torch.cuda.is_available():
         raise UserError("harts bench needs a CUDA device")
     try:
-        cfg = resolve_model(args.model)
+        cfg = get_model_config(args.model)
     except ConfigError as err:
         raise UserError(str(err)) from None
     if args.steps < 1 or args.microbatch_tokens < 1:

@@ -268,6 +268,7 @@ class ModelName(StrEnum):
     TINY_CPU = "tiny-cpu"
     TINY = "tiny"
     FLASH = "flash"
+    TINY_H200 = "tiny-h200"
 
 
 # Table 1 of the HARTS paper (total / active parameters, billions): what `tiny` and `flash`
@@ -346,6 +347,25 @@ _register(
         mla_num_heads=64, kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128,
         qk_rope_head_dim=64, v_head_dim=128, use_rope=False,
         num_dense_layers=2, dense_ffn_dim=8192, num_experts=512, top_k=8, expert_ffn_dim=768,
+        num_shared_experts=1, router="sigmoid", aux_loss_coef=1e-3,
+    ),
+)
+
+# Tiny's shape at a size that trains on ONE H200 with AdamW (Tiny itself, 7.8B, needs
+# ~63 GB for parameters, gradients and moments before any activation): the same 3:1
+# KDA:MLA groups, KDA 16x128, MLA 8 heads (latent 512, qk 128 + 64, value 128, no RoPE),
+# d_model 1536, dense first layer (8192), MoE top-8 with one shared expert of 512, sigmoid
+# router -- with 8 layers instead of 24, 64 routed experts instead of 128 and a 32k
+# vocabulary (one [rows, vocab] logit block per microbatch at 163,840 would take tens of
+# GB). Per-token costs keep Tiny's proportions. Used by the GPU benchmark (issue 8).
+_register(
+    ModelName.TINY_H200,
+    ModelConfig(
+        name="tiny-h200", vocab_size=32_768, d_model=1536, num_layers=8, kda_per_mla=3,
+        kda_num_heads=16, kda_head_dim=128, kda_head_v_dim=128, conv_window=4, chunk_size=64,
+        mla_num_heads=8, kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128,
+        qk_rope_head_dim=64, v_head_dim=128, use_rope=False,
+        num_dense_layers=1, dense_ffn_dim=8192, num_experts=64, top_k=8, expert_ffn_dim=512,
         num_shared_experts=1, router="sigmoid", aux_loss_coef=1e-3,
     ),
 )

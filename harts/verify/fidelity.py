@@ -115,9 +115,9 @@ def fidelity(
 ) -> dict[str, Any]:
     """The fidelity report: tree (replay, no replay) and an expanded rerun, each vs expanded."""
     if isinstance(model, str):
-        from harts.config.tiny_h200 import resolve_model
+        from harts.config.models import get_model_config
 
-        model = resolve_model(model)
+        model = get_model_config(model)
     trajectories = list(trajectories)
     net = build_model(model, seed=seed, dtype=dtype, device=device)
     partition = TreeTrainer(net).partition(trajectories, microbatch_tokens)

@@ -49,13 +49,13 @@ def time_cuda(fn, repeats: int = 10, warmup: int = 3) -> float:
 def step_benchmark(trajectories, *, model: str = "tiny-h200", dtype: torch.dtype = torch.bfloat16,
                    microbatch_tokens: int = 131072, steps: int = 2, warmup: int = 1,
                    device: str = "cuda", modes=("expanded", "tree"), seed: int = 0) -> dict[str, Any]:
-    from harts.config.tiny_h200 import resolve_model
+    from harts.config.models import get_model_config
     from harts.exec.model.model import build_model
     from harts.exec.trainer import ExpandedTrainer
     from harts.exec.tree_trainer import TreeTrainer
     from harts.tree import build_forest
 
-    cfg = resolve_model(model)
+    cfg = get_model_config(model)
     out: dict[str, Any] = {"model": cfg.name, "dtype": str(dtype).removeprefix("torch."),
                            "microbatch_tokens": microbatch_tokens, "trajectories": len(trajectories)}
     for mode in modes:

@@ -84,16 +84,32 @@ class PlanTrainer(ExpandedTrainer):
     """Runs the microbatches of a `Plan`; tree-mode plans with sharing windows exactly."""
 
     def __init__(self, model: HybridModel, plan: Plan, optimizer: OptimizerConfig | None = None,
-                 loss: PolicyLossConfig | None = None):
+                 loss: PolicyLossConfig | None = None, *, order: Sequence[int] | None = None):
+        """`order`: the microbatch ids in execution order, as a pipeline schedule runs them
+        (default: each replica's plan order, replicas one after another). Windows may
+        overlap — a producer may run before the previous window's last consumer — as long
+        as every consumer follows its producer; each producer's backward still runs right
+        after its own last consumer."""
         if plan.mode == PlanMode.TREE:
             model.config.check_tree_mode()
         super().__init__(model, optimizer, loss)
         self.plan = plan
+        if order is None:
+            order = [m.id for m in sorted(plan.microbatches, key=lambda m: (m.replica, m.order))]
+        order = [int(i) for i in order]
+        if sorted(order) != sorted(m.id for m in plan.microbatches):
+            raise ValueError("order must list every microbatch of the plan exactly once")
+        position = {mb: i for i, mb in enumerate(order)}
+        for m in plan.microbatches:
+            if m.producer is not None and position[m.producer] > position[m.id]:
+                raise ValueError(f"order runs consumer {m.id} before its producer {m.producer}")
+        self.execution_order = order
         self.windows: list[WindowStats] = []
+        # the most producer state alive at once (overlapping windows add up)
+        self.peak_retained_bytes = 0
 
     def partition(self, trajectories: Sequence[Trajectory], microbatch_tokens: int) -> list[list[int]]:
-        order = sorted(self.plan.microbatches, key=lambda m: (m.replica, m.order))
-        return [list(m.trajectories) for m in order]
+        return [list(self.plan.microbatches[i].trajectories) for i in self.execution_order]
 
     def _microbatches(self, trajectories: Sequence[Trajectory], partition: Sequence[Sequence[int]]):
         if self.plan.mode == PlanMode.EXPANDED:
@@ -141,7 +157,9 @@ class PlanTrainer(ExpandedTrainer):
                 for c in cs])
             windows[p] = _Window(p, sorted(cs, key=lambda c: (mbs[c].replica, mbs[c].order)), needs=needs)
         self.windows = []
-        for m in sorted(plan.microbatches, key=lambda m: (m.replica, m.order)):
+        self.peak_retained_bytes = 0
+        self._open_bytes = 0
+        for m in (mbs[i] for i in self.execution_order):
             comp = computed[m.id]
             layout = layouts[m.id]
             ctx_rows = layout.rows[~layout.computed]
@@ -188,6 +206,8 @@ class PlanTrainer(ExpandedTrainer):
                     w.stash.keep(w.needs, out.hidden_TD)
                     w.loss = loss
                     w.stats.retained_bytes = w.stash.retained_bytes()
+                    self._open_bytes += w.stats.retained_bytes
+                    self.peak_retained_bytes = max(self.peak_retained_bytes, self._open_bytes)
 
             ids_T = torch.from_numpy(forest.token_ids[comp]).to(device)
             info = {"kda_rounds": ctx.kda_rounds, "replay_tokens": ctx.replay_tokens,
@@ -212,5 +232,6 @@ class PlanTrainer(ExpandedTrainer):
         if outs and torch.is_grad_enabled():
             torch.autograd.backward(outs, grads)
         self.windows.append(window.stats)
+        self._open_bytes -= window.stats.retained_bytes
         window.stash = None  # release the retained producer state
         window.loss = None

@@ -132,3 +132,27 @@ def test_cli_train_and_verify_with_a_planner(capsys):
     assert main(["verify", "--planner", "nope"]) == 2
     assert main(["train", "--mode", "tree", "--planner", "l1l2", "--microbatch-tokens", "50"]) == 2
     assert "more than the microbatch budget" in capsys.readouterr().err
+
+
+def test_overlapping_windows_give_the_same_step_and_add_up_their_memory():
+    trajs = generate_trajectories("tiny-treestep", seed=1)
+    forest = build_forest(trajs)
+    plan = _windowed(trajs, 8, "l1l2", _tight_budget(forest))
+    windows = plan.consumers()
+    assert len(windows) >= 2, "needs two sharing windows"
+    (p1, c1), (p2, c2) = sorted(windows.items())[:2]
+    default = [m.id for m in sorted(plan.microbatches, key=lambda m: (m.replica, m.order))]
+    # the second producer runs before the first window's last consumer
+    overlapped = [i for i in default if i != p2]
+    overlapped.insert(overlapped.index(c1[-1]), p2)
+    runs = {}
+    for name, order in (("default", default), ("overlapped", overlapped)):
+        model = build_model(_config(8), seed=3, dtype=torch.float64)
+        trainer = PlanTrainer(model, plan, loss=LOSS, order=order)
+        runs[name] = (model, trainer, trainer.forward_backward(trajs, 1 << 20))
+    _check(runs["default"][2], runs["default"][0], runs["overlapped"][2], runs["overlapped"][0])
+    sizes = {w.producer: w.retained_bytes for w in runs["default"][1].windows}
+    assert runs["default"][1].peak_retained_bytes == max(sizes[p1], sizes[p2])
+    assert runs["overlapped"][1].peak_retained_bytes == sizes[p1] + sizes[p2]
+    with pytest.raises(ValueError, match="before its producer"):
+        PlanTrainer(build_model(_config(8), dtype=torch.float64), plan, order=[c1[0], *[i for i in default if i != c1[0]]])

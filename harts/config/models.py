@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
+from harts.registry import Registry
+
 
 class ConfigError(ValueError):
     """A model configuration that cannot be built; the message names the field."""
@@ -280,30 +282,22 @@ TABLE1_PARAMS_B: dict[ModelName, tuple[float, float]] = {
 
 _KIMI_VOCAB = 163_840
 
-_REGISTRY: dict[ModelName, ModelConfig] = {}
+_REGISTRY: Registry[ModelName, ModelConfig] = Registry("model", ModelName, ConfigError, "known models")
 
 
 def _register(name: ModelName, config: ModelConfig) -> None:
-    if name in _REGISTRY:
-        raise ConfigError(f"model config {name!r} registered twice")
     if config.name != name.value:
         raise ConfigError(f"model config registered as {name!r} is named {config.name!r}")
-    _REGISTRY[name] = config.validate()
+    _REGISTRY.register(name, config.validate())
 
 
 def known_models() -> list[str]:
-    return [n.value for n in _REGISTRY]
+    return _REGISTRY.known()
 
 
 def get_model_config(name: str | ModelName) -> ModelConfig:
     """The registered config; unknown names fail listing the known ones."""
-    try:
-        key = ModelName(name)
-    except ValueError:
-        key = None
-    if key is None or key not in _REGISTRY:
-        raise ConfigError(f"unknown model {name!r}; known models: {', '.join(known_models())}")
-    return _REGISTRY[key]
+    return _REGISTRY.get(name)
 
 
 # Small enough for a training step on a few hundred tokens in well under a second on 2

@@ -32,6 +32,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from harts.registry import Registry
+
 
 @runtime_checkable
 class CostModel(Protocol):
@@ -113,13 +115,11 @@ class TokenCost:
         return asdict(self)
 
 
-_COST_MODELS: dict[CostModelName, type] = {}
+_COST_MODELS: Registry[CostModelName, type] = Registry("cost model", CostModelName, ValueError)
 
 
 def register_cost_model(name: CostModelName, cls: type) -> None:
-    if name in _COST_MODELS:
-        raise ValueError(f"cost model {name.value!r} registered twice")
-    _COST_MODELS[name] = cls
+    _COST_MODELS.register(name, cls)
 
 
 register_cost_model(CostModelName.TOKEN_PAIR, TokenPairCost)
@@ -127,19 +127,14 @@ register_cost_model(CostModelName.TOKENS, TokenCost)
 
 
 def known_cost_models() -> list[str]:
-    return [n.value for n in _COST_MODELS]
+    return _COST_MODELS.known()
 
 
 def make_cost_model(name: str = CostModelName.TOKEN_PAIR.value, **params: Any) -> CostModel:
     """The registered cost model `name` built with `params` (a `spec()` round-trips)."""
-    try:
-        key = CostModelName(name)
-    except ValueError:
-        key = None
-    if key is None or key not in _COST_MODELS:
-        raise ValueError(f"unknown cost model {name!r}; known: {', '.join(known_cost_models())}")
+    cls = _COST_MODELS.get(name)
     params = {k: v for k, v in params.items() if k != "name"}
-    return _COST_MODELS[key](**params)
+    return cls(**params)
 
 
 def default_cost_model() -> CostModel:

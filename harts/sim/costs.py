@@ -22,6 +22,7 @@ from functools import lru_cache
 from typing import Protocol
 
 from harts.config.models import ModelConfig
+from harts.registry import Registry
 from harts.sim.hardware import HardwareProfile
 from harts.sim.ops import OpCall, OpKind, Phase, StageCounter
 from harts.sim.parallel import ParallelConfig, stage_layers
@@ -173,13 +174,12 @@ class CostModelName(StrEnum):
 
 
 CostModelFactory = Callable[..., CostModel]
-COST_MODELS: dict[CostModelName, CostModelFactory] = {}
+COST_MODELS: Registry[CostModelName, CostModelFactory] = Registry(
+    "cost model", CostModelName, KeyError, duplicate_error=ValueError)
 
 
 def register_cost_model(name: CostModelName, factory: CostModelFactory) -> None:
-    if name in COST_MODELS:
-        raise ValueError(f"cost model {name!r} registered twice")
-    COST_MODELS[name] = factory
+    COST_MODELS.register(name, factory)
 
 
 def _roofline(model: ModelConfig, parallel: ParallelConfig, hardware: HardwareProfile,
@@ -201,10 +201,4 @@ register_cost_model(CostModelName.CALIBRATED, _calibrated)
 
 def make_cost_model(name: str, model: ModelConfig, parallel: ParallelConfig, hardware: HardwareProfile,
                     **kwargs: object) -> CostModel:
-    try:
-        key = CostModelName(name)
-    except ValueError:
-        key = None
-    if key is None or key not in COST_MODELS:
-        raise KeyError(f"unknown cost model {name!r}; known: {', '.join(n.value for n in COST_MODELS)}")
-    return COST_MODELS[key](model, parallel, hardware, **kwargs)
+    return COST_MODELS.get(name)(model, parallel, hardware, **kwargs)

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from harts.registry import Registry
 from harts.sim.work import StepWork, Window
 
 __all__ = [
@@ -248,13 +249,12 @@ class ScheduleName(StrEnum):
 
 
 ScheduleBuilder = Callable[[list[Window], int, int], list[PassOp]]
-SCHEDULES: dict[ScheduleName, ScheduleBuilder] = {}
+SCHEDULES: Registry[ScheduleName, ScheduleBuilder] = Registry(
+    "schedule", ScheduleName, KeyError, duplicate_error=ValueError)
 
 
 def register_schedule(name: ScheduleName, builder: ScheduleBuilder) -> None:
-    if name in SCHEDULES:
-        raise ValueError(f"schedule {name!r} registered twice")
-    SCHEDULES[name] = builder
+    SCHEDULES.register(name, builder)
 
 
 register_schedule(ScheduleName.NON_OVERLAP, _non_overlap)
@@ -263,23 +263,17 @@ register_schedule(ScheduleName.CONSUMER_1F1B, lambda w, p, s: _overlapped(w, p, 
 
 
 def known_schedules() -> list[str]:
-    return [n.value for n in SCHEDULES]
+    return SCHEDULES.known()
 
 
 def build_schedule(name: str, step: StepWork, num_stages: int) -> Schedule:
-    try:
-        key = ScheduleName(name)
-    except ValueError:
-        key = None
-    if key is None or key not in SCHEDULES:
-        raise KeyError(f"unknown schedule {name!r}; known: {', '.join(known_schedules())}")
-    builder = SCHEDULES[key]
+    builder = SCHEDULES.get(name)
     ranks: list[tuple[Rank, tuple[PassOp, ...]]] = []
     for r in range(step.num_replicas):
         windows = step.replica_windows(r)
         for s in range(num_stages):
             ranks.append(((r, s), tuple(builder(windows, num_stages, s))))
-    sched = Schedule(key.value, num_stages, step.num_replicas, tuple(ranks))
+    sched = Schedule(ScheduleName(name).value, num_stages, step.num_replicas, tuple(ranks))
     sched.validate(step)
     return sched
 

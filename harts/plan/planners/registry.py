@@ -15,6 +15,7 @@ from enum import StrEnum
 
 from harts.plan.plan import Plan
 from harts.plan.planners.common import PlanConfig
+from harts.registry import Registry
 from harts.tree.forest import RolloutForest
 
 
@@ -26,33 +27,22 @@ class PlannerName(StrEnum):
 
 
 PlannerFn = Callable[[RolloutForest, PlanConfig], Plan]
-_PLANNERS: dict[PlannerName, PlannerFn] = {}
+_PLANNERS: Registry[PlannerName, PlannerFn] = Registry("planner", PlannerName, ValueError, "known planners")
 
 
 def register_planner(name: PlannerName) -> Callable[[PlannerFn], PlannerFn]:
     def deco(fn: PlannerFn) -> PlannerFn:
-        if not isinstance(name, PlannerName):
-            raise TypeError(f"planner names are PlannerName members, got {name!r}")
-        if name in _PLANNERS:
-            raise ValueError(f"planner {name.value!r} registered twice")
-        _PLANNERS[name] = fn
-        return fn
+        return _PLANNERS.register(name, fn)
 
     return deco
 
 
 def known_planners() -> list[str]:
-    return [n.value for n in PlannerName if n in _PLANNERS]
+    return _PLANNERS.known()
 
 
 def get_planner(name: str) -> PlannerFn:
-    try:
-        key = PlannerName(name)
-    except ValueError:
-        key = None
-    if key is None or key not in _PLANNERS:
-        raise ValueError(f"unknown planner {name!r}; known planners: {', '.join(known_planners())}")
-    return _PLANNERS[key]
+    return _PLANNERS.get(name)
 
 
 def make_plan(

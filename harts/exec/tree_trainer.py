@@ -23,7 +23,25 @@ from harts.exec.loss import PolicyLossConfig, TargetTable
 from harts.exec.model.model import HybridModel
 from harts.exec.trainer import ExpandedTrainer, Microbatch, OptimizerConfig, pack_microbatches
 from harts.exec.tree import TreeContext
-from harts.tree import Trajectory, build_forest
+from harts.tree import Targets, Trajectory, build_forest
+
+
+def target_table(tg: Targets, *, select: np.ndarray | None = None, row: np.ndarray | None = None,
+                 traj: np.ndarray | None = None) -> TargetTable:
+    """A forest's expanded targets as the loss's TargetTable: optionally a subset
+    (`select`), with the serving rows and trajectory indices remapped (`row`, `traj`:
+    already restricted to the subset) into the executing microbatch's own index spaces."""
+    sel = slice(None) if select is None else select
+
+    def col(x: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(x[sel]))
+
+    return TargetTable(
+        row=torch.from_numpy(row) if row is not None else col(tg.row), label=col(tg.label),
+        traj=torch.from_numpy(traj) if traj is not None else col(tg.traj), position=col(tg.position),
+        weight=col(tg.weight), advantage=col(tg.advantage), old_logprob=col(tg.old_logprob),
+        ref_logprob=None if tg.ref_logprob is None else col(tg.ref_logprob),
+    )
 
 
 class TreeTrainer(ExpandedTrainer):
@@ -57,13 +75,7 @@ class TreeTrainer(ExpandedTrainer):
             forest = build_forest([trajectories[j] for j in members])
             tg = forest.targets()
             global_traj = np.asarray(members, dtype=np.int64)[tg.traj]
-            table = TargetTable(
-                row=torch.from_numpy(tg.row), label=torch.from_numpy(tg.label),
-                traj=torch.from_numpy(global_traj), position=torch.from_numpy(tg.position),
-                weight=torch.from_numpy(tg.weight), advantage=torch.from_numpy(tg.advantage),
-                old_logprob=torch.from_numpy(tg.old_logprob),
-                ref_logprob=None if tg.ref_logprob is None else torch.from_numpy(tg.ref_logprob),
-            ).to(device, dtype)
+            table = target_table(tg, traj=global_traj).to(device, dtype)
             ctx = TreeContext(forest, chunk_size=model.config.chunk_size, kda_mode=self.kda_mode, device=device)
             ids_T = torch.from_numpy(forest.token_ids).to(device)
             info = {"kda_rounds": ctx.kda_rounds, "replay_tokens": ctx.replay_tokens,

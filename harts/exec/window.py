@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from harts.exec.loss import PolicyLossConfig, TargetTable
+from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.model import HybridModel
 from harts.exec.trainer import ExpandedTrainer, Microbatch, OptimizerConfig
 from harts.exec.tree import (
@@ -47,6 +47,7 @@ from harts.exec.tree import (
     consumer_needs,
     replay_schedule,
 )
+from harts.exec.tree_trainer import target_table
 from harts.plan.plan import Plan, PlanMode
 from harts.tree import Trajectory, build_forest
 from harts.tree.forest import RolloutForest
@@ -180,13 +181,7 @@ class PlanTrainer(ExpandedTrainer):
             hidden_index[in_comp] = np.searchsorted(comp, t_rows[in_comp])
             extra_rows = np.unique(t_rows[~in_comp])
             hidden_index[~in_comp] = comp.size + np.searchsorted(extra_rows, t_rows[~in_comp])
-            table = TargetTable(
-                row=torch.from_numpy(hidden_index), label=torch.from_numpy(targets.label[sel]),
-                traj=torch.from_numpy(targets.traj[sel]), position=torch.from_numpy(targets.position[sel]),
-                weight=torch.from_numpy(targets.weight[sel]), advantage=torch.from_numpy(targets.advantage[sel]),
-                old_logprob=torch.from_numpy(targets.old_logprob[sel]),
-                ref_logprob=None if targets.ref_logprob is None else torch.from_numpy(targets.ref_logprob[sel]),
-            ).to(device, dtype)
+            table = target_table(targets, select=sel, row=hidden_index).to(device, dtype)
             hidden_of = None
             if extra_rows.size:
                 if stash is None:

@@ -5,7 +5,8 @@ runs anywhere, every dtype) and the GPU paths (`harts.exec.gpu`: fla-core KDA wi
 boundary-state kernel, FlexAttention over DFS-interval block masks). A fast path is chosen
 when the tensors are on CUDA, the dtype is one it computes (fp32/bf16/fp16, never fp64)
 and its library imports; `HARTS_FORCE_REFERENCE=1` forces the references everywhere (the
-A/B switch for equivalence and speed comparisons). Call sites ask here and never import a
+A/B switch for equivalence and speed comparisons). MoE experts: torch's `grouped_mm` over
+expert-sorted rows on CUDA bf16, the per-expert loop otherwise. Call sites ask here and never import a
 GPU module themselves, so CPU-only machines never touch triton kernels.
 """
 
@@ -26,6 +27,7 @@ class Impl(StrEnum):
     REFERENCE = "reference"
     FLA = "fla"  # fla-core chunk_kda (+ harts' boundary-state kernel for replay handoffs)
     FLEX = "flex"  # FlexAttention with a block mask from DFS intervals
+    GROUPED = "grouped"  # MoE experts as grouped matrix products (torch grouped_mm)
 
 
 def force_reference() -> bool:
@@ -61,6 +63,21 @@ def tree_attention_impl(device: torch.device) -> Impl:
     if force_reference() or device.type != "cuda" or not flex_available():
         return Impl.REFERENCE
     return Impl.FLEX
+
+
+@functools.cache
+def grouped_mm_available() -> bool:
+    import torch.nn.functional as F
+
+    return hasattr(F, "grouped_mm")
+
+
+def moe_impl(device: torch.device, dtype: torch.dtype) -> Impl:
+    """MoE experts: grouped matrix products on CUDA bf16 (what grouped_mm's CUDA kernels
+    take), the per-expert loop reference otherwise (any dtype, float64 included)."""
+    if force_reference() or device.type != "cuda" or dtype != torch.bfloat16 or not grouped_mm_available():
+        return Impl.REFERENCE
+    return Impl.GROUPED
 
 
 def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, **kwargs):

@@ -2,7 +2,9 @@
 
 One registry per op family, keyed by `Impl`: the reference (`harts.exec.ops`, dense masks;
 runs anywhere, every dtype) and the GPU paths (`harts.exec.gpu`: fla-core KDA with our
-boundary-state kernel, FlexAttention over DFS-interval block masks). A fast path is chosen
+boundary-state kernel; ancestor attention as one varlen flash call over root-to-row paths
+in bf16/fp16, FlexAttention over DFS-interval block masks otherwise or with
+`HARTS_TREE_ATTENTION=flex`). A fast path is chosen
 when the tensors are on CUDA, the dtype is one it computes (fp32/bf16/fp16, never fp64)
 and its library imports; `HARTS_FORCE_REFERENCE=1` forces the references everywhere (the
 A/B switch for equivalence and speed comparisons). MoE experts: torch's `grouped_mm` over
@@ -20,6 +22,7 @@ import torch
 from torch import Tensor
 
 FORCE_ENV = "HARTS_FORCE_REFERENCE"
+TREE_ATTENTION_ENV = "HARTS_TREE_ATTENTION"  # "flex" forces FlexAttention over the varlen path
 FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -27,6 +30,7 @@ class Impl(StrEnum):
     REFERENCE = "reference"
     FLA = "fla"  # fla-core chunk_kda (+ harts' boundary-state kernel for replay handoffs)
     FLEX = "flex"  # FlexAttention with a block mask from DFS intervals
+    VARLEN = "varlen"  # ancestor attention as one varlen flash call over root-to-row paths
     GROUPED = "grouped"  # MoE experts as grouped matrix products (torch grouped_mm)
 
 
@@ -91,16 +95,41 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, **kwargs
     return reference(q, k, v, g, beta, **kwargs)
 
 
-class FlexTreeAttention:
+class FastTreeAttention:
     """Ancestor attention for one layout: queries `q_local_C` attend keys by `end_L`.
-    The block mask is built on first use and reused by every layer (and recomputation)."""
 
-    def __init__(self, q_local_C: Tensor, end_L: Tensor):
+    bf16/fp16 with torch's varlen flash attention: one causal varlen call over the query
+    segments' root-to-row paths (`harts.exec.gpu.path_attention`, every attended pair
+    computed once); otherwise (fp32, or no varlen API) compiled FlexAttention over a block
+    mask from the DFS intervals. What each needs (segments, block mask) is built on first
+    use and reused by every layer (and recomputation)."""
+
+    def __init__(self, q_local_C: Tensor, end_L: Tensor, parent_L=None):
         self.q_local_C = q_local_C
         self.end_L = end_L
+        self.parent_L = parent_L
         self._mask = None
+        self._segments = None
+
+    def impl(self, dtype: torch.dtype) -> Impl:
+        from harts.exec.gpu.path_attention import flash_varlen_available
+
+        if os.environ.get(TREE_ATTENTION_ENV, "").strip() == "flex":
+            return Impl.FLEX
+        if self.parent_L is not None and dtype in (torch.bfloat16, torch.float16) and flash_varlen_available():
+            return Impl.VARLEN
+        return Impl.FLEX
 
     def __call__(self, q_CHD: Tensor, k_LHD: Tensor, v_LHE: Tensor, scale: float) -> Tensor:
+        if self.impl(q_CHD.dtype) is Impl.VARLEN:
+            from harts.exec.gpu.path_attention import flash_varlen, path_attention, segments_of
+
+            if self._segments is None:
+                full = self.q_local_C.numel() == self.end_L.numel()
+                seg = segments_of(self.parent_L, None if full else self.q_local_C.cpu().numpy())
+                self._segments = (seg, torch.as_tensor(seg.key_rows, device=q_CHD.device))
+            seg, key_rows = self._segments
+            return path_attention(q_CHD, k_LHD, v_LHE, scale, seg, kernel=flash_varlen, key_rows=key_rows)
         from harts.exec.gpu.attention import tree_attention, tree_block_mask
 
         if self._mask is None:
@@ -109,11 +138,13 @@ class FlexTreeAttention:
         return tree_attention(q_CHD, k_LHD, v_LHE, scale, self._mask)
 
 
-def tree_attention(q_local_C: Tensor, end_L: Tensor, device: torch.device) -> FlexTreeAttention | None:
-    """The fast ancestor attention for a layout, or None where the dense-mask reference runs."""
+def tree_attention(q_local_C: Tensor, end_L: Tensor, device: torch.device,
+                   parent_L=None) -> FastTreeAttention | None:
+    """The fast ancestor attention for a layout, or None where the dense-mask reference runs.
+    parent_L (numpy, local parents) enables the varlen path."""
     if tree_attention_impl(device) is Impl.REFERENCE:
         return None
-    return FlexTreeAttention(q_local_C, end_L)
+    return FastTreeAttention(q_local_C, end_L, parent_L)
 
 
 def causal_attention(q_HLD: Tensor, k_HLD: Tensor, v_HLE: Tensor, scale: float) -> Tensor:

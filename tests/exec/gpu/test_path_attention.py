@@ -1,0 +1,74 @@
+"""Ancestor attention as varlen causal attention over root-to-row paths (the bf16 GPU path),
+checked on CPU with the float64 per-segment kernel against the dense ancestor mask: output
+and the gradients of q, k and v, for hypothesis-drawn forests, all rows or a subset of
+query rows (a sharing window's consumer reads context rows it does not compute). The flash
+kernel itself is checked on the GPU (benchmarks/gpu/h200_run.py flex)."""
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harts.exec.gpu.path_attention import path_attention, reference_varlen, segments_of
+from harts.testing import assert_close
+from harts.tree import build_forest
+from tests.strategies import trajectory_sets
+
+
+def _dense_attention(q, k, v, end, q_local, scale):
+    L = end.numel()
+    kk = torch.arange(L)
+    allowed = (kk[None, :] <= q_local[:, None]) & (q_local[:, None] <= end[None, :])
+    o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                       attn_mask=allowed, scale=scale)
+    return o.transpose(0, 1)
+
+
+@settings(deadline=None)
+@given(trajs=trajectory_sets(max_groups=3, max_per_group=5, max_len=20), subset_seed=st.none() | st.integers(0, 99))
+def test_path_attention_equals_dense_ancestor_attention(trajs, subset_seed):
+    f = build_forest(trajs)
+    L = f.num_rows
+    if subset_seed is None:
+        q_local = np.arange(L)
+    else:
+        rng = np.random.default_rng(subset_seed)
+        q_local = np.sort(rng.choice(L, max(1, L // 2), replace=False))
+    seg = segments_of(f.row_parent, None if subset_seed is None else q_local)
+    # every attended pair is computed exactly once: gathered pairs == allowed pairs
+    n = np.diff(seg.cu_q)
+    m = np.diff(seg.cu_k)
+    pairs = int(((m - n) * n + n * (n + 1) // 2).sum())
+    end = torch.as_tensor(f.row_end)
+    ql = torch.as_tensor(q_local)
+    allowed = int(((torch.arange(L)[None, :] <= ql[:, None]) & (ql[:, None] <= end[None, :])).sum())
+    assert pairs == allowed
+    g = torch.Generator().manual_seed(L)
+    H, D, E = 2, 12, 8
+    q = torch.randn(q_local.size, H, D, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(L, H, D, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(L, H, E, generator=g, dtype=torch.float64, requires_grad=True)
+    do = torch.randn(q_local.size, H, E, generator=g, dtype=torch.float64)
+    o = path_attention(q, k, v, 0.3, seg, kernel=reference_varlen)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    o_ref = _dense_attention(q, k, v, end, ql, 0.3)
+    grads_ref = torch.autograd.grad(o_ref, (q, k, v), do)
+    assert_close("o", o, o_ref, 1e-12)
+    for name, a, b in zip(("dq", "dk", "dv"), grads, grads_ref, strict=True):
+        if b.abs().max() > 0:  # keys no query reads (subset) have zero gradients in both
+            assert_close(name, a, b, 1e-12)
+        else:
+            assert not a.abs().max() > 0
+
+
+def test_segments_of_a_fork_and_a_context_boundary():
+    # rows: 0 root, 1 child of 0, then 2 and 3 both children of 1 (fork), 4 child of 3
+    parent = np.array([-1, 0, 1, 1, 3])
+    seg = segments_of(parent)
+    assert seg.cu_q.tolist() == [0, 2, 3, 5]
+    assert seg.key_rows.tolist() == [0, 1, 0, 1, 2, 0, 1, 3, 4]
+    # queries 3 and 4 only (0-2 are context rows): one segment reading its path 0, 1
+    seg = segments_of(parent, np.array([3, 4]))
+    assert seg.cu_q.tolist() == [0, 2]
+    assert seg.key_rows.tolist() == [0, 1, 3, 4]

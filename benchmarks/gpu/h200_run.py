@@ -2,7 +2,7 @@
 
     python benchmarks/gpu/h200_run.py SECTION... --out DIR
 
-Sections: env, kda, flex, verify, ops, step, fidelity. Each writes DIR/<section>.json and
+Sections: env, kda, flex, verify, ops, step, fidelity, profile, moe, flexsweep. Each writes DIR/<section>.json and
 never stops the others (an exception is recorded in its JSON). Run `kda flex verify`
 with TRITON_F32_DEFAULT=ieee (float32 dots in Triton kernels as true fp32, as the
 float32 equivalence tolerance assumes); the speed sections run with the defaults.
@@ -124,6 +124,24 @@ def sec_flex():
                                              attn_mask=dense, scale=0.07).transpose(0, 1)
         gr = torch.autograd.grad(orf, (qf, kf, vf), do.double())
         out[str(dtype)[6:]] = {"rows": R, "o": rel(o, orf), **{f"d{n}": rel(a, b) for n, a, b in zip("qkv", g, gr, strict=True)}}
+        if dtype == torch.bfloat16:
+            from harts.exec.gpu.path_attention import flash_varlen, path_attention, segments_of
+
+            seg = segments_of(f.row_parent)
+            ov = path_attention(q, k, v, 0.07, seg, kernel=flash_varlen)
+            gv = torch.autograd.grad(ov, (q, k, v), do)
+            out["varlen_bfloat16"] = {"rows": R, "segments": seg.num_segments, "o": rel(ov, orf),
+                                      **{f"d{n}": rel(a, b) for n, a, b in zip("qkv", gv, gr, strict=True)}}
+            # a subset of query rows (consumer with context rows)
+            ql = np.sort(np.random.default_rng(0).choice(R, R // 2, replace=False))
+            segs = segments_of(f.row_parent, ql)
+            qs = q.detach()[ql].clone().requires_grad_()
+            os_ = path_attention(qs, k, v, 0.07, segs, kernel=flash_varlen)
+            dsub = (idx[None, :] <= torch.as_tensor(ql, device="cuda")[:, None]) & (torch.as_tensor(ql, device="cuda")[:, None] <= end[None, :])
+            qsf = qs.detach().double()
+            ors = F.scaled_dot_product_attention(qsf.transpose(0, 1), kf.detach().transpose(0, 1), vf.detach().transpose(0, 1),
+                                                 attn_mask=dsub, scale=0.07).transpose(0, 1)
+            out["varlen_bfloat16_subset"] = {"o": rel(os_, ors)}
     return out
 
 
@@ -243,6 +261,159 @@ def sec_fidelity(args):
     return fidelity(trajs, model=args.model, dtype=torch.bfloat16, device="cuda", microbatch_tokens=1 << 16)
 
 
+def sec_profile(args):
+    """Where a step's time goes: one tree and one expanded update under torch.profiler
+    (after a warm-up step), CUDA kernel time summed by kernel name, plus wall time and the
+    GPU-busy share (kernel time / wall: far below 1 means the host is the bottleneck)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from harts.config.models import get_model_config
+    from harts.exec.model.model import build_model
+    from harts.exec.trainer import ExpandedTrainer
+    from harts.exec.tree_trainer import TreeTrainer
+    from harts.tree.workload import generate, preset
+
+    vocab = get_model_config(args.model).vocab_size
+    trajs = generate(preset("swe-treestep-1", vocab_size=vocab)).trajectories()
+    out = {}
+    for mode in ("tree", "expanded"):
+        net = build_model(get_model_config(args.model), seed=0, dtype=torch.bfloat16, device="cuda", recompute=True)
+        trainer = (TreeTrainer if mode == "tree" else ExpandedTrainer)(net)
+        trainer.step(trajs, args.microbatch_tokens)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+            t0 = time.perf_counter()
+            trainer.step(trajs, args.microbatch_tokens)
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t0
+        agg = {}
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                a = agg.setdefault(e.name, [0.0, 0])
+                a[0] += e.device_time / 1e6
+                a[1] += 1
+        busy = sum(v[0] for v in agg.values())
+        top = sorted(agg.items(), key=lambda kv: -kv[1][0])[:40]
+        out[mode] = {"wall_s": wall, "kernel_s": busy, "busy_share": busy / wall,
+                     "top": [{"kernel": k[:160], "seconds": v[0], "calls": v[1]} for k, v in top]}
+        print(f"[profile] {mode}: wall {wall:.2f}s kernels {busy:.2f}s", flush=True)
+        for k, v in top[:25]:
+            print(f"   {v[0]*1e3:9.1f} ms {v[1]:6d}  {k[:110]}", flush=True)
+        ops = [(e.key, e.input_shapes, e.self_device_time_total / 1e6, e.count)
+               for e in prof.key_averages(group_by_input_shape=True)]
+        ops = sorted(ops, key=lambda r: -r[2])[:40]
+        out[mode]["top_ops"] = [{"op": a, "shapes": str(b)[:200], "seconds": c, "calls": d} for a, b, c, d in ops]
+        for a, b, c, d in ops[:25]:
+            print(f"   op {c*1e3:9.1f} ms {d:6d}  {a} {str(b)[:120]}", flush=True)
+        del trainer, net
+        torch.cuda.empty_cache()
+    return out
+
+
+def sec_moe():
+    """One MoE layer of tiny-h200 (D 1536, 64 experts top-8, F 512) forward+backward on
+    82k rows: the per-expert loop vs grouped_mm; plus the grouped output vs the loop."""
+    from harts.exec.gpu.bench import time_cuda
+    from harts.exec.model.moe import experts_grouped, experts_loop
+
+    T, D, E, k, F_ = 81920, 1536, 64, 8, 512
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(T, D, device="cuda", generator=g).bfloat16().requires_grad_()
+    scores = torch.randn(T, E, device="cuda", generator=g)
+    top_s, top_i = torch.topk(scores.sigmoid(), k, dim=-1)
+    top_w = (top_s / top_s.sum(-1, keepdim=True)).bfloat16().requires_grad_()
+    ws = [(torch.randn(*shp, device="cuda", generator=g) * 0.02).bfloat16().requires_grad_()
+          for shp in ((E, F_, D), (E, F_, D), (E, D, F_))]
+    dy = torch.randn(T, D, device="cuda", generator=g).bfloat16()
+    out = {"rows": T}
+    for name, fn in (("loop", experts_loop), ("grouped", experts_grouped)):
+        with torch.no_grad():
+            out[f"{name}_fwd_s"] = time_cuda(lambda fn=fn: fn(x, top_i, top_w, *ws), repeats=5, warmup=2)
+        out[f"{name}_fwdbwd_s"] = time_cuda(lambda fn=fn: fn(x, top_i, top_w, *ws).backward(dy), repeats=5, warmup=2)
+    flops = 2 * T * k * D * F_ * 3
+    out["grouped_fwd_tflops"] = flops / out["grouped_fwd_s"] / 1e12
+    out["grouped_fwdbwd_tflops"] = 3 * flops / out["grouped_fwdbwd_s"] / 1e12
+    with torch.no_grad():
+        ref = experts_loop(x.float(), top_i, top_w.float(), *(w.float() for w in ws))
+        out["grouped_vs_fp32_loop_rel"] = rel(experts_grouped(x, top_i, top_w, *ws), ref)
+        out["loop_bf16_vs_fp32_loop_rel"] = rel(experts_loop(x, top_i, top_w, *ws), ref)
+    return out
+
+
+FLEX_VARIANTS = {
+    # measured 2026-11-29 (docs/LOG.md): forward BLOCK_M 128 / BLOCK_N 64 / 8 warps is 19%
+    # faster; no backward config that fits shared memory beats the default at qk 192
+    "default": None,
+    "f128x64w8s3": {"fwd_BLOCK_M": 128, "fwd_BLOCK_N": 64, "fwd_num_warps": 8, "fwd_num_stages": 3},
+}
+
+
+def sec_flexsweep(args):
+    """FlexAttention kernel options on the issue's shape (32k rows, 16 heads, qk 192 / v 128)
+    over two real tree layouts (a chain-like and a bushy one), each vs causal SDPA per
+    attended pair. Each variant compiles its own kernels; a failing one is recorded."""
+    from harts.exec.backend import causal_attention
+    from harts.exec.gpu.attention import attended_pairs, tree_attention, tree_block_mask
+    from harts.exec.gpu.bench import time_cuda
+    from harts.tree.workload import generate, preset
+
+    R, H, qk, vd = 32768, 16, 192, 128
+    layouts = {}
+    f = generate(preset("swe-treestep-1")).forest()
+    layouts["treestep_first32k"] = np.minimum(f.row_end[:R], R - 1)
+    # a bushier layout: the first 32k rows of a small-tree workload (many groups, short rows)
+    f2 = generate(preset("small-treestep")).forest()
+    reps, ends, off = [], [], 0
+    while off < R:
+        ends.append(f2.row_end + off)
+        off += f2.num_rows
+    layouts["small_treestep_tiled"] = np.minimum(np.concatenate(ends)[:R], R - 1)
+    q, k = (torch.randn(R, H, qk, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    v = torch.randn(R, H, vd, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    do = torch.randn(R, H, vd, device="cuda", dtype=torch.bfloat16)
+    scale = qk ** -0.5
+    out = {}
+    sdpa = time_cuda(lambda: causal_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), scale)
+                     .backward(do.transpose(0, 1)), repeats=10)
+    causal = R * (R + 1) // 2
+    out["sdpa_fwdbwd_s"] = sdpa
+    for lname, end_np in layouts.items():
+        end = torch.as_tensor(end_np, device="cuda")
+        bm = tree_block_mask(end)
+        pairs = attended_pairs(end)
+        res = {"pairs": pairs, "density": pairs / R / R}
+        from harts.exec.gpu.path_attention import flash_varlen, path_attention, segments_of
+
+        parent = np.full(R, -1, np.int64)
+        # parents from the DFS intervals: the nearest earlier row whose subtree covers r
+        stack = []
+        for r in range(R):
+            while stack and end_np[stack[-1]] < r:
+                stack.pop()
+            parent[r] = stack[-1] if stack else -1
+            stack.append(r)
+        seg = segments_of(parent)
+        keys = torch.as_tensor(seg.key_rows, device="cuda")
+        t = time_cuda(lambda: path_attention(q, k, v, scale, seg, kernel=flash_varlen, key_rows=keys).backward(do), repeats=10)
+        with torch.no_grad():
+            tf = time_cuda(lambda: path_attention(q, k, v, scale, seg, kernel=flash_varlen, key_rows=keys), repeats=10)
+        res["varlen"] = {"fwdbwd_s": t, "fwd_s": tf, "segments": seg.num_segments, "gathered_keys": int(seg.key_rows.size),
+                         "per_pair_vs_sdpa": (t / pairs) / (sdpa / causal)}
+        print(f"[flexsweep] {lname} varlen: {res['varlen']}", flush=True)
+        for vname, opts in FLEX_VARIANTS.items():
+            try:
+                t = time_cuda(lambda opts=opts: tree_attention(q, k, v, scale, bm, kernel_options=opts).backward(do),
+                              repeats=10)
+                with torch.no_grad():
+                    tf = time_cuda(lambda opts=opts: tree_attention(q, k, v, scale, bm, kernel_options=opts), repeats=10)
+                res[vname] = {"fwdbwd_s": t, "fwd_s": tf, "per_pair_vs_sdpa": (t / pairs) / (sdpa / causal)}
+            except Exception as err:  # noqa: BLE001
+                res[vname] = {"error": f"{type(err).__name__}: {err}"[:500]}
+            print(f"[flexsweep] {lname} {vname}: {res[vname]}", flush=True)
+        out[lname] = res
+    return out
+
+
 def main() -> None:
     global OUT
     ap = argparse.ArgumentParser()
@@ -259,10 +430,16 @@ def main() -> None:
         import triton.runtime.autotuner as autotuner
 
         autotuner.Autotuner._bench = lambda self, *a, **kw: [0.0, 0.0, 0.0]
+    import torch._dynamo
+
+    # kernel-option variants and grad modes each compile FlexAttention once; past the
+    # default limit (8) dynamo falls back to eager flex, which materialises dense scores
+    torch._dynamo.config.recompile_limit = 64
     OUT = Path(args.out)
     OUT.mkdir(parents=True, exist_ok=True)
     fns = {"attn": sec_attn, "env": sec_env, "kda": sec_kda, "flex": sec_flex, "verify": sec_verify, "ops": sec_ops,
-           "step": lambda: sec_step(args), "fidelity": lambda: sec_fidelity(args)}
+           "step": lambda: sec_step(args), "fidelity": lambda: sec_fidelity(args),
+           "profile": lambda: sec_profile(args), "moe": sec_moe, "flexsweep": lambda: sec_flexsweep(args)}
     for s in args.sections:
         t0 = time.perf_counter()
         try:

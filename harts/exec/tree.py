@@ -16,7 +16,10 @@ places where rows see each other, each restricted to a row's own root path:
   rows; only its own rows' outputs are kept. Its initial state is zeros, a boundary state
   that an earlier round's call returned (still in the autograd graph, so gradients flow
   back into the producing call), or an *external* state handed in from another
-  microbatch. Every computed row's output is written by exactly one sequence.
+  microbatch. Every computed row's output is written by exactly one sequence. A round
+  returns only the chunk-boundary states that are read — by later rounds, and by the
+  consumers of a recording producer (`record_states`) — as a `chunk_state_index`, so the
+  GPU path gathers and back-propagates a handful of K x V states, not one per chunk.
 
 A microbatch's rows form a `LocalLayout`: its computed rows plus the *context* rows it
 reads from a producer microbatch (sharing windows, harts.exec.window). Context rows are
@@ -33,6 +36,7 @@ sequence, starting mid-chunk at its fork from its parent's final state).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -293,6 +297,20 @@ def node_schedule(forest: RolloutForest, chunk_size: int = 64) -> KDASchedule:
                        np.concatenate(written) if written else np.zeros(0, np.int64))
 
 
+def chunk_state_of(schedule: KDASchedule, local_row: int, position: int) -> tuple[int, int]:
+    """S(position) on the path through `local_row` (the row at depth position-1), as the
+    replay round that computed that row and the index into that round's full list of
+    chunk-boundary states (KDAOutput.chunk_states numbering)."""
+    r = int(schedule.row_round[local_row]) if 0 <= local_row < schedule.row_round.size else -1
+    if r < 0:
+        raise ValueError(f"local row {local_row} is not computed by a replay round")
+    start = int(schedule.row_seq_start[local_row])
+    B = schedule.chunk_size
+    if position % B or position <= start:
+        raise ValueError(f"S({position}) is not a chunk boundary of the sequence starting at {start}")
+    return r, int(schedule.row_state_base[local_row]) + (position - start) // B - 1
+
+
 def stash_category(name: str) -> str:
     """Which row set a mixing input needs: attention keys/values, conv inputs or KDA inputs."""
     return "attention" if name == "attention" else ("conv" if name.startswith("conv:") else "kda")
@@ -332,13 +350,18 @@ class Stash:
     tensor with that gradient for the producer's single backward.
     """
 
-    def __init__(self, computed_rows: np.ndarray):
+    def __init__(self, computed_rows: np.ndarray, local_rows: np.ndarray | None = None):
         self.rows = computed_rows  # global rows the recorded tensors are indexed by
+        # their local rows in the producer's layout (the schedule's numbering)
+        self.local_rows = np.arange(computed_rows.size) if local_rows is None else local_rows
         self.inputs: dict[tuple[int, str], tuple[Tensor, ...]] = {}
         self.input_rows: dict[str, np.ndarray] = {}  # category -> global rows kept
         self.kda_states: dict[int, Tensor] = {}  # layer -> [n, H, K, V] at `state_keys`
         self.state_keys: list[tuple[int, int]] = []
         self.schedule: KDASchedule | None = None
+        # per round: which of its full chunk-state list the recorded `handed` states are
+        # (None: all of them)
+        self.chunk_state_index: list[np.ndarray | None] = []
         self.hidden: Tensor | None = None
         self.hidden_rows = computed_rows
         self._handed: dict[int, list[Tensor]] = {}
@@ -366,11 +389,17 @@ class Stash:
     def _state_at(self, layer: int, global_row: int, position: int) -> Tensor:
         i = int(np.searchsorted(self.rows, global_row))
         sch = self.schedule
-        if i >= self.rows.size or self.rows[i] != global_row or sch is None or sch.row_round[i] < 0:
+        if i >= self.rows.size or self.rows[i] != global_row or sch is None:
             raise ValueError(f"the producer did not compute row {global_row}")
-        r, base, start = int(sch.row_round[i]), int(sch.row_state_base[i]), int(sch.row_seq_start[i])
-        offset = (position - start) // sch.chunk_size - 1
-        return self._handed[layer][r][base + offset]
+        r, index = chunk_state_of(sch, int(self.local_rows[i]), position)
+        requested = self.chunk_state_index[r] if r < len(self.chunk_state_index) else None
+        if requested is not None:
+            at = int(np.searchsorted(requested, index))
+            if at >= requested.size or requested[at] != index:
+                raise ValueError(f"S({position}) at row {global_row} was not requested when the producer "
+                                 "ran (TreeContext record_states)")
+            index = at
+        return self._handed[layer][r][index]
 
     def state_at(self, layer: int, global_row: int, position: int) -> Tensor:
         """S(position) on the path through `global_row` (the row at depth position-1)."""
@@ -388,6 +417,8 @@ class Stash:
                 self._leaves[("hidden",)] = self.hidden.detach().requires_grad_(self.hidden.requires_grad)
         view = Stash(self.rows)
         view.schedule = self.schedule
+        view.local_rows = self.local_rows
+        view.chunk_state_index = self.chunk_state_index
         view.input_rows = self.input_rows
         view.state_keys = self.state_keys
         view.hidden_rows = self.hidden_rows
@@ -455,7 +486,12 @@ class TreeContext:
     def __init__(self, forest: RolloutForest, *, chunk_size: int = 64, kda_mode: str = "replay",
                  device: torch.device | str = "cpu", layout: LocalLayout | None = None,
                  row_weight: np.ndarray | None = None, stash: Stash | None = None,
-                 record: bool = False, schedule: KDASchedule | None = None):
+                 record: bool = False, schedule: KDASchedule | None = None,
+                 record_states: Sequence[tuple[int, int]] | None = None):
+        """`record`: record a `Stash` for consumers; `record_states` lists the states they
+        will read, as (global row at depth a-1, a) (StashNeeds.states), so that only those
+        (and those later rounds start from) are requested from the KDA calls. With `record`
+        and no `record_states`, every chunk-boundary state is kept."""
         if kda_mode not in ("replay", "node"):
             raise ValueError(f"kda_mode must be 'replay' or 'node', got {kda_mode!r}")
         layout = layout if layout is not None else LocalLayout.full(forest)
@@ -486,7 +522,7 @@ class TreeContext:
         self.attn_mask = None if self._fast_attention is not None else (
             (k_idx[None, :] <= q_idx[:, None]) & (q_idx[:, None] <= end[None, :]))
         self.stash = stash
-        self.record = Stash(layout.rows[comp]) if record else None
+        self.record = Stash(layout.rows[comp], comp) if record else None
         # local order = context rows (stash order) then computed rows, put back in place
         ctx_idx = layout.context_index
         order = np.concatenate([ctx_idx, comp])
@@ -508,13 +544,18 @@ class TreeContext:
             self.schedule = replay_schedule(layout, chunk_size)
         else:
             self.schedule = node_schedule(forest, chunk_size)
+        self.chunk_state_index = self._chunk_states_read(record, record_states)
         if self.record is not None:
             self.record.schedule = self.schedule
-        self._rounds = [
-            (torch.as_tensor(r.gather_rows, device=dev), torch.as_tensor(r.cu_seqlens, device=dev),
-             torch.as_tensor(r.keep, device=dev), r.init_round.tolist(), r.init_index.tolist())
-            for r in self.schedule.rounds
-        ]
+            self.record.chunk_state_index = self.chunk_state_index
+        self._rounds = []
+        for r in self.schedule.rounds:
+            # init_index into the compact list of states its round returns
+            init_index = [i if pr < 0 or self.chunk_state_index[pr] is None
+                          else int(np.searchsorted(self.chunk_state_index[pr], i))
+                          for pr, i in zip(r.init_round.tolist(), r.init_index.tolist(), strict=True)]
+            self._rounds.append((torch.as_tensor(r.gather_rows, device=dev), torch.as_tensor(r.cu_seqlens, device=dev),
+                                 torch.as_tensor(r.keep, device=dev), r.init_round.tolist(), init_index))
         # written rows are local; outputs must come back in computed order
         pos_in_computed = np.full(layout.num_rows, -1, dtype=np.int64)
         pos_in_computed[comp] = np.arange(comp.size)
@@ -525,6 +566,29 @@ class TreeContext:
         unpermute[written] = np.arange(comp.size)
         self._unpermute = torch.as_tensor(unpermute, device=dev)
         self._windows: dict[int, Tensor] = {}
+
+    def _chunk_states_read(self, record: bool, record_states: Sequence[tuple[int, int]] | None
+                           ) -> list[np.ndarray | None]:
+        """Per round, the sorted indices (into its full list of chunk-boundary states) of the
+        states that are read: by later rounds, and by the consumers of a recording producer.
+        None = all (recording with no `record_states` given; node-wise final handoffs)."""
+        rounds = self.schedule.rounds
+        if self.schedule.handoff != "chunk" or (record and record_states is None):
+            return [None] * len(rounds)
+        read: list[set[int]] = [set() for _ in rounds]
+        for rnd in rounds:
+            for r, i in zip(rnd.init_round.tolist(), rnd.init_index.tolist(), strict=True):
+                if r >= 0:
+                    read[r].add(i)
+        if record:
+            rows = self.layout.rows
+            for row, a in record_states or ():
+                local = int(np.searchsorted(rows, row))
+                if local >= rows.size or rows[local] != row or not self.layout.computed[local]:
+                    raise ValueError(f"record_states: row {row} is not computed here")
+                r, i = chunk_state_of(self.schedule, local, a)
+                read[r].add(i)
+        return [np.asarray(sorted(s), np.int64) for s in read]
 
     @property
     def kda_rounds(self) -> int:
@@ -574,7 +638,8 @@ class TreeContext:
         handed: list[Tensor] = []  # per round: the states later rounds may start from
         outputs: list[Tensor] = []
         chunk = self.schedule.handoff == "chunk"
-        for gather, cu, keep, init_round, init_index in self._rounds:
+        for (gather, cu, keep, init_round, init_index), state_index in zip(self._rounds, self.chunk_state_index,
+                                                                           strict=True):
             if all(r == ZERO_STATE for r in init_round):
                 h0 = None
             else:
@@ -587,6 +652,7 @@ class TreeContext:
                 q[gather], k[gather], v[gather], g[gather], beta[gather],
                 scale=scale, initial_state=h0, cu_seqlens=cu, chunk_size=self.chunk_size,
                 output_final_state=not chunk, output_chunk_states=chunk,
+                chunk_state_index=state_index,
             )
             handed.append(out.chunk_states if chunk else out.final_state)
             outputs.append(out.o[keep])

@@ -171,8 +171,10 @@ class PlanTrainer(ExpandedTrainer):
                     raise ValueError(f"consumer {m.id} runs before its producer {m.producer}")
                 stash = window.stash.leaves()
             is_producer = m.id in windows
+            # a producer's KDA rounds return only the states its consumers start from
             ctx = TreeContext(forest, chunk_size=B, device=device, layout=layout, row_weight=weights[m.id],
-                              stash=stash, record=is_producer, schedule=schedules[m.id])
+                              stash=stash, record=is_producer, schedule=schedules[m.id],
+                              record_states=windows[m.id].needs.states if is_producer else None)
             # targets of owned trajectories; rows -> index into [computed hidden | context hidden]
             sel = owned[m.id]
             t_rows = targets.row[sel]

@@ -7,15 +7,19 @@ mapping the tree's rows back to every trajectory position.
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harts.exec import backend
 from harts.exec.ops.conv import short_conv, window_from_cu_seqlens
 from harts.exec.ops.kda import chunk_kda
-from harts.exec.tree import TreeContext
+from harts.exec.tree import StashNeeds, TreeContext
 from harts.testing import assert_close
 from harts.tree import build_forest
 from tests.strategies import trajectory_sets
@@ -115,3 +119,108 @@ def test_round_counts_come_from_the_planner():
     plan = plan_kda_calls_for(forest, 8)
     assert ctx.kda_rounds == plan.num_rounds == 2
     assert ctx.replay_tokens == plan.replay_tokens == 3 + (14 - 8)
+
+
+def _states_read_by_rounds(schedule) -> set[tuple[int, int]]:
+    """(round, index into its full chunk-state list) of every state a later round starts from."""
+    return {(int(r), int(i)) for rnd in schedule.rounds
+            for r, i in zip(rnd.init_round, rnd.init_index, strict=True) if r >= 0}
+
+
+def _spy_kda(calls: list):
+    """backend.chunk_kda that records (requested index, states returned, all M) per call."""
+    def spy(*args, **kw):
+        out = chunk_kda(*args, **kw)
+        index = kw.get("chunk_state_index")
+        calls.append((None if index is None else np.asarray(index).tolist(), int(out.chunk_states.shape[0]),
+                      int(out.chunk_state_offsets[-1])))
+        return out
+    return spy
+
+
+@settings(max_examples=15)
+@given(trajectory_sets(max_len=40), st.sampled_from([2, 4, 8]), st.integers(0, 2**16))
+def test_replay_rounds_request_only_the_states_later_rounds_read(trajs, chunk, seed):
+    forest = build_forest(trajs)
+    ins = _inputs(forest.num_rows, torch.float64, seed)
+    ctx = TreeContext(forest, chunk_size=chunk)
+    calls: list = []
+    with mock.patch.object(backend, "chunk_kda", _spy_kda(calls)):
+        o_tree = ctx.kda(0, *ins, K**-0.5)[torch.as_tensor(forest.traj_rows)]
+    reads = _states_read_by_rounds(ctx.schedule)
+    assert len(calls) == ctx.kda_rounds
+    for r, (index, returned, _) in enumerate(calls):
+        assert index == sorted(i for rr, i in reads if rr == r)
+        assert returned == len(index)
+    assert sum(returned for _, returned, _ in calls) == len(reads)
+    assert_close("o", o_tree, _expanded_kda(forest, *ins, chunk), 1e-12)
+
+
+def test_a_late_fork_requests_one_state_of_many():
+    from harts.tree import Trajectory
+
+    T = Trajectory.make
+    trajs = [T("a", "g", np.arange(40) % 7), T("b", "g", np.r_[np.arange(30) % 7, [9] * 6])]
+    forest = build_forest(trajs)
+    calls: list = []
+    with mock.patch.object(backend, "chunk_kda", _spy_kda(calls)):
+        TreeContext(forest, chunk_size=4).kda(0, *_inputs(forest.num_rows, torch.float64, 0), K**-0.5)
+    # round 0 runs the 40-token trunk (10 boundary states); round 1 starts b from S(28) alone
+    assert [(index, returned) for index, returned, _ in calls] == [([6], 1), ([], 0)]
+    assert calls[0][2] == 10
+
+
+def _aligned_states(forest, chunk: int) -> list[tuple[int, int]]:
+    """Every (row at depth a-1, a) with a a positive multiple of the chunk size."""
+    pos = forest.row_position
+    return [(int(r), int(pos[r]) + 1) for r in np.flatnonzero((pos + 1) % chunk == 0)]
+
+
+@settings(max_examples=15)
+@given(trajectory_sets(max_len=30), st.sampled_from([2, 4]), st.data())
+def test_a_recording_context_keeps_exactly_the_states_its_consumers_read(trajs, chunk, data):
+    forest = build_forest(trajs)
+    candidates = _aligned_states(forest, chunk)
+    wanted = sorted(data.draw(st.sets(st.sampled_from(candidates), max_size=5))) if candidates else []
+    ins = [x.requires_grad_() for x in _inputs(forest.num_rows, torch.float64, 1)]
+    empty = np.zeros(0, np.int64)
+    needs = StashNeeds(empty, empty, empty, empty, wanted)
+    kept = []
+    for record_states in (None, wanted):
+        ctx = TreeContext(forest, chunk_size=chunk, record=True, record_states=record_states)
+        o = ctx.kda(0, *ins, K**-0.5)
+        ctx.record.keep(needs, o.new_zeros(ctx.num_rows, 1))
+        kept.append((ctx, o, ctx.record.kda_states[0]))
+    (all_ctx, o_all, s_all), (some_ctx, o_some, s_some) = kept
+    assert all(index is None for index in all_ctx.chunk_state_index)
+    assert torch.equal(o_all, o_some)
+    if wanted:
+        assert torch.equal(s_all, s_some)
+        # gradients through the kept states reach the inputs the same way
+        w = torch.randn(s_all.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        grads = [torch.autograd.grad((s * w).sum(), ins, materialize_grads=True) for s in (s_all, s_some)]
+        for name, a, b in zip("q k v g beta".split(), *grads, strict=True):
+            if not b.any():
+                # states do not depend on the queries
+                assert not a.any(), f"d{name} should be exactly zero"
+            else:
+                assert_close(f"d{name} through kept states", a, b, 1e-10)
+    # requested: the distinct states later rounds start from, plus the consumers' (mapped as
+    # the schedule numbers them: the row's round, its sequence's state base and start)
+    sch = some_ctx.schedule
+
+    def numbered(row, a):
+        return (int(sch.row_round[row]),
+                int(sch.row_state_base[row]) + (a - int(sch.row_seq_start[row])) // chunk - 1)
+
+    reads = _states_read_by_rounds(sch) | {numbered(row, a) for row, a in wanted}
+    assert sum(index.size for index in some_ctx.chunk_state_index) == len(reads)
+    for r, index in enumerate(some_ctx.chunk_state_index):
+        assert index.tolist() == sorted(i for rr, i in reads if rr == r)
+    # a consumer asking for a state that was not requested is refused, not served another
+    missing = [s for s in candidates if numbered(*s) not in reads]
+    if missing:
+        ctx = TreeContext(forest, chunk_size=chunk, record=True, record_states=wanted)
+        o = ctx.kda(0, *ins, K**-0.5)
+        with pytest.raises(ValueError, match="not requested"):
+            ctx.record.keep(StashNeeds(empty, empty, empty, empty, missing[:1]), o.new_zeros(ctx.num_rows, 1))

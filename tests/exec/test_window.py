@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 import torch
@@ -156,3 +158,43 @@ def test_overlapping_windows_give_the_same_step_and_add_up_their_memory():
     assert runs["overlapped"][1].peak_retained_bytes == sizes[p1] + sizes[p2]
     with pytest.raises(ValueError, match="before its producer"):
         PlanTrainer(build_model(_config(8), dtype=torch.float64), plan, order=[c1[0], *[i for i in default if i != c1[0]]])
+
+
+def test_producers_request_only_the_states_their_rounds_and_consumers_read():
+    import harts.exec.window as window_module
+    from harts.exec.tree import TreeContext
+
+    trajs = generate_trajectories("tiny-treestep", seed=1)
+    forest = build_forest(trajs)
+    plan = _windowed(trajs, 8, "l1l2", _tight_budget(forest))
+    made = []
+
+    class Recording(TreeContext):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            made.append(self)
+
+    model = build_model(_config(8), seed=3, dtype=torch.float64)
+    with mock.patch.object(window_module, "TreeContext", Recording):
+        PlanTrainer(model, plan, loss=LOSS).forward_backward(trajs, 1 << 20)
+    producers = [ctx for ctx in made if ctx.record is not None]
+    # (the global aux scope runs every microbatch twice: a statistics pass, then the step)
+    assert len(plan.consumers()) >= 1 and len(producers) % len(plan.consumers()) == 0
+    assert any(ctx.record.state_keys for ctx in producers), "no consumer starts from a producer state"
+    requested = boundary_states = 0
+    for ctx in producers:
+        sch = ctx.schedule
+        B = sch.chunk_size
+        # states later rounds start from, and S(a) at each consumer start, in the numbering
+        # of the round that computed the row at depth a-1
+        reads = {(int(r), int(i)) for rnd in sch.rounds
+                 for r, i in zip(rnd.init_round, rnd.init_index, strict=True) if r >= 0}
+        for row, a in ctx.record.state_keys:
+            local = int(np.searchsorted(ctx.layout.rows, row))
+            reads.add((int(sch.row_round[local]),
+                       int(sch.row_state_base[local]) + (a - int(sch.row_seq_start[local])) // B - 1))
+        for r, index in enumerate(ctx.chunk_state_index):
+            assert index.tolist() == sorted(i for rr, i in reads if rr == r)
+        requested += len(reads)
+        boundary_states += sum(int((np.diff(rnd.cu_seqlens) // B).sum()) for rnd in sch.rounds)
+    assert requested < boundary_states

@@ -9,7 +9,8 @@ expanded tokens per second, and the peak allocated memory over the timed steps; 
 FLOP-compression limit expanded / (compact + KDA replay) tokens that bounds the speedup.
 
 Per-op benchmarks (`op_benchmarks`): fla's chunk_kda vs our replay path (boundary states
-out, their gradients in) on the same packed tokens, and FlexAttention over a DFS ancestor
+out, their gradients in; all of them, and a sparse request of a few as a tree round makes)
+on the same packed tokens, and FlexAttention over a DFS ancestor
 mask vs dense causal SDPA, each per token / per attended pair, forward+backward; rows also
 go out in the simulator's profile schema (`harts.sim.profile/v1`).
 """
@@ -111,8 +112,12 @@ def _kda_inputs(T: int, H: int, K: int, V: int, dtype, device, seed: int = 0):
 
 
 def kda_op_benchmark(T: int = 32768, num_seqs: int = 16, H: int = 16, K: int = 128, V: int = 128,
-                     dtype=torch.bfloat16, device: str = "cuda") -> tuple[dict, list[dict]]:
-    """fla chunk_kda vs the replay path (boundary states out + their gradients in)."""
+                     dtype=torch.bfloat16, device: str = "cuda", num_states: int | None = None,
+                     chunk_size: int = 64) -> tuple[dict, list[dict]]:
+    """fla chunk_kda vs the replay path (boundary states out + their gradients in), the
+    latter twice: returning all M boundary states (`ours_*`), and returning `num_states` of
+    them (default: one per sequence) at random chunk boundaries (`ours_sparse_*`), the
+    request a tree round makes (the states later rounds and consumers start from)."""
     from fla.ops.kda import chunk_kda as fla_chunk_kda
 
     from harts.exec.gpu.kda import chunk_kda_fast
@@ -123,38 +128,52 @@ def kda_op_benchmark(T: int = 32768, num_seqs: int = 16, H: int = 16, K: int = 1
     cu_host = torch.as_tensor(np.concatenate([[0], cuts, [T]]), dtype=torch.int64)
     cu = cu_host.to(device)
     do = torch.randn(T, H, V, device=device, dtype=dtype)
+    num_boundary = int(((cu_host[1:] - cu_host[:-1]) // chunk_size).sum())
+    num_states = num_seqs if num_states is None else num_states
+    sparse_index = np.sort(rng.choice(num_boundary, min(num_states, num_boundary), replace=False))
 
     def fla_fwd():
-        return fla_chunk_kda(*(x[None] for x in xs), cu_seqlens=cu, cu_seqlens_cpu=cu_host, output_final_state=True)
+        return fla_chunk_kda(*(x[None] for x in xs), cu_seqlens=cu, cu_seqlens_cpu=cu_host, output_final_state=True,
+                             chunk_size=chunk_size)
 
     def fla_fb():
         o, ht = fla_fwd()
         torch.autograd.backward([o[0], ht], [do, torch.ones_like(ht)])
 
-    def ours_fwd():
-        return chunk_kda_fast(*xs, cu_seqlens=cu_host, output_chunk_states=True)
+    def replay(index):
+        def fwd():
+            return chunk_kda_fast(*xs, cu_seqlens=cu_host, output_chunk_states=True, chunk_state_index=index,
+                                  chunk_size=chunk_size)
 
-    dstates = {}
+        dstates = {}
 
-    def ours_fb():
-        out = ours_fwd()
-        if "s" not in dstates:
-            dstates["s"] = torch.randn_like(out.chunk_states)
-        torch.autograd.backward([out.o, out.chunk_states], [do, dstates["s"]])
+        def fwdbwd():
+            out = fwd()
+            if "s" not in dstates:
+                dstates["s"] = torch.randn_like(out.chunk_states)
+            torch.autograd.backward([out.o, out.chunk_states], [do, dstates["s"]])
 
+        return fwd, fwdbwd
+
+    ours_fwd, ours_fb = replay(None)
+    sparse_fwd, sparse_fb = replay(sparse_index)
     res = {}
     with torch.no_grad():
         res["fla_fwd_s"] = time_cuda(fla_fwd)
         res["ours_fwd_s"] = time_cuda(ours_fwd)
+        res["ours_sparse_fwd_s"] = time_cuda(sparse_fwd)
     res["fla_fwdbwd_s"] = time_cuda(fla_fb)
     res["ours_fwdbwd_s"] = time_cuda(ours_fb)
-    res.update(tokens=T, num_seqs=num_seqs, heads=H, head_k_dim=K, head_v_dim=V, dtype=str(dtype))
-    res["fla_tokens_per_s"] = T / res["fla_fwdbwd_s"]
-    res["ours_tokens_per_s"] = T / res["ours_fwdbwd_s"]
+    res["ours_sparse_fwdbwd_s"] = time_cuda(sparse_fb)
+    res.update(tokens=T, num_seqs=num_seqs, heads=H, head_k_dim=K, head_v_dim=V, dtype=str(dtype),
+               chunk_size=chunk_size, boundary_states=num_boundary, sparse_states=int(sparse_index.size))
+    for who in ("fla", "ours", "ours_sparse"):
+        res[f"{who}_tokens_per_s"] = T / res[f"{who}_fwdbwd_s"]
     res["ours_over_fla_per_token"] = res["ours_fwdbwd_s"] / res["fla_fwdbwd_s"]
-    max_chunks = int(((cu_host[1:] - cu_host[:-1] + 63) // 64).max())
+    res["ours_sparse_over_fla_per_token"] = res["ours_sparse_fwdbwd_s"] / res["fla_fwdbwd_s"]
+    max_chunks = int(((cu_host[1:] - cu_host[:-1] + chunk_size - 1) // chunk_size).max())
     prof = []
-    for who in ("fla", "ours"):
+    for who in ("fla", "ours", "ours_sparse"):
         base = dict(op="kda_chunk", tokens=T, heads=H, head_k_dim=K, head_v_dim=V, max_chunks=max_chunks,
                     impl=who)
         prof.append({**base, "phase": "fwd", "seconds": res[f"{who}_fwd_s"]})

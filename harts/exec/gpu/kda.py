@@ -1,13 +1,14 @@
 """KDA on the GPU: fla-core's chunkwise kernels, plus the boundary-state handoff they lack.
 
 Legend: T packed tokens, N sequences, H heads, K key / V value channels, B chunk size,
-NT chunks of all sequences, M handed-off boundary states.
+NT chunks of all sequences, M boundary states (after every full chunk), U of them selected.
 
 `chunk_kda_fast` has the contract of `harts.exec.ops.kda.chunk_kda` (packed [T, H, *]
-tensors, `cu_seqlens`, `initial_state`, `KDAOutput`):
+tensors, `cu_seqlens`, `initial_state`, `chunk_state_index`, `KDAOutput`):
 
 - without `output_chunk_states` (the packed baseline, and the tree's no-replay rounds that
-  hand over final states) it is fla's `chunk_kda` as is: fla takes `cu_seqlens` and
+  hand over final states), or with an empty `chunk_state_index` (a replay round whose
+  states nobody reads), it is fla's `chunk_kda` as is: fla takes `cu_seqlens` and
   `initial_state`, returns the final state, and its backward returns dh0 and consumes dht;
 - with `output_chunk_states` (the tree's replay rounds) it runs fla's forward pieces with
   the state history `h` kept in fp32 (fla stores it in the input dtype and drops it), so the
@@ -17,8 +18,15 @@ tensors, `cu_seqlens`, `initial_state`, `KDAOutput`):
   recurrence, which is our Triton kernel (`kda_dhu`) that adds each boundary state's
   incoming gradient where the state was produced. One call per round: the planner's
   minimum round count holds on the GPU path.
-"""
 
+Sparse handoff: a tree round hands on only the few states that later rounds or consumer
+microbatches start from, named by `chunk_state_index` (U of the M). The forward gathers
+just those U states from `h` and the final states (never all M), and the backward builds
+the kernel's injection on the device as a compact [U', H, K, V] (U' <= U + N: the selected
+states' gradients plus each sequence's final-state gradient at its last chunk, index_add
+so gradients meeting at one chunk add) with a per-chunk row map, instead of a dense
+[NT, H, K, V] buffer. Index bookkeeping is host-side numpy on the host copy of cu_seqlens.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -26,7 +34,7 @@ import torch
 import triton
 
 from harts.exec.gpu.kda_dhu import bwd_dhu_inject
-from harts.exec.ops.kda.chunk import KDAOutput
+from harts.exec.ops.kda.chunk import KDAOutput, check_chunk_state_index
 
 
 def _fla() -> dict:
@@ -97,9 +105,64 @@ def boundary_index(cu_seqlens: np.ndarray, chunk_size: int) -> dict[str, np.ndar
                 num_chunks=int(offs[-1]), state_offsets=state_offsets.astype(np.int64))
 
 
+def state_gather(source: np.ndarray, num_chunks: int) -> dict[str, np.ndarray]:
+    """Where each selected state comes from: `source` rows below num_chunks are in h (the
+    state entering each chunk), the others are final states. Returns the positions and rows
+    of both parts, so the forward gathers U states without concatenating all NT + N."""
+    in_h = source < num_chunks
+    return dict(pos_h=np.flatnonzero(in_h), src_h=source[in_h],
+                pos_f=np.flatnonzero(~in_h), src_f=source[~in_h] - num_chunks)
+
+
+def build_injection(dstates: torch.Tensor | None, dht: torch.Tensor | None, chunk_sel: np.ndarray,
+                    last_chunk: np.ndarray, num_chunks: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The compact injection for `bwd_dhu_inject`: (ext fp32 [U', H, K, V], ext_idx int64
+    [NT]), or (None, None) when no gradient enters.
+
+    The selected states' gradients `dstates` [U] enter after their chunks `chunk_sel` [U],
+    each sequence's final-state gradient `dht` [N] after its last chunk `last_chunk` [N]
+    (-1: an empty sequence, which has no chunk; the backward adds its dht to dh0 itself).
+    ext has one row per chunk that receives anything;
+    the state after a sequence's last full chunk can sit at the same chunk as its final
+    state (or be selected twice), and index_add makes such gradients add.
+    """
+    chunks: list[np.ndarray] = []
+    grads: list[torch.Tensor] = []
+    has = np.zeros(0, np.int64)
+    if dstates is not None and chunk_sel.size:
+        chunks.append(chunk_sel)
+        grads.append(dstates)
+    # the non-empty sequences' final-state gradients, subset on the device below
+    final_subset = False
+    if dht is not None:
+        has = np.flatnonzero(last_chunk >= 0)
+        if has.size:
+            chunks.append(last_chunk[has])
+            grads.append(dht)
+            final_subset = has.size < dht.shape[0]
+    if not chunks:
+        return None, None
+    used, row = np.unique(np.concatenate(chunks), return_inverse=True)
+    ext_idx = np.full(num_chunks, -1, np.int64)
+    ext_idx[used] = np.arange(used.size)
+    # one host-to-device copy for all index arrays
+    host = [ext_idx, row.reshape(-1), has]
+    dev = grads[0].device
+    ext_idx_dev, row_dev, has_dev = torch.as_tensor(np.concatenate(host)).to(dev).split([x.size for x in host])
+    ext = torch.zeros(used.size, *grads[0].shape[1:], dtype=torch.float32, device=dev)
+    if final_subset:
+        grads[-1] = dht[has_dev]
+    start = 0
+    for c, grad in zip(chunks, grads, strict=True):
+        ext.index_add_(0, row_dev[start : start + c.size], grad.float())
+        start += c.size
+    return ext, ext_idx_dev
+
+
 class _ChunkKDAStates(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, h0, scale, cu, B, chunk_M, source_M, last_N, num_chunks):
+    def forward(ctx, q, k, v, g, beta, h0, scale, cu, B, chunk_sel, gather, last_N, num_chunks):
+        ctx.set_materialize_grads(False)
         f = _fla()
         chunk_indices = f["prepare_chunk_indices"](cu, B)
         chunk_offsets = f["prepare_chunk_offsets"](cu, B)
@@ -113,28 +176,28 @@ class _ChunkKDAStates(torch.autograd.Function):
             q=q, v=v_new, g=g_cum, A=Aqk, h=h, scale=scale, cu_seqlens=cu, chunk_size=B,
             chunk_indices=chunk_indices,
         )
-        states = torch.cat([h[0], final])[source_M]
-        ctx.save_for_backward(q, k, v, g_cum, beta, Aqk, Akk, h0, cu, chunk_indices, chunk_offsets,
-                              chunk_M, last_N)
+        # only the selected states: U of the NT + N in h and final
+        host = [gather["pos_h"], gather["src_h"], gather["pos_f"], gather["src_f"]]
+        flat = torch.as_tensor(np.concatenate(host)).to(q.device)
+        pos_h, src_h, pos_f, src_f = flat.split([x.size for x in host])
+        states = final.new_empty(chunk_sel.size, *final.shape[1:])
+        if pos_h.numel():
+            states[pos_h] = h[0][src_h]
+        if pos_f.numel():
+            states[pos_f] = final[src_f]
+        ctx.save_for_backward(q, k, v, g_cum, beta, Aqk, Akk, h0, cu, chunk_indices, chunk_offsets)
         ctx.scale, ctx.B, ctx.num_chunks, ctx.g_dtype = scale, B, num_chunks, g.dtype
+        ctx.chunk_sel, ctx.last_N = chunk_sel, last_N
         return o, final, states
 
     @staticmethod
     def backward(ctx, do, dht, dstates):
         f = _fla()
-        q, k, v, g, beta, Aqk, Akk, h0, cu, chunk_indices, chunk_offsets, chunk_M, last_N = ctx.saved_tensors
+        q, k, v, g, beta, Aqk, Akk, h0, cu, chunk_indices, chunk_offsets = ctx.saved_tensors
         scale, B, NT = ctx.scale, ctx.B, ctx.num_chunks
-        _, _, H, K = q.shape
-        V = v.shape[-1]
-        do = do.contiguous()
-        dh_ext = None
-        if dstates is not None or dht is not None:
-            dh_ext = torch.zeros(NT, H, K, V, dtype=torch.float32, device=q.device)
-            if dstates is not None and chunk_M.numel():
-                dh_ext.index_add_(0, chunk_M, dstates.float())
-            if dht is not None:
-                has = last_N >= 0
-                dh_ext.index_add_(0, last_N[has], dht.float()[has])
+        # grads are not materialised: None where an output took no part in the loss
+        do = torch.zeros_like(v) if do is None else do.contiguous()
+        ext, ext_idx = build_injection(dstates, dht, ctx.chunk_sel, ctx.last_N, NT)
         w, u, qg, kg = f["recompute_w_u_fwd"](
             q=q, k=k, v=v, beta=beta, A=Akk, gk=g, cu_seqlens=cu, chunk_indices=chunk_indices,
         )
@@ -147,8 +210,15 @@ class _ChunkKDAStates(torch.autograd.Function):
             chunk_indices=chunk_indices,
         )
         dh, dh0, dv = bwd_dhu_inject(
-            qg, kg, w, g, do, dv, dh_ext, cu, chunk_offsets, NT, scale, chunk_size=B, with_dh0=h0 is not None,
+            qg, kg, w, g, do, dv, ext, ext_idx, cu, chunk_offsets, NT, scale, chunk_size=B,
+            with_dh0=h0 is not None,
         )
+        empty = np.flatnonzero(ctx.last_N < 0)
+        if dht is not None and dh0 is not None and empty.size:
+            # an empty sequence's final state is its initial state (the kernel has no chunk
+            # to inject its gradient at)
+            at = torch.as_tensor(empty, device=dh0.device)
+            dh0[at] += dht[at].float()
         dq, dk, dv, db, dg, dAkk = f["chunk_kda_bwd_wy_dqkg_fused"](
             q=q, k=k, v=v, v_new=v_new, g=g, beta=beta, A=Akk, h=h, do=do, dh=dh, dv=dv, scale=scale,
             cu_seqlens=cu, chunk_size=B, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
@@ -174,8 +244,16 @@ def chunk_kda_fast(
     chunk_size: int = 64,
     output_final_state: bool = True,
     output_chunk_states: bool = False,
+    chunk_state_index: torch.Tensor | np.ndarray | None = None,
 ) -> KDAOutput:
-    """`harts.exec.ops.kda.chunk_kda` on fla-core's kernels (CUDA; fp32, bf16 or fp16 inputs)."""
+    """`harts.exec.ops.kda.chunk_kda` on fla-core's kernels (CUDA; fp32, bf16 or fp16 inputs).
+
+    chunk_state_index: which of the M boundary states to return (host array preferred: a
+    CUDA tensor is copied to the host); only those are gathered, and only their gradients
+    enter the backward. An empty index runs fla's plain chunk_kda.
+    """
+    if chunk_state_index is not None and not output_chunk_states:
+        raise ValueError("chunk_state_index needs output_chunk_states=True")
     T, H, K = q.shape
     if scale is None:
         scale = K**-0.5
@@ -185,20 +263,30 @@ def chunk_kda_fast(
     cu = cu_host.to(q.device)
     h0 = None if initial_state is None else initial_state.float().contiguous()
     q4, k4, v4, g4, b3 = (x.contiguous()[None] for x in (q, k, v, g, beta))
-    if not output_chunk_states:
+    dev = q.device
+    ix = boundary_index(cu_host.numpy(), chunk_size) if output_chunk_states else None
+    sel = None
+    if output_chunk_states:
+        num_states = int(ix["chunk"].size)
+        sel = (np.arange(num_states) if chunk_state_index is None
+               else check_chunk_state_index(chunk_state_index, num_states))
+    if not output_chunk_states or sel.size == 0:
+        # no state handed on: fla's chunk_kda as is (its outputs are the same bits)
         from fla.ops.kda import chunk_kda as fla_chunk_kda
 
         o, final = fla_chunk_kda(
-            q4, k4, v4, g4, b3, scale=scale, initial_state=h0, output_final_state=output_final_state,
+            q4, k4, v4, g4, b3, scale=scale, initial_state=h0,
+            output_final_state=output_final_state or output_chunk_states,
             cu_seqlens=cu, cu_seqlens_cpu=cu_host, chunk_size=chunk_size,
         )
-        return KDAOutput(o[0].to(v.dtype), final, None, None)
-    ix = boundary_index(cu_host.numpy(), chunk_size)
-    dev = q.device
+        if not output_chunk_states:
+            return KDAOutput(o[0].to(v.dtype), final, None, None)
+        # zero states, but in the graph like the reference's (a loss may include them)
+        return KDAOutput(o[0].to(v.dtype), final if output_final_state else None, final[:0],
+                         torch.as_tensor(ix["state_offsets"], device=dev))
     o, final, states = _ChunkKDAStates.apply(
-        q4, k4, v4, g4, b3, h0, scale, cu, chunk_size,
-        torch.as_tensor(ix["chunk"], device=dev), torch.as_tensor(ix["source"], device=dev),
-        torch.as_tensor(ix["last_chunk"], device=dev), ix["num_chunks"],
+        q4, k4, v4, g4, b3, h0, scale, cu, chunk_size, ix["chunk"][sel],
+        state_gather(ix["source"][sel], ix["num_chunks"]), ix["last_chunk"], ix["num_chunks"],
     )
     return KDAOutput(o[0].to(v.dtype), final if output_final_state else None, states,
                      torch.as_tensor(ix["state_offsets"], device=dev))

@@ -9,17 +9,25 @@ A tree's replay rounds also hand the states at *inner* chunk boundaries to later
 and their gradients must enter the recurrence where those states were produced. With
 dS_c = dL/d(state after chunk c), the recurrence over chunks, last to first, is
 
-    dS_c   += ext_c                              (injected: consumers of that boundary state)
+    dS_c   += ext[ext_idx[c]]                    (if ext_idx[c] >= 0: that state's consumers)
     dh[c]   = dS_c                               (what the dq/dk/dw kernels read)
     dv2_c   = kg_c dS_c + dv_c                   (value gradient through the state)
     dS_prev = Diag(2^{gk_last_c}) dS_c + scale * qg_c^T do_c - w_c^T dv2_c
 
 with qg, kg, w, gk (log2-space cumulative gate) exactly as fla's KDA forward produces them,
 so this kernel drops into fla's backward in place of `chunk_gated_delta_rule_bwd_dhu`
-(`dht` becomes the injection at each sequence's last chunk). One program per (value
-block, sequence x head) walks its chunks in reverse; the state gradient [K, BV] stays in
-fp32 registers. No loop variable is cast (`.to`), so the kernel also runs under
-TRITON_INTERPRET=1 on CPU, where the tests check it against `bwd_dhu_reference`.
+(`dht` becomes the injection at each sequence's last chunk).
+
+The injection is sparse: a round hands on only the few boundary states later rounds or
+consumer microbatches start from, so the injected gradients come as a compact fp32
+`ext` [U, H, K, V] (one row per chunk that receives any: boundary-state and final-state
+gradients at the same chunk already summed) plus a per-chunk map `ext_idx` [NT] (-1 where
+nothing enters). Memory traffic scales with U, not with NT: no dense [NT, H, K, V]
+buffer is zero-filled, written or read; a chunk without injection costs one scalar load
+and a fully masked tile load. One program per (value block, sequence x head) walks its
+chunks in reverse; the state gradient [K, BV] stays in fp32 registers. No loop variable
+is cast (`.to`), so the kernel also runs under TRITON_INTERPRET=1 on CPU, where the tests
+check it against `bwd_dhu_reference`.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import triton.language as tl
 
 @triton.jit
 def _bwd_dhu_inject_kernel(
-    q, k, w, gk, dh_ext, do, dv, dh, dv2, dh0, cu_seqlens, chunk_offsets, scale,
+    q, k, w, gk, ext, ext_idx, do, dv, dh, dv2, dh0, cu_seqlens, chunk_offsets, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, HAS_EXT: tl.constexpr, USE_H0: tl.constexpr,
 ):
@@ -60,7 +68,12 @@ def _bwd_dhu_inject_kernel(
         row = bos + o_t
         state = ((boh + i_t) * H + i_h) * (K * V)
         if HAS_EXT:
-            b_dh += tl.load(dh_ext + state + off_kv, mask=m_kv, other=0.0)
+            # ext_idx is int64, so the compact row offset cannot overflow; the mask is built
+            # as a block (a scalar bool & a block mask fails under the interpreter)
+            e = tl.load(ext_idx + boh + i_t)
+            row_e = (tl.maximum(e, 0) * H + i_h) * (K * V)
+            m_e = m_kv & ((tl.zeros([BK, BV], dtype=tl.int64) + e) >= 0)
+            b_dh += tl.load(ext + row_e + off_kv, mask=m_e, other=0.0)
         tl.store(dh + state + off_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
 
         m_tk = m_t[:, None] & m_k[None, :]
@@ -89,14 +102,15 @@ def _bwd_dhu_inject_kernel(
 
 def bwd_dhu_inject(
     q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, gk: torch.Tensor, do: torch.Tensor,
-    dv: torch.Tensor, dh_ext: torch.Tensor | None, cu_seqlens: torch.Tensor,
-    chunk_offsets: torch.Tensor, num_chunks: int, scale: float, *, chunk_size: int = 64,
-    with_dh0: bool = True, block_v: int | None = None,
+    dv: torch.Tensor, ext: torch.Tensor | None, ext_idx: torch.Tensor | None,
+    cu_seqlens: torch.Tensor, chunk_offsets: torch.Tensor, num_chunks: int, scale: float, *,
+    chunk_size: int = 64, with_dh0: bool = True, block_v: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """(dh [1, NT, H, K, V] in q's dtype, dh0 [N, H, K, V] fp32 or None, dv2 like dv).
 
     q, k, w, gk: [1, T, H, K] (fla's qg, kg, w and log2 cumulative gate); do, dv: [1, T, H, V];
-    dh_ext: fp32 [NT, H, K, V], the gradient w.r.t. the state after each chunk (None = 0).
+    ext: fp32 [U, H, K, V], the injected gradients w.r.t. states after chunks, and ext_idx:
+    int [NT], the row of ext injected after chunk c (-1: none). ext None: nothing injected.
     """
     _, T, H, K = q.shape
     V = do.shape[-1]
@@ -107,19 +121,23 @@ def bwd_dhu_inject(
     dh = q.new_empty(1, num_chunks, H, K, V)
     dh0 = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device) if with_dh0 else None
     dv2 = torch.empty_like(dv)
-    if dh_ext is not None:
-        dh_ext = dh_ext.contiguous()
+    if ext is not None:
+        if ext_idx is None or ext_idx.numel() != num_chunks:
+            raise ValueError(f"ext needs ext_idx with one entry per chunk ({num_chunks})")
+        ext = ext.float().contiguous()
+        ext_idx = ext_idx.to(torch.int64).contiguous()
     grid = (triton.cdiv(V, BV), N * H)
     _bwd_dhu_inject_kernel[grid](
-        q, k, w, gk, dh_ext, do, dv, dh, dv2, dh0, cu_seqlens, chunk_offsets, scale,
-        H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_EXT=dh_ext is not None, USE_H0=with_dh0,
+        q, k, w, gk, ext, ext_idx, do, dv, dh, dv2, dh0, cu_seqlens, chunk_offsets, scale,
+        H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_EXT=ext is not None, USE_H0=with_dh0,
         num_warps=4,
     )
     return dh, dh0, dv2
 
 
-def bwd_dhu_reference(q, k, w, gk, do, dv, dh_ext, cu_seqlens, scale, chunk_size=64):
-    """The same recurrence in plain PyTorch (float64), one sequence and chunk at a time."""
+def bwd_dhu_reference(q, k, w, gk, do, dv, ext, ext_idx, cu_seqlens, scale, chunk_size=64):
+    """The same recurrence in plain PyTorch (float64), one sequence and chunk at a time
+    (same arguments as `bwd_dhu_inject`, less the chunk offsets it derives)."""
     q, k, w, gk, do, dv = (x[0].double() for x in (q, k, w, gk, do, dv))
     T, H, K = q.shape
     V = do.shape[-1]
@@ -135,8 +153,8 @@ def bwd_dhu_reference(q, k, w, gk, do, dv, dh_ext, cu_seqlens, scale, chunk_size
         S = torch.zeros(H, K, V, dtype=torch.float64, device=q.device)
         for i in reversed(range(nt)):
             s, e = bos + i * B, min(bos + (i + 1) * B, eos)
-            if dh_ext is not None:
-                S = S + dh_ext[chunk + i].double()
+            if ext is not None and int(ext_idx[chunk + i]) >= 0:
+                S = S + ext[int(ext_idx[chunk + i])].double()
             rows.append(S.clone())
             d = torch.einsum("thk,hkv->thv", k[s:e], S) + dv[s:e]
             dv2[s:e] = d

@@ -1,5 +1,6 @@
-"""The boundary-state gradient kernel under TRITON_INTERPRET=1 against its PyTorch reference,
-and the chunk-grid bookkeeping of the replay path against the reference chunk_kda."""
+"""The boundary-state gradient kernel under TRITON_INTERPRET=1 against its PyTorch reference
+(dense, sparse and no injection), and the chunk-grid bookkeeping of the replay path (state
+selection, compact gradient injection) against the reference chunk_kda."""
 
 import os
 
@@ -9,7 +10,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from harts.exec.gpu.kda import boundary_index  # noqa: E402
+from harts.exec.gpu.kda import boundary_index, build_injection, state_gather  # noqa: E402
 from harts.exec.gpu.kda_dhu import bwd_dhu_inject, bwd_dhu_reference  # noqa: E402
 from harts.exec.ops.kda import chunk_kda  # noqa: E402
 from harts.testing import assert_close  # noqa: E402
@@ -24,37 +25,98 @@ def _grid(lens):
     return cu, offs, int(offs[-1])
 
 
-@pytest.mark.parametrize("lens,inject", [([70, 128, 37], True), ([200], False), ([64, 1, 130], True)])
-def test_dhu_kernel_matches_reference(lens, inject):
-    g = torch.Generator().manual_seed(sum(lens))
-    H, K, V = 2, 32, 48
+def _problem(lens, H, K, V, seed):
+    g = torch.Generator().manual_seed(seed)
     cu, offs, NT = _grid(lens)
     T = int(cu[-1])
     q, k, w = (torch.randn(1, T, H, K, generator=g) for _ in range(3))
     gk = -torch.rand(1, T, H, K, generator=g) * 3
     do, dv = (torch.randn(1, T, H, V, generator=g) for _ in range(2))
-    ext = torch.randn(NT, H, K, V, generator=g) if inject else None
-    dh, dh0, dv2 = (x.clone() for x in bwd_dhu_inject(q, k, w, gk, do, dv, ext, cu, offs, NT, 0.3))
-    ref = bwd_dhu_reference(q, k, w, gk, do, dv, ext, cu, 0.3)
+    return (q, k, w, gk, do, dv), cu, offs, NT, g
+
+
+def _injection(kind, NT, H, K, V, g):
+    """(ext, ext_idx): none, every chunk (identity map), or a few chunks in shuffled rows."""
+    if kind == "none":
+        return None, None
+    if kind == "dense":
+        return torch.randn(NT, H, K, V, generator=g), torch.arange(NT)
+    chunks = torch.randperm(NT, generator=g)[: max(1, NT // 3)]
+    ext_idx = torch.full((NT,), -1, dtype=torch.int64)
+    ext_idx[chunks] = torch.arange(chunks.numel())
+    return torch.randn(chunks.numel(), H, K, V, generator=g), ext_idx
+
+
+@pytest.mark.parametrize("lens,inject", [([70, 128, 37], "dense"), ([200], "none"), ([64, 1, 130], "sparse"),
+                                         ([130, 256, 64, 5], "sparse")])
+def test_dhu_kernel_matches_reference(lens, inject):
+    H, K, V = 2, 32, 48
+    ins, cu, offs, NT, g = _problem(lens, H, K, V, sum(lens))
+    ext, ext_idx = _injection(inject, NT, H, K, V, g)
+    dh, dh0, dv2 = (x.clone() for x in bwd_dhu_inject(*ins, ext, ext_idx, cu, offs, NT, 0.3))
+    ref = bwd_dhu_reference(*ins, ext, ext_idx, cu, 0.3)
     for name, got, want in zip(("dh", "dh0", "dv2"), (dh, dh0, dv2), ref, strict=True):
         assert torch.isfinite(got).all()
         assert_close(name, got, want, 1e-5)
 
 
+def test_sparse_injection_equals_the_dense_one_with_zeros_elsewhere():
+    H, K, V = 1, 16, 16
+    ins, cu, offs, NT, g = _problem([150, 64, 90], H, K, V, 5)
+    ext, ext_idx = _injection("sparse", NT, H, K, V, g)
+    dense = torch.zeros(NT, H, K, V)
+    at = (ext_idx >= 0).nonzero().squeeze(1)
+    dense[at] = ext[ext_idx[at]]
+    sparse_out = [x.clone() for x in bwd_dhu_inject(*ins, ext, ext_idx, cu, offs, NT, 0.5)]
+    dense_out = [x.clone() for x in bwd_dhu_inject(*ins, dense, torch.arange(NT), cu, offs, NT, 0.5)]
+    for name, a, b in zip(("dh", "dh0", "dv2"), sparse_out, dense_out, strict=True):
+        assert torch.equal(a, b), name
+
+
 def test_injection_is_linear_in_the_injected_gradient():
     # dh0 with an injection = dh0 without + the injection carried back alone (do = dv = 0)
-    g = torch.Generator().manual_seed(7)
     H, K, V = 1, 16, 16
-    cu, offs, NT = _grid([150])
-    T = int(cu[-1])
-    q, k, w = (torch.randn(1, T, H, K, generator=g) for _ in range(3))
-    gk = -torch.rand(1, T, H, K, generator=g)
-    do, dv = (torch.randn(1, T, H, V, generator=g) for _ in range(2))
-    ext = torch.randn(NT, H, K, V, generator=g)
-    with_ext = bwd_dhu_inject(q, k, w, gk, do, dv, ext, cu, offs, NT, 0.5)[1].clone()
-    without = bwd_dhu_inject(q, k, w, gk, do, dv, None, cu, offs, NT, 0.5)[1].clone()
-    alone = bwd_dhu_inject(q, k, w, gk, torch.zeros_like(do), torch.zeros_like(dv), ext, cu, offs, NT, 0.5)[1].clone()
+    (q, k, w, gk, do, dv), cu, offs, NT, g = _problem([150], H, K, V, 7)
+    gk = gk / 3
+    ext, ext_idx = _injection("sparse", NT, H, K, V, g)
+    with_ext = bwd_dhu_inject(q, k, w, gk, do, dv, ext, ext_idx, cu, offs, NT, 0.5)[1].clone()
+    without = bwd_dhu_inject(q, k, w, gk, do, dv, None, None, cu, offs, NT, 0.5)[1].clone()
+    alone = bwd_dhu_inject(q, k, w, gk, torch.zeros_like(do), torch.zeros_like(dv), ext, ext_idx, cu, offs, NT,
+                           0.5)[1].clone()
     assert_close("linearity", with_ext, without + alone, 1e-5)
+
+
+def test_compact_injection_adds_gradients_that_meet_at_one_chunk():
+    # the dense buffer the injection replaces: every state gradient and every final-state
+    # gradient index_added at its chunk
+    lens = [64, 200, 0, 128, 37]
+    cu, _, NT = _grid(lens)
+    ix = boundary_index(cu.numpy(), B)
+    g = torch.Generator().manual_seed(11)
+    H, K, V = 2, 4, 3
+    # the last full state of sequences 0 and 3 sits at their last chunk; one state twice
+    sel = np.array([0, 4, 2, 5, 4])
+    chunk_sel = ix["chunk"][sel]
+    dstates = torch.randn(sel.size, H, K, V, generator=g, dtype=torch.float64)
+    dht = torch.randn(len(lens), H, K, V, generator=g, dtype=torch.float64)
+    has = ix["last_chunk"] >= 0
+    for ds, dh in ((dstates, dht), (dstates, None), (None, dht), (None, None)):
+        ext, ext_idx = build_injection(ds, dh, chunk_sel, ix["last_chunk"], NT)
+        dense = torch.zeros(NT, H, K, V, dtype=torch.float64)
+        if ds is not None:
+            dense.index_add_(0, torch.from_numpy(chunk_sel), ds)
+        if dh is not None:
+            dense.index_add_(0, torch.from_numpy(ix["last_chunk"][has]), dh[torch.from_numpy(has)])
+        if ext is None:
+            assert ds is None and dh is None
+            continue
+        assert ext.dtype == torch.float32 and ext_idx.shape == (NT,)
+        # one row per chunk that receives anything
+        assert ext.shape[0] == int((dense.flatten(1) != 0).any(1).sum()) == int((ext_idx >= 0).sum())
+        got = torch.zeros(NT, H, K, V, dtype=torch.float32)
+        at = (ext_idx >= 0).nonzero().squeeze(1)
+        got[at] = ext[ext_idx[at]]
+        assert_close("injection", got, dense, 1e-6)
 
 
 def test_boundary_index_picks_the_reference_chunk_states():
@@ -79,5 +141,13 @@ def test_boundary_index_picks_the_reference_chunk_states():
             h.append(h0[n] if j == 0 else states[j - 1])
     picked = torch.cat([torch.stack(h), out.final_state])[torch.from_numpy(ix["source"])]
     assert torch.equal(picked, out.chunk_states)
+    # the forward's two-part gather of a selection (h rows, final rows) picks the same
+    sel = np.array([6, 0, 3, 3, 1])
+    parts = state_gather(ix["source"][sel], len(h))
+    got = torch.empty(sel.size, H, K, V, dtype=torch.float64)
+    got[parts["pos_h"]] = torch.stack(h)[parts["src_h"]]
+    got[parts["pos_f"]] = out.final_state[parts["src_f"]]
+    assert parts["pos_f"].size and parts["pos_h"].size
+    assert torch.equal(got, out.chunk_states[sel])
     assert ix["num_chunks"] == len(h)
     assert ix["last_chunk"].tolist() == (np.cumsum([(L + B - 1) // B for L in lens]) - 1).tolist()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import numpy as np
 import pytest
 import torch
 from fla.ops.kda.naive import naive_chunk_kda as fla_naive_chunk_kda
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from harts.exec.ops.kda import KDAOutput, chunk_kda, naive_recurrent_kda
 from harts.testing import assert_close
 from tests.exec.ops.kda_reference import (
+    INPUTS,
     TOL,
     compare,
     kda_problem_shapes,
@@ -177,6 +179,50 @@ def test_chunk_states_are_prefix_final_states(dtype, data):
             assert not got.any() and not ref.any()
         else:
             assert_close(f"d{name} through chunk_states", got, ref, TOL[dtype])
+
+
+@settings(max_examples=15)
+@given(data=st.data(), as_tensor=st.booleans())
+def test_chunk_state_index_selects_states_and_their_gradients(data, as_tensor):
+    """With a chunk_state_index the call returns exactly those rows of the full list (any
+    order, repeats allowed), and every gradient equals the full call's with the same
+    cotangents on the selected rows (float64)."""
+    lens, H, K, V, seed, decay = data.draw(kda_problem_shapes(torch.float64, max_len=70))
+    B = 16
+    p = make_problem(lens, H, K, V, seed, torch.float64, decay)
+    num_states = sum(n // B for n in lens)
+    index = data.draw(st.lists(st.integers(0, num_states - 1), max_size=6)) if num_states else []
+    index_arg = torch.tensor(index, dtype=torch.int64) if as_tensor else np.asarray(index, np.int64)
+    x, y = p.leaves(), p.leaves()
+    kw = dict(cu_seqlens=p.cu_seqlens, chunk_size=B, output_chunk_states=True)
+    full = chunk_kda(*(x[n] for n in INPUTS[:5]), initial_state=x["initial_state"], **kw)
+    part = chunk_kda(*(y[n] for n in INPUTS[:5]), initial_state=y["initial_state"], chunk_state_index=index_arg, **kw)
+    assert torch.equal(part.o, full.o) and torch.equal(part.final_state, full.final_state)
+    assert torch.equal(part.chunk_state_offsets, full.chunk_state_offsets)
+    assert part.chunk_states.shape == (len(index), H, K, V)
+    assert torch.equal(part.chunk_states, full.chunk_states[torch.tensor(index, dtype=torch.int64)])
+    weights = torch.randn(len(index), H, K, V, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+
+    def loss(out, states):
+        return (out.o * p.do).sum() + (out.final_state * p.dht).sum() + (states * weights).sum()
+
+    want = torch.autograd.grad(loss(full, full.chunk_states[torch.tensor(index, dtype=torch.int64)]), list(x.values()))
+    got = torch.autograd.grad(loss(part, part.chunk_states), list(y.values()))
+    for name, a, b in zip(x, got, want, strict=True):
+        assert_close(f"d{name} with chunk_state_index", a, b, TOL[torch.float64])
+
+
+def test_chunk_state_index_is_checked():
+    p = make_problem([40], 1, 4, 2, seed=2, dtype=torch.float64)
+    args = (p.q, p.k, p.v, p.g, p.beta)
+    with pytest.raises(ValueError, match="output_chunk_states"):
+        chunk_kda(*args, chunk_size=16, chunk_state_index=np.array([0]))
+    with pytest.raises(IndexError):
+        chunk_kda(*args, chunk_size=16, output_chunk_states=True, chunk_state_index=np.array([2]))
+    with pytest.raises(IndexError):
+        chunk_kda(*args, chunk_size=16, output_chunk_states=True, chunk_state_index=torch.tensor([-1]))
+    empty = chunk_kda(*args, chunk_size=16, output_chunk_states=True, chunk_state_index=np.zeros(0, np.int64))
+    assert empty.chunk_states.shape == (0, 1, 4, 2)
 
 
 @given(

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from harts.exec.ops.kda.common import check_inputs
@@ -45,14 +46,29 @@ class KDAOutput(NamedTuple):
     o: [T, H, V] in v's dtype.
     final_state: [N, H, K, V] (None unless output_final_state).
     chunk_states: [M, H, K, V], the state after the first c tokens of each sequence for every
-        multiple c of chunk_size with 0 < c <= len (None unless output_chunk_states).
-    chunk_state_offsets: int64 [N + 1]; sequence i's states are rows offsets[i]:offsets[i+1].
+        multiple c of chunk_size with 0 < c <= len (None unless output_chunk_states). With a
+        `chunk_state_index`, only those rows of that list, in its order: [len(index), H, K, V].
+    chunk_state_offsets: int64 [N + 1]; sequence i's states are rows offsets[i]:offsets[i+1]
+        of the full list (the numbering a `chunk_state_index` refers to).
     """
 
     o: torch.Tensor
     final_state: torch.Tensor | None
     chunk_states: torch.Tensor | None
     chunk_state_offsets: torch.Tensor | None
+
+
+def check_chunk_state_index(index: torch.Tensor | np.ndarray, num_states: int) -> np.ndarray:
+    """A `chunk_state_index` as an int64 host array, checked against the M states."""
+    if isinstance(index, torch.Tensor):
+        index = index.detach().cpu().numpy()
+    index = np.asarray(index)
+    if index.ndim != 1 or (index.size and index.dtype.kind not in "iu"):
+        raise ValueError(f"chunk_state_index must be a 1-D integer array; got {index.dtype} {index.shape}")
+    index = index.astype(np.int64)
+    if index.size and (index.min() < 0 or index.max() >= num_states):
+        raise IndexError(f"chunk_state_index out of range for {num_states} chunk states")
+    return index
 
 
 def _chunk_index(cu_seqlens: torch.Tensor, chunk_size: int, T: int) -> tuple[torch.Tensor, int]:
@@ -90,6 +106,7 @@ def chunk_kda(
     chunk_size: int = 64,
     output_final_state: bool = True,
     output_chunk_states: bool = False,
+    chunk_state_index: torch.Tensor | np.ndarray | None = None,
 ) -> KDAOutput:
     """KDA in chunkwise form over packed sequences; differentiable in every input.
 
@@ -104,9 +121,14 @@ def chunk_kda(
         output_final_state: return the state after each sequence.
         output_chunk_states: return the states at each sequence's chunk boundaries (see
             KDAOutput); they stay in the autograd graph so a consumer can start from them.
+        chunk_state_index: int64 [U] (tensor or array): return only these states of the full
+            list (see KDAOutput), in this order; None returns all. The reference computes all
+            and selects; the GPU path materialises and back-propagates only the selected.
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive; got {chunk_size}")
+    if chunk_state_index is not None and not output_chunk_states:
+        raise ValueError("chunk_state_index needs output_chunk_states=True")
     q_THK, k_THK, v_THV, g_THK, beta_TH, S_NHKV, cu_N1, scale = check_inputs(
         q, k, v, g, beta, scale, initial_state, cu_seqlens
     )
@@ -172,6 +194,9 @@ def chunk_kda(
             chunk_states = torch.stack(boundary_states, dim=1)[full_NC]
         else:
             chunk_states = S_NHKV.new_zeros(0, *S_NHKV.shape[1:])
+        if chunk_state_index is not None:
+            index = check_chunk_state_index(chunk_state_index, chunk_states.shape[0])
+            chunk_states = chunk_states[torch.as_tensor(index, device=chunk_states.device)]
     return KDAOutput(
         o=o_THV.to(v.dtype),
         final_state=S_NHKV if output_final_state else None,

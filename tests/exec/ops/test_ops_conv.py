@@ -211,3 +211,47 @@ def test_window_semantics_and_errors():
         window_from_parents(torch.tensor([-1, 7]), 3)
     with pytest.raises(ValueError):
         window_from_cu_seqlens(torch.tensor([0, 4]), 3, 5)
+
+
+# --- dense conv1d + gathered fix rows (the fast form) against the gather-form reference ---
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_name)
+@given(setup=conv_setups(), parent=parent_arrays(), lens=st.lists(st.integers(0, 9), min_size=1, max_size=4),
+       packed=st.booleans())
+def test_shifted_conv_matches_gather_form(dtype, setup, parent, lens, packed):
+    """Same outputs and gradients (x, weight, bias) as `short_conv` on tree windows and on
+    packed-sequence windows; only rows whose window is not the causal shift are gathered."""
+    from harts.exec.ops.conv import ConvWindows, short_conv_shifted, window_from_cu_seqlens
+
+    D, W = setup["D"], setup["W"]
+    if packed:
+        T = sum(lens)
+        if T == 0:
+            return
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+        window = window_from_cu_seqlens(cu, W, T)
+    else:
+        T = len(parent)
+        window = window_from_parents(torch.tensor(parent), W)
+    windows = ConvWindows.of(window)
+    data = _tensors(T, 1, D, W, setup["seed"], dtype)
+    names = ["x", "weight"] + ["bias"] * setup["bias"]
+    out = {}
+    for form in ("gather", "shifted"):
+        leaves = {n: data[n].clone().requires_grad_() for n in names}
+        if form == "gather":
+            y = short_conv(leaves["x"], leaves["weight"], leaves.get("bias"), window_TW=window,
+                           activation=setup["activation"])
+        else:
+            y = short_conv_shifted(leaves["x"], leaves["weight"], leaves.get("bias"), windows,
+                                   activation=setup["activation"])
+        out[form] = [y, *_grads((y * data["dy"]).sum(), list(leaves.values()))]
+    for name, got, want in zip(["y", *names], out["shifted"], out["gather"], strict=True):
+        if want.abs().max() > 0:
+            assert_close(name, got, want, TOL[dtype])
+        else:
+            assert not got.abs().max() > 0
+    # the fix rows are exactly the rows whose window is not the plain shift
+    shift = (torch.arange(T)[:, None] - torch.arange(W - 1, -1, -1)[None, :]).clamp(min=-1)
+    assert torch.equal(windows.fix_rows, torch.nonzero(~(window == shift).all(1)).flatten())

@@ -517,7 +517,7 @@ class TreeContext:
         from harts.exec import backend
 
         # GPU: FlexAttention over a block mask from the intervals (None = dense reference)
-        self._fast_attention = backend.tree_attention(q_idx, end, dev)
+        self._fast_attention = backend.tree_attention(q_idx, end, dev, parent_L=layout.parent)
         # [C, L]: key k is an ancestor-or-self of computed query q
         self.attn_mask = None if self._fast_attention is not None else (
             (k_idx[None, :] <= q_idx[:, None]) & (q_idx[:, None] <= end[None, :]))
@@ -565,7 +565,7 @@ class TreeContext:
         unpermute = np.empty(comp.size, dtype=np.int64)
         unpermute[written] = np.arange(comp.size)
         self._unpermute = torch.as_tensor(unpermute, device=dev)
-        self._windows: dict[int, Tensor] = {}
+        self._windows: dict = {}  # W -> ConvWindows
 
     def _chunk_states_read(self, record: bool, record_states: Sequence[tuple[int, int]] | None
                            ) -> list[np.ndarray | None]:
@@ -618,13 +618,15 @@ class TreeContext:
         return o_HTE.transpose(0, 1)
 
     def short_conv(self, layer: int, name: str, x_TD: Tensor, weight_DW: Tensor, bias_D: Tensor | None) -> Tensor:
-        from harts.exec.ops.conv import short_conv, window_from_parents
+        from harts.exec.ops.conv import ConvWindows, short_conv_shifted, window_from_parents
 
         (x_LD,) = self._local((layer, f"conv:{name}"), x_TD)
         W = weight_DW.shape[1]
         if W not in self._windows:
-            self._windows[W] = window_from_parents(self.row_parent, W)
-        y_LD = short_conv(x_LD, weight_DW, bias_D, window_TW=self._windows[W], activation="silu")
+            self._windows[W] = ConvWindows.of(window_from_parents(self.row_parent, W))
+        # dense depthwise conv1d along the DFS order; rows below forks and jumps recomputed
+        # in gather form over their root paths
+        y_LD = short_conv_shifted(x_LD, weight_DW, bias_D, self._windows[W], activation="silu")
         return y_LD if self.stash is None else y_LD[self._computed]
 
     def kda(self, layer: int, q_THK: Tensor, k_THK: Tensor, v_THV: Tensor, g_THK: Tensor,

@@ -185,8 +185,18 @@ def experts_loop(x_TD: Tensor, top_i_Tk: Tensor, top_w_Tk: Tensor, w_gate_EFD: T
     return y_TD
 
 
+def grouped_mm_reference(mat_a: Tensor, mat_b: Tensor, *, offs: Tensor) -> Tensor:
+    """What `F.grouped_mm(a [N, K], b [G, K, M], offs=offs)` computes, one group at a time
+    (any dtype, float64 included: lets the tests check `experts_grouped` exactly)."""
+    out, start = [], 0
+    for g, end in enumerate(offs.tolist()):
+        out.append(mat_a[start:end] @ mat_b[g])
+        start = end
+    return torch.cat(out) if out else mat_a.new_zeros(0, mat_b.shape[-1])
+
+
 def experts_grouped(x_TD: Tensor, top_i_Tk: Tensor, top_w_Tk: Tensor, w_gate_EFD: Tensor,
-                    w_up_EFD: Tensor, w_down_EDF: Tensor) -> Tensor:
+                    w_up_EFD: Tensor, w_down_EDF: Tensor, mm=F.grouped_mm) -> Tensor:
     """The same function as `experts_loop` with three grouped matrix products.
 
     The T*k (row, expert) assignments are sorted by expert, so expert e's rows are one
@@ -195,7 +205,8 @@ def experts_grouped(x_TD: Tensor, top_i_Tk: Tensor, top_w_Tk: Tensor, w_gate_EFD
     sync on the counts). The k weighted outputs of each row are summed in a fixed order
     (a view [T, k, D] reduced over k), so the result is deterministic. Hand-written rather
     than a library MoE layer because routing statistics, occurrence weights and the
-    reference loop must stay in this module; torch supplies the kernels.
+    reference loop must stay in this module; torch supplies the kernels. `mm` is the
+    grouped product (`grouped_mm_reference` runs the same bookkeeping in float64).
     """
     T, k = top_i_Tk.shape
     E = w_gate_EFD.shape[0]
@@ -205,9 +216,9 @@ def experts_grouped(x_TD: Tensor, top_i_Tk: Tensor, top_w_Tk: Tensor, w_gate_EFD
     inverse[order] = torch.arange(order.numel(), device=order.device)
     offs = torch.bincount(flat_e, minlength=E).cumsum(0).to(torch.int32)
     x_ND = _GatherSlots.apply(x_TD, order, inverse, k)
-    gate_NF = F.grouped_mm(x_ND, w_gate_EFD.transpose(-2, -1), offs=offs)
-    up_NF = F.grouped_mm(x_ND, w_up_EFD.transpose(-2, -1), offs=offs)
-    y_ND = F.grouped_mm(F.silu(gate_NF) * up_NF, w_down_EDF.transpose(-2, -1), offs=offs)
+    gate_NF = mm(x_ND, w_gate_EFD.transpose(-2, -1), offs=offs)
+    up_NF = mm(x_ND, w_up_EFD.transpose(-2, -1), offs=offs)
+    y_ND = mm(F.silu(gate_NF) * up_NF, w_down_EDF.transpose(-2, -1), offs=offs)
     y_ND = y_ND * top_w_Tk.reshape(-1)[order, None].to(y_ND.dtype)
     return _GatherSlots.apply(y_ND, inverse, order, 1).view(T, k, -1).sum(1)
 

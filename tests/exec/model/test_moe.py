@@ -117,7 +117,7 @@ def test_token_dropping_only_where_rows_are_tokens(make_config):
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from harts.exec.model.moe import experts_grouped, experts_loop  # noqa: E402
+from harts.exec.model.moe import experts_grouped, experts_loop, grouped_mm_reference  # noqa: E402
 
 
 def _routing(T: int, E: int, k: int, D: int, F_: int, seed: int):
@@ -135,23 +135,51 @@ def _routing(T: int, E: int, k: int, D: int, F_: int, seed: int):
 @settings(deadline=None)
 @given(T=st.integers(1, 40), E=st.integers(1, 9), k=st.integers(1, 4), seed=st.integers(0, 2**16))
 def test_grouped_experts_match_loop_outputs_and_gradients(T, E, k, seed):
-    """fp32 grouped_mm path vs the float64 loop: output and the gradients of x, every expert
-    weight and the routing weights (experts that get no rows included)."""
+    """The grouped path's sorting, slot gathers and weighted sum, in float64 with the
+    reference grouped product, equal the per-expert loop: output and the gradients of x,
+    every expert weight and the routing weights (experts that get no rows included)."""
     k = min(k, E)
     D, F_ = 16, 8
     x, top_i, top_w, ws = _routing(T, E, k, D, F_, seed)
     dy = torch.randn(T, D, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
 
-    def run(fn, dtype):
-        leaves = [t.detach().to(dtype).requires_grad_() for t in (x, top_w, *ws)]
+    def run(fn):
+        leaves = [t.detach().clone().requires_grad_() for t in (x, top_w, *ws)]
         y = fn(leaves[0], top_i, leaves[1], *leaves[2:])
-        y.backward(dy.to(dtype))
-        return [y.detach().double()] + [t.grad.double() for t in leaves]
+        y.backward(dy)
+        return [y.detach()] + [t.grad for t in leaves]
 
-    ref = run(experts_loop, torch.float64)
-    got = run(experts_grouped, torch.float32)
+    ref = run(experts_loop)
+    got = run(lambda *a: experts_grouped(*a, mm=grouped_mm_reference))
     for name, a, b in zip(("y", "dx", "dtop_w", "dw_gate", "dw_up", "dw_down"), got, ref, strict=True):
-        assert_close(name, a, b, 1e-5)
+        if b.abs().max() > 0:
+            assert_close(name, a, b, 1e-12)
+        else:
+            assert not a.abs().max() > 0
+
+
+@settings(deadline=None)
+@given(N=st.integers(1, 40), G=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_torch_grouped_mm_matches_reference(N, G, seed):
+    """torch's grouped_mm (fp32 on CPU) against the float64 per-group product, output and
+    both gradients, with transposed weight views as experts_grouped passes them."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(N, 16, generator=g, dtype=torch.float64)
+    b = torch.randn(G, 8, 16, generator=g, dtype=torch.float64)
+    cuts = torch.sort(torch.randint(0, N + 1, (G - 1,), generator=g)).values
+    offs = torch.cat([cuts, torch.tensor([N])]).to(torch.int32)
+    dy = torch.randn(N, 8, generator=g, dtype=torch.float64)
+    out = {}
+    for name, mm, dtype in (("ref", grouped_mm_reference, torch.float64), ("torch", F.grouped_mm, torch.float32)):
+        aa, bb = a.detach().to(dtype).clone().requires_grad_(), b.detach().to(dtype).clone().requires_grad_()
+        y = mm(aa, bb.transpose(-2, -1), offs=offs)
+        y.backward(dy.to(dtype))
+        out[name] = [y.detach(), aa.grad, bb.grad]
+    for name, got, want in zip(("y", "da", "db"), out["torch"], out["ref"], strict=True):
+        if want.abs().max() > 0:
+            assert_close(name, got.double(), want, 1e-5)
+        else:
+            assert not got.abs().max() > 0
 
 
 def test_grouped_experts_bf16_close_to_loop():

@@ -247,7 +247,7 @@ def sec_step(args):
         r.update(scheme=scheme, workload=name, overrides=over)
         runs.append(r)
         save("step", runs)
-        print(f"[step] {scheme}: speedup {r.get('speedup'):.2f}x limit {r['flop_limit']:.2f}x "
+        print(f"[step] {scheme}: speedup {r.get('speedup'):.2f}x limit {r['flop_limit']:.2f}x (tokens {r['token_limit']:.2f}x) "
               f"exp {r['expanded']['seconds']:.2f}s tree {r['tree']['seconds']:.2f}s "
               f"peak exp {r['expanded_peak_bytes']/2**30:.1f} GiB tree {r['tree_peak_bytes']/2**30:.1f} GiB", flush=True)
     return runs

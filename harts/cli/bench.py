@@ -51,11 +51,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
                            steps=args.steps, warmup=args.warmup)
         r.update(scheme=scheme, workload=name, overrides=over)
         runs.append(r)
-    rows = [(r["scheme"], r["expanded_tokens"], r["compact_tokens"], f"{r['flop_limit']:.2f}",
+    rows = [(r["scheme"], r["expanded_tokens"], r["compact_tokens"], f"{r['token_limit']:.2f}", f"{r['flop_limit']:.2f}",
              f"{r['expanded']['seconds']:.2f}", f"{r['tree']['seconds']:.2f}", f"{r['speedup']:.2f}",
              f"{r['speedup_over_limit']:.2f}", f"{r['expanded_peak_bytes'] / 2**30:.1f}",
              f"{r['tree_peak_bytes'] / 2**30:.1f}") for r in runs]
-    print(format_table(["scheme", "expanded tok", "compact", "flop limit", "exp s", "tree s", "speedup",
+    print(format_table(["scheme", "expanded tok", "compact", "token limit", "FLOP limit", "exp s", "tree s", "speedup",
                         "of limit", "exp GiB", "tree GiB"], rows))
     if args.json:
         with open(args.json, "w") as fh:

@@ -85,11 +85,15 @@ def moe_impl(device: torch.device, dtype: torch.dtype) -> Impl:
 
 
 def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, **kwargs):
-    """`harts.exec.ops.kda.chunk_kda`'s contract, on the implementation `kda_impl` picks."""
+    """`harts.exec.ops.kda.chunk_kda`'s contract, on the implementation `kda_impl` picks.
+
+    `cu_seqlens_cpu` (optional): a host copy of cu_seqlens, which the fast path's
+    bookkeeping reads without a device-to-host sync; the reference ignores it."""
+    cu_cpu = kwargs.pop("cu_seqlens_cpu", None)
     if kda_impl(q.device, q.dtype) is Impl.FLA:
         from harts.exec.gpu.kda import chunk_kda_fast
 
-        return chunk_kda_fast(q, k, v, g, beta, **kwargs)
+        return chunk_kda_fast(q, k, v, g, beta, cu_seqlens_cpu=cu_cpu, **kwargs)
     from harts.exec.ops.kda import chunk_kda as reference
 
     return reference(q, k, v, g, beta, **kwargs)

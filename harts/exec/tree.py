@@ -554,7 +554,8 @@ class TreeContext:
             init_index = [i if pr < 0 or self.chunk_state_index[pr] is None
                           else int(np.searchsorted(self.chunk_state_index[pr], i))
                           for pr, i in zip(r.init_round.tolist(), r.init_index.tolist(), strict=True)]
-            self._rounds.append((torch.as_tensor(r.gather_rows, device=dev), torch.as_tensor(r.cu_seqlens, device=dev),
+            self._rounds.append((torch.as_tensor(r.gather_rows, device=dev),
+                                 (torch.as_tensor(r.cu_seqlens, device=dev), torch.as_tensor(r.cu_seqlens)),
                                  torch.as_tensor(r.keep, device=dev), r.init_round.tolist(), init_index))
         # written rows are local; outputs must come back in computed order
         pos_in_computed = np.full(layout.num_rows, -1, dtype=np.int64)
@@ -652,7 +653,7 @@ class TreeContext:
                 h0 = torch.stack([zero if r == ZERO_STATE else next(it) for r in init_round])
             out = chunk_kda(
                 q[gather], k[gather], v[gather], g[gather], beta[gather],
-                scale=scale, initial_state=h0, cu_seqlens=cu, chunk_size=self.chunk_size,
+                scale=scale, initial_state=h0, cu_seqlens=cu[0], cu_seqlens_cpu=cu[1], chunk_size=self.chunk_size,
                 output_final_state=not chunk, output_chunk_states=chunk,
                 chunk_state_index=state_index,
             )

@@ -245,12 +245,14 @@ def chunk_kda_fast(
     output_final_state: bool = True,
     output_chunk_states: bool = False,
     chunk_state_index: torch.Tensor | np.ndarray | None = None,
+    cu_seqlens_cpu: torch.Tensor | np.ndarray | None = None,
 ) -> KDAOutput:
     """`harts.exec.ops.kda.chunk_kda` on fla-core's kernels (CUDA; fp32, bf16 or fp16 inputs).
 
     chunk_state_index: which of the M boundary states to return (host array preferred: a
     CUDA tensor is copied to the host); only those are gathered, and only their gradients
     enter the backward. An empty index runs fla's plain chunk_kda.
+    cu_seqlens_cpu: a host copy of cu_seqlens (saves a device-to-host sync per call).
     """
     if chunk_state_index is not None and not output_chunk_states:
         raise ValueError("chunk_state_index needs output_chunk_states=True")
@@ -259,8 +261,10 @@ def chunk_kda_fast(
         scale = K**-0.5
     if cu_seqlens is None:
         cu_seqlens = torch.tensor([0, T], dtype=torch.int64)
-    cu_host = torch.as_tensor(cu_seqlens).to(torch.int64).cpu()
-    cu = cu_host.to(q.device)
+    # host copy for the bookkeeping: given (no sync), or copied from cu_seqlens
+    cu_host = torch.as_tensor(cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens).to(torch.int64).cpu()
+    on_device = torch.is_tensor(cu_seqlens) and cu_seqlens.device == q.device
+    cu = cu_seqlens.to(torch.int64) if on_device else cu_host.to(q.device)
     h0 = None if initial_state is None else initial_state.float().contiguous()
     q4, k4, v4, g4, b3 = (x.contiguous()[None] for x in (q, k, v, g, beta))
     dev = q.device

@@ -72,6 +72,7 @@ class PackedContext:
             raise ValueError(f"row_weight must be [T={self.num_rows}]; got {tuple(row_weight.shape)}")
         self.row_weight = row_weight
         self._bounds = [int(b) for b in cu]
+        self._cu_cpu = torch.tensor(self._bounds, dtype=torch.int64)  # host copy: no sync per KDA call
         self._windows: dict = {}  # W -> ConvWindows
 
     def to(self, device: torch.device | str) -> PackedContext:
@@ -106,7 +107,7 @@ class PackedContext:
 
         out = chunk_kda(
             q_THK, k_THK, v_THV, g_THK, beta_TH, scale=scale,
-            cu_seqlens=self.cu_seqlens.to(q_THK.device), chunk_size=self.chunk_size,
+            cu_seqlens=self.cu_seqlens.to(q_THK.device), cu_seqlens_cpu=self._cu_cpu, chunk_size=self.chunk_size,
             output_final_state=False,
         )
         return out.o

@@ -304,3 +304,17 @@ def plan_configs(draw: st.DrawFn, forest):
         time_limit=0.05,
         chunk_size=draw(st.sampled_from((1, 4, 64))),
     )
+
+
+# ---- pipeline-aware planning (PlanConfig.pp): the configurations of `plan_configs`, planned
+# for a pipeline of 2-4 stages with 1-3 microbatches per stage wanted per replica.
+
+
+@st.composite
+def pipeline_plan_configs(draw: st.DrawFn, forest):
+    import dataclasses
+
+    base = draw(plan_configs(forest))
+    return dataclasses.replace(
+        base, pp=draw(st.integers(2, 4)), min_microbatches_per_stage=draw(st.integers(1, 3))
+    )

@@ -27,10 +27,29 @@ from harts.plan.plan import (
 )
 from harts.tree.forest import RolloutForest
 
+# Pipeline fill. With pp stages a 1F1B pipeline runs pp warm-up forwards on its first stage
+# before the first backward, so a replica needs at least pp microbatches for every stage to
+# be busy at once; with m microbatches the fill and drain leave (pp - 1) / (m + pp - 1) of
+# the step idle (GPipe, Huang et al. 2019; Megatron-LM, Narayanan et al. 2021: m >> pp).
+# m = pp (1 per stage) only just fills the pipeline and still idles (pp - 1) / (2 pp - 1),
+# nearly half the step; m = 2 pp is the smallest count at which the first stage has as many
+# steady-state 1F1B iterations as warm-up forwards, and bounds the bubble by 1/3 for any pp.
+# GPipe's rule of thumb for a negligible bubble (m >= 4 pp) is not forced: for a tree step
+# every extra microbatch is another sharing window or a smaller pass (a producer forward
+# and backward, per-pass weight reads and launches). Above the floor the planners search
+# as they do without a pipeline, and l1l2 scores its candidates (and L1's plan) by the
+# pipelined critical path (`pipelined_critical_path`).
+DEFAULT_MIN_MICROBATCHES_PER_STAGE = 2
+
 
 @dataclass(frozen=True)
 class PlanConfig:
-    """What every planner reads. `time_limit` is only used by search-based planners."""
+    """What every planner reads. `time_limit` is only used by search-based planners.
+
+    `pp` is the number of pipeline stages the step will run on (1: no pipeline). With
+    pp > 1 the planners aim for at least `min_microbatches_per_stage * pp` microbatches per
+    DP replica (see `target_microbatches`) where the step's work allows it, and l1l2 scores
+    its candidate plans by the pipelined critical path; with pp = 1 neither applies."""
 
     dp: int = 1
     microbatch_tokens: int = DEFAULT_MICROBATCH_TOKENS
@@ -39,10 +58,22 @@ class PlanConfig:
     seed: int = 0
     time_limit: float = 2.0
     chunk_size: int = 64
+    pp: int = 1
+    min_microbatches_per_stage: int = DEFAULT_MIN_MICROBATCHES_PER_STAGE
+
+    @property
+    def target_microbatches(self) -> int:
+        """Microbatches per DP replica the pipeline wants: `min_microbatches_per_stage * pp`
+        with a pipeline, 1 (no floor) without one."""
+        return self.min_microbatches_per_stage * self.pp if self.pp > 1 else 1
 
     def validate(self) -> None:
         if self.dp < 1:
             raise ValueError(f"dp must be >= 1, got {self.dp}")
+        if self.pp < 1:
+            raise ValueError(f"pp must be >= 1, got {self.pp}")
+        if self.min_microbatches_per_stage < 1:
+            raise ValueError(f"min_microbatches_per_stage must be >= 1, got {self.min_microbatches_per_stage}")
         if self.microbatch_tokens < 1:
             raise ValueError(f"microbatch_tokens must be >= 1, got {self.microbatch_tokens}")
         if not self.producer_retention >= 0:
@@ -314,6 +345,33 @@ def ffd_units(idx: ForestIndex, units: list[Unit], budget: int) -> list[int]:
 
 
 # ---- placement ------------------------------------------------------------------------------
+
+
+def pipelined_critical_path(loads: list[list[float]], pp: int, ends: list[float] | None = None) -> float:
+    """Estimated step time of slot-aligned loads (`loads[replica][slot]`, the forward +
+    backward of a slot's work over all stages) run as a `pp`-stage 1F1B pipeline: every
+    stage does 1/pp of each slot's work, the slots back to back (sum over slots of the
+    slowest replica), plus the fill and drain: the forward of a replica's first pass and
+    the backward of its last run alone on one stage after another, idling the others for
+    (pp - 1)/pp of that work (`ends[replica]`, the slowest replica's counts). For uniform
+    loads l over m slots this is the textbook (m + pp - 1) l / pp; with pp = 1 it is the
+    plain critical path sum_s max_r load(s, r) and `ends` is not read."""
+    crit = sum(max(col) for col in zip(*loads, strict=True))
+    if pp <= 1:
+        return crit
+    if ends is None:
+        raise ValueError("a pipelined critical path needs each replica's fill and drain work (ends)")
+    return (crit + (pp - 1) * max(ends, default=0.0)) / pp
+
+
+def pipeline_ends(loads: list[float], forward_fraction: float) -> float:
+    """Fill + drain work of one replica's standalone microbatches in execution order (see
+    `pipelined_critical_path`): the forward share of the first, the backward share of the
+    last."""
+    run = [x for x in loads if x > 0]
+    if not run:
+        return 0.0
+    return forward_fraction * run[0] + (1.0 - forward_fraction) * run[-1]
 
 
 def place_sorted(costs: list[float], dp: int) -> list[tuple[int, int]]:

@@ -1,8 +1,9 @@
 """`expanded-ffd`: the baseline. Every trajectory is its own copy; trajectories are packed
 first-fit-decreasing by tokens under the budget, which fixes the number of microbatches
-(rounded up to a multiple of dp so no slot is left part-empty), then spread over that many
-microbatches largest-cost-first into the least-loaded one with room, and placed so each
-slot holds similar loads."""
+(rounded up to a multiple of dp so no slot is left part-empty, and, with a pipeline, at
+least `PlanConfig.target_microbatches` per replica, the same floor the tree planners get),
+then spread over that many microbatches largest-cost-first into the least-loaded one with
+room (empty ones dropped), and placed so each slot holds similar loads."""
 
 from __future__ import annotations
 
@@ -35,7 +36,10 @@ def plan_expanded_ffd(forest: RolloutForest, config: PlanConfig) -> Plan:
     cost = cm.segment_cost(np.zeros(lengths.size), lengths).tolist()
     items = list(range(len(size)))
     ffd = first_fit_decreasing(items, size, budget)
-    bins = lpt_balanced(items, cost, size, round_up(len(ffd), config.dp), budget) or ffd
+    num_bins = round_up(len(ffd), config.dp)
+    if config.pp > 1:
+        num_bins = max(num_bins, config.dp * config.target_microbatches)
+    bins = lpt_balanced(items, cost, size, num_bins, budget) or ffd
     bins = [b for b in bins if b]
     mb_cost = [cm.microbatch_overhead + sum(cost[t] for t in b) for b in bins]
     where = place_sorted(mb_cost, config.dp)

@@ -6,7 +6,10 @@ whose child subtrees fit beside the shared path, siblings grouped so they share 
 that works, starting from the compact-token lower bound): largest cost first, into a
 microbatch that already holds part of the same tree when the union fits (the shared path
 is then computed once), otherwise into the least-loaded microbatch with room. Equal-sized
-microbatches are then aligned into slots (`place_sorted`).
+microbatches are then aligned into slots (`place_sorted`). With a pipeline
+(`PlanConfig.pp` > 1) S starts at `PlanConfig.target_microbatches`; L1 does not split
+trees further for it (that would recompute their paths), so with fewer units than
+dp x S some microbatches stay empty and are dropped.
 """
 
 from __future__ import annotations
@@ -61,8 +64,12 @@ def l1_microbatches(idx: ForestIndex, config: PlanConfig) -> tuple[list[TreeMB],
     # first-fit-decreasing by tokens bounds the slot count from above: L1 never needs
     # more slots than a plain FFD packing of the same units
     ffd = ffd_units(idx, units, budget)
-    ffd_slots = math.ceil((max(ffd) + 1) / config.dp)
-    lower = max(1, math.ceil(idx.forest.compact_tokens / (config.dp * budget)))
+    # with a pipeline, at least `target_microbatches` slots: whole units are spread over
+    # that many microbatches (no tree is split further, which would recompute its path);
+    # empty microbatches are dropped, so fewer units than slots give fewer microbatches
+    target = config.target_microbatches
+    ffd_slots = max(math.ceil((max(ffd) + 1) / config.dp), target)
+    lower = max(1, math.ceil(idx.forest.compact_tokens / (config.dp * budget)), target)
     for slots in range(min(lower, ffd_slots), ffd_slots + 1):
         bins = pack_units(idx, units, config.dp * slots, budget)
         if bins is not None:

@@ -41,6 +41,17 @@ slots than `l1`, which never uses more than first-fit-decreasing), and the searc
 at a near-ideal critical path or after two slot counts that work. L1's own plan competes
 on the same measure and wins when windows do not pay, so the compression is never below
 L1's. KDA replay is not counted: shaved prefixes end on the chunk grid.
+
+Pipelines (`PlanConfig.pp` > 1). S starts at `PlanConfig.target_microbatches` (at least
+that many microbatches per replica, so 1F1B can fill its stages); only when no plan with
+that many slots exists does the search fall back to fewer. A cell with fewer items than
+slots splits its largest trees at their top nodes (into the producer) until it has
+enough, so a few large trees become windows of several consumers without recomputing a
+row. Candidates and L1's plan are scored by the pipelined critical path (slot loads plus
+the fill and drain, `pipelined_critical_path`); L1's plan displaces a plan that meets the
+floor only when it meets it too. Trees are dealt to cells with ties
+broken toward the least loaded replica, since several cells per replica are then the
+rule. With pp = 1 none of this applies and plans are as before.
 """
 
 from __future__ import annotations
@@ -58,6 +69,8 @@ from harts.plan.planners.common import (
     finalize_tree,
     first_fit_decreasing,
     lpt_balanced,
+    pipeline_ends,
+    pipelined_critical_path,
 )
 from harts.plan.planners.l1 import l1_microbatches, place
 from harts.plan.planners.registry import PlannerName, register_planner
@@ -131,6 +144,7 @@ class _CellSolver:
         self.ff = config.cost_model.forward_fraction
         self.overhead = config.cost_model.microbatch_overhead
         self.chunk = config.chunk_size
+        self.pp = config.pp
 
     # ---- shaving ----------------------------------------------------------------------
 
@@ -193,6 +207,27 @@ class _CellSolver:
             out[cons[-1]] += (1.0 - self.ff) * pc
         return out
 
+    def ends(self, row: list[Cell]) -> float:
+        """Fill + drain work of one replica's cells under a pipeline (see
+        `pipelined_critical_path`): the forward of its first slot, with its producer's
+        forward when that slot is the producer's first consumer (the producer runs right
+        before it), and the backward of its last slot, with the producer's backward when
+        that slot is the producer's last consumer."""
+        used = [(c, b) for c in row for b in range(c.k) if c.bins[b]]
+        if not used:
+            return 0.0
+
+        def share(c: Cell, b: int, frac: float, which: int) -> float:
+            x = frac * (self.overhead + c.bin_cost(b))
+            if c.trunk or any(it.shaved_tokens for bb in c.bins for it in bb):
+                cons = [j for j in range(c.k) if c.reads_producer(j)]
+                if b == cons[which]:
+                    x += frac * (self.overhead + c.p_cost())
+            return x
+
+        (c0, b0), (c1, b1) = used[0], used[-1]
+        return share(c0, b0, self.ff, 0) + share(c1, b1, 1.0 - self.ff, -1)
+
     def _split_item(self, c: Cell, items: list[Item], it: Item) -> bool:
         idx = self.idx
         v = it.root
@@ -239,13 +274,25 @@ class _CellSolver:
             if not self._split_item(c, items, max(big, key=lambda x: (x.tokens, -x.root))):
                 return False
 
+    def _split_to_count(self, c: Cell, items: list[Item], k: int) -> bool:
+        """Split the largest item with children at its top node (into the producer) while
+        there are fewer than k items; False when that cannot reach k. Only with a pipeline
+        (a cell with fewer items than slots is otherwise given up, as before)."""
+        if self.pp <= 1:
+            return len(items) >= k
+        while len(items) < k:
+            forks = [it for it in items if self.idx.children[it.root]]
+            if not forks or not self._split_item(c, items, max(forks, key=lambda x: (x.cost, -x.root))):
+                return False
+        return True
+
     def _solve_lpt(self, c: Cell, out: Cell, ffd: bool) -> bool:
         """No levelling: whole items largest-cost-first into the least-loaded slot with
         token room, or (`ffd`, for tight budgets) first-fit-decreasing by tokens followed
         by load-lowering moves and swaps; slots ordered by load, heaviest first."""
         idx = self.idx
         items = [Item(t, idx.sub_cost[t], idx.sub_rows[t]) for t in c.trees]
-        if not self._mandatory_splits(c, items) or len(items) < c.k:
+        if not self._mandatory_splits(c, items) or not self._split_to_count(c, items, c.k):
             return False
         room = int(self.budget - self.rho * c.trunk_tokens)
         cost = [it.cost for it in items]
@@ -282,15 +329,21 @@ class _CellSolver:
         total = sum(it.cost for it in items) + c.trunk_cost
         target = total / k
         # items above the target go one per middle slot (their excess is shaved); any
-        # more than that are split at their top node
+        # more than that are split at their top node, and (with a pipeline) so is the
+        # largest item while the cell has fewer items than slots (a few large trees over
+        # many slots)
         while True:
             huge = [it for it in items if it.cost > target]
-            if len(huge) <= max(0, k - 2):
+            if len(huge) > max(0, k - 2):
+                it = max(huge, key=lambda x: (x.cost, -x.root))
+            elif len(items) < k:
+                if not self._split_to_count(c, items, len(items) + 1):
+                    return False
+                continue
+            else:
                 break
-            if not self._split_item(c, items, max(huge, key=lambda x: (x.cost, -x.root))):
+            if not self._split_item(c, items, it):
                 return False
-        if len(items) < k:
-            return False
         todo = sorted(items, key=lambda x: (-x.cost, x.root))
         unit = max(target / 1000.0, 1e-9)
         room = self.budget - self.rho * c.trunk_tokens
@@ -300,6 +353,11 @@ class _CellSolver:
         bins: list[list[Item]] = []
         overshoot = 0.0
         for _ in range(k - 2):
+            # a covering slot needs an item besides one per end: with a pipeline, split
+            # the largest item with children while there are not enough
+            if len(todo) < 3 and self._split_to_count(c, todo, 3):
+                todo.sort(key=lambda x: (-x.cost, x.root))
+                room = self.budget - self.rho * c.trunk_tokens
             if len(todo) < 3:
                 break
             if anchored:
@@ -509,32 +567,48 @@ def _subset_near(items: list[Item], aim: float, unit: float, cover: bool, room: 
 
 
 def _assign_trees(
-    idx: ForestIndex, sizes: list[int], cap: list[float], fixed: dict[int, int]
+    idx: ForestIndex,
+    sizes: list[int],
+    cap: list[float],
+    fixed: dict[int, int],
+    replica_of: list[int] | None = None,
 ) -> list[list[int]] | None:
     """Trees to cells: largest cost first into the cell least loaded relative to its size
     (with token room), then the best single move or swap between the heaviest cell and
-    any other while it lowers the heaviest relative load. `fixed` pins trees to cells."""
+    any other while it lowers the heaviest relative load. `fixed` pins trees to cells.
+
+    `replica_of` (each cell's replica), when given, breaks ties between equally loaded
+    cells toward the least loaded replica; without it the lowest-numbered cell wins, which
+    puts the largest trees on the first replica's cells while they are all empty. With a
+    pipeline l1l2 wants several cells per replica, so it passes `replica_of`; without one
+    the established assignment is kept."""
     n = len(sizes)
     load = [0.0] * n
     tokens = [0] * n
     cells: list[list[int]] = [[] for _ in range(n)]
+    replica_of = replica_of if replica_of is not None else [0] * n
+    rep_load = [0.0] * (max(replica_of, default=0) + 1)
     cost, rows = idx.sub_cost, idx.sub_rows
     for t, i in fixed.items():
         cells[i].append(t)
         load[i] += cost[t]
         tokens[i] += rows[t]
+        rep_load[replica_of[i]] += cost[t]
     for t in sorted(idx.roots, key=lambda r: (-cost[r], r)):
         if t in fixed:
             continue
-        best = -1
+        best, best_key = -1, None
         for i in range(n):
-            if tokens[i] + rows[t] <= cap[i] and (best < 0 or load[i] / sizes[i] < load[best] / sizes[best]):
-                best = i
+            if tokens[i] + rows[t] <= cap[i]:
+                key = (load[i] / sizes[i], rep_load[replica_of[i]])
+                if best_key is None or key < best_key:
+                    best, best_key = i, key
         if best < 0:
             return None
         cells[best].append(t)
         load[best] += cost[t]
         tokens[best] += rows[t]
+        rep_load[replica_of[best]] += cost[t]
     for _ in range(_MAX_SWAP_ROUNDS):
         rel = [load[i] / sizes[i] for i in range(n)]
         hi = max(range(n), key=lambda i: (rel[i], -i))
@@ -599,12 +673,14 @@ def _build(
         layout.append(sizes)
         n += len(sizes)
     flat = [k for sizes in layout for k in sizes]
+    replica_of = [r for r, sizes in enumerate(layout) for _ in sizes]
     # token room per cell: near the step's average fill first (so no cell is left with
     # more tokens than its slots can pack), looser if that cannot be met
     fill = idx.forest.compact_tokens / (dp * slots * solver.budget)
     for slack in (0.01, 0.03, 0.1, None):
         share = 1.0 if slack is None else min(1.0, fill + slack)
-        trees = _assign_trees(idx, flat, [k * solver.budget * share for k in flat], fixed)
+        trees = _assign_trees(idx, flat, [k * solver.budget * share for k in flat], fixed,
+                              replica_of if solver.pp > 1 else None)
         if trees is None:
             continue
         out: list[list[Cell]] = []
@@ -629,10 +705,18 @@ def _build(
     return None
 
 
-def _critical_path(cells: list[list[Cell]], solver: _CellSolver) -> float:
-    """sum over slots of the max load across replicas."""
+def _critical_path(cells: list[list[Cell]], solver: _CellSolver, pp: int = 1) -> float:
+    """sum over slots of the max load across replicas, pipelined over `pp` stages
+    (`pipelined_critical_path`; the plain sum when pp = 1)."""
     rows = [[x for c in row for x in solver.loads(c)] for row in cells]
-    return sum(max(col) for col in zip(*rows, strict=True))
+    if pp <= 1:
+        return pipelined_critical_path(rows, 1)
+    return pipelined_critical_path(rows, pp, [solver.ends(row) for row in cells])
+
+
+def _min_microbatches(cells: list[list[Cell]]) -> int:
+    """The fewest non-producer microbatches on any replica."""
+    return min(sum(1 for c in row for b in c.bins if b) for row in cells)
 
 
 def _to_microbatches(idx: ForestIndex, cells: list[list[Cell]]) -> list[TreeMB]:
@@ -701,6 +785,36 @@ def _group_options(slots: int) -> list[int]:
     return out
 
 
+def _search(
+    idx: ForestIndex,
+    solver: _CellSolver,
+    config: PlanConfig,
+    slot_range: range,
+    ideal: float,
+    min_microbatches: int = 1,
+) -> tuple[float, int, int, list[list[Cell]]] | None:
+    """The best (critical path, slots, cells per replica, cells) over `slot_range` among
+    plans with at least `min_microbatches` non-producer microbatches on every replica;
+    stops at a near-ideal critical path or after two slot counts that work."""
+    best = None
+    feasible_slots = 0
+    for slots in slot_range:
+        found = 0
+        for groups in _group_options(slots):
+            cells = _build(idx, solver, config.dp, slots, groups)
+            if cells is None or (min_microbatches > 1 and _min_microbatches(cells) < min_microbatches):
+                continue
+            found += 1
+            crit = _critical_path(cells, solver, config.pp)
+            if best is None or crit < best[0] * (1 - 1e-9):
+                best = (crit, slots, groups, cells)
+        feasible_slots += bool(found)
+        # a near-ideal plan, or two slot counts that work, ends the search
+        if best is not None and (best[0] <= ideal * (1 + _GOOD_ENOUGH) or feasible_slots >= 2):
+            break
+    return best
+
+
 @register_planner(PlannerName.L1L2)
 def plan_l1l2(forest: RolloutForest, config: PlanConfig) -> Plan:
     idx = ForestIndex(forest, config.cost_model)
@@ -711,36 +825,43 @@ def plan_l1l2(forest: RolloutForest, config: PlanConfig) -> Plan:
     solver = _CellSolver(idx, config)
     # the critical path can be no shorter than an even split of all the step's work
     ideal = (sum(idx.sub_cost[r] for r in idx.roots) + config.cost_model.microbatch_overhead) / config.dp
+    if config.pp > 1:
+        # as pipelined: fill and drain are (pp - 1) passes of 1/pp of an even slot's load
+        ideal = ideal * (1 + (config.pp - 1) / max(lower, config.target_microbatches)) / config.pp
+    # with a pipeline, at least `target` slots (microbatches per replica) first: cells of
+    # k slots split their trees into a producer and k consumers, so no row is computed
+    # twice; when no such plan exists, the slot counts below the target
+    target = config.target_microbatches
     best = None
-    feasible_slots = 0
-    for slots in range(lower, l1_slots + 1):
-        found = 0
-        for groups in _group_options(slots):
-            cells = _build(idx, solver, config.dp, slots, groups)
-            if cells is None:
-                continue
-            found += 1
-            crit = _critical_path(cells, solver)
-            if best is None or crit < best[0] * (1 - 1e-9):
-                best = (crit, slots, groups, cells)
-        feasible_slots += bool(found)
-        # a near-ideal plan, or two slot counts that work, ends the search
-        if best is not None and (best[0] <= ideal * (1 + _GOOD_ENOUGH) or feasible_slots >= 2):
-            break
+    searched = range(lower, l1_slots + 1)
+    if target > lower:
+        # slot counts from the floor up, as far as twice it (a few cells of a few slots
+        # per replica), or L1's count when that is larger
+        searched = range(target, max(l1_slots, 2 * target) + 1)
+        best = _search(idx, solver, config, searched, ideal, target)
+    if best is None:
+        searched = range(lower, l1_slots + 1)
+        best = _search(idx, solver, config, searched, ideal)
     # L1's own microbatches (recomputed paths, no windows) compete on the same measure
     place(l1_mbs, config.dp)
     l1_loads = [[0.0] * l1_slots for _ in range(config.dp)]
     for m in l1_mbs:
         l1_loads[m.replica][m.slot] += config.cost_model.microbatch_overhead + m.cost
-    l1_crit = sum(max(col) for col in zip(*l1_loads, strict=True))
-    if best is None or l1_crit < best[0] * (1 - 1e-9):
-        return finalize_tree(idx, l1_mbs, config, PlannerName.L1L2.value, {"chosen": "l1"})
+    l1_ends = [pipeline_ends(row, config.cost_model.forward_fraction) for row in l1_loads]
+    l1_crit = pipelined_critical_path(l1_loads, config.pp, l1_ends)
+    pipe = {"pp": config.pp, "target_microbatches": target} if config.pp > 1 else {}
+    # a plan that meets the pipeline's floor is only displaced by an L1 plan that does too
+    l1_floor = min(sum(1 for x in row if x > 0) for row in l1_loads) >= target
+    floor_met = best is not None and target > lower and _min_microbatches(best[3]) >= target
+    if best is None or ((l1_floor or not floor_met) and l1_crit < best[0] * (1 - 1e-9)):
+        return finalize_tree(idx, l1_mbs, config, PlannerName.L1L2.value, {"chosen": "l1", **pipe})
     _, slots, groups, cells = best
     mbs = _to_microbatches(idx, cells)
     info = {
-        "slots_considered": [lower, l1_slots],
+        "slots_considered": [searched.start, searched.stop - 1],
         "cells_per_replica": groups,
         "producers": len({m.producer for m in mbs if m.producer is not None}),
         "producer_tokens": sum(c.p_tokens() for row in cells for c in row),
+        **pipe,
     }
     return finalize_tree(idx, mbs, config, PlannerName.L1L2.value, info)

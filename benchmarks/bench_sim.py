@@ -5,7 +5,10 @@ every SWE preset, and how fast the simulator itself runs.
 
 Everything is the roofline cost model on the h200 profile (harts/sim/hardware/h200.json)
 with activation recomputation, the default parallel layouts of harts.sim.parallel, and
-the planners' own defaults unless a budget is named. Markdown tables go to stdout.
+the planners' own defaults unless a budget is named. Every plan is made for the pipeline
+it is simulated on (`PlanConfig.pp` = the layout's PP). Table 6 is simulated twice: with
+the EP all-to-all priced inside each pass (the simulator's default) and with the k-th
+passes of an EP group run together (`ep_lockstep`). Markdown tables go to stdout.
 """
 
 from __future__ import annotations
@@ -32,18 +35,19 @@ PAPER_T6 = {"non-overlap": 167.7, "overlap-bwd-first": 190.4, "consumer-1f1b": 2
 HW = load_hardware("h200")
 
 
-def run(workload: str, model_name: str, gpus: int, planner: str, schedule: str, budget: int | None) -> dict:
+def run(workload: str, model_name: str, gpus: int, planner: str, schedule: str, budget: int | None,
+        ep_lockstep: bool = False) -> dict:
     model = get_model_config(model_name)
     par = default_parallel(model, gpus)
     forest = generate(preset(workload)).forest()
-    kw = {"dp": par.dp}
+    kw = {"dp": par.dp, "pp": par.pp}  # plan for the pipeline that is simulated
     if budget:
         kw["microbatch_tokens"] = budget
     plan = make_plan(forest, planner, PlanConfig(**kw))
     step = step_from_plan(plan, forest, model.chunk_size)
     cost = make_cost_model("roofline", model, par, HW)
     t0 = time.perf_counter()
-    res = simulate_step(step, build_schedule(schedule, step, par.pp), cost)
+    res = simulate_step(step, build_schedule(schedule, step, par.pp), cost, ep_lockstep=ep_lockstep)
     sim_s = time.perf_counter() - t0
     return {
         "workload": workload, "model": model_name, "gpus": gpus, "parallel": par.describe(),
@@ -53,20 +57,28 @@ def run(workload: str, model_name: str, gpus: int, planner: str, schedule: str, 
         "throughput": res.throughput, "step_seconds": res.step_seconds,
         "bubble_fraction": res.bubble_fraction, "peak_gb": res.peak_memory_bytes / 1e9,
         "fits_memory": res.fits_memory, "actions": len(res.program.actions), "sim_seconds": sim_s,
+        "ep_lockstep_asked": ep_lockstep, "ep_lockstep": res.ep_lockstep,
     }
 
 
 def table6(budgets: list[int | None]) -> list[dict]:
     rows = []
     for b in budgets:
-        for s in SCHEDULES:
-            rows.append(run("swe-treestep-8", "tiny", 8, "l1l2", s, b))
+        # EP all-to-all as bandwidth inside each pass (the default), then with the k-th
+        # passes of an EP group run together (--ep-lockstep)
+        for lock in (False, True):
+            for s in SCHEDULES:
+                rows.append(run("swe-treestep-8", "tiny", 8, "l1l2", s, b, ep_lockstep=lock))
     print("### Table 6: PP schedules, Tiny / 8 GPUs / swe-treestep-8 / l1l2\n")
-    print("| budget | schedule | mbs (producers) | k tok/s | vs non-overlap | paper k tok/s | paper vs non-overlap | bubble | peak GB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| budget | EP lockstep | schedule | mbs (producers) | k tok/s | vs non-overlap | paper k tok/s | "
+          "paper vs non-overlap | bubble | peak GB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        base = next(x for x in rows if x["budget"] == r["budget"] and x["schedule"] == "non-overlap")
-        print(f"| {r['budget']} | {r['schedule']} | {r['microbatches']} ({r['producers']}) | "
+        base = next(x for x in rows if x["budget"] == r["budget"]
+                    and x["ep_lockstep_asked"] == r["ep_lockstep_asked"] and x["schedule"] == "non-overlap")
+        lock = ("yes" if r["ep_lockstep"] else "asked, fell back") if r["ep_lockstep_asked"] else "no"
+        print(f"| {r['budget']} | {lock} | {r['schedule']} | "
+              f"{r['microbatches']} ({r['producers']}) | "
               f"{r['throughput'] / 1e3:.1f} | {r['throughput'] / base['throughput']:.3f} | "
               f"{PAPER_T6[r['schedule']]} | {PAPER_T6[r['schedule']] / PAPER_T6['non-overlap']:.3f} | "
               f"{100 * r['bubble_fraction']:.1f}% | {r['peak_gb']:.1f} |")

@@ -79,14 +79,15 @@ def cost_model_for(model: str) -> Any:
 
 
 def make_step_plan(forest: RolloutForest, planner: str, *, model: str, dp: int, microbatch_tokens: int,
-                   seed: int = 0, time_limit: float = 2.0) -> tuple[Any, Any]:
-    """(Plan, PlanMetrics) of one planner on one step."""
+                   seed: int = 0, time_limit: float = 2.0, pp: int = 1) -> tuple[Any, Any]:
+    """(Plan, PlanMetrics) of one planner on one step; `pp` > 1 plans for a pipeline of that
+    many stages (pass the simulated layout's pp when the plan is simulated)."""
     from harts.config.models import get_model_config
     from harts.plan.metrics import compute_metrics
     from harts.plan.planners import PlanConfig, make_plan
 
     cfg = PlanConfig(dp=dp, microbatch_tokens=microbatch_tokens, cost_model=cost_model_for(model), seed=seed,
-                     time_limit=time_limit, chunk_size=get_model_config(model).chunk_size)
+                     time_limit=time_limit, chunk_size=get_model_config(model).chunk_size, pp=pp)
     plan = make_plan(forest, planner, cfg)
     return plan, compute_metrics(plan, forest)
 

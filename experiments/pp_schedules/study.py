@@ -1,12 +1,12 @@
 """Table 6: PP scheduling ablation on Tiny/8 Tree-Step, in the simulator.
 
-One step is planned by HARTS L1+L2 and simulated (harts.sim, roofline cost model on the
-H200 profile) under each pipeline schedule: non-overlapping sharing windows, overlap +
+One step is planned by HARTS L1+L2 for the simulated pipeline (`PlanConfig.pp`: at least
+`min_microbatches_per_stage` x PP microbatches per replica where the trees allow, trees
+split into sharing windows) and simulated (harts.sim, roofline cost model on the H200
+profile) under each pipeline schedule: non-overlapping sharing windows, overlap +
 backward-first, and consumer 1F1B (the producer's backward inside the window's last
-consumer backward). Sharing windows only exist when a tree outgrows a microbatch or L2
-uses a producer to balance, so the study sweeps the microbatch budget: at the default
-131,072 tokens a Tiny/8 Tree-Step step may have no producer at all, and the three
-schedules then coincide. Throughput counts expanded tokens per simulated step second.
+consumer backward). The study sweeps the microbatch budget (the memory cap per
+microbatch). Throughput counts expanded tokens per simulated step second.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ def run(cfg: PPSchedulesConfig, progress: Progress) -> StudyResult:
         for step in range(cfg.steps):
             progress.step(f"budget {budget:,}, step {step}: plan")
             forest = step_forest(case.scheme, case.gpus, step, cfg.num_groups)
-            plan, m = make_step_plan(forest, cfg.planner, model=case.model, dp=par.dp, microbatch_tokens=budget,
-                                     seed=step)
+            plan, m = make_step_plan(forest, cfg.planner, model=case.model, dp=par.dp, pp=par.pp,
+                                     microbatch_tokens=budget, seed=step)
             work = plan_work(plan, forest, case.model)
             producers = len(plan.consumers())
             info["producers"].append(producers)

@@ -114,7 +114,7 @@ def run(cfg: ThroughputConfig, progress: Progress) -> StudyResult:
             forest = step_forest(case.scheme, case.gpus, step, groups)
             for name in names:
                 progress.step(f"{case.label}, step {step}: {name}")
-                plan, m = make_step_plan(forest, name, model=case.model, dp=par.dp,
+                plan, m = make_step_plan(forest, name, model=case.model, dp=par.dp, pp=par.pp,
                                          microbatch_tokens=cfg.microbatch_tokens, seed=step)
                 work = plan_work(plan, forest, case.model)
                 todo = [(name, work)]

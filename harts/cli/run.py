@@ -127,7 +127,8 @@ def _simulate(args: argparse.Namespace) -> dict:
     schedule = "consumer-1f1b"
     runs = []
     for planner in ("expanded-ffd", "ortools-ffd", "l1", args.planner):
-        plan = make_plan(forest, planner, PlanConfig(dp=parallel.dp, seed=args.seed, time_limit=1.0))
+        config = PlanConfig(dp=parallel.dp, pp=parallel.pp, seed=args.seed, time_limit=1.0)
+        plan = make_plan(forest, planner, config)
         step = step_from_plan(plan, forest, model.chunk_size)
         res = simulate_step(step, build_schedule(schedule, step, parallel.pp), cost)
         runs.append({"planner": planner, "compression": plan.expanded_tokens / max(1, plan.executed_tokens),

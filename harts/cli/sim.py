@@ -123,7 +123,8 @@ class _Setup:
         from harts.sim.adapter import step_from_plan
 
         forest = self.forest(workload)
-        kw: dict[str, Any] = {"dp": self.parallel.dp, "seed": self.args.seed}
+        # plan for the pipeline that is simulated (microbatches enough to fill its stages)
+        kw: dict[str, Any] = {"dp": self.parallel.dp, "pp": self.parallel.pp, "seed": self.args.seed}
         if self.args.microbatch_tokens:
             kw["microbatch_tokens"] = self.args.microbatch_tokens
         try:

@@ -566,7 +566,7 @@ class TreeContext:
         unpermute = np.empty(comp.size, dtype=np.int64)
         unpermute[written] = np.arange(comp.size)
         self._unpermute = torch.as_tensor(unpermute, device=dev)
-        self._windows: dict = {}  # W -> ConvWindows
+        self._windows: dict[int, Tensor] = {}
 
     def _chunk_states_read(self, record: bool, record_states: Sequence[tuple[int, int]] | None
                            ) -> list[np.ndarray | None]:
@@ -619,15 +619,16 @@ class TreeContext:
         return o_HTE.transpose(0, 1)
 
     def short_conv(self, layer: int, name: str, x_TD: Tensor, weight_DW: Tensor, bias_D: Tensor | None) -> Tensor:
-        from harts.exec.ops.conv import ConvWindows, short_conv_shifted, window_from_parents
+        from harts.exec.ops.conv import short_conv, window_from_parents
 
         (x_LD,) = self._local((layer, f"conv:{name}"), x_TD)
         W = weight_DW.shape[1]
         if W not in self._windows:
-            self._windows[W] = ConvWindows.of(window_from_parents(self.row_parent, W))
-        # dense depthwise conv1d along the DFS order; rows below forks and jumps recomputed
-        # in gather form over their root paths
-        y_LD = short_conv_shifted(x_LD, weight_DW, bias_D, self._windows[W], activation="silu")
+            self._windows[W] = window_from_parents(self.row_parent, W)
+        # gather form: every row's sum runs in the same order whatever the layout, so a
+        # row's output has the same bits as the token's in its trajectory (a dense conv1d
+        # would round differently at different lengths: docs/LOG.md)
+        y_LD = short_conv(x_LD, weight_DW, bias_D, window_TW=self._windows[W], activation="silu")
         return y_LD if self.stash is None else y_LD[self._computed]
 
     def kda(self, layer: int, q_THK: Tensor, k_THK: Tensor, v_THV: Tensor, g_THK: Tensor,

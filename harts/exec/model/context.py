@@ -73,7 +73,7 @@ class PackedContext:
         self.row_weight = row_weight
         self._bounds = [int(b) for b in cu]
         self._cu_cpu = torch.tensor(self._bounds, dtype=torch.int64)  # host copy: no sync per KDA call
-        self._windows: dict = {}  # W -> ConvWindows
+        self._windows: dict[int, Tensor] = {}
 
     def to(self, device: torch.device | str) -> PackedContext:
         self.position_ids = self.position_ids.to(device)
@@ -92,15 +92,14 @@ class PackedContext:
         return torch.cat(outs, dim=0)
 
     def short_conv(self, layer: int, name: str, x_TD: Tensor, weight_DW: Tensor, bias_D: Tensor | None) -> Tensor:
-        from harts.exec.ops.conv import ConvWindows, short_conv_shifted, window_from_cu_seqlens
+        from harts.exec.ops.conv import short_conv, window_from_cu_seqlens
 
         W = weight_DW.shape[1]
-        windows = self._windows.get(W)
-        if windows is None:
-            windows = ConvWindows.of(window_from_cu_seqlens(self.cu_seqlens.to(x_TD.device), W, self.num_rows))
-            self._windows[W] = windows
-        # dense depthwise conv1d; rows near sequence starts recomputed in gather form
-        return short_conv_shifted(x_TD, weight_DW, bias_D, windows, activation="silu")
+        window_TW = self._windows.get(W)
+        if window_TW is None:
+            window_TW = window_from_cu_seqlens(self.cu_seqlens.to(x_TD.device), W, self.num_rows)
+            self._windows[W] = window_TW
+        return short_conv(x_TD, weight_DW, bias_D, window_TW=window_TW, activation="silu")
 
     def kda(self, layer: int, q_THK: Tensor, k_THK: Tensor, v_THV: Tensor, g_THK: Tensor, beta_TH: Tensor, scale: float) -> Tensor:
         from harts.exec.backend import chunk_kda

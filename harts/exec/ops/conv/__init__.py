@@ -8,11 +8,8 @@ from harts.exec.ops.conv.gather import (
     window_from_parents,
 )
 from harts.exec.ops.conv.naive import naive_short_conv
-from harts.exec.ops.conv.shifted import ConvWindows, short_conv_shifted
 
 __all__ = [
-    "ConvWindows",
-    "short_conv_shifted",
     "final_conv_state",
     "naive_short_conv",
     "short_conv",

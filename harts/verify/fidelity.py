@@ -14,7 +14,9 @@ the next-token logit row z (V) of run a is compared with run b's:
     loss diff |loss_a - loss_b| of the step's policy loss (`evaluate`, same denominators)
 
 Pairs: tree (replay) vs expanded, tree (node = no replay) vs expanded, expanded vs a
-rerun of expanded. Tree rows are also binned by handoff depth (the level of the row's
+rerun of expanded, and expanded vs expanded repacked one trajectory per microbatch (the
+baseline's own drift under another batch composition, what dynamic packing changes from
+run to run; on one GPU with deterministic kernels the plain rerun is bit-identical). Tree rows are also binned by handoff depth (the level of the row's
 node: how many forks, hence KDA state handoffs, lie above it). Logits are formed in the
 model's dtype exactly as the loss forms them and compared in float32, chunk by chunk, so
 no [X, V] tensor is ever held.
@@ -113,7 +115,8 @@ def fidelity(
     microbatch_tokens: int = 1 << 17,
     chunk_rows: int = 2048,
 ) -> dict[str, Any]:
-    """The fidelity report: tree (replay, no replay) and an expanded rerun, each vs expanded."""
+    """The fidelity report: tree (replay, no replay), an expanded rerun and an expanded
+    repacked run, each vs expanded."""
     if isinstance(model, str):
         from harts.config.models import get_model_config
 
@@ -122,21 +125,26 @@ def fidelity(
     net = build_model(model, seed=seed, dtype=dtype, device=device)
     partition = TreeTrainer(net).partition(trajectories, microbatch_tokens)
     W = net.lm_head_weight.detach()
+    # the baseline with another, equally valid batch composition: one trajectory per
+    # microbatch (in training, dynamic packing changes it from run to run)
+    repacked = [[j] for j in range(len(trajectories))]
     runs = {
         "expanded": _hidden_rows(net, trajectories, partition, "expanded"),
         "expanded_rerun": _hidden_rows(net, trajectories, partition, "expanded"),
+        "expanded_repacked": _hidden_rows(net, trajectories, repacked, "expanded"),
         "tree_replay": _hidden_rows(net, trajectories, partition, "replay"),
         "tree_no_replay": _hidden_rows(net, trajectories, partition, "node"),
     }
     losses = {
         "expanded": ExpandedTrainer(net).evaluate(trajectories, microbatch_tokens, partition).losses["loss"],
         "expanded_rerun": ExpandedTrainer(net).evaluate(trajectories, microbatch_tokens, partition).losses["loss"],
+        "expanded_repacked": ExpandedTrainer(net).evaluate(trajectories, microbatch_tokens, repacked).losses["loss"],
         "tree_replay": TreeTrainer(net).evaluate(trajectories, microbatch_tokens, partition).losses["loss"],
         "tree_no_replay": TreeTrainer(net, kda_mode="node").evaluate(trajectories, microbatch_tokens, partition).losses["loss"],
     }
     report: dict[str, Any] = {"model": model.name, "dtype": str(dtype).removeprefix("torch."),
                               "trajectories": len(trajectories), "losses": losses}
-    for name in ("expanded_rerun", "tree_replay", "tree_no_replay"):
+    for name in ("expanded_rerun", "expanded_repacked", "tree_replay", "tree_no_replay"):
         r = _compare(runs[name], runs["expanded"], trajectories, W, chunk_rows)
         r["loss_diff"] = abs(losses[name] - losses["expanded"])
         report[f"{name}_vs_expanded"] = r

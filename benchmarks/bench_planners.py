@@ -1,6 +1,6 @@
 """Step planners on a paper-sized step: compression, slot balance, slots, planning time.
 
-    python benchmarks/bench_planners.py [--workload swe-treestep-64] [--dp 8]
+    python benchmarks/bench_planners.py [--workload swe-treestep-64] [--dp 8] [--rollouts-per-group N]
         [--dps 2,4,8] [--repeats 3] [--producer-retention R] [--json]
 
 Table 4 of the paper (one step, DP 8): every planner's compression, per-slot balance and
@@ -46,6 +46,8 @@ def md_table(headers: list[str], rows: list[list]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", default="swe-treestep-64")
+    ap.add_argument("--rollouts-per-group", type=int, default=None,
+                    help="override the preset's group size (sensitivity to tree size)")
     ap.add_argument("--dp", type=int, default=8)
     ap.add_argument("--dps", default="2,4,8")
     ap.add_argument("--repeats", type=int, default=3)
@@ -56,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
-    forest = generate(preset(args.workload)).forest()
+    over = {} if args.rollouts_per_group is None else {"rollouts_per_group": args.rollouts_per_group}
+    forest = generate(preset(args.workload, **over)).forest()
     build = time.perf_counter() - t0
 
     def config(dp: int) -> PlanConfig:

@@ -2,7 +2,8 @@
 
     python benchmarks/gpu/h200_run.py SECTION... --out DIR
 
-Sections: env, kda, flex, verify, ops, step, fidelity, profile, moe, flexsweep. Each writes DIR/<section>.json and
+Sections: env, kda, flex, verify, ops, step, fidelity, profile, moe, flexsweep, conv
+(set HARTS_CONV=triton to run step/profile with the fused short-conv kernels). Each writes DIR/<section>.json and
 never stops the others (an exception is recorded in its JSON). Run `kda flex verify`
 with TRITON_F32_DEFAULT=ieee (float32 dots in Triton kernels as true fp32, as the
 float32 equivalence tolerance assumes); the speed sections run with the defaults.
@@ -414,6 +415,33 @@ def sec_flexsweep(args):
     return out
 
 
+def sec_conv():
+    """The short conv of a KDA layer (q/k/v: 16 x 128 channels, window 4) on 82k rows of a
+    real tree layout, bf16, forward+backward: gather-form reference vs the fused Triton
+    kernels (`HARTS_CONV=triton`), and the fused output against the reference in fp32."""
+    from harts.exec.gpu.bench import time_cuda
+    from harts.exec.gpu.conv import short_conv_fused
+    from harts.exec.ops.conv import short_conv, window_from_parents
+    from harts.tree.workload import generate, preset
+
+    f = generate(preset("swe-treestep-1")).forest()
+    win = window_from_parents(torch.as_tensor(f.row_parent), 4).cuda()
+    T, D = f.num_rows, 2048
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(T, D, device="cuda", generator=g).bfloat16().requires_grad_()
+    w = (torch.randn(D, 4, device="cuda", generator=g) * 0.3).bfloat16().requires_grad_()
+    dy = torch.randn(T, D, device="cuda", generator=g).bfloat16()
+    out = {"rows": T, "channels": D}
+    for name, fn in (("reference", short_conv), ("fused", short_conv_fused)):
+        with torch.no_grad():
+            out[f"{name}_fwd_s"] = time_cuda(lambda fn=fn: fn(x, w, None, window_TW=win), repeats=10)
+        out[f"{name}_fwdbwd_s"] = time_cuda(lambda fn=fn: fn(x, w, None, window_TW=win).backward(dy), repeats=10)
+    with torch.no_grad():
+        ref = short_conv(x.float(), w.float(), None, window_TW=win)
+        out["fused_vs_fp32_reference_rel"] = rel(short_conv_fused(x, w, None, window_TW=win), ref)
+    return out
+
+
 def main() -> None:
     global OUT
     ap = argparse.ArgumentParser()
@@ -439,7 +467,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     fns = {"attn": sec_attn, "env": sec_env, "kda": sec_kda, "flex": sec_flex, "verify": sec_verify, "ops": sec_ops,
            "step": lambda: sec_step(args), "fidelity": lambda: sec_fidelity(args),
-           "profile": lambda: sec_profile(args), "moe": sec_moe, "flexsweep": lambda: sec_flexsweep(args)}
+           "profile": lambda: sec_profile(args), "moe": sec_moe, "conv": sec_conv, "flexsweep": lambda: sec_flexsweep(args)}
     for s in args.sections:
         t0 = time.perf_counter()
         try:

@@ -22,7 +22,8 @@ import torch
 from torch import Tensor
 
 FORCE_ENV = "HARTS_FORCE_REFERENCE"
-TREE_ATTENTION_ENV = "HARTS_TREE_ATTENTION"  # "flex" forces FlexAttention over the varlen path
+TREE_ATTENTION_ENV = "HARTS_TREE_ATTENTION"
+CONV_ENV = "HARTS_CONV"  # "triton": the fused short-conv kernels (not timed on the GPU yet)  # "flex" forces FlexAttention over the varlen path
 FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -32,6 +33,7 @@ class Impl(StrEnum):
     FLEX = "flex"  # FlexAttention with a block mask from DFS intervals
     VARLEN = "varlen"  # ancestor attention as one varlen flash call over root-to-row paths
     GROUPED = "grouped"  # MoE experts as grouped matrix products (torch grouped_mm)
+    TRITON = "triton"  # our fused Triton kernel (short conv; opt-in until timed on the GPU)
 
 
 def force_reference() -> bool:
@@ -82,6 +84,26 @@ def moe_impl(device: torch.device, dtype: torch.dtype) -> Impl:
     if force_reference() or device.type != "cuda" or dtype != torch.bfloat16 or not grouped_mm_available():
         return Impl.REFERENCE
     return Impl.GROUPED
+
+
+def conv_impl(device: torch.device) -> Impl:
+    """Short conv: the gather-form reference, or with HARTS_CONV=triton on CUDA the fused
+    kernels (`harts.exec.gpu.conv`; opt-in: correct under the interpreter, not yet timed)."""
+    if force_reference() or device.type != "cuda" or os.environ.get(CONV_ENV, "").strip() != "triton":
+        return Impl.REFERENCE
+    return Impl.TRITON
+
+
+def short_conv(x_TD: Tensor, weight_DW: Tensor, bias_D: Tensor | None, *, window_TW: Tensor,
+               activation: str | None = "silu") -> Tensor:
+    """`harts.exec.ops.conv.short_conv`'s contract (no carried state), on `conv_impl`'s pick."""
+    if conv_impl(x_TD.device) is Impl.TRITON:
+        from harts.exec.gpu.conv import short_conv_fused
+
+        return short_conv_fused(x_TD, weight_DW, bias_D, window_TW=window_TW, activation=activation)
+    from harts.exec.ops.conv import short_conv as reference
+
+    return reference(x_TD, weight_DW, bias_D, window_TW=window_TW, activation=activation)
 
 
 def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, **kwargs):

@@ -619,7 +619,8 @@ class TreeContext:
         return o_HTE.transpose(0, 1)
 
     def short_conv(self, layer: int, name: str, x_TD: Tensor, weight_DW: Tensor, bias_D: Tensor | None) -> Tensor:
-        from harts.exec.ops.conv import short_conv, window_from_parents
+        from harts.exec.backend import short_conv
+        from harts.exec.ops.conv import window_from_parents
 
         (x_LD,) = self._local((layer, f"conv:{name}"), x_TD)
         W = weight_DW.shape[1]

@@ -92,7 +92,8 @@ class PackedContext:
         return torch.cat(outs, dim=0)
 
     def short_conv(self, layer: int, name: str, x_TD: Tensor, weight_DW: Tensor, bias_D: Tensor | None) -> Tensor:
-        from harts.exec.ops.conv import short_conv, window_from_cu_seqlens
+        from harts.exec.backend import short_conv
+        from harts.exec.ops.conv import window_from_cu_seqlens
 
         W = weight_DW.shape[1]
         window_TW = self._windows.get(W)

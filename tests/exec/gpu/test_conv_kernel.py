@@ -1,0 +1,78 @@
+"""The fused short-conv Triton kernels under TRITON_INTERPRET=1 against the gather-form
+reference: outputs and the gradients of x, weight and bias on tree windows (forks, roots)
+and packed-sequence windows; and the output of a row depends only on its window (a tree
+row and the same token in its trajectory get the same bits)."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from harts.exec.gpu.conv import short_conv_fused  # noqa: E402
+from harts.exec.ops.conv import short_conv, window_from_cu_seqlens, window_from_parents  # noqa: E402
+from harts.testing import assert_close  # noqa: E402
+
+
+@st.composite
+def windows(draw):
+    W = draw(st.integers(1, 4))
+    if draw(st.booleans()):
+        T = draw(st.integers(1, 40))
+        parent = [draw(st.integers(-1, t - 1)) for t in range(T)]
+        return window_from_parents(torch.tensor(parent), W)
+    lens = draw(st.lists(st.integers(1, 12), min_size=1, max_size=4))
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    return window_from_cu_seqlens(cu, W, int(cu[-1]))
+
+
+@settings(max_examples=25, deadline=None)
+@given(window=windows(), D=st.integers(1, 40), bias=st.booleans(), act=st.sampled_from(["silu", None]),
+       seed=st.integers(0, 2**16))
+def test_fused_conv_matches_reference(window, D, bias, act, seed):
+    T, W = window.shape
+    g = torch.Generator().manual_seed(seed)
+    x, dy = torch.randn(T, D, generator=g), torch.randn(T, D, generator=g)
+    w, b = torch.randn(D, W, generator=g), torch.randn(D, generator=g)
+    out = {}
+    for name, fn in (("ref", short_conv), ("fused", short_conv_fused)):
+        leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+        y = fn(leaves[0], leaves[1], leaves[2] if bias else None, window_TW=window, activation=act)
+        y.backward(dy)
+        out[name] = [y.detach(), leaves[0].grad, leaves[1].grad] + ([leaves[2].grad] if bias else [])
+    for name, got, want in zip(("y", "dx", "dw", "db"), out["fused"], out["ref"], strict=False):
+        assert_close(name, got, want, 1e-5)
+
+
+def test_a_rows_output_depends_only_on_its_window():
+    """The same token in a tree (after a fork) and alone in a packed sequence: same bits."""
+    torch.manual_seed(0)
+    D, W = 24, 4
+    # tree: 0-1-2 shared, then 3-4 and 5-6 branch off row 2
+    parent = torch.tensor([-1, 0, 1, 2, 3, 2, 5])
+    x_tree = torch.randn(7, D)
+    w, b = torch.randn(D, W), torch.randn(D)
+    y_tree = short_conv_fused(x_tree, w, b, window_TW=window_from_parents(parent, W))
+    # the trajectory through 5-6 as one packed sequence, after an unrelated one
+    other = torch.randn(3, D)
+    x_seq = torch.cat([other, x_tree[[0, 1, 2, 5, 6]]])
+    y_seq = short_conv_fused(x_seq, w, b, window_TW=window_from_cu_seqlens(torch.tensor([0, 3, 8]), W, 8))
+    assert torch.equal(y_tree[[0, 1, 2, 5, 6]], y_seq[3:])
+
+
+def test_fused_conv_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="expected weight"):
+        short_conv_fused(torch.zeros(3, 4), torch.zeros(4, 2), None, window_TW=torch.zeros(3, 3, dtype=torch.int64))
+
+
+def test_backend_picks_the_reference_unless_asked(monkeypatch):
+    from harts.exec import backend
+
+    monkeypatch.delenv(backend.CONV_ENV, raising=False)
+    assert backend.conv_impl(torch.device("cuda")) is backend.Impl.REFERENCE
+    monkeypatch.setenv(backend.CONV_ENV, "triton")
+    assert backend.conv_impl(torch.device("cuda")) is backend.Impl.TRITON
+    assert backend.conv_impl(torch.device("cpu")) is backend.Impl.REFERENCE

@@ -364,7 +364,7 @@ def sec_flexsweep(args):
     layouts["treestep_first32k"] = np.minimum(f.row_end[:R], R - 1)
     # a bushier layout: the first 32k rows of a small-tree workload (many groups, short rows)
     f2 = generate(preset("small-treestep")).forest()
-    reps, ends, off = [], [], 0
+    ends, off = [], 0
     while off < R:
         ends.append(f2.row_end + off)
         off += f2.num_rows
@@ -395,18 +395,21 @@ def sec_flexsweep(args):
             stack.append(r)
         seg = segments_of(parent)
         keys = torch.as_tensor(seg.key_rows, device="cuda")
-        t = time_cuda(lambda: path_attention(q, k, v, scale, seg, kernel=flash_varlen, key_rows=keys).backward(do), repeats=10)
+        t = time_cuda(lambda seg=seg, keys=keys: path_attention(q, k, v, scale, seg, kernel=flash_varlen,
+                                                                key_rows=keys).backward(do), repeats=10)
         with torch.no_grad():
-            tf = time_cuda(lambda: path_attention(q, k, v, scale, seg, kernel=flash_varlen, key_rows=keys), repeats=10)
+            tf = time_cuda(lambda seg=seg, keys=keys: path_attention(q, k, v, scale, seg, kernel=flash_varlen,
+                                                                     key_rows=keys), repeats=10)
         res["varlen"] = {"fwdbwd_s": t, "fwd_s": tf, "segments": seg.num_segments, "gathered_keys": int(seg.key_rows.size),
                          "per_pair_vs_sdpa": (t / pairs) / (sdpa / causal)}
         print(f"[flexsweep] {lname} varlen: {res['varlen']}", flush=True)
         for vname, opts in FLEX_VARIANTS.items():
             try:
-                t = time_cuda(lambda opts=opts: tree_attention(q, k, v, scale, bm, kernel_options=opts).backward(do),
+                t = time_cuda(lambda opts=opts, bm=bm: tree_attention(q, k, v, scale, bm, kernel_options=opts).backward(do),
                               repeats=10)
                 with torch.no_grad():
-                    tf = time_cuda(lambda opts=opts: tree_attention(q, k, v, scale, bm, kernel_options=opts), repeats=10)
+                    tf = time_cuda(lambda opts=opts, bm=bm: tree_attention(q, k, v, scale, bm, kernel_options=opts),
+                                   repeats=10)
                 res[vname] = {"fwdbwd_s": t, "fwd_s": tf, "per_pair_vs_sdpa": (t / pairs) / (sdpa / causal)}
             except Exception as err:  # noqa: BLE001
                 res[vname] = {"error": f"{type(err).__name__}: {err}"[:500]}

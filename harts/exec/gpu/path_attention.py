@@ -75,7 +75,7 @@ def segments_of(parent_L: np.ndarray, q_local_C: np.ndarray | None = None) -> Pa
     # per chain: the ranges (first, last-row-on-path) of its ancestors' chains, root first.
     # A chain's first row's parent is the last row of the parent chain (DFS order).
     anc_ranges: list[list[tuple[int, int]]] = []
-    for c, f in enumerate(chain_first.tolist()):
+    for f in chain_first.tolist():
         p = int(parent[f])
         if p < 0:
             anc_ranges.append([])

@@ -1,6 +1,6 @@
 """The simulator's cost model against a measured H200 update step, category by category.
 
-    python benchmarks/sim_vs_h200.py [--cost-model roofline] [--json]
+    python benchmarks/sim_vs_h200.py [--cost-model roofline] [--hardware h200|h200-harts] [--json]
 
 Measured: `benchmarks/results/h200_session2/profile_step.json` (torch.profiler over one
 update step of swe-treestep-1 on tiny-h200, bf16, after a warm-up step; CUDA kernel time
@@ -55,7 +55,7 @@ def op_category(op) -> str:
     return "other"
 
 
-def simulated(planner: str, cost_model: str) -> dict[str, float]:
+def simulated(planner: str, cost_model: str, hardware: str = "h200") -> dict[str, float]:
     from harts.config.models import get_model_config
     from harts.plan.planners import PlanConfig, make_plan
     from harts.sim.adapter import step_from_plan
@@ -70,7 +70,7 @@ def simulated(planner: str, cost_model: str) -> dict[str, float]:
     plan = make_plan(forest, planner, PlanConfig(dp=1, microbatch_tokens=131072))
     step = step_from_plan(plan, forest, model.chunk_size)
     parallel = default_parallel(model, 1)
-    cost = make_cost_model(cost_model, model, parallel, load_hardware("h200"))
+    cost = make_cost_model(cost_model, model, parallel, load_hardware(hardware))
     by = dict.fromkeys(CATEGORIES, 0.0)
     for w in step.microbatches:
         for phase in (Phase.FWD, Phase.BWD):
@@ -85,6 +85,7 @@ def simulated(planner: str, cost_model: str) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cost-model", default="roofline")
+    ap.add_argument("--hardware", default="h200", help="h200 (reference kernels' rates) or h200-harts (ours)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     prof = json.loads(PROFILE.read_text())
@@ -95,15 +96,16 @@ def main(argv: list[str] | None = None) -> int:
         for k in prof[mode]["top"]:
             measured[kernel_category(k["kernel"])] += k["seconds"]
         measured["other"] += prof[mode]["kernel_s"] - sum(k["seconds"] for k in prof[mode]["top"])
-        sim = simulated(planner, args.cost_model)
+        sim = simulated(planner, args.cost_model, args.hardware)
         rows.append({"mode": mode, "measured_wall_s": prof[mode]["wall_s"], "measured_kernel_s": prof[mode]["kernel_s"],
                      "simulated_s": sum(sim[c] for c in CATEGORIES),
                      "step_json_wall_s": steps["treestep"][f"{mode}_seconds"],
                      "measured": measured, "simulated": {c: sim[c] for c in CATEGORIES}})
     if args.json:
-        print(json.dumps({"cost_model": args.cost_model, "rows": rows}, indent=1))
+        print(json.dumps({"cost_model": args.cost_model, "hardware": args.hardware, "rows": rows}, indent=1))
         return 0
-    print(f"swe-treestep-1, tiny-h200, 1 H200: measured kernel seconds vs {args.cost_model} cost model")
+    print(f"swe-treestep-1, tiny-h200, 1 H200: measured kernel seconds vs {args.cost_model} cost model "
+          f"on {args.hardware}")
     print(f"{'mode':9s} {'category':12s} {'measured s':>11s} {'simulated s':>12s} {'sim/meas':>9s}")
     for r in rows:
         for c in CATEGORIES:

@@ -516,7 +516,8 @@ class TreeContext:
         k_idx = torch.arange(layout.num_rows, device=dev)
         from harts.exec import backend
 
-        # GPU: FlexAttention over a block mask from the intervals (None = dense reference)
+        # GPU: varlen flash over root-to-row paths (bf16) or FlexAttention over the intervals'
+        # block mask (None = dense reference)
         self._fast_attention = backend.tree_attention(q_idx, end, dev, parent_L=layout.parent)
         # [C, L]: key k is an ancestor-or-self of computed query q
         self.attn_mask = None if self._fast_attention is not None else (

@@ -64,6 +64,11 @@ def _add_step_args(p: argparse.ArgumentParser, planning: bool = True) -> None:
         return
     # defaults live in harts.plan.plan (resolved in the handler: registering stays cheap)
     p.add_argument("--dp", type=int, default=1, help="data-parallel replicas (default 1)")
+    p.add_argument("--pp", type=int, default=1,
+                   help="pipeline stages the plan is for (default 1; > 1 asks for at least "
+                        "--microbatches-per-stage x pp microbatches per replica)")
+    p.add_argument("--microbatches-per-stage", type=int, default=None,
+                   help="with --pp > 1: microbatches per stage and replica (default 2)")
     p.add_argument("--microbatch-tokens", type=int, default=None,
                    help="activation budget per microbatch in tokens (default 131072: every "
                         "trajectory of the SWE workloads fits)")
@@ -97,8 +102,11 @@ def _config(args: argparse.Namespace):
 
     tokens = DEFAULT_MICROBATCH_TOKENS if args.microbatch_tokens is None else args.microbatch_tokens
     retention = DEFAULT_PRODUCER_RETENTION if args.producer_retention is None else args.producer_retention
+    extra = {} if args.microbatches_per_stage is None else {"min_microbatches_per_stage": args.microbatches_per_stage}
     cfg = PlanConfig(
         dp=args.dp,
+        pp=args.pp,
+        **extra,
         microbatch_tokens=tokens,
         producer_retention=retention,
         seed=args.plan_seed,

@@ -67,3 +67,19 @@ def test_user_errors_exit_2(tmp_path, capsys):
     assert "made for a different forest" in capsys.readouterr().err
     assert main(["plan", "validate", "--plan", str(tmp_path / "none.json"), "--workload", "tiny-treestep"]) == 2
     assert "No such file" in capsys.readouterr().err
+
+
+def test_pp_asks_for_microbatches_per_replica(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["plan", "--planner", "l1l2", "--workload", "swe-treestep-8", "--dp", "4", "--pp", "2",
+                 "--out", str(out)]) == 0
+    capsys.readouterr()
+    plan = Plan.load(out)
+    per_replica = {}
+    producers = {m.producer for m in plan.microbatches if m.producer is not None}
+    for m in plan.microbatches:
+        if m.id not in producers:
+            per_replica[m.replica] = per_replica.get(m.replica, 0) + 1
+    assert min(per_replica.values()) >= 4  # 2 per stage x 2 stages
+    assert main(["plan", "compare", "--workload", "tiny-stepwise", "--pp", "0"]) == 2
+    assert "pp must be >= 1" in capsys.readouterr().err

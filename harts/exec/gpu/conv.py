@@ -32,14 +32,9 @@ import triton.language as tl
 
 
 @triton.jit
-def _conv_fwd_kernel(x, win, w, b, y, T, D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
-    i_t = tl.program_id(0)
-    i_d = tl.program_id(1)
-    o_t = i_t * BT + tl.arange(0, BT)
-    o_d = i_d * BD + tl.arange(0, BD)
-    m_t = o_t < T
-    m_d = o_d < D
+def _pre_activation(x, win, w, b, o_t, o_d, m_t, m_d, D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
+                    BD: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """bias + sum_j weight[:, j] * x[window[t, j]] for a [BT, BD] tile, fp32, j in order."""
     acc = tl.zeros([BT, BD], dtype=tl.float32)
     for j in tl.static_range(W):
         rows = tl.load(win + o_t * W + j, mask=m_t, other=-1)
@@ -49,6 +44,19 @@ def _conv_fwd_kernel(x, win, w, b, y, T, D: tl.constexpr, W: tl.constexpr, BT: t
         acc += xj.to(tl.float32) * wj.to(tl.float32)[None, :]
     if HAS_BIAS:
         acc += tl.load(b + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
+    return acc
+
+
+@triton.jit
+def _conv_fwd_kernel(x, win, w, b, y, T, D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
+    i_t = tl.program_id(0)
+    i_d = tl.program_id(1)
+    o_t = i_t * BT + tl.arange(0, BT)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_t = o_t < T
+    m_d = o_d < D
+    acc = _pre_activation(x, win, w, b, o_t, o_d, m_t, m_d, D, W, BT, BD, HAS_BIAS)
     if SILU:
         acc = acc * tl.sigmoid(acc)
     tl.store(y + o_t[:, None] * D + o_d[None, :], acc.to(y.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
@@ -66,15 +74,7 @@ def _conv_bwd_kernel(x, win, w, b, dy, dx, dw, db, T, D: tl.constexpr, W: tl.con
     m_td = m_t[:, None] & m_d[None, :]
     g = tl.load(dy + o_t[:, None] * D + o_d[None, :], mask=m_td, other=0.0).to(tl.float32)
     if SILU:
-        pre = tl.zeros([BT, BD], dtype=tl.float32)
-        for j in tl.static_range(W):
-            rows = tl.load(win + o_t * W + j, mask=m_t, other=-1)
-            ok = (rows >= 0) & m_t
-            xj = tl.load(x + rows[:, None] * D + o_d[None, :], mask=ok[:, None] & m_d[None, :], other=0.0)
-            wj = tl.load(w + o_d * W + j, mask=m_d, other=0.0)
-            pre += xj.to(tl.float32) * wj.to(tl.float32)[None, :]
-        if HAS_BIAS:
-            pre += tl.load(b + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
+        pre = _pre_activation(x, win, w, b, o_t, o_d, m_t, m_d, D, W, BT, BD, HAS_BIAS)
         sig = tl.sigmoid(pre)
         g = g * sig * (1.0 + pre * (1.0 - sig))
     if HAS_BIAS:

@@ -4,12 +4,13 @@ One registry per op family, keyed by `Impl`: the reference (`harts.exec.ops`, de
 runs anywhere, every dtype) and the GPU paths (`harts.exec.gpu`: fla-core KDA with our
 boundary-state kernel; ancestor attention as one varlen flash call over root-to-row paths
 in bf16/fp16, FlexAttention over DFS-interval block masks otherwise or with
-`HARTS_TREE_ATTENTION=flex`). A fast path is chosen
-when the tensors are on CUDA, the dtype is one it computes (fp32/bf16/fp16, never fp64)
+`HARTS_TREE_ATTENTION=flex`). A fast path is chosen when the tensors are on CUDA, the dtype is one it computes (fp32/bf16/fp16, never fp64)
 and its library imports; `HARTS_FORCE_REFERENCE=1` forces the references everywhere (the
 A/B switch for equivalence and speed comparisons). MoE experts: torch's `grouped_mm` over
-expert-sorted rows on CUDA bf16, the per-expert loop otherwise. Call sites ask here and never import a
-GPU module themselves, so CPU-only machines never touch triton kernels.
+expert-sorted rows on CUDA bf16, the per-expert loop otherwise. Short conv: the gather-form
+reference, or our fused Triton kernels with `HARTS_CONV=triton` (opt-in until timed). Call
+sites ask here and never import a GPU module themselves, so CPU-only machines never touch
+triton kernels.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import torch
 from torch import Tensor
 
 FORCE_ENV = "HARTS_FORCE_REFERENCE"
-TREE_ATTENTION_ENV = "HARTS_TREE_ATTENTION"
-CONV_ENV = "HARTS_CONV"  # "triton": the fused short-conv kernels (not timed on the GPU yet)  # "flex" forces FlexAttention over the varlen path
+TREE_ATTENTION_ENV = "HARTS_TREE_ATTENTION"  # "flex" forces FlexAttention over the varlen path
+CONV_ENV = "HARTS_CONV"  # "triton": the fused short-conv kernels (not timed on the GPU yet)
 FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 

@@ -4,8 +4,8 @@ One registry per op family, keyed by `Impl`: the reference (`harts.exec.ops`, de
 runs anywhere, every dtype) and the GPU paths (`harts.exec.gpu`: fla-core KDA with our
 boundary-state kernel; ancestor attention as one varlen flash call over root-to-row paths
 in bf16/fp16, FlexAttention over DFS-interval block masks otherwise or with
-`HARTS_TREE_ATTENTION=flex`). A fast path is chosen when the tensors are on CUDA, the dtype is one it computes (fp32/bf16/fp16, never fp64)
-and its library imports; `HARTS_FORCE_REFERENCE=1` forces the references everywhere (the
+`HARTS_TREE_ATTENTION=flex`). A fast path is chosen when the tensors are on CUDA, the
+dtype is one it computes (fp32/bf16/fp16, never fp64) and its library imports; `HARTS_FORCE_REFERENCE=1` forces the references everywhere (the
 A/B switch for equivalence and speed comparisons). MoE experts: torch's `grouped_mm` over
 expert-sorted rows on CUDA bf16, the per-expert loop otherwise. Short conv: the gather-form
 reference, or our fused Triton kernels with `HARTS_CONV=triton` (opt-in until timed). Call

@@ -35,8 +35,9 @@ def _add_common(p: argparse.ArgumentParser, sweep: bool) -> None:
     p.add_argument("--calibration", help="calibration JSON (harts sim fit) for --cost-model calibrated")
     p.add_argument("--no-recompute", action="store_true", help="keep all activations (no recomputation)")
     p.add_argument("--seed", type=int, default=0, help="planner seed")
-    p.add_argument("--ep-lockstep", action="store_true",
-                   help="run the k-th passes of an EP group together (falls back when they cannot line up)")
+    p.add_argument("--ep-lockstep", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the k-th passes of an EP group together, as EP all-to-alls force (default; "
+                        "--no-ep-lockstep: free-running replicas, all-to-all as bandwidth only)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 

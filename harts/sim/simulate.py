@@ -10,13 +10,17 @@ stream does. Dependencies come from the plan, not the schedule:
   producer's outputs) unless that consumer runs in the same fused pass;
 - the gradient sync of a stage is one collective over its replicas (a gang); the
   optimizer follows it.
-EP lockstep (opt-in, `ep_lockstep=True`): with expert parallelism every MoE layer of a
-pass is an all-to-all over the stage's EP group, so the k-th passes of the group's ranks
-run together and last as long as the slowest (a gang). That needs the ranks' F/B patterns
-and dependencies to line up; where they do not (a deadlock), the passes run unsynchronised
-and the result says so. Off by default, so schedules compare under one rule: the
-all-to-all is then priced as bandwidth inside each pass, and replicas wait for each other
-only at the gradient sync.
+EP lockstep (the default, `ep_lockstep=True`): with expert parallelism every MoE layer
+of a pass is an all-to-all over the stage's EP group, so the k-th passes of the group's
+ranks run together and last as long as the slowest (a gang). That needs the ranks' F/B
+patterns to line up: where a replica has fewer microbatches in a window than its EP peers,
+`pad_ep_groups` gives it zero-token passes (a real run must join its peers' collectives
+too), so the slot-aligned plans of the planners always line up. Where the window
+sequences themselves differ, or the dependencies deadlock, the passes run unsynchronised
+and the result says so (`ep_lockstep` false). With `ep_lockstep=False` (free-running
+replicas) the all-to-all is priced as bandwidth inside each pass and replicas wait for
+each other only at the gradient sync: optimistic for EP across replicas, kept for
+comparison.
 Memory per rank: static (weights, gradients, optimizer shard) + activations allocated at a
 forward's start and freed at the end of its backward + the producer's gradient
 accumulators (held from PF to PB) + per-pass workspace.
@@ -34,9 +38,9 @@ from harts.sim.hardware import HardwareProfile
 from harts.sim.ops import Phase
 from harts.sim.parallel import ParallelConfig
 from harts.sim.schedule import PassOp, Schedule, build_schedule
-from harts.sim.work import StepWork
+from harts.sim.work import MicrobatchWork, StepWork
 
-__all__ = ["SimResult", "lower", "simulate", "simulate_step"]
+__all__ = ["SimResult", "lower", "pad_ep_groups", "simulate", "simulate_step"]
 
 
 def lower(step: StepWork, schedule: Schedule, cost: CostModel, ep_lockstep: bool = False) -> Program:
@@ -219,7 +223,50 @@ class SimResult:
         }
 
 
-def simulate_step(step: StepWork, schedule: Schedule, cost: CostModel, ep_lockstep: bool = False) -> SimResult:
+def pad_ep_groups(step: StepWork, ep: int) -> StepWork | None:
+    """The step with zero-token microbatches added so that the replicas of every EP group
+    have the same window shapes, or None when their window sequences differ in kind.
+
+    With expert parallelism every MoE layer is an all-to-all over the EP group, so a
+    replica with fewer microbatches in a window than its peers still takes part in the
+    peers' extra passes with no tokens (what a real run must do to keep its collectives
+    matched): here, a dummy consumer of that window's producer (or a dummy plain
+    microbatch), placed after the window's last member. It costs the per-pass fixed work
+    (weight reads, launches) and adds no expanded tokens. Steps whose groups already line
+    up are returned unchanged."""
+    import dataclasses
+
+    added: list[MicrobatchWork] = []
+    next_id = max((m.mb for m in step.microbatches), default=-1) + 1
+    by_id = {m.mb: m for m in step.microbatches}
+    for g in range(step.num_replicas // ep):
+        reps = list(range(g * ep, (g + 1) * ep))
+        shapes = {r: step.replica_windows(r) for r in reps}
+        kinds = {tuple(w.producer is None for w in ws) for ws in shapes.values()}
+        if len(kinds) != 1:
+            return None
+        for i in range(len(shapes[reps[0]])):
+            want = max(len(shapes[r][i].consumers) for r in reps)
+            for r in reps:
+                w = shapes[r][i]
+                last = by_id[w.consumers[-1]] if w.consumers else by_id[w.producer]
+                for _ in range(want - len(w.consumers)):
+                    added.append(MicrobatchWork(mb=next_id, replica=r, tokens=0, kda_rounds=(),
+                                                attn_pairs_causal=0, producer=w.producer,
+                                                slot=last.slot, order=last.order))
+                    next_id += 1
+    if not added:
+        return step
+    return dataclasses.replace(step, microbatches=step.microbatches + tuple(added))
+
+
+def simulate_step(step: StepWork, schedule: Schedule, cost: CostModel, ep_lockstep: bool = True) -> SimResult:
+    par = cost.parallel
+    if ep_lockstep and par.ep > 1 and step.num_replicas % par.ep == 0:
+        padded = pad_ep_groups(step, par.ep)
+        if padded is not None and padded is not step:
+            step = padded
+            schedule = build_schedule(schedule.name, step, schedule.num_stages)
     program = lower(step, schedule, cost, ep_lockstep)
     lockstep = any(a.gang and a.gang.startswith("ep:") for a in program.actions)
     try:
@@ -271,7 +318,7 @@ def simulate(
     parallel: ParallelConfig,
     hardware: HardwareProfile,
     cost_model: str = "roofline",
-    ep_lockstep: bool = False,
+    ep_lockstep: bool = True,
     **cost_kwargs: Any,
 ) -> SimResult:
     cost = make_cost_model(cost_model, model, parallel, hardware, **cost_kwargs)

@@ -127,7 +127,8 @@ def run(cfg: PPSchedulesConfig, progress: Progress) -> StudyResult:
             Column("peak", "peak GB", "ours", "{:.1f}"),
         ),
         tuple(rows),
-        note=f"simulated ({cfg.cost_model} cost model, {cfg.hardware}, recompute={cfg.recompute}); "
+        note=f"simulated ({cfg.cost_model} cost model, {cfg.hardware}, recompute={cfg.recompute}, "
+             "EP passes in lockstep: the simulator's default); "
              f"mean over {cfg.steps} step(s); expanded tokens per simulated second. Paper numbers are "
              "measured throughput on GPUs; compare the ratios.",
     )

@@ -49,6 +49,7 @@ from harts.exec.tree import (
 )
 from harts.exec.tree_trainer import target_table
 from harts.plan.plan import Plan, PlanMode
+from harts.sim.schedule import Schedule
 from harts.tree import Trajectory, build_forest
 from harts.tree.forest import RolloutForest
 
@@ -81,20 +82,33 @@ class _Window:
     stats: WindowStats = field(default=None)  # type: ignore[assignment]
 
 
+def order_from_schedule(schedule: Schedule) -> list[int]:
+    """The microbatch ids in the order a pipeline schedule runs their forwards on its first
+    stage, replica after replica (one device runs whole microbatches: every stage's layers
+    at once, replicas' gradients adding up as a data-parallel all-reduce would)."""
+    return [op.mbs[0] for r in range(schedule.num_replicas) for op in schedule.ops(r, 0) if op.kind == "F"]
+
+
 class PlanTrainer(ExpandedTrainer):
     """Runs the microbatches of a `Plan`; tree-mode plans with sharing windows exactly."""
 
     def __init__(self, model: HybridModel, plan: Plan, optimizer: OptimizerConfig | None = None,
-                 loss: PolicyLossConfig | None = None, *, order: Sequence[int] | None = None):
+                 loss: PolicyLossConfig | None = None, *, order: Sequence[int] | None = None,
+                 schedule: Schedule | None = None):
         """`order`: the microbatch ids in execution order, as a pipeline schedule runs them
         (default: each replica's plan order, replicas one after another). Windows may
         overlap — a producer may run before the previous window's last consumer — as long
         as every consumer follows its producer; each producer's backward still runs right
-        after its own last consumer."""
+        after its own last consumer. `schedule`: a simulator schedule (harts.sim.schedule)
+        of this plan instead of `order`: its first stage's forward order (`order_from_schedule`)."""
         if plan.mode == PlanMode.TREE:
             model.config.check_tree_mode()
         super().__init__(model, optimizer, loss)
         self.plan = plan
+        if schedule is not None:
+            if order is not None:
+                raise ValueError("give an order or a schedule, not both")
+            order = order_from_schedule(schedule)
         if order is None:
             order = [m.id for m in sorted(plan.microbatches, key=lambda m: (m.replica, m.order))]
         order = [int(i) for i in order]

@@ -198,3 +198,29 @@ def test_producers_request_only_the_states_their_rounds_and_consumers_read():
         requested += len(reads)
         boundary_states += sum(int((np.diff(rnd.cu_seqlens) // B).sum()) for rnd in sch.rounds)
     assert requested < boundary_states
+
+
+def test_the_executor_runs_a_simulator_schedule():
+    """A `Schedule` from harts.sim drives the execution order (its first stage's forwards),
+    with the same step as the plan's own order."""
+    from harts.config.models import get_model_config
+    from harts.exec.window import order_from_schedule
+    from harts.sim.adapter import step_from_plan
+    from harts.sim.schedule import build_schedule
+
+    trajs = generate_trajectories("tiny-treestep", seed=1)
+    forest = build_forest(trajs)
+    plan = _windowed(trajs, 8, "l1l2", _tight_budget(forest))
+    assert plan.consumers(), "needs a sharing window"
+    step = step_from_plan(plan, forest, get_model_config("tiny-cpu").chunk_size)
+    runs = {}
+    for name in ("plan order", "overlap-bwd-first"):
+        model = build_model(_config(8), seed=3, dtype=torch.float64)
+        kw = {} if name == "plan order" else {"schedule": build_schedule(name, step, 2)}
+        trainer = PlanTrainer(model, plan, loss=LOSS, **kw)
+        runs[name] = (model, trainer.forward_backward(trajs, 1 << 20))
+    _check(runs["plan order"][1], runs["plan order"][0], runs["overlap-bwd-first"][1], runs["overlap-bwd-first"][0])
+    sched = build_schedule("consumer-1f1b", step, 2)
+    assert sorted(order_from_schedule(sched)) == sorted(m.id for m in plan.microbatches)
+    with pytest.raises(ValueError, match="not both"):
+        PlanTrainer(build_model(_config(8), dtype=torch.float64), plan, order=[0], schedule=sched)

@@ -2,7 +2,7 @@
 
     python benchmarks/gpu/h200_run.py SECTION... --out DIR
 
-Sections: env, kda, flex, verify, ops, step, fidelity, profile, moe, flexsweep, conv
+Sections: env, kda, flex, verify, ops, step, fidelity, profile, moe, flexsweep, conv, calib
 (set HARTS_CONV=triton to run step/profile with the fused short-conv kernels). Each writes DIR/<section>.json and
 never stops the others (an exception is recorded in its JSON). Run `kda flex verify`
 with TRITON_F32_DEFAULT=ieee (float32 dots in Triton kernels as true fp32, as the
@@ -445,6 +445,73 @@ def sec_conv():
     return out
 
 
+def sec_calib():
+    """Profile rows at several sizes for `harts sim fit` (schema harts.sim.profile/v1): GEMMs
+    of tiny-h200's shapes, causal SDPA and the varlen tree path at 3 lengths (8 heads, as
+    the model's MLA), fla chunk_kda at 3 token counts, device copies, and one fused AdamW
+    step over tiny-h200's parameters. Written to calib_profile.json."""
+    from harts.config.models import get_model_config
+    from harts.exec.backend import causal_attention
+    from harts.exec.gpu.bench import gemm_profile, kda_op_benchmark, time_cuda
+    from harts.exec.gpu.path_attention import flash_varlen, path_attention, segments_of
+    from harts.exec.model.model import build_model
+    from harts.tree.workload import generate, preset
+
+    rows = []
+    shapes = [(m, k, n) for m in (4096, 16384, 65536) for k, n in ((1536, 4096), (4096, 1536), (1536, 512),
+                                                                      (512, 1536), (1536, 32768))]
+    rows += gemm_profile(shapes)
+    H, qk, vd = 8, 192, 128
+    f = generate(preset("swe-treestep-1")).forest()
+
+    def fwd_bwd_rows(fn, grad, base):
+        with torch.no_grad():
+            fwd = time_cuda(fn, repeats=5)
+        fb = time_cuda(lambda: fn().backward(grad), repeats=5)
+        return [{**base, "phase": "fwd", "seconds": fwd}, {**base, "phase": "bwd", "seconds": fb - fwd}]
+
+    for T in (8192, 32768, 81920):
+        qkv = [torch.randn(T, H, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for d in (qk, qk, vd)]
+        dout = torch.randn(T, H, vd, device="cuda", dtype=torch.bfloat16)
+        heads_first = [x.transpose(0, 1) for x in qkv]
+        rows += fwd_bwd_rows(lambda hf=heads_first: causal_attention(*hf, qk ** -0.5), dout.transpose(0, 1),
+                             dict(op="attention_causal", pairs=T * (T + 1) // 2, heads=H, qk_dim=qk, v_dim=vd,
+                                  impl="sdpa"))
+        R = min(T, f.num_rows)
+        parent = np.where(f.row_parent[:R] < R, f.row_parent[:R], -1)
+        seg = segments_of(parent)
+        keys = torch.as_tensor(seg.key_rows, device="cuda")
+        part = [x[:R].detach().requires_grad_() for x in qkv]
+        pairs = int((np.minimum(f.row_end[:R], R - 1) - np.arange(R) + 1).sum())
+        rows += fwd_bwd_rows(lambda part=part, seg=seg, keys=keys: path_attention(*part, qk ** -0.5, seg,
+                                                                                  kernel=flash_varlen, key_rows=keys),
+                             dout[:R], dict(op="attention_tree", pairs=pairs, heads=H, qk_dim=qk, v_dim=vd,
+                                            impl="varlen"))
+        del qkv, dout, heads_first, part
+        torch.cuda.empty_cache()
+    for T in (8192, 32768, 131072):
+        _, prof = kda_op_benchmark(T=T, num_seqs=16)
+        rows += [r for r in prof if r["impl"] == "fla"]
+        torch.cuda.empty_cache()
+    for n in (2**25, 2**28, 2**30):
+        a = torch.empty(n // 2, dtype=torch.bfloat16, device="cuda").normal_()
+        b = torch.empty_like(a)
+        s = time_cuda(lambda a=a, b=b: b.copy_(a), repeats=10)
+        rows.append(dict(op="elementwise", phase="fwd", seconds=s, bytes=2 * a.numel() * 2))
+        del a, b
+    net = build_model(get_model_config("tiny-h200"), seed=0, dtype=torch.bfloat16, device="cuda")
+    params = [p for p in net.parameters()]
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    opt = torch.optim.AdamW(params, lr=1e-6, fused=True)
+    s = time_cuda(opt.step, repeats=5)
+    n_params = sum(p.numel() for p in params)
+    rows.append(dict(op="optimizer", phase="step", seconds=s, bytes=n_params * 16, params=n_params))
+    save("calib_profile", {"schema": "harts.sim.profile/v1", "device": torch.cuda.get_device_name(0),
+                           "source": "benchmarks/gpu/h200_run.py calib", "measurements": rows})
+    return {"rows": len(rows)}
+
+
 def main() -> None:
     global OUT
     ap = argparse.ArgumentParser()
@@ -470,7 +537,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     fns = {"attn": sec_attn, "env": sec_env, "kda": sec_kda, "flex": sec_flex, "verify": sec_verify, "ops": sec_ops,
            "step": lambda: sec_step(args), "fidelity": lambda: sec_fidelity(args),
-           "profile": lambda: sec_profile(args), "moe": sec_moe, "conv": sec_conv, "flexsweep": lambda: sec_flexsweep(args)}
+           "profile": lambda: sec_profile(args), "moe": sec_moe, "conv": sec_conv, "calib": sec_calib, "flexsweep": lambda: sec_flexsweep(args)}
     for s in args.sections:
         t0 = time.perf_counter()
         try:

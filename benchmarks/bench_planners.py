@@ -1,6 +1,7 @@
 """Step planners on a paper-sized step: compression, slot balance, slots, planning time.
 
     python benchmarks/bench_planners.py [--workload swe-treestep-64] [--dp 8] [--rollouts-per-group N]
+        [--max-context N --microbatch-tokens N]
         [--dps 2,4,8] [--repeats 3] [--producer-retention R] [--json]
 
 Table 4 of the paper (one step, DP 8): every planner's compression, per-slot balance and
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", default="swe-treestep-64")
     ap.add_argument("--rollouts-per-group", type=int, default=None,
                     help="override the preset's group size (sensitivity to tree size)")
+    ap.add_argument("--max-context", type=int, default=None,
+                    help="override the preset's context cap (rollouts stop adding turns there)")
     ap.add_argument("--dp", type=int, default=8)
     ap.add_argument("--dps", default="2,4,8")
     ap.add_argument("--repeats", type=int, default=3)
@@ -59,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     over = {} if args.rollouts_per_group is None else {"rollouts_per_group": args.rollouts_per_group}
+    if args.max_context is not None:
+        over["max_context"] = args.max_context
     forest = generate(preset(args.workload, **over)).forest()
     build = time.perf_counter() - t0
 

@@ -650,10 +650,12 @@ def _group_sizes(slots: int, groups: int) -> list[int]:
 
 
 def _build(
-    idx: ForestIndex, solver: _CellSolver, dp: int, slots: int, groups: int
+    idx: ForestIndex, solver: _CellSolver, dp: int, slots: int, groups: int, by_replica: bool = False
 ) -> list[list[Cell]] | None:
     """Cells per replica. A tree larger than the budget gets a cell of its own on its
-    replica (its trunk then only weighs on that cell's microbatches' budget)."""
+    replica (its trunk then only weighs on that cell's microbatches' budget).
+    `by_replica`: trees dealt with ties broken toward the least loaded replica (always so
+    with a pipeline)."""
     giants = sorted((r for r in idx.roots if idx.sub_rows[r] > solver.budget),
                     key=lambda r: (-idx.sub_rows[r], r))
     # only a few giants get cells of their own (when every tree is a giant, as with
@@ -680,7 +682,7 @@ def _build(
     for slack in (0.01, 0.03, 0.1, None):
         share = 1.0 if slack is None else min(1.0, fill + slack)
         trees = _assign_trees(idx, flat, [k * solver.budget * share for k in flat], fixed,
-                              replica_of if solver.pp > 1 else None)
+                              replica_of if solver.pp > 1 or by_replica else None)
         if trees is None:
             continue
         out: list[list[Cell]] = []
@@ -801,13 +803,17 @@ def _search(
     for slots in slot_range:
         found = 0
         for groups in _group_options(slots):
-            cells = _build(idx, solver, config.dp, slots, groups)
-            if cells is None or (min_microbatches > 1 and _min_microbatches(cells) < min_microbatches):
-                continue
-            found += 1
-            crit = _critical_path(cells, solver, config.pp)
-            if best is None or crit < best[0] * (1 - 1e-9):
-                best = (crit, slots, groups, cells)
+            # trees dealt cell by cell, and with replica-aware ties (which spreads large
+            # trees over replicas when cells tie, as when most trees need windows): the
+            # shorter critical path wins (with a pipeline both are replica-aware)
+            for by_replica in ((False, True) if config.pp <= 1 else (False,)):
+                cells = _build(idx, solver, config.dp, slots, groups, by_replica)
+                if cells is None or (min_microbatches > 1 and _min_microbatches(cells) < min_microbatches):
+                    continue
+                found += 1
+                crit = _critical_path(cells, solver, config.pp)
+                if best is None or crit < best[0] * (1 - 1e-9):
+                    best = (crit, slots, groups, cells)
         feasible_slots += bool(found)
         # a near-ideal plan, or two slot counts that work, ends the search
         if best is not None and (best[0] <= ideal * (1 + _GOOD_ENOUGH) or feasible_slots >= 2):

@@ -265,8 +265,12 @@ def simulate_step(step: StepWork, schedule: Schedule, cost: CostModel, ep_lockst
     if ep_lockstep and par.ep > 1 and step.num_replicas % par.ep == 0:
         padded = pad_ep_groups(step, par.ep)
         if padded is not None and padded is not step:
-            step = padded
-            schedule = build_schedule(schedule.name, step, schedule.num_stages)
+            # the padded step's schedule comes from the same builder (a schedule given as
+            # text, with no builder of its name, is simulated as given)
+            try:
+                schedule, step = build_schedule(schedule.name, padded, schedule.num_stages), padded
+            except (KeyError, ValueError):
+                pass
     program = lower(step, schedule, cost, ep_lockstep)
     lockstep = any(a.gang and a.gang.startswith("ep:") for a in program.actions)
     try:

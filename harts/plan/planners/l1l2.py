@@ -34,6 +34,13 @@ slot carries the same load on every replica.
 5. **Order.** Per cell: slots that do not read the producer, the producer, its first
    consumer, the other slots, the last consumer; the producer's backward follows the
    last consumer (the executor's window).
+6. **Arrangement** (pp = 1). Cells are independent, so whole cells may change places
+   within a replica or move between replicas (one for one of as many slots, or one for
+   two whose slots add up to its own): each replica's cells start in falling order of
+   their mean slot load when that is shorter, then the best strictly improving move per
+   pair of replicas is taken, a few rounds. Where most trees need windows of their own,
+   cells of one size hold trees of very different cost, and lining alike loads up across
+   replicas is what evens the slots; the critical path never rises and no cell changes.
 
 (S, m) is chosen to minimise the step's critical path sum_s max_r load(s, r): S rises
 from the compact-token lower bound, never past L1's slot count (so `l1l2` never uses more
@@ -81,6 +88,8 @@ _MAX_SWAP_ROUNDS = 400
 _GOOD_ENOUGH = 0.002
 # shave at most this share of an item (its last rows always stay with the consumer)
 _MAX_SHAVE = 0.95
+# improvement rounds of `_arrange` (each tries every pair of replicas once)
+_ARRANGE_ROUNDS = 8
 
 
 @dataclass(eq=False)
@@ -716,6 +725,92 @@ def _critical_path(cells: list[list[Cell]], solver: _CellSolver, pp: int = 1) ->
     return pipelined_critical_path(rows, pp, [solver.ends(row) for row in cells])
 
 
+def _arrange(cells: list[list[Cell]], solver: _CellSolver, rounds: int = _ARRANGE_ROUNDS) -> list[list[Cell]]:
+    """Line the replicas' slots up by moving whole cells: a cell swaps places with another
+    cell of its replica, with a cell of as many slots on another replica, or with two
+    cells of another replica whose slot counts add up to its own. Each replica keeps its
+    slot count. Cells are unchanged (trees, windows, budgets), so the plan stays valid
+    and every row is still computed once; only strictly improving moves are taken (per
+    replica pair, the one that shortens the critical path sum_s max_r load(s, r) most),
+    so the critical path never rises. Returns new rows (the input is not modified)."""
+    rows = [list(r) for r in cells]
+    dp = len(rows)
+    if not any(rows):
+        return rows
+    loads = {id(c): tuple(solver.loads(c)) for row in rows for c in row}
+
+    def vec(row: list[Cell]) -> list[float]:
+        return [x for c in row for x in loads[id(c)]]
+
+    def crit(row_vecs: list[list[float]]) -> float:
+        return sum(map(max, *row_vecs)) if len(row_vecs) > 1 else sum(row_vecs[0])
+
+    vecs = [vec(r) for r in rows]
+    current = crit(vecs)
+    # start from each replica's cells in falling order of their mean slot load (alike
+    # loads line up) when that is shorter already
+    ranked = [sorted(r, key=lambda c: -sum(loads[id(c)]) / c.k) for r in rows]
+    ranked_vecs = [vec(r) for r in ranked]
+    if crit(ranked_vecs) < current:
+        rows, vecs, current = ranked, ranked_vecs, crit(ranked_vecs)
+    for _ in range(rounds):
+        improved = False
+        for r1 in range(dp):
+            for r2 in range(r1, dp):
+                keep = [vecs[r] for r in range(dp) if r not in (r1, r2)]
+                others = list(map(max, *keep)) if len(keep) > 1 else (keep[0] if keep else None)
+                best: tuple[float, list[Cell], list[Cell] | None] | None = None
+                for na, nb in _moves(rows[r1], rows[r2], r1 == r2):
+                    cand = [vec(na)] if nb is None else [vec(na), vec(nb)]
+                    if others is not None:
+                        cand.append(others)
+                    v = crit(cand)
+                    if v < current * (1 - 1e-9) and (best is None or v < best[0]):
+                        best = (v, na, nb)
+                if best is not None:
+                    current, na, nb = best
+                    rows[r1], vecs[r1] = na, vec(na)
+                    if nb is not None:
+                        rows[r2], vecs[r2] = nb, vec(nb)
+                    improved = True
+        if not improved:
+            break
+    return rows
+
+
+def _moves(a: list[Cell], b: list[Cell], same: bool):
+    """The rearrangements `_arrange` tries between two replicas' cell lists (or within one
+    when `same`): (new a, new b or None)."""
+    if same:
+        for i in range(len(a)):
+            for j in range(i + 1, len(a)):
+                if a[i].trees or a[j].trees:
+                    n = list(a)
+                    n[i], n[j] = n[j], n[i]
+                    yield n, None
+        return
+    for i, x in enumerate(a):
+        for j, y in enumerate(b):
+            if x.k == y.k:
+                na, nb = list(a), list(b)
+                na[i], nb[j] = y, x
+                yield na, nb
+    for flip in (False, True):
+        xs, ys = (b, a) if flip else (a, b)
+        for i, x in enumerate(xs):
+            if x.k < 2:
+                continue
+            for j1, y1 in enumerate(ys):
+                if y1.k >= x.k:
+                    continue
+                for j2, y2 in enumerate(ys):
+                    if j2 == j1 or y1.k + y2.k != x.k:
+                        continue
+                    nx = xs[:i] + [y1, y2] + xs[i + 1 :]
+                    ny = [x if t == j1 else c for t, c in enumerate(ys) if t != j2]
+                    yield (ny, nx) if flip else (nx, ny)
+
+
 def _min_microbatches(cells: list[list[Cell]]) -> int:
     """The fewest non-producer microbatches on any replica."""
     return min(sum(1 for c in row for b in c.bins if b) for row in cells)
@@ -848,6 +943,12 @@ def plan_l1l2(forest: RolloutForest, config: PlanConfig) -> Plan:
     if best is None:
         searched = range(lower, l1_slots + 1)
         best = _search(idx, solver, config, searched, ideal)
+    if best is not None and config.pp <= 1:
+        # line the replicas' slots up by rearranging whole cells (never a longer path)
+        cells = _arrange(best[3], solver)
+        crit = _critical_path(cells, solver)
+        if crit < best[0]:
+            best = (crit, best[1], best[2], cells)
     # L1's own microbatches (recomputed paths, no windows) compete on the same measure
     place(l1_mbs, config.dp)
     l1_loads = [[0.0] * l1_slots for _ in range(config.dp)]

@@ -2,8 +2,9 @@
 
     python benchmarks/gpu/h200_run.py SECTION... --out DIR
 
-Sections: env, kda, flex, verify, ops, step, fidelity, profile, moe, flexsweep, conv, calib
-(set HARTS_CONV=triton to run step/profile with the fused short-conv kernels). Each writes DIR/<section>.json and
+Sections: env, kda, flex, verify, ops, step, fidelity, profile, moe, flexsweep, conv, calib,
+attnprobe, attnsplit (HARTS_TREE_ATTENTION=cudnn|varlen|flex picks the tree attention of step/profile/fidelity)
+(HARTS_CONV=reference runs step/profile with the gather-form short conv). Each writes DIR/<section>.json and
 never stops the others (an exception is recorded in its JSON). Run `kda flex verify`
 with TRITON_F32_DEFAULT=ieee (float32 dots in Triton kernels as true fp32, as the
 float32 equivalence tolerance assumes); the speed sections run with the defaults.
@@ -421,7 +422,7 @@ def sec_flexsweep(args):
 def sec_conv():
     """The short conv of a KDA layer (q/k/v: 16 x 128 channels, window 4) on 82k rows of a
     real tree layout, bf16, forward+backward: gather-form reference vs the fused Triton
-    kernels (`HARTS_CONV=triton`), and the fused output against the reference in fp32."""
+    kernels (the default on CUDA), and the fused output against the reference in fp32."""
     from harts.exec.gpu.bench import time_cuda
     from harts.exec.gpu.conv import short_conv_fused
     from harts.exec.ops.conv import short_conv, window_from_parents
@@ -442,6 +443,214 @@ def sec_conv():
     with torch.no_grad():
         ref = short_conv(x.float(), w.float(), None, window_TW=win)
         out["fused_vs_fp32_reference_rel"] = rel(short_conv_fused(x, w, None, window_TW=win), ref)
+    return out
+
+
+def sec_attnprobe():
+    """Attention entry points at the issue's shape (32k rows, 16 heads, qk 192 / v 128,
+    causal, bf16, forward+backward): SDPA under each backend with values at their own dim
+    and zero-padded to the qk dim; torch's varlen flash on one sequence (padded values, as
+    the tree path runs it) and with unpadded values; and whether cuDNN over jagged nested
+    tensors aligns causal masks bottom-right when a sequence has fewer queries than keys
+    (what the tree path needs), checked against the dense reference on a small case."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from harts.exec.gpu.bench import time_cuda
+    from harts.exec.gpu.path_attention import flash_varlen, reference_varlen
+
+    R, H, qk, vd = 32768, 16, 192, 128
+    F = torch.nn.functional
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k = (torch.randn(1, H, R, qk, device="cuda", generator=g).bfloat16().requires_grad_() for _ in range(2))
+    v = torch.randn(1, H, R, vd, device="cuda", generator=g).bfloat16().requires_grad_()
+    do = torch.randn(1, H, R, vd, device="cuda", generator=g).bfloat16()
+    scale = qk ** -0.5
+    out = {"shape": {"rows": R, "heads": H, "qk": qk, "v": vd}}
+
+    def sdpa(pad):
+        vv = F.pad(v, (0, qk - vd)) if pad else v
+        return F.scaled_dot_product_attention(q, k, vv, is_causal=True, scale=scale)[..., :vd]
+
+    ref = None
+    for bname in ("default", "CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"):
+        for pad in (False, True):
+            key = f"sdpa_{bname.lower()}_{'padded' if pad else 'v128'}"
+            try:
+                ctx = sdpa_kernel(getattr(SDPBackend, bname)) if bname != "default" else torch.enable_grad()
+                with ctx:
+                    with torch.no_grad():
+                        o = sdpa(pad)
+                        if ref is None:
+                            ref = o.float()
+                        err = rel(o, ref)
+                        fwd = time_cuda(lambda pad=pad: sdpa(pad), repeats=5)
+                    fb = time_cuda(lambda pad=pad: sdpa(pad).backward(do), repeats=5)
+                out[key] = {"fwd_s": fwd, "fwdbwd_s": fb, "rel_vs_first": err}
+            except Exception as err:  # noqa: BLE001
+                out[key] = {"error": f"{type(err).__name__}: {err}"[:300]}
+            print(f"[attnprobe] {key}: {out[key]}", flush=True)
+    qt, kt, vt = (x[0].transpose(0, 1).detach().requires_grad_() for x in (q, k, v))
+    dot = do[0].transpose(0, 1)
+    cu = np.array([0, R], np.int64)
+    for pad in (True, False):
+        key = f"varlen_flash_{'padded' if pad else 'v128'}"
+        try:
+            def fn(pad=pad):
+                vv = F.pad(vt, (0, qk - vd)) if pad else vt
+                return flash_varlen(qt, kt, vv, cu, cu, R, R, scale)[..., :vd]
+            with torch.no_grad():
+                fwd = time_cuda(fn, repeats=5)
+            fb = time_cuda(lambda: fn().backward(dot), repeats=5)
+            out[key] = {"fwd_s": fwd, "fwdbwd_s": fb}
+        except Exception as err:  # noqa: BLE001
+            out[key] = {"error": f"{type(err).__name__}: {err}"[:300]}
+        print(f"[attnprobe] {key}: {out[key]}", flush=True)
+    # cuDNN over jagged nested tensors: fewer queries than keys per sequence
+    try:
+        n, m = [5, 70, 33], [9, 130, 33]
+        qs = [torch.randn(a, H, qk, device="cuda", dtype=torch.bfloat16) for a in n]
+        ks = [torch.randn(b, H, qk, device="cuda", dtype=torch.bfloat16) for b in m]
+        vs = [torch.randn(b, H, vd, device="cuda", dtype=torch.bfloat16) for b in m]
+        cq, ck = np.r_[0, np.cumsum(n)], np.r_[0, np.cumsum(m)]
+        want = reference_varlen(torch.cat(qs).double(), torch.cat(ks).double(), torch.cat(vs).double(), cq, ck,
+                                max(n), max(m), scale)
+        res = {}
+        for bname in ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"):
+            try:
+                nq, nk, nv = (torch.nested.nested_tensor(list(x), layout=torch.jagged).transpose(1, 2)
+                              for x in (qs, ks, vs))
+                with sdpa_kernel(getattr(SDPBackend, bname)):
+                    o = F.scaled_dot_product_attention(nq, nk, nv, is_causal=True, scale=scale)
+                got = torch.cat(list(o.transpose(1, 2).unbind()))
+                res[bname] = {"rel_vs_bottom_right": rel(got, want)}
+            except Exception as err:  # noqa: BLE001
+                res[bname] = {"error": f"{type(err).__name__}: {err}"[:300]}
+        out["jagged_causal_alignment"] = res
+    except Exception as err:  # noqa: BLE001
+        out["jagged_causal_alignment"] = {"error": f"{type(err).__name__}: {err}"[:300]}
+    print(f"[attnprobe] jagged: {out['jagged_causal_alignment']}", flush=True)
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn
+
+    out["varlen_attn_signature"] = str(inspect.signature(varlen_attn))
+    for op in ("_cudnn_attention_forward", "_cudnn_attention_backward", "_flash_attention_forward",
+               "_flash_attention_backward"):
+        try:
+            out[f"schema_{op}"] = str(getattr(torch.ops.aten, op).default._schema)
+        except Exception as err:  # noqa: BLE001
+            out[f"schema_{op}"] = f"{type(err).__name__}: {err}"[:200]
+    return out
+
+
+def sec_attnsplit():
+    """The cuDNN split tree attention (harts.exec.gpu.split_attention): its self-check, bf16
+    accuracy against float64 on a real layout (all rows and a query subset) next to the
+    varlen flash path, and forward+backward time on three layouts at 16 heads, qk 192 / v
+    128, per attended pair against causal cuDNN SDPA on 32k rows (the issue's baseline)."""
+    from harts.exec.backend import causal_attention
+    from harts.exec.gpu.bench import time_cuda
+    from harts.exec.gpu.path_attention import (
+        flash_varlen,
+        path_attention,
+        reference_varlen,
+        segments_of,
+    )
+    from harts.exec.gpu.split_attention import (
+        cudnn_kernel,
+        device_index,
+        split_attention,
+        split_segments,
+    )
+    from harts.tree.workload import generate, preset
+
+    out = {}
+    H, qk, vd = 16, 192, 128
+    scale = qk ** -0.5
+    kern = cudnn_kernel(qk, vd)
+    out["self_check"] = {"kernel": kern.name, "lse_layout": getattr(kern, "lse_layout", None)}
+    print(f"[attnsplit] self-check ok: {out['self_check']}", flush=True)
+    f = generate(preset("swe-treestep-1")).forest()
+
+    def parents_of(end_np):
+        R = end_np.size
+        parent = np.full(R, -1, np.int64)
+        stack = []
+        for r in range(R):
+            while stack and end_np[stack[-1]] < r:
+                stack.pop()
+            parent[r] = stack[-1] if stack else -1
+            stack.append(r)
+        return parent
+
+    # accuracy: the first 6000 rows of swe-treestep-1 cut into a forked layout
+    R = 6000
+    parent = np.where(f.row_parent[:R] < R, f.row_parent[:R], -1)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    # "subset": a consumer's queries, the rows from R/2 on (their ancestors above are context)
+    for qname, q_local in (("all", None), ("subset", np.arange(R // 2, R))):
+        seg = segments_of(parent, q_local)
+        nq = R if q_local is None else q_local.size
+        q = torch.randn(nq, 4, qk, device="cuda", generator=g)
+        k = torch.randn(R, 4, qk, device="cuda", generator=g)
+        v = torch.randn(R, 4, vd, device="cuda", generator=g)
+        do = torch.randn(nq, 4, vd, device="cuda", generator=g)
+        ref_in = [x.double().requires_grad_() for x in (q, k, v)]
+        o_ref = path_attention(*ref_in, scale, seg, kernel=reference_varlen)
+        ref = [o_ref.detach()] + list(torch.autograd.grad(o_ref, ref_in, do.double()))
+        res = {}
+        sp = split_segments(seg, q_local is None)
+        for name, fn in (("cudnn_split", lambda a, b, c, sp=sp: split_attention(a, b, c, scale, sp, kernel=kern)),
+                         ("varlen_flash", lambda a, b, c, seg=seg: path_attention(a, b, c, scale, seg,
+                                                                                  kernel=flash_varlen))):
+            ins = [x.bfloat16().requires_grad_() for x in (q, k, v)]
+            o = fn(*ins)
+            got = [o.detach()] + list(torch.autograd.grad(o, ins, do.bfloat16()))
+            res[name] = {n: rel(a, b) for n, a, b in zip(("o", "dq", "dk", "dv"), got, ref, strict=True)}
+        out[f"accuracy_{qname}"] = res
+        print(f"[attnsplit] accuracy {qname}: {res}", flush=True)
+    # speed
+    R32 = 32768
+    qkv = [torch.randn(R32 * 3, H, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for d in (qk, qk, vd)]
+    do = torch.randn(R32 * 3, H, vd, device="cuda", dtype=torch.bfloat16)
+    hf = [x[:R32].detach().transpose(0, 1).requires_grad_() for x in qkv]
+    sdpa = time_cuda(lambda: causal_attention(*hf, scale).backward(do[:R32].transpose(0, 1)), repeats=10)
+    out["sdpa_causal_32k_fwdbwd_s"] = sdpa
+    per_pair_sdpa = sdpa / (R32 * (R32 + 1) // 2)
+    layouts = {"treestep_first32k": parents_of(np.minimum(f.row_end[:R32], R32 - 1)), "swe_treestep_1_all": f.row_parent}
+    f2 = generate(preset("small-treestep")).forest()
+    ends, off = [], 0
+    while off < R32:
+        ends.append(f2.row_end + off)
+        off += f2.num_rows
+    layouts["small_treestep_tiled"] = parents_of(np.minimum(np.concatenate(ends)[:R32], R32 - 1))
+    for lname, par in layouts.items():
+        R_ = par.size
+        seg = segments_of(par)
+        sp = split_segments(seg, True)
+        idx = device_index(sp, "cuda")
+        keys = torch.as_tensor(seg.key_rows, device="cuda")
+        n = np.diff(seg.cu_q)
+        pairs = int(((np.diff(seg.cu_k) - n) * n + n * (n + 1) // 2).sum())
+        ins = [x[:R_].detach().requires_grad_() for x in qkv]
+        res = {"rows": R_, "pairs": pairs, "segments": seg.num_segments, "gathered_keys_varlen": int(seg.key_rows.size),
+               "gathered_keys_split": int(sp.anc_rows.size)}
+        def split_fn(ins=ins, sp=sp, idx=idx):
+            return split_attention(*ins, scale, sp, kernel=kern, idx=idx)
+
+        def varlen_fn(ins=ins, seg=seg, keys=keys):
+            return path_attention(*ins, scale, seg, kernel=flash_varlen, key_rows=keys)
+
+        for name, fn in (("cudnn_split", split_fn), ("varlen_flash", varlen_fn)):
+            try:
+                with torch.no_grad():
+                    fwd = time_cuda(fn, repeats=5)
+                fb = time_cuda(lambda fn=fn, dR=do[:R_]: fn().backward(dR), repeats=5)
+                res[name] = {"fwd_s": fwd, "fwdbwd_s": fb, "per_pair_vs_sdpa": fb / pairs / per_pair_sdpa}
+            except Exception as err:  # noqa: BLE001
+                res[name] = {"error": f"{type(err).__name__}: {err}"[:400]}
+        out[lname] = res
+        print(f"[attnsplit] {lname}: {res}", flush=True)
     return out
 
 
@@ -537,7 +746,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     fns = {"attn": sec_attn, "env": sec_env, "kda": sec_kda, "flex": sec_flex, "verify": sec_verify, "ops": sec_ops,
            "step": lambda: sec_step(args), "fidelity": lambda: sec_fidelity(args),
-           "profile": lambda: sec_profile(args), "moe": sec_moe, "conv": sec_conv, "calib": sec_calib, "flexsweep": lambda: sec_flexsweep(args)}
+           "profile": lambda: sec_profile(args), "moe": sec_moe, "conv": sec_conv, "attnprobe": sec_attnprobe, "attnsplit": sec_attnsplit, "calib": sec_calib, "flexsweep": lambda: sec_flexsweep(args)}
     for s in args.sections:
         t0 = time.perf_counter()
         try:

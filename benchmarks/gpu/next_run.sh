@@ -22,5 +22,31 @@ case "$1" in
   kernels) timeout 560 python3 benchmarks/gpu/h200_run.py conv ops fidelity --out "$OUT" ;;
   step)    HARTS_CONV=triton timeout 560 python3 benchmarks/gpu/h200_run.py step profile --no-autotune --out "$OUT" ;;
   calib)   timeout 560 python3 benchmarks/gpu/h200_run.py calib --out "$OUT" ;;
-  *) echo "usage: $0 check|kernels|step|calib" >&2; exit 2 ;;
+  # third session, first call: correctness, the attention entry points, the conv kernels
+  # and a step with the fused conv, each stage under its own time limit
+  first)   mkdir -p "$OUT/check" "$OUT/kernels" "$OUT/step"
+           TRITON_F32_DEFAULT=ieee timeout 130 python3 benchmarks/gpu/h200_run.py env kda flex --no-autotune --out "$OUT/check"
+           timeout 170 python3 benchmarks/gpu/h200_run.py attnprobe conv flexsweep --no-autotune --out "$OUT/kernels"
+           HARTS_CONV=triton timeout 250 python3 benchmarks/gpu/h200_run.py step --no-autotune --out "$OUT/step" ;;
+  # third session, second call: the cuDNN split tree attention, then the step with it and
+  # with the varlen path, both against the cuDNN SDPA baseline. (Run with the ragged cuDNN
+  # variant, whose backward crashed on long sequences; the code now uses the dense one.)
+  second)  mkdir -p "$OUT/attn" "$OUT/step_cudnn" "$OUT/step_varlen" "$OUT/check"
+           timeout 100 python3 benchmarks/gpu/h200_run.py attnsplit --out "$OUT/attn"
+           HARTS_CONV=triton HARTS_TREE_ATTENTION=cudnn timeout 190 python3 benchmarks/gpu/h200_run.py step --no-autotune --out "$OUT/step_cudnn"
+           HARTS_CONV=triton HARTS_TREE_ATTENTION=varlen timeout 170 python3 benchmarks/gpu/h200_run.py step --no-autotune --out "$OUT/step_varlen"
+           TRITON_F32_DEFAULT=ieee timeout 110 python3 benchmarks/gpu/h200_run.py kda --no-autotune --out "$OUT/check" ;;
+  # third session, third call, with the defaults (fused conv, varlen tree attention, cuDNN
+  # SDPA baseline): the strengthened cuDNN self-check, bf16 fidelity with the repacked
+  # baseline, per-op calibration rows, and a profiled step
+  third)   mkdir -p "$OUT/attn" "$OUT/fid" "$OUT/calib" "$OUT/prof"
+           timeout 45 python3 benchmarks/gpu/h200_run.py attnsplit --out "$OUT/attn"
+           timeout 150 python3 benchmarks/gpu/h200_run.py fidelity --out "$OUT/fid"
+           timeout 150 python3 benchmarks/gpu/h200_run.py calib --out "$OUT/calib"
+           timeout 150 python3 benchmarks/gpu/h200_run.py profile --no-autotune --out "$OUT/prof" ;;
+  # third session, last call: the dense-per-sequence cuDNN split attention and a step with it
+  fourth)  mkdir -p "$OUT/attn" "$OUT/step_cudnn"
+           timeout 60 python3 benchmarks/gpu/h200_run.py attnsplit --out "$OUT/attn"
+           HARTS_TREE_ATTENTION=cudnn timeout 125 python3 benchmarks/gpu/h200_run.py step --no-autotune --out "$OUT/step_cudnn" ;;
+  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth" >&2; exit 2 ;;
 esac

@@ -2,13 +2,14 @@
 
 One registry per op family, keyed by `Impl`: the reference (`harts.exec.ops`, dense masks;
 runs anywhere, every dtype) and the GPU paths (`harts.exec.gpu`: fla-core KDA with our
-boundary-state kernel; ancestor attention as one varlen flash call over root-to-row paths
-in bf16/fp16, FlexAttention over DFS-interval block masks otherwise or with
-`HARTS_TREE_ATTENTION=flex`). A fast path is chosen when the tensors are on CUDA, the
+boundary-state kernel; ancestor attention in bf16/fp16 as cuDNN calls merged by
+log-sum-exp where the layout's query segments are long, one varlen flash call over
+root-to-row paths where they are short, FlexAttention over DFS-interval block masks in
+fp32; `HARTS_TREE_ATTENTION=cudnn|varlen|flex` forces one). A fast path is chosen when the tensors are on CUDA, the
 dtype is one it computes (fp32/bf16/fp16, never fp64) and its library imports; `HARTS_FORCE_REFERENCE=1` forces the references everywhere (the
 A/B switch for equivalence and speed comparisons). MoE experts: torch's `grouped_mm` over
-expert-sorted rows on CUDA bf16, the per-expert loop otherwise. Short conv: the gather-form
-reference, or our fused Triton kernels with `HARTS_CONV=triton` (opt-in until timed). Call
+expert-sorted rows on CUDA bf16, the per-expert loop otherwise. Short conv: our fused
+Triton kernels on CUDA, the gather-form reference elsewhere or with `HARTS_CONV=reference`. Call
 sites ask here and never import a GPU module themselves, so CPU-only machines never touch
 triton kernels.
 """
@@ -17,14 +18,15 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from enum import StrEnum
 
 import torch
 from torch import Tensor
 
 FORCE_ENV = "HARTS_FORCE_REFERENCE"
-TREE_ATTENTION_ENV = "HARTS_TREE_ATTENTION"  # "flex" forces FlexAttention over the varlen path
-CONV_ENV = "HARTS_CONV"  # "triton": the fused short-conv kernels (not timed on the GPU yet)
+TREE_ATTENTION_ENV = "HARTS_TREE_ATTENTION"  # "flex" | "varlen" | "cudnn": force one bf16 path
+CONV_ENV = "HARTS_CONV"  # "reference": the gather-form short conv instead of the fused kernels
 FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -33,8 +35,9 @@ class Impl(StrEnum):
     FLA = "fla"  # fla-core chunk_kda (+ harts' boundary-state kernel for replay handoffs)
     FLEX = "flex"  # FlexAttention with a block mask from DFS intervals
     VARLEN = "varlen"  # ancestor attention as one varlen flash call over root-to-row paths
+    CUDNN = "cudnn"  # ancestor attention as two cuDNN varlen calls merged by log-sum-exp
     GROUPED = "grouped"  # MoE experts as grouped matrix products (torch grouped_mm)
-    TRITON = "triton"  # our fused Triton kernel (short conv; opt-in until timed on the GPU)
+    TRITON = "triton"  # our fused Triton kernels (short conv)
 
 
 def force_reference() -> bool:
@@ -88,9 +91,10 @@ def moe_impl(device: torch.device, dtype: torch.dtype) -> Impl:
 
 
 def conv_impl(device: torch.device) -> Impl:
-    """Short conv: the gather-form reference, or with HARTS_CONV=triton on CUDA the fused
-    kernels (`harts.exec.gpu.conv`; opt-in: correct under the interpreter, not yet timed)."""
-    if force_reference() or device.type != "cuda" or os.environ.get(CONV_ENV, "").strip() != "triton":
+    """Short conv: on CUDA the fused Triton kernels (`harts.exec.gpu.conv`; on the H200 at
+    82k rows x 2048 channels 0.32 vs 3.4 ms forward, 6.7 vs 11.2 ms forward+backward),
+    elsewhere or with HARTS_CONV=reference the gather-form reference."""
+    if force_reference() or device.type != "cuda" or os.environ.get(CONV_ENV, "").strip() == "reference":
         return Impl.REFERENCE
     return Impl.TRITON
 
@@ -122,14 +126,54 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, **kwargs
     return reference(q, k, v, g, beta, **kwargs)
 
 
+def _cudnn_sdpa_ok() -> bool:
+    """cuDNN SDPA for the baseline unless HARTS_BASELINE_ATTENTION=flash (the padded flash
+    path the first two sessions' H200 numbers were measured with)."""
+    return os.environ.get("HARTS_BASELINE_ATTENTION", "").strip() != "flash"
+
+
+# Rows per query segment from which the cuDNN split path (one dense call per segment and
+# part) beats the single varlen flash call. Measured on the H200 at 16 heads, qk 192 / v
+# 128 (benchmarks/results/h200_session3/attnsplit.json): 10.2k rows per segment (a
+# swe-treestep-1 tree) cuDNN 237 vs varlen 397 ms, 32k (one chain) 41 vs 84 ms; 840
+# (a bushy small-tree layout, 39 segments) cuDNN 33 vs varlen 21 ms. The threshold sits
+# between the measured points.
+CUDNN_SPLIT_MIN_ROWS_PER_SEGMENT = 2048
+
+
+def prefer_cudnn_split(query_rows: int, segments: int) -> bool:
+    return segments > 0 and query_rows / segments >= CUDNN_SPLIT_MIN_ROWS_PER_SEGMENT
+
+
+_CUDNN_SPLIT_STATE: dict = {}
+
+
+def _cudnn_split_ok(qk_dim: int, v_dim: int) -> bool:
+    """Whether the cuDNN kernel passed its self-check at these head dims (once per process;
+    a failure is reported once and the varlen path is used instead)."""
+    key = (qk_dim, v_dim)
+    if key not in _CUDNN_SPLIT_STATE:
+        from harts.exec.gpu.split_attention import cudnn_kernel
+
+        try:
+            cudnn_kernel(qk_dim, v_dim)
+            _CUDNN_SPLIT_STATE[key] = True
+        except Exception as err:  # noqa: BLE001 - any failure means: do not use it
+            warnings.warn(f"cuDNN split tree attention unavailable ({err}); using the varlen path", stacklevel=2)
+            _CUDNN_SPLIT_STATE[key] = False
+    return _CUDNN_SPLIT_STATE[key]
+
+
 class FastTreeAttention:
     """Ancestor attention for one layout: queries `q_local_C` attend keys by `end_L`.
 
-    bf16/fp16 with torch's varlen flash attention: one causal varlen call over the query
-    segments' root-to-row paths (`harts.exec.gpu.path_attention`, every attended pair
-    computed once); otherwise (fp32, or no varlen API) compiled FlexAttention over a block
-    mask from the DFS intervals. What each needs (segments, block mask) is built on first
-    use and reused by every layer (and recomputation)."""
+    bf16/fp16: cuDNN's SDPA, two calls per query segment merged by log-sum-exp
+    (`harts.exec.gpu.split_attention`) where segments are long, or one causal varlen flash
+    call over the segments' root-to-row paths (`harts.exec.gpu.path_attention`) where they
+    are short (see `impl`); every attended pair is computed once either way. Otherwise
+    (fp32, or no varlen API) compiled FlexAttention over a block mask from the DFS
+    intervals. What each needs (segments, block mask) is built on first use and reused by
+    every layer (and recomputation)."""
 
     def __init__(self, q_local_C: Tensor, end_L: Tensor, parent_L=None):
         self.q_local_C = q_local_C
@@ -137,25 +181,60 @@ class FastTreeAttention:
         self.parent_L = parent_L
         self._mask = None
         self._segments = None
+        self._split = None
 
-    def impl(self, dtype: torch.dtype) -> Impl:
+    def impl(self, dtype: torch.dtype, qk_dim: int = 0, v_dim: int = 0) -> Impl:
+        """FLEX (fp32, no parents, or forced), else CUDNN where the layout's segments are long
+        enough and cuDNN passes its self-check at these head dims, else VARLEN;
+        HARTS_TREE_ATTENTION=flex|varlen|cudnn forces one."""
         from harts.exec.gpu.path_attention import flash_varlen_available
 
-        if os.environ.get(TREE_ATTENTION_ENV, "").strip() == "flex":
+        choice = os.environ.get(TREE_ATTENTION_ENV, "").strip()
+        if choice == "flex":
             return Impl.FLEX
-        if self.parent_L is not None and dtype in (torch.bfloat16, torch.float16) and flash_varlen_available():
-            return Impl.VARLEN
-        return Impl.FLEX
+        if self.parent_L is None or dtype not in (torch.bfloat16, torch.float16):
+            return Impl.FLEX
+        if choice == "cudnn":
+            return Impl.CUDNN
+        varlen = Impl.VARLEN if flash_varlen_available() else Impl.FLEX
+        if choice == "varlen" or not self.q_local_C.is_cuda:
+            return varlen
+        seg = self._segments_for(self.q_local_C.device)[0]
+        if prefer_cudnn_split(int(seg.cu_q[-1]), seg.num_segments) and _cudnn_split_ok(qk_dim, v_dim):
+            return Impl.CUDNN
+        return varlen
+
+    def _segments_for(self, device):
+        if self._segments is None:
+            from harts.exec.gpu.path_attention import segments_of
+
+            full = self.q_local_C.numel() == self.end_L.numel()
+            seg = segments_of(self.parent_L, None if full else self.q_local_C.cpu().numpy())
+            self._segments = (seg, torch.as_tensor(seg.key_rows, device=device), full)
+        return self._segments
 
     def __call__(self, q_CHD: Tensor, k_LHD: Tensor, v_LHE: Tensor, scale: float) -> Tensor:
-        if self.impl(q_CHD.dtype) is Impl.VARLEN:
-            from harts.exec.gpu.path_attention import flash_varlen, path_attention, segments_of
+        impl = self.impl(q_CHD.dtype, q_CHD.shape[-1], v_LHE.shape[-1])
+        if impl is Impl.CUDNN:
+            from harts.exec.gpu.split_attention import (
+                cudnn_kernel,
+                device_index,
+                split_attention,
+                split_segments,
+            )
 
-            if self._segments is None:
-                full = self.q_local_C.numel() == self.end_L.numel()
-                seg = segments_of(self.parent_L, None if full else self.q_local_C.cpu().numpy())
-                self._segments = (seg, torch.as_tensor(seg.key_rows, device=q_CHD.device))
-            seg, key_rows = self._segments
+            # raises (rather than training on wrong numbers) if cuDNN fails its self-check
+            kernel = cudnn_kernel(q_CHD.shape[-1], v_LHE.shape[-1])
+            if self._split is None:
+                seg, _, full = self._segments_for(q_CHD.device)
+                sp = split_segments(seg, full)
+                self._split = (sp, device_index(sp, q_CHD.device))
+            sp, idx = self._split
+            return split_attention(q_CHD, k_LHD, v_LHE, scale, sp, kernel=kernel, idx=idx)
+        if impl is Impl.VARLEN:
+            from harts.exec.gpu.path_attention import flash_varlen, path_attention
+
+            seg, key_rows, _ = self._segments_for(q_CHD.device)
             return path_attention(q_CHD, k_LHD, v_LHE, scale, seg, kernel=flash_varlen, key_rows=key_rows)
         from harts.exec.gpu.attention import tree_attention, tree_block_mask
 
@@ -175,15 +254,27 @@ def tree_attention(q_local_C: Tensor, end_L: Tensor, device: torch.device,
 
 
 def causal_attention(q_HLD: Tensor, k_HLD: Tensor, v_HLE: Tensor, scale: float) -> Tensor:
-    """Causal SDPA for one packed sequence. On CUDA with a value dim below the qk dim (MLA:
-    192 vs 128) the values are zero-padded to the qk dim so the fused flash kernel runs
-    instead of the math fallback that materialises [H, L, L] scores; the padding columns
-    of the output are exactly zero and dropped."""
+    """Causal SDPA for one packed sequence (the expanded baseline's attention).
+
+    On CUDA in bf16/fp16, cuDNN's kernel first: it takes MLA's 192 / 128 head dims as they
+    are (on the H200 at 32k x 16 heads: 39 ms forward+backward, against 61 ms with the
+    values zero-padded for the flash kernel). Where cuDNN refuses, the values are
+    zero-padded to the qk dim so the flash kernel runs instead of the math fallback that
+    materialises [H, L, L] scores; the padding columns of the output are exactly zero and
+    dropped. Fused kernels need 4-D [B, H, L, D] inputs (3-D ones fall back to math)."""
     import torch.nn.functional as F
 
     D, E = q_HLD.shape[-1], v_HLE.shape[-1]
     if q_HLD.is_cuda and not force_reference():
-        # fused kernels need 4-D [B, H, L, D] inputs (3-D ones fall back to math)
+        if q_HLD.dtype in (torch.bfloat16, torch.float16) and _cudnn_sdpa_ok():
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            try:
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    return F.scaled_dot_product_attention(q_HLD[None], k_HLD[None], v_HLE[None], is_causal=True,
+                                                          scale=scale)[0]
+            except RuntimeError:  # no cuDNN kernel for this shape: the padded flash path below
+                pass
         v_pad = F.pad(v_HLE, (0, D - E)) if E < D else v_HLE
         o = F.scaled_dot_product_attention(q_HLD[None], k_HLD[None], v_pad[None], is_causal=True, scale=scale)
         return o[0, ..., :E]

@@ -4,9 +4,12 @@ Legend: L local rows (keys), C query rows, H heads, D qk dim, E value dim, S que
 segments, Tk gathered key rows.
 
 In the DFS layout a query row attends its ancestors and itself. Cut the query rows into
-segments: maximal runs of consecutive query rows in which each row is the only child of
-the previous one (a fork, a jump in the DFS order, or a context/query boundary starts a new
-segment). For a segment with n rows whose first row's ancestors are the path P (root
+segments: maximal runs of consecutive query rows in which each row is a child of the
+previous one (in DFS order that is the previous row's first child; a jump in the DFS order,
+i.e. a later sibling, or a context/query boundary starts a new segment). A segment thus
+runs from a row down its first-child chain to a leaf, so there are about as many segments
+as leaves, and a fork's first branch continues its parent's segment instead of gathering
+the parent's path again. For a segment with n rows whose first row's ancestors are the path P (root
 first), every query i of the segment attends exactly P followed by the segment's rows
 0..i. So the segment is one sequence of a packed attention call with queries = its n rows
 and keys = P + its rows (m = |P| + n keys), causal with the diagonal aligned to the bottom
@@ -16,9 +19,9 @@ FlexAttention's block-sparse kernel at qk dim 192 (rounded up to 256 inside) can
 (measured on an H200: Flex 1.7-2.7x SDPA per attended pair).
 
 The price is the key/value gather: the segments' paths hold Tk = sum of (|P| + n) rows
-(for swe-treestep-1: 641k for 82k compact rows), a transient copy per layer. The gather's
-backward accumulates the gradients of a key row's copies in fp32 (index_add into an fp32
-buffer), then rounds once.
+(for swe-treestep-1: 361k for 82k compact rows, its expanded token count; 641k when every
+fork ended a segment), a transient copy per layer. The gather's backward accumulates the
+gradients of a key row's copies in fp32 (index_add into an fp32 buffer), then rounds once.
 
 `segments_of` is host-side numpy over the local parent array, O(L + S * depth).
 `path_attention` takes the varlen kernel as an argument: `flash_varlen` (CUDA, bf16/fp16,
@@ -64,16 +67,17 @@ def segments_of(parent_L: np.ndarray, q_local_C: np.ndarray | None = None) -> Pa
     is_q = np.ones(L, bool) if q_local_C is None else np.zeros(L, bool)
     if q_local_C is not None:
         is_q[np.asarray(q_local_C, np.int64)] = True
-    kids = np.bincount(parent[parent >= 0], minlength=L) if L else np.zeros(0, np.int64)
     idx = np.arange(L)
-    # chains over all rows: r continues r-1's chain iff r-1 is r's parent and r its only child
+    # chains over all rows: r continues r-1's chain iff r-1 is r's parent (r is then its
+    # first child; later siblings start chains of their own)
     cont = np.zeros(L, bool)
     if L > 1:
-        cont[1:] = (parent[1:] == idx[1:] - 1) & (kids[:-1] == 1)
+        cont[1:] = parent[1:] == idx[1:] - 1
     chain_first = np.flatnonzero(~cont)
     chain_of = np.cumsum(~cont) - 1
     # per chain: the ranges (first, last-row-on-path) of its ancestors' chains, root first.
-    # A chain's first row's parent is the last row of the parent chain (DFS order).
+    # A chain's first row's parent p may sit anywhere in its chain: the path takes that
+    # chain's rows up to p.
     anc_ranges: list[list[tuple[int, int]]] = []
     for f in chain_first.tolist():
         p = int(parent[f])

@@ -68,11 +68,15 @@ def test_fused_conv_rejects_bad_shapes():
         short_conv_fused(torch.zeros(3, 4), torch.zeros(4, 2), None, window_TW=torch.zeros(3, 3, dtype=torch.int64))
 
 
-def test_backend_picks_the_reference_unless_asked(monkeypatch):
+def test_backend_picks_the_fused_kernels_on_cuda_unless_told(monkeypatch):
     from harts.exec import backend
 
     monkeypatch.delenv(backend.CONV_ENV, raising=False)
-    assert backend.conv_impl(torch.device("cuda")) is backend.Impl.REFERENCE
-    monkeypatch.setenv(backend.CONV_ENV, "triton")
+    monkeypatch.delenv(backend.FORCE_ENV, raising=False)
     assert backend.conv_impl(torch.device("cuda")) is backend.Impl.TRITON
     assert backend.conv_impl(torch.device("cpu")) is backend.Impl.REFERENCE
+    monkeypatch.setenv(backend.CONV_ENV, "reference")
+    assert backend.conv_impl(torch.device("cuda")) is backend.Impl.REFERENCE
+    monkeypatch.delenv(backend.CONV_ENV)
+    monkeypatch.setenv(backend.FORCE_ENV, "1")
+    assert backend.conv_impl(torch.device("cuda")) is backend.Impl.REFERENCE

@@ -66,9 +66,27 @@ def test_segments_of_a_fork_and_a_context_boundary():
     # rows: 0 root, 1 child of 0, then 2 and 3 both children of 1 (fork), 4 child of 3
     parent = np.array([-1, 0, 1, 1, 3])
     seg = segments_of(parent)
-    assert seg.cu_q.tolist() == [0, 2, 3, 5]
-    assert seg.key_rows.tolist() == [0, 1, 0, 1, 2, 0, 1, 3, 4]
+    # the first branch (2) continues 0-1's segment; the second (3, 4) gathers the path 0, 1
+    assert seg.cu_q.tolist() == [0, 3, 5]
+    assert seg.key_rows.tolist() == [0, 1, 2, 0, 1, 3, 4]
     # queries 3 and 4 only (0-2 are context rows): one segment reading its path 0, 1
     seg = segments_of(parent, np.array([3, 4]))
     assert seg.cu_q.tolist() == [0, 2]
     assert seg.key_rows.tolist() == [0, 1, 3, 4]
+
+
+@settings(deadline=None)
+@given(trajs=trajectory_sets(max_groups=3, max_per_group=5, max_len=20))
+def test_segments_follow_first_child_chains(trajs):
+    # one segment per leaf when every row is a query, so the gathered keys are exactly the
+    # leaves' root-to-leaf paths (the fewest a gather of whole paths can take)
+    f = build_forest(trajs)
+    seg = segments_of(f.row_parent)
+    parent = f.row_parent
+    kids = np.bincount(parent[parent >= 0], minlength=f.num_rows)
+    leaves = np.flatnonzero(kids == 0)
+    assert seg.num_segments == leaves.size
+    depth = np.zeros(f.num_rows, np.int64)
+    for r in range(f.num_rows):
+        depth[r] = 1 + (depth[parent[r]] if parent[r] >= 0 else 0)
+    assert seg.key_rows.size == int(depth[leaves].sum())

@@ -1,0 +1,399 @@
+"""Ancestor attention as two ordinary varlen calls merged by their log-sum-exps.
+
+Legend: C query rows, L local rows (keys), H heads, D qk dim, E value dim.
+
+`path_attention` needs a causal mask aligned to the *bottom right* (a segment's queries
+are the last rows of its key sequence). torch's flash varlen kernel has that, but needs
+one head dim for q, k and v, so MLA's values (128) are padded to the qk dim (192). cuDNN's
+SDPA takes 192 / 128 as they are and is the fastest attention on the H200 at this shape
+(causal 32k x 16 heads: 39 ms forward+backward against 61 ms with padded values and 82 ms
+for flash varlen; benchmarks/results/h200_session3/), but its varlen entry aligns causal
+masks top-left. So split each query segment (see `path_attention.segments_of`) into
+
+  part A: its n queries x the a rows of its ancestor path, no mask (a rectangle);
+  part B: its n queries x its own n rows, causal (a square, where top-left and
+          bottom-right alignment coincide; its keys are the queries' own rows).
+
+Both are plain varlen calls. The softmax over the union follows from the parts' outputs
+and log-sum-exps: lse = logaddexp(lse_A, lse_B), o = o_A exp(lse_A - lse) + o_B
+exp(lse_B - lse) (rows with no ancestors take part B as is). In the backward each part's
+kernel, given the *merged* o and lse, returns that part's exact share of dq, dk and dv:
+the probabilities exp(s - lse) and the row term rowsum(dO * o) are those of the union
+(the identity ring attention relies on). Every attended pair is computed once; only the
+ancestor keys are gathered (for swe-treestep-1: 280k rows instead of the 361k a gather of
+whole paths takes).
+
+Kernels (`VarlenKernel`): `REFERENCE` (float64-capable, any device: dense math per
+sequence, forward and the explicit backward formulas) is how CPU tests check the merge
+against the dense ancestor mask; `cudnn_kernel()` wraps torch's `_cudnn_attention_forward`
+/ `_cudnn_attention_backward` (private aten ops; their log-sum-exp layout and base are
+found by a self-check on first use against the reference, and a failing check raises, so
+callers fall back rather than train on wrong numbers).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from harts.exec.gpu.path_attention import PathSegments
+
+
+@dataclass(frozen=True)
+class SplitSegments:
+    """What the two calls read, derived from a `PathSegments` (host numpy)."""
+
+    cu_q: np.ndarray  # part B: query segments (keys are the queries' own rows)
+    max_q: int
+    own_rows: np.ndarray | None  # local rows of the queries (None: all rows, in order)
+    qa_index: np.ndarray  # part A: query indices of segments with ancestors (ascending)
+    cu_qa: np.ndarray
+    anc_rows: np.ndarray  # part A: gathered ancestor key rows
+    cu_ka: np.ndarray
+    max_qa: int
+    max_ka: int
+
+    @property
+    def has_ancestors(self) -> bool:
+        return self.qa_index.size > 0
+
+
+def split_segments(seg: PathSegments, all_rows_are_queries: bool) -> SplitSegments:
+    n = np.diff(seg.cu_q)
+    m = np.diff(seg.cu_k)
+    a = m - n
+    own = [seg.key_rows[seg.cu_k[s] + a[s]: seg.cu_k[s + 1]] for s in range(n.size)]
+    own_rows = None if all_rows_are_queries else (np.concatenate(own) if own else np.zeros(0, np.int64))
+    with_anc = np.flatnonzero(a > 0)
+    qa = [np.arange(seg.cu_q[s], seg.cu_q[s + 1], dtype=np.int64) for s in with_anc]
+    anc = [seg.key_rows[seg.cu_k[s]: seg.cu_k[s] + a[s]] for s in with_anc]
+    cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64)  # noqa: E731
+    return SplitSegments(
+        cu_q=seg.cu_q, max_q=int(n.max()) if n.size else 0, own_rows=own_rows,
+        qa_index=cat(qa), cu_qa=np.r_[0, np.cumsum(n[with_anc])].astype(np.int64), anc_rows=cat(anc),
+        cu_ka=np.r_[0, np.cumsum(a[with_anc])].astype(np.int64),
+        max_qa=int(n[with_anc].max()) if with_anc.size else 0, max_ka=int(a[with_anc].max()) if with_anc.size else 0)
+
+
+class VarlenKernel:
+    """fwd(q_THD, k_SHD, v_SHE, cu_q, cu_k, max_q, max_k, causal, scale) -> (o_THE, lse_TH, aux);
+    bwd(do, q, k, v, o, lse_TH, aux, cu_q, cu_k, max_q, max_k, causal, scale) -> dq, dk, dv.
+    cu_* are host int64 arrays; lse is natural-log, float32 or wider, [T, H]."""
+
+    name = "abstract"
+
+    def fwd(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+        raise NotImplementedError
+
+    def bwd(self, do, q, k, v, o, lse, aux, cu_q, cu_k, max_q, max_k, causal, scale):
+        raise NotImplementedError
+
+
+class _Reference(VarlenKernel):
+    name = "reference"
+
+    @staticmethod
+    def _probs(q, k, lse, causal, scale):
+        s = torch.einsum("nhd,mhd->hnm", q, k) * scale
+        if causal:  # square sequences only (part B)
+            n = q.shape[0]
+            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+        if lse is None:
+            lse = torch.logsumexp(s, dim=-1).transpose(0, 1)  # [n, H]
+        return torch.exp(s - lse.transpose(0, 1)[..., None]), lse
+
+    def fwd(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+        wide = torch.promote_types(q.dtype, torch.float32)
+        o = q.new_zeros(q.shape[0], q.shape[1], v.shape[-1])
+        lse = torch.empty(q.shape[0], q.shape[1], dtype=wide, device=q.device)
+        for s in range(cu_q.size - 1):
+            qs, ks, vs = (x.to(wide) for x in (q[cu_q[s]:cu_q[s + 1]], k[cu_k[s]:cu_k[s + 1]], v[cu_k[s]:cu_k[s + 1]]))
+            p, lse_s = self._probs(qs, ks, None, causal, scale)
+            o[cu_q[s]:cu_q[s + 1]] = torch.einsum("hnm,mhe->nhe", p, vs).to(o.dtype)
+            lse[cu_q[s]:cu_q[s + 1]] = lse_s
+        return o, lse, None
+
+    def bwd(self, do, q, k, v, o, lse, aux, cu_q, cu_k, max_q, max_k, causal, scale):
+        wide = torch.promote_types(q.dtype, torch.float32)
+        dq, dk, dv = (torch.zeros_like(x, dtype=wide) for x in (q, k, v))
+        for s in range(cu_q.size - 1):
+            a, b, c, d = cu_q[s], cu_q[s + 1], cu_k[s], cu_k[s + 1]
+            qs, ks, vs, dos, os_ = (x.to(wide) for x in (q[a:b], k[c:d], v[c:d], do[a:b], o[a:b]))
+            p, _ = self._probs(qs, ks, lse[a:b].to(wide), causal, scale)
+            dv[c:d] += torch.einsum("hnm,nhe->mhe", p, dos)
+            dp = torch.einsum("nhe,mhe->hnm", dos, vs)
+            row = (dos * os_).sum(-1).transpose(0, 1)[..., None]  # [H, n, 1]
+            ds = p * (dp - row) * scale
+            dq[a:b] += torch.einsum("hnm,mhd->nhd", ds, ks)
+            dk[c:d] += torch.einsum("hnm,nhd->mhd", ds, qs)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+REFERENCE = _Reference()
+
+
+class _CuDNN(VarlenKernel):
+    """torch's private cuDNN varlen SDPA ops ([T, H, D] rows, int32 cumulative lengths)."""
+
+    name = "cudnn"
+
+    def __init__(self):
+        self.lse_from_native = None  # set by the self-check
+        self.lse_to_native = None
+        self.bias_arg = None
+        self.lse_layout = None
+
+    @staticmethod
+    def _cu(cu, dev):
+        return torch.as_tensor(cu, dtype=torch.int32, device=dev)
+
+    def fwd(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+        cq, ck = self._cu(cu_q, q.device), self._cu(cu_k, q.device)
+        r = torch.ops.aten._cudnn_attention_forward(q, k, v, None, cq, ck, int(max_q), int(max_k), True, 0.0,
+                                                    bool(causal), False, scale=scale)
+        o, lse_native, seed, offset = r[0], r[1], r[6], r[7]
+        return o, self.lse_from_native(lse_native, T=q.shape[0], H=q.shape[1]), (seed, offset, cq, ck, lse_native)
+
+    def bwd(self, do, q, k, v, o, lse, aux, cu_q, cu_k, max_q, max_k, causal, scale):
+        seed, offset, cq, ck, like = aux
+        native = self.lse_to_native(lse, like)
+        return torch.ops.aten._cudnn_attention_backward(
+            do.contiguous(), q, k, v, o.contiguous(), native, seed, offset, self.bias_arg(q), cq, ck, int(max_q),
+            int(max_k), 0.0, bool(causal), scale=scale)
+
+
+class _CuDNNDense(VarlenKernel):
+    """torch's private dense cuDNN SDPA ops, one call per sequence ([1, H, n, D] each).
+    The ragged (varlen) cuDNN entry fails on long sequences on the H200 (see
+    `cudnn_kernel`); the dense one is the kernel `scaled_dot_product_attention` runs, so
+    a layout with few long segments (a tree's first-child chains) pays a handful of calls."""
+
+    name = "cudnn-dense"
+
+    def __init__(self):
+        self.factor = None  # log-sum-exp base, set by the self-check
+
+    @staticmethod
+    def _bhsd(x):
+        return x.transpose(0, 1).unsqueeze(0).contiguous()
+
+    def fwd(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+        outs, lses, aux = [], [], []
+        for s in range(cu_q.size - 1):
+            a, b, c, d = int(cu_q[s]), int(cu_q[s + 1]), int(cu_k[s]), int(cu_k[s + 1])
+            r = torch.ops.aten._scaled_dot_product_cudnn_attention(
+                self._bhsd(q[a:b]), self._bhsd(k[c:d]), self._bhsd(v[c:d]), None, True, 0.0, bool(causal), False,
+                scale=scale)
+            outs.append(r[0][0].transpose(0, 1))
+            native = r[1]
+            lses.append(native.float().reshape(q.shape[1], b - a).transpose(0, 1) * self.factor)
+            aux.append((native.shape, native.dtype, r[2], r[3], r[4], r[5], r[6], r[7]))
+        return torch.cat(outs), torch.cat(lses), aux
+
+    def bwd(self, do, q, k, v, o, lse, aux, cu_q, cu_k, max_q, max_k, causal, scale):
+        dqs, dks, dvs = [], [], []
+        for s in range(cu_q.size - 1):
+            a, b, c, d = int(cu_q[s]), int(cu_q[s + 1]), int(cu_k[s]), int(cu_k[s + 1])
+            shape, dtype, cq, ck, mq, mk, seed, offset = aux[s]
+            native = (lse[a:b] / self.factor).transpose(0, 1).to(dtype).contiguous().reshape(shape)
+            dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+                self._bhsd(do[a:b]), self._bhsd(q[a:b]), self._bhsd(k[c:d]), self._bhsd(v[c:d]), self._bhsd(o[a:b]),
+                native, seed, offset, None, cq, ck, mq, mk, 0.0, bool(causal), scale=scale)
+            dqs.append(dq[0].transpose(0, 1))
+            dks.append(dk[0].transpose(0, 1))
+            dvs.append(dv[0].transpose(0, 1))
+        return torch.cat(dqs), torch.cat(dks), torch.cat(dvs)
+
+
+def _read_lse(x: Tensor, layout: str, factor: float, T: int, H: int) -> Tensor:
+    x = x.float()
+    return (x.reshape(T, H) if layout == "token_major" else x.reshape(H, T).transpose(0, 1)) * factor
+
+
+def _write_lse(lse: Tensor, like: Tensor, layout: str, factor: float) -> Tensor:
+    x = lse / factor
+    x = x if layout == "token_major" else x.transpose(0, 1)
+    return x.to(like.dtype).contiguous().reshape(like.shape)
+
+
+def _case(qk_dim, v_dim, n, m, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    H = 3
+    q = torch.randn(sum(n), H, qk_dim, device="cuda", generator=g).bfloat16()
+    k = torch.randn(sum(m), H, qk_dim, device="cuda", generator=g).bfloat16()
+    v = torch.randn(sum(m), H, v_dim, device="cuda", generator=g).bfloat16()
+    do = torch.randn(sum(n), H, v_dim, device="cuda", generator=g).bfloat16()
+    return q, k, v, do, np.r_[0, np.cumsum(n)].astype(np.int64), np.r_[0, np.cumsum(m)].astype(np.int64)
+
+
+@functools.cache
+def cudnn_kernel(qk_dim: int, v_dim: int, variant: str = "dense") -> VarlenKernel:
+    """A cuDNN kernel ("dense": one dense call per sequence; "ragged": torch's varlen
+    entry), self-checked against the float64 reference on causal square and non-causal
+    rectangular cases, short and long (outputs, the log-sum-exp's layout and base, every
+    gradient); raises if anything does not match. On the H200 (torch 2.11) the ragged
+    variant fails the long causal case (its backward reads out of bounds)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("cuDNN attention needs CUDA")
+    if variant == "dense":
+        return _check(_dense_setup(qk_dim, v_dim), qk_dim, v_dim)
+    if variant != "ragged":
+        raise ValueError(f"unknown cuDNN variant {variant!r}; known: dense, ragged")
+    kern = _CuDNN()
+    scale = qk_dim ** -0.5
+    # 1. find the log-sum-exp's layout and base on a causal square case
+    n = [5, 19, 40]
+    q, k, v, do, cu, _ = _case(qk_dim, v_dim, n, n, 0)
+    T, H = q.shape[:2]
+    _, lse_ref, _ = REFERENCE.fwd(*(x.double() for x in (q, k, v)), cu, cu, max(n), max(n), True, scale)
+    cq = _CuDNN._cu(cu, "cuda")
+    native = torch.ops.aten._cudnn_attention_forward(q, k, v, None, cq, cq, max(n), max(n), True, 0.0, True, False,
+                                                     scale=scale)[1]
+    found = None
+    if native.numel() == T * H:
+        for layout in ("token_major", "head_major"):
+            for factor in (1.0, math.log(2.0)):  # natural log, or base 2
+                if (_read_lse(native, layout, factor, T, H).double() - lse_ref).abs().max() < 2e-2:
+                    found = (layout, factor)
+                    break
+            if found:
+                break
+    if found is None:
+        raise RuntimeError(f"cuDNN log-sum-exp layout not recognised (shape {tuple(native.shape)})")
+    layout, factor = found
+    kern.lse_from_native = functools.partial(_read_lse, layout=layout, factor=factor)
+    kern.lse_to_native = functools.partial(_write_lse, layout=layout, factor=factor)
+    kern.lse_layout = f"{layout}, base {'e' if factor == 1.0 else 2}, native shape {tuple(native.shape)}"
+    # 2. how this torch spells "no bias" in the backward, then both cases in full
+    err = None
+    for bias in (lambda q: None, lambda q: torch.empty(0, device=q.device, dtype=q.dtype)):
+        kern.bias_arg = bias
+        try:
+            o, lse, aux = kern.fwd(q, k, v, cu, cu, max(n), max(n), True, scale)
+            kern.bwd(do, q, k, v, o, lse, aux, cu, cu, max(n), max(n), True, scale)
+            err = None
+            break
+        except Exception as e:  # noqa: BLE001 - try the other spelling
+            err = e
+    if err is not None:
+        raise RuntimeError(f"cuDNN varlen attention backward failed: {err}")
+    return _check(kern, qk_dim, v_dim)
+
+
+def _dense_setup(qk_dim: int, v_dim: int) -> _CuDNNDense:
+    kern = _CuDNNDense()
+    n = [37]
+    q, k, v, _, cu, _ = _case(qk_dim, v_dim, n, n, 0)
+    scale = qk_dim ** -0.5
+    _, lse_ref, _ = REFERENCE.fwd(*(x.double() for x in (q, k, v)), cu, cu, 37, 37, True, scale)
+    native = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        _CuDNNDense._bhsd(q), _CuDNNDense._bhsd(k), _CuDNNDense._bhsd(v), None, True, 0.0, True, False, scale=scale)[1]
+    if native.numel() != q.shape[0] * q.shape[1]:
+        raise RuntimeError(f"cuDNN log-sum-exp layout not recognised (shape {tuple(native.shape)})")
+    for factor in (1.0, math.log(2.0)):
+        got = native.double().reshape(q.shape[1], 37).transpose(0, 1) * factor
+        if (got - lse_ref).abs().max() < 2e-2:
+            kern.factor = factor
+            kern.lse_layout = f"head-major per sequence, base {'e' if factor == 1.0 else 2}, shape {tuple(native.shape)}"
+            return kern
+    raise RuntimeError("cuDNN log-sum-exp base not recognised")
+
+
+def _check(kern: VarlenKernel, qk_dim: int, v_dim: int) -> VarlenKernel:
+    scale = qk_dim ** -0.5
+    n = [5, 19, 40]
+    # small and realistic lengths: on the H200 (torch 2.11, cuDNN 9) the small cases pass
+    # while the backward on thousands of rows per sequence reads out of bounds
+    cases = ((True, n, n), (False, [5, 19, 40], [9, 50, 41]), (True, [300, 1000, 2500], [300, 1000, 2500]),
+             (False, [700, 1500], [3000, 2000]))
+    for causal, nq, nk in cases:
+        q, k, v, do, cu_q, cu_k = _case(qk_dim, v_dim, nq, nk, 1)
+        wide = [x.double() for x in (q, k, v)]
+        o_ref, lse_ref, _ = REFERENCE.fwd(*wide, cu_q, cu_k, max(nq), max(nk), causal, scale)
+        ref = REFERENCE.bwd(do.double(), *wide, o_ref, lse_ref, None, cu_q, cu_k, max(nq), max(nk), causal, scale)
+        o, lse, aux = kern.fwd(q, k, v, cu_q, cu_k, max(nq), max(nk), causal, scale)
+        grads = kern.bwd(do, q, k, v, o, lse, aux, cu_q, cu_k, max(nq), max(nk), causal, scale)
+        torch.cuda.synchronize()  # an out-of-bounds access surfaces here, not later in training
+        for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), (o, lse, *grads), (o_ref, lse_ref, *ref), strict=True):
+            if not torch.isfinite(a).all() or (a.double() - b).norm() > 3e-2 * b.norm():
+                raise RuntimeError(f"cuDNN varlen attention does not match the reference ({name}, causal={causal})")
+    return kern
+
+
+class _SplitAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, scale, sp: SplitSegments, kernel: VarlenKernel, idx: dict):
+        own = idx.get("own")
+        kB = k if own is None else k.index_select(0, own)
+        vB = v if own is None else v.index_select(0, own)
+        o, lse, auxB = kernel.fwd(q, kB, vB, sp.cu_q, sp.cu_q, sp.max_q, sp.max_q, True, scale)
+        auxA = None
+        if sp.has_ancestors:
+            qa, anc = idx["qa"], idx["anc"]
+            qA, kA, vA = q.index_select(0, qa), k.index_select(0, anc), v.index_select(0, anc)
+            oA, lseA, auxA = kernel.fwd(qA, kA, vA, sp.cu_qa, sp.cu_ka, sp.max_qa, sp.max_ka, False, scale)
+            lseB = lse.index_select(0, qa)
+            merged = torch.logaddexp(lseA, lseB)
+            wA = torch.exp(lseA - merged)[..., None]
+            wB = torch.exp(lseB - merged)[..., None]
+            wide = torch.promote_types(o.dtype, torch.float32)
+            o_at = oA.to(wide) * wA + o.index_select(0, qa).to(wide) * wB
+            o = o.index_copy(0, qa, o_at.to(o.dtype))
+            lse = lse.index_copy(0, qa, merged)
+        ctx.scale, ctx.sp, ctx.kernel, ctx.idx, ctx.aux = scale, sp, kernel, idx, (auxB, auxA)
+        ctx.rows = k.shape[0]
+        ctx.save_for_backward(q, k, v, o, lse)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        sp, kernel, idx, scale = ctx.sp, ctx.kernel, ctx.idx, ctx.scale
+        auxB, auxA = ctx.aux
+        own = idx.get("own")
+        kB = k if own is None else k.index_select(0, own)
+        vB = v if own is None else v.index_select(0, own)
+        dqB, dkB, dvB = kernel.bwd(do, q, kB, vB, o, lse, auxB, sp.cu_q, sp.cu_q, sp.max_q, sp.max_q, True, scale)
+        wide = torch.promote_types(q.dtype, torch.float32)
+        if own is None and not sp.has_ancestors:
+            return dqB, dkB, dvB, None, None, None, None
+        dk = torch.zeros(k.shape, dtype=wide, device=k.device)
+        dv = torch.zeros(v.shape, dtype=wide, device=v.device)
+        if own is None:
+            dk += dkB
+            dv += dvB
+        else:
+            dk.index_add_(0, own, dkB.to(wide))
+            dv.index_add_(0, own, dvB.to(wide))
+        dq = dqB
+        if sp.has_ancestors:
+            qa, anc = idx["qa"], idx["anc"]
+            qA, kA, vA = q.index_select(0, qa), k.index_select(0, anc), v.index_select(0, anc)
+            dqA, dkA, dvA = kernel.bwd(do.index_select(0, qa), qA, kA, vA, o.index_select(0, qa),
+                                       lse.index_select(0, qa), auxA, sp.cu_qa, sp.cu_ka, sp.max_qa, sp.max_ka,
+                                       False, scale)
+            dq = dqB.to(wide).index_add_(0, qa, dqA.to(wide)).to(q.dtype)
+            dk.index_add_(0, anc, dkA.to(wide))
+            dv.index_add_(0, anc, dvA.to(wide))
+        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+
+
+def device_index(sp: SplitSegments, device) -> dict:
+    """The index tensors of a layout on a device (built once per layout, reused by layers)."""
+    idx = {"qa": torch.as_tensor(sp.qa_index, device=device), "anc": torch.as_tensor(sp.anc_rows, device=device)}
+    if sp.own_rows is not None:
+        idx["own"] = torch.as_tensor(sp.own_rows, device=device)
+    return idx
+
+
+def split_attention(q_CHD: Tensor, k_LHD: Tensor, v_LHE: Tensor, scale: float, sp: SplitSegments,
+                    kernel: VarlenKernel = REFERENCE, idx: dict | None = None) -> Tensor:
+    """o_CHE: each query row attends its ancestors and itself (queries in ascending local order)."""
+    if idx is None:
+        idx = device_index(sp, q_CHD.device)
+    return _SplitAttention.apply(q_CHD, k_LHD, v_LHE, scale, sp, kernel, idx)

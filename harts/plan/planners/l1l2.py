@@ -41,6 +41,16 @@ slot carries the same load on every replica.
    pair of replicas is taken, a few rounds. Where most trees need windows of their own,
    cells of one size hold trees of very different cost, and lining alike loads up across
    replicas is what evens the slots; the critical path never rises and no cell changes.
+7. **Re-cutting and hand-over** (pp = 1, only when the path is not near ideal). A window
+   (cell of k >= 2 slots) is re-shaved toward the other replicas' peak (or mean) load in
+   each of its slots instead of its own mean, with its items kept or its two ends
+   swapped (`_relevel`): a 62k-cost tree can load 35k + 27k where single trees and other
+   windows sit. A window may hand one slot to another window of its replica
+   (`_reshape`): k - 1 and k + 1 slots, re-solved; a 1-slot window holds its producer and
+   its one consumer in the same slot (each within the budget, the consumer paying the
+   producer's retention), so a tree a little over the budget loads one slot like the
+   single trees next to it. Both are taken only when they shorten the critical path
+   (then, at equal path, raise the slots' mean / max); trees, rows and slot counts stay.
 
 (S, m) is chosen to minimise the step's critical path sum_s max_r load(s, r): S rises
 from the compact-token lower bound, never past L1's slot count (so `l1l2` never uses more
@@ -90,6 +100,8 @@ _GOOD_ENOUGH = 0.002
 _MAX_SHAVE = 0.95
 # improvement rounds of `_arrange` (each tries every pair of replicas once)
 _ARRANGE_ROUNDS = 8
+# rounds of `_relevel` (each re-cuts every window once)
+_RELEVEL_ROUNDS = 3
 
 
 @dataclass(eq=False)
@@ -154,6 +166,9 @@ class _CellSolver:
         self.overhead = config.cost_model.microbatch_overhead
         self.chunk = config.chunk_size
         self.pp = config.pp
+        # split trees at their top nodes until a cell has an item per slot also without a
+        # pipeline (`_reshape`, `_grow`); the search keeps its established cells
+        self.fill_slots = False
 
     # ---- shaving ----------------------------------------------------------------------
 
@@ -287,7 +302,7 @@ class _CellSolver:
         """Split the largest item with children at its top node (into the producer) while
         there are fewer than k items; False when that cannot reach k. Only with a pipeline
         (a cell with fewer items than slots is otherwise given up, as before)."""
-        if self.pp <= 1:
+        if self.pp <= 1 and not self.fill_slots:
             return len(items) >= k
         while len(items) < k:
             forks = [it for it in items if self.idx.children[it.root]]
@@ -436,13 +451,16 @@ class _CellSolver:
             return self._fits(c)
         return self._fits(c)
 
-    def _shave_plan(self, c: Cell, target: float) -> list[tuple[int, float]]:
+    def _shave_plan(self, c: Cell, target: float | list[float]) -> list[tuple[int, float]]:
         """(bin, amount) shaves that level the cell: each middle slot down to the target,
-        the ends made consumers, then one end shaved so both ends meet the target."""
+        the ends made consumers, then one end shaved so both ends meet the target.
+        `target` may also be one load per slot (the first end's is the one solved for;
+        the last end takes what is left)."""
         k = c.k
+        tgt = [target] * k if isinstance(target, (int, float)) else list(target)
         plan = []
         for b in range(1, k - 1):
-            excess = c.bin_cost(b) - target
+            excess = c.bin_cost(b) - tgt[b]
             if excess > 0:
                 plan.append((b, excess))
         for b, amount in plan:
@@ -454,7 +472,7 @@ class _CellSolver:
                 self.shave(it, amount)
                 plan.append((b, it.shaved_cost))
         xp = self.overhead + c.p_cost()
-        a = target - (self.overhead + c.bin_cost(0)) - self.ff * xp
+        a = tgt[0] - (self.overhead + c.bin_cost(0)) - self.ff * xp
         if a >= 0:
             plan.append((k - 1, a / self.ff if self.ff > 0 else 0.0))
         else:
@@ -463,6 +481,46 @@ class _CellSolver:
             for it in b:
                 self.shave(it, 0.0)
         return plan
+
+    def relevel(self, c: Cell, target: list[float]) -> Cell | None:
+        """A copy of cell c (same trunk, same items per slot, or with its two ends
+        swapped) whose shaves are re-planned toward one load per slot (`target`, in load
+        units, summing to the cell's load) instead of the cell's mean; the largest share
+        of that the budget allows, the copy nearest the target. None when nothing fits."""
+        if c.k < 2 or not all(c.bins):
+            return None
+        tgt = [target[0], *(t - self.overhead for t in target[1:-1]), target[-1]]
+        best: tuple[float, Cell] | None = None
+        for flip in (False, True):
+            trial = Cell(k=c.k, trees=list(c.trees), trunk=list(c.trunk), trunk_cost=c.trunk_cost,
+                         trunk_tokens=c.trunk_tokens, _hanging=set(c._hanging))
+            bins = [[Item(it.root, it.cost, it.tokens) for it in b] for b in c.bins]
+            if flip:
+                bins[0], bins[-1] = bins[-1], bins[0]
+            trial.bins = bins
+            plan = self._shave_plan(trial, tgt)
+            if not self._apply_fitting(trial, plan):
+                continue
+            miss = sum(abs(a - b) for a, b in zip(self.loads(trial), target, strict=True))
+            if best is None or miss < best[0]:
+                best = (miss, trial)
+        return None if best is None else best[1]
+
+    def _apply_fitting(self, c: Cell, plan: list[tuple[int, float]]) -> bool:
+        """Apply the largest share of `plan` that fits the budget (bisection)."""
+        self._apply(c, plan, 1.0)
+        if self._fits(c):
+            return True
+        lo, hi = 0.0, 1.0
+        for _ in range(12):
+            mid = 0.5 * (lo + hi)
+            self._apply(c, plan, mid)
+            if self._fits(c):
+                lo = mid
+            else:
+                hi = mid
+        self._apply(c, plan, lo)
+        return self._fits(c)
 
     def _apply(self, c: Cell, plan: list[tuple[int, float]], lam: float) -> None:
         for b in c.bins:
@@ -778,6 +836,136 @@ def _arrange(cells: list[list[Cell]], solver: _CellSolver, rounds: int = _ARRANG
     return rows
 
 
+def _relevel(cells: list[list[Cell]], solver: _CellSolver, rounds: int = _RELEVEL_ROUNDS) -> list[list[Cell]]:
+    """Re-cut windows toward the other replicas' slots: each cell of two or more slots is
+    re-shaved (`_CellSolver.relevel`) toward the others' peak load in each of its slots,
+    shifted evenly so the cell's own load is kept; the copy replaces the cell when it
+    shortens the critical path. Trees, producers' trunks and every cell's slots stay, so
+    the plan stays valid with every row computed once. Returns new rows."""
+    rows = [list(r) for r in cells]
+    dp = len(rows)
+    if dp < 2:
+        return rows
+    vecs = [[x for c in row for x in solver.loads(c)] for row in rows]
+    for _ in range(rounds):
+        improved = False
+        for r in range(dp):
+            s0 = 0
+            for i, c in enumerate(rows[r]):
+                k = c.k
+                if k >= 2 and c.trees:
+                    span = range(s0, s0 + k)
+                    peak = [max(vecs[q][s] for q in range(dp) if q != r) for s in span]
+                    rest = [sum(vecs[q][s] for q in range(dp) if q != r) for s in span]
+                    old = vecs[r][s0 : s0 + k]
+                    score = _window_score(old, peak, rest, dp)
+                    for aim in (peak, [x / (dp - 1) for x in rest]):
+                        shift = (sum(old) - sum(aim)) / k
+                        cand = solver.relevel(c, [a + shift for a in aim])
+                        if cand is None:
+                            continue
+                        new = solver.loads(cand)
+                        got = _window_score(new, peak, rest, dp)
+                        if got < score:
+                            rows[r][i], old, score = cand, new, got
+                            vecs[r][s0 : s0 + k] = new
+                            improved = True
+                s0 += k
+        if not improved:
+            break
+    return rows
+
+
+def _window_score(mine: list[float], peak: list[float], rest: list[float], dp: int) -> tuple[float, float]:
+    """How a replica's loads over some slots fare against the other replicas' (their peak
+    and their sum per slot): (critical path over those slots, minus their summed slot
+    balance mean / max), rounded so that float noise never counts as a gain."""
+    crit = sum(max(a, p) for a, p in zip(mine, peak, strict=True))
+    bal = sum((a + s) / dp / max(a, p) for a, p, s in zip(mine, peak, rest, strict=True) if max(a, p) > 0)
+    return round(crit, 6), -round(bal, 9)
+
+
+def _order_row(row: list[Cell], vec_of, peak: list[float], moving: tuple[Cell, ...]) -> tuple[float, list[Cell]]:
+    """Cells of one replica reordered (the best swap of a `moving` cell with another
+    while it helps) to minimise sum_s max(load(s), peak(s)); returns (that sum, the
+    order)."""
+
+    def cost(r: list[Cell]) -> float:
+        v = [x for c in r for x in vec_of(c)]
+        return sum(max(a, p) for a, p in zip(v, peak, strict=True))
+
+    row = list(row)
+    cur = cost(row)
+    while True:
+        best = None
+        for i in range(len(row)):
+            for j in range(i + 1, len(row)):
+                if not (any(row[i] is m for m in moving) or any(row[j] is m for m in moving)):
+                    continue
+                n = list(row)
+                n[i], n[j] = n[j], n[i]
+                v = cost(n)
+                if v < cur * (1 - 1e-9) and (best is None or v < best[0]):
+                    best = (v, n)
+        if best is None:
+            return cur, row
+        cur, row = best
+
+
+def _reshape(cells: list[list[Cell]], solver: _CellSolver) -> list[list[Cell]]:
+    """Give one window's slot to another window of the same replica: X (k >= 2 slots)
+    re-solved with k - 1 (a 1-slot window holds its producer and its consumer in one
+    slot: a tree a little over the budget then loads one slot like a tree just under it),
+    Y with k + 1; the replica's cells reordered and re-cut against the other replicas'
+    peaks. Taken when that shortens the critical path; slot counts stay. Returns new
+    rows."""
+    rows = [list(r) for r in cells]
+    dp = len(rows)
+    if dp < 2:
+        return rows
+    cache: dict[int, tuple[float, ...]] = {}
+
+    def vec_of(c: Cell) -> tuple[float, ...]:
+        if id(c) not in cache:
+            cache[id(c)] = tuple(solver.loads(c))
+        return cache[id(c)]
+
+    solved: dict[tuple[int, tuple[int, ...]], Cell | None] = {}
+
+    def resolve(c: Cell, k: int) -> Cell | None:
+        key = (k, tuple(c.trees))
+        if key not in solved:
+            n = Cell(k=k, trees=list(c.trees))
+            solved[key] = n if solver.solve(n) else None
+        return solved[key]
+
+    vecs = [[x for c in row for x in vec_of(c)] for row in rows]
+    for r in range(dp):
+        peak = [max(vecs[q][s] for q in range(dp) if q != r) for s in range(len(vecs[r]))]
+        cur = sum(max(a, p) for a, p in zip(vecs[r], peak, strict=True))
+        best = None
+        wins = [i for i, c in enumerate(rows[r]) if c.trees and c.k >= 2]
+        grow = wins
+        for i in wins:
+            x = resolve(rows[r][i], rows[r][i].k - 1)
+            if x is None:
+                continue
+            for j in grow:
+                if j == i:
+                    continue
+                y = resolve(rows[r][j], rows[r][j].k + 1)
+                if y is None:
+                    continue
+                row = [x if t == i else y if t == j else c for t, c in enumerate(rows[r])]
+                v, row = _order_row(row, vec_of, peak, (x, y))
+                if v < cur * (1 - 1e-9) and (best is None or v < best[0]):
+                    best = (v, row)
+        if best is not None:
+            rows[r] = best[1]
+            vecs[r] = [x for c in rows[r] for x in vec_of(c)]
+    return rows
+
+
 def _moves(a: list[Cell], b: list[Cell], same: bool):
     """The rearrangements `_arrange` tries between two replicas' cell lists (or within one
     when `same`): (new a, new b or None)."""
@@ -945,9 +1133,14 @@ def plan_l1l2(forest: RolloutForest, config: PlanConfig) -> Plan:
         best = _search(idx, solver, config, searched, ideal)
     if best is not None and config.pp <= 1:
         # line the replicas' slots up by rearranging whole cells (never a longer path)
-        cells = _arrange(best[3], solver)
-        crit = _critical_path(cells, solver)
-        if crit < best[0]:
+        cells = best[3]
+        # windows re-cut and slots handed over only where the path is not near ideal
+        passes = 2 if best[0] > ideal * (1 + _GOOD_ENOUGH) else 1
+        for _ in range(passes):
+            cells = _relevel(_arrange(_reshape(cells, solver), solver), solver) if passes > 1 else _arrange(cells, solver)
+            crit = _critical_path(cells, solver)
+            if not crit < best[0] * (1 - 1e-9):
+                break
             best = (crit, best[1], best[2], cells)
     # L1's own microbatches (recomputed paths, no windows) compete on the same measure
     place(l1_mbs, config.dp)

@@ -166,9 +166,6 @@ class _CellSolver:
         self.overhead = config.cost_model.microbatch_overhead
         self.chunk = config.chunk_size
         self.pp = config.pp
-        # split trees at their top nodes until a cell has an item per slot also without a
-        # pipeline (`_reshape`, `_grow`); the search keeps its established cells
-        self.fill_slots = False
 
     # ---- shaving ----------------------------------------------------------------------
 
@@ -302,7 +299,7 @@ class _CellSolver:
         """Split the largest item with children at its top node (into the producer) while
         there are fewer than k items; False when that cannot reach k. Only with a pipeline
         (a cell with fewer items than slots is otherwise given up, as before)."""
-        if self.pp <= 1 and not self.fill_slots:
+        if self.pp <= 1:
             return len(items) >= k
         while len(items) < k:
             forks = [it for it in items if self.idx.children[it.root]]

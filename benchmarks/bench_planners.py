@@ -22,7 +22,7 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from harts.plan.metrics import compute_metrics  # noqa: E402
-from harts.plan.plan import DEFAULT_MICROBATCH_TOKENS, DEFAULT_PRODUCER_RETENTION  # noqa: E402
+from harts.plan.plan import DEFAULT_PRODUCER_RETENTION  # noqa: E402
 from harts.plan.planners import PlanConfig, known_planners, make_plan  # noqa: E402
 from harts.tree.workload import generate, preset  # noqa: E402
 
@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dp", type=int, default=8)
     ap.add_argument("--dps", default="2,4,8")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--microbatch-tokens", type=int, default=DEFAULT_MICROBATCH_TOKENS)
+    ap.add_argument("--microbatch-tokens", type=int, default=None,
+                    help="microbatch token budget (default: the preset's own)")
     ap.add_argument("--producer-retention", type=float, default=DEFAULT_PRODUCER_RETENTION)
     ap.add_argument("--time-limit", type=float, default=2.0)
     ap.add_argument("--json", action="store_true")
@@ -64,7 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     over = {} if args.rollouts_per_group is None else {"rollouts_per_group": args.rollouts_per_group}
     if args.max_context is not None:
         over["max_context"] = args.max_context
-    forest = generate(preset(args.workload, **over)).forest()
+    cfg = preset(args.workload, **over)
+    forest = generate(cfg).forest()
+    if args.microbatch_tokens is None:
+        args.microbatch_tokens = cfg.microbatch_tokens
     build = time.perf_counter() - t0
 
     def config(dp: int) -> PlanConfig:

@@ -40,10 +40,10 @@ def run(workload: str, model_name: str, gpus: int, planner: str, schedule: str, 
         ep_lockstep: bool = True) -> dict:
     model = get_model_config(model_name)
     par = default_parallel(model, gpus)
-    forest = generate(preset(workload)).forest()
-    kw = {"dp": par.dp, "pp": par.pp}  # plan for the pipeline that is simulated
-    if budget:
-        kw["microbatch_tokens"] = budget
+    cfg = preset(workload)
+    forest = generate(cfg).forest()
+    # plan for the pipeline that is simulated, at the named budget or the preset's own
+    kw = {"dp": par.dp, "pp": par.pp, "microbatch_tokens": budget or cfg.microbatch_tokens}
     plan = make_plan(forest, planner, PlanConfig(**kw))
     step = step_from_plan(plan, forest, model.chunk_size)
     cost = make_cost_model("roofline", model, par, HW)

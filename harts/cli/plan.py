@@ -70,8 +70,8 @@ def _add_step_args(p: argparse.ArgumentParser, planning: bool = True) -> None:
     p.add_argument("--microbatches-per-stage", type=int, default=None,
                    help="with --pp > 1: microbatches per stage and replica (default 2)")
     p.add_argument("--microbatch-tokens", type=int, default=None,
-                   help="activation budget per microbatch in tokens (default 131072: every "
-                        "trajectory of the SWE workloads fits)")
+                   help="activation budget per microbatch in tokens (default: the preset's own, "
+                        "131072 or 32768 for the Flash-sized presets; 131072 for --input)")
     p.add_argument("--producer-retention", type=float, default=None,
                    help="memory a retained producer row costs relative to a computed row "
                         "(default 0.35: full activation recomputation)")
@@ -100,7 +100,13 @@ def _config(args: argparse.Namespace):
     from harts.plan.plan import DEFAULT_MICROBATCH_TOKENS, DEFAULT_PRODUCER_RETENTION
     from harts.plan.planners import PlanConfig
 
-    tokens = DEFAULT_MICROBATCH_TOKENS if args.microbatch_tokens is None else args.microbatch_tokens
+    tokens = args.microbatch_tokens
+    if tokens is None:  # the preset's own budget, else the planners' default
+        tokens = DEFAULT_MICROBATCH_TOKENS
+        if getattr(args, "workload", None) and not getattr(args, "input", None):
+            from harts.cli.tree import workload_config
+
+            tokens = workload_config(args.workload, args.seed, args.set).microbatch_tokens
     retention = DEFAULT_PRODUCER_RETENTION if args.producer_retention is None else args.producer_retention
     extra = {} if args.microbatches_per_stage is None else {"min_microbatches_per_stage": args.microbatches_per_stage}
     cfg = PlanConfig(

@@ -29,7 +29,7 @@ def _add_common(p: argparse.ArgumentParser, sweep: bool) -> None:
     p.add_argument("--dp", type=int, help="data-parallel replicas (default: from --gpus)")
     p.add_argument("--pp", type=int, help="pipeline stages (default: 2 for tiny at >= 8 GPUs, 4 for flash)")
     p.add_argument("--ep", type=int, help="expert parallelism inside a stage's DP group")
-    p.add_argument("--microbatch-tokens", type=int, help="planner token budget (default: the planners')")
+    p.add_argument("--microbatch-tokens", type=int, help="planner token budget (default: the preset's own)")
     p.add_argument("--hardware", default="h200", help="hardware profile name or JSON path")
     p.add_argument("--cost-model", default="roofline", help="roofline or calibrated")
     p.add_argument("--calibration", help="calibration JSON (harts sim fit) for --cost-model calibrated")
@@ -128,6 +128,10 @@ class _Setup:
         kw: dict[str, Any] = {"dp": self.parallel.dp, "pp": self.parallel.pp, "seed": self.args.seed}
         if self.args.microbatch_tokens:
             kw["microbatch_tokens"] = self.args.microbatch_tokens
+        else:  # the preset's own budget
+            from harts.tree.workload import preset
+
+            kw["microbatch_tokens"] = preset(workload).microbatch_tokens
         try:
             plan = make_plan(forest, planner, PlanConfig(**kw))
         except ValueError as err:

@@ -21,7 +21,9 @@ OpenHands trajectories on SWE-bench; they are assumptions, every one can be over
 - observation: lognormal median 400, sigma 1.1, clipped to [10, 8000] (file views and test
   output, heavy-tailed, truncated by the agent's output limit).
 - final contexts then land mostly in 25k-130k tokens; a rollout stops adding turns at the
-  context cap (131072).
+  context cap (131072; 32768 for the Flash-sized 32- and 64-GPU presets, see `_swe`).
+- each preset names the microbatch budget it is planned with (`microbatch_tokens`:
+  131072, 32768 for the Flash-sized presets); callers that name a budget override it.
 - 8 rollouts (stepwise) or 8 leaves (treestep, branching factor 2) per prompt, the usual
   GRPO group size for SWE tasks.
 - treestep branch points: a chain branches after U(0.4, 0.9) of the turns it has left.
@@ -70,6 +72,9 @@ class WorkloadConfig:
     obs_sigma: float = 1.1
     obs_range: tuple[int, int] = (10, 8000)
     max_context: int = 131072
+    # the microbatch token budget this step is planned with unless a caller names one
+    # (planners, the simulator, `harts plan`); every trajectory must fit it
+    microbatch_tokens: int = 131072
     # treestep: a chain branches after this fraction (uniform) of the turns it has left
     branch_window: tuple[float, float] = (0.4, 0.9)
     vocab_size: int = 151_936
@@ -90,6 +95,8 @@ class WorkloadConfig:
                 bad(f"{name} must satisfy 1 <= low <= high, got {(lo, hi)}")
         if self.max_context <= self.prompt_tokens[1]:
             bad("max_context must exceed the largest prompt")
+        if self.microbatch_tokens < 1:
+            bad("microbatch_tokens must be >= 1")
         if self.vocab_size < max(self.branching, 4):
             bad("vocab_size too small")
         lo, hi = self.branch_window
@@ -140,8 +147,20 @@ def _small(scheme: Scheme, **kw: Any) -> WorkloadConfig:
 
 def _swe(scheme: Scheme, gpus: int) -> WorkloadConfig:
     # one prompt group of 8 rollouts per GPU: the step grows with the cluster, as in the
-    # paper's 8/32/64-GPU runs
+    # paper's 8/32/64-GPU runs. The paper runs 32 and 64 GPUs with Flash (Table 3); those
+    # presets cap contexts at 32k and plan 32k-token microbatches, which puts their
+    # tree-step compression where Table 3's Flash rows are (6.24x / 6.90x as forests
+    # against 6.65x / 6.56x; with the 131k cap 5.07x / 5.06x) and makes nearly every tree
+    # larger than a microbatch, as Table 5's ~1200 microbatches per step imply. The
+    # smaller presets keep the Tiny calibration (131k contexts and budget; Tiny/8 3.91x).
+    if gpus in FLASH_GPUS:
+        return WorkloadConfig(scheme=scheme, num_groups=gpus, seed=gpus, max_context=FLASH_CONTEXT,
+                              microbatch_tokens=FLASH_CONTEXT)
     return WorkloadConfig(scheme=scheme, num_groups=gpus, seed=gpus)
+
+
+FLASH_GPUS = (32, 64)
+FLASH_CONTEXT = 32768
 
 
 PRESETS: dict[str, WorkloadConfig] = {

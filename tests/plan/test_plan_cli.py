@@ -83,3 +83,15 @@ def test_pp_asks_for_microbatches_per_replica(tmp_path, capsys):
     assert min(per_replica.values()) >= 4  # 2 per stage x 2 stages
     assert main(["plan", "compare", "--workload", "tiny-stepwise", "--pp", "0"]) == 2
     assert "pp must be >= 1" in capsys.readouterr().err
+
+
+def test_a_preset_brings_its_own_budget(tmp_path, capsys):
+    # small-treestep with a budget set on the preset: the plan is made at that budget
+    # unless --microbatch-tokens names another (Flash-sized SWE presets plan 32k this way)
+    out = tmp_path / "p.json"
+    base = ["plan", "--planner", "l1", "--workload", "small-treestep", "--out", str(out)]
+    assert main([*base, "--set", "microbatch_tokens=9000"]) == 0
+    assert Plan.load(out).microbatch_tokens == 9000
+    assert main([*base, "--set", "microbatch_tokens=9000", "--microbatch-tokens", "12000"]) == 0
+    assert Plan.load(out).microbatch_tokens == 12000
+    capsys.readouterr()

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harts.tree import build_forest
-from harts.tree.workload import PRESETS, Scheme, generate, preset
+from harts.tree.workload import FLASH_CONTEXT, FLASH_GPUS, PRESETS, Scheme, generate, preset
 
 
 def _same_structure(a, b) -> None:
@@ -60,10 +60,24 @@ def test_swe_presets_follow_the_calibration(name):
     prompts = [wl.seg_length[s[0]] for s in wl.seq_symbols]
     assert min(prompts) >= 3000 and max(prompts) <= 8000
     assert lengths.max() <= cfg.max_context
+    assert lengths.max() <= cfg.microbatch_tokens  # every trajectory fits the preset's budget
     if cfg.scheme == Scheme.TREESTEP:
-        # final contexts: most land in 25k-130k tokens
-        assert np.mean((lengths >= 25_000) & (lengths <= 130_000)) > 0.5
         assert f.num_trajectories == cfg.num_groups * cfg.rollouts_per_group
+        if cfg.num_groups in FLASH_GPUS:
+            # Table 3's Flash tree-step rows (6.65x at 32 GPUs, 6.56x at 64), within 10%
+            paper = {32: 6.65, 64: 6.56}[cfg.num_groups]
+            assert abs(f.compression / paper - 1) < 0.10
+        else:
+            # final contexts: most land in 25k-130k tokens
+            assert np.mean((lengths >= 25_000) & (lengths <= 130_000)) > 0.5
+
+
+def test_flash_presets_cap_contexts_and_budget_at_32k():
+    for n in FLASH_GPUS:
+        for scheme in Scheme:
+            cfg = preset(f"swe-{scheme.value}-{n}")
+            assert cfg.max_context == cfg.microbatch_tokens == FLASH_CONTEXT
+    assert preset("swe-treestep-8").microbatch_tokens == 131072
 
 
 def test_bad_config_and_unknown_preset():

@@ -1,6 +1,8 @@
 """The simulator's cost model against a measured H200 update step, category by category.
 
     python benchmarks/sim_vs_h200.py [--cost-model roofline] [--hardware h200|h200-harts] [--json]
+    python benchmarks/sim_vs_h200.py --cost-model calibrated \
+        --calibration benchmarks/results/h200_session3/calibration_kernels.json --fit-elementwise expanded
 
 Measured: `benchmarks/results/h200_session3/profile_step.json` (torch.profiler over one
 update step of swe-treestep-1 on tiny-h200, bf16, after a warm-up step; CUDA kernel time
@@ -56,7 +58,7 @@ def op_category(op) -> str:
     return "other"
 
 
-def simulated(planner: str, cost_model: str, hardware: str = "h200") -> dict[str, float]:
+def simulated(planner: str, cost_model: str, hardware: str = "h200", calibration=None) -> dict[str, float]:
     from harts.config.models import get_model_config
     from harts.plan.planners import PlanConfig, make_plan
     from harts.sim.adapter import step_from_plan
@@ -71,7 +73,8 @@ def simulated(planner: str, cost_model: str, hardware: str = "h200") -> dict[str
     plan = make_plan(forest, planner, PlanConfig(dp=1, microbatch_tokens=131072))
     step = step_from_plan(plan, forest, model.chunk_size)
     parallel = default_parallel(model, 1)
-    cost = make_cost_model(cost_model, model, parallel, load_hardware(hardware))
+    kw = {} if calibration is None else {"calibration": calibration}
+    cost = make_cost_model(cost_model, model, parallel, load_hardware(hardware), **kw)
     by = dict.fromkeys(CATEGORIES, 0.0)
     for w in step.microbatches:
         for phase in (Phase.FWD, Phase.BWD):
@@ -85,36 +88,65 @@ def simulated(planner: str, cost_model: str, hardware: str = "h200") -> dict[str
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cost-model", default="roofline")
+    ap.add_argument("--cost-model", default="roofline", help="roofline or calibrated (with --calibration)")
+    ap.add_argument("--calibration", help="harts sim fit output (e.g. of h200_session3/calib_profile_merged.json)")
+    ap.add_argument("--fit-elementwise", choices=("tree", "expanded"),
+                    help="with --cost-model calibrated: fit the calibration's elementwise_scale to this "
+                         "mode's measured elementwise share, then predict the other mode (hold-out)")
+    ap.add_argument("--save-calibration", help="write the calibration (with the fitted scale) here")
     ap.add_argument("--hardware", default="h200", help="h200 (reference kernels' rates) or h200-harts (ours)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    cal = None
+    if args.cost_model == "calibrated":
+        if not args.calibration:
+            ap.error("--cost-model calibrated needs --calibration")
+        from harts.sim.profile import load_calibration
+
+        cal = load_calibration(args.calibration)
+    elif args.fit_elementwise:
+        ap.error("--fit-elementwise needs --cost-model calibrated")
     prof = json.loads(PROFILE.read_text())
-    steps = {r["scheme"]: r for r in json.loads((ROOT / "benchmarks/results/h200.json").read_text())["runs"]}
-    rows = []
-    for mode, planner in (("tree", "l1l2"), ("expanded", "expanded-ffd")):
-        measured = dict.fromkeys(CATEGORIES, 0.0)
+    modes = (("tree", "l1l2"), ("expanded", "expanded-ffd"))
+    measured = {}
+    for mode, _ in modes:
+        m = dict.fromkeys(CATEGORIES, 0.0)
         for k in prof[mode]["top"]:
-            measured[kernel_category(k["kernel"])] += k["seconds"]
-        measured["other"] += prof[mode]["kernel_s"] - sum(k["seconds"] for k in prof[mode]["top"])
-        sim = simulated(planner, args.cost_model, args.hardware)
+            m[kernel_category(k["kernel"])] += k["seconds"]
+        m["other"] += prof[mode]["kernel_s"] - sum(k["seconds"] for k in prof[mode]["top"])
+        measured[mode] = m
+    if args.fit_elementwise:
+        import dataclasses
+
+        planner = dict(modes)[args.fit_elementwise]
+        sim_other = simulated(planner, args.cost_model, args.hardware, cal)["other"]
+        cal = dataclasses.replace(cal, elementwise_scale=measured[args.fit_elementwise]["other"] / sim_other)
+    if args.save_calibration and cal is not None:
+        cal.save(args.save_calibration)
+    rows = []
+    for mode, planner in modes:
+        sim = simulated(planner, args.cost_model, args.hardware, cal)
         rows.append({"mode": mode, "measured_wall_s": prof[mode]["wall_s"], "measured_kernel_s": prof[mode]["kernel_s"],
                      "simulated_s": sum(sim[c] for c in CATEGORIES),
-                     "step_json_wall_s": steps["treestep"][mode]["seconds"],
-                     "measured": measured, "simulated": {c: sim[c] for c in CATEGORIES}})
+                     "fitted_on": args.fit_elementwise == mode, "measured": measured[mode],
+                     "simulated": {c: sim[c] for c in CATEGORIES}})
+    scale = None if cal is None else cal.elementwise_scale
     if args.json:
-        print(json.dumps({"cost_model": args.cost_model, "hardware": args.hardware, "rows": rows}, indent=1))
+        print(json.dumps({"cost_model": args.cost_model, "hardware": args.hardware, "elementwise_scale": scale,
+                          "rows": rows}, indent=1))
         return 0
     print(f"swe-treestep-1, tiny-h200, 1 H200: measured kernel seconds vs {args.cost_model} cost model "
-          f"on {args.hardware}")
+          f"on {args.hardware}" + (f" (elementwise scale {scale:.2f}, fitted on {args.fit_elementwise})"
+                                   if args.fit_elementwise else ""))
     print(f"{'mode':9s} {'category':12s} {'measured s':>11s} {'simulated s':>12s} {'sim/meas':>9s}")
     for r in rows:
         for c in CATEGORIES:
             m, s = r["measured"][c], r["simulated"][c]
             print(f"{r['mode']:9s} {c:12s} {m:11.3f} {s:12.3f} {s / m if m else float('nan'):9.2f}")
+        tag = " [fitted on this mode]" if r["fitted_on"] else (" [hold-out]" if args.fit_elementwise else "")
         print(f"{r['mode']:9s} {'TOTAL':12s} {r['measured_kernel_s']:11.3f} {r['simulated_s']:12.3f} "
-              f"{r['simulated_s'] / r['measured_kernel_s']:9.2f}   (profiled wall {r['measured_wall_s']:.2f} s; "
-              f"h200.json step {r['step_json_wall_s']:.2f} s)")
+              f"{r['simulated_s'] / r['measured_kernel_s']:9.2f}   vs profiled wall {r['measured_wall_s']:.2f} s: "
+              f"{r['simulated_s'] / r['measured_wall_s']:.2f}{tag}")
     return 0
 
 

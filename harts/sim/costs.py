@@ -94,12 +94,13 @@ class CalibratedPricer:
 
     def seconds(self, op: OpCall) -> float:
         key = op_key(op.kind, op.phase, op.spans_nodes)
+        scale = self.cal.elementwise_scale if op.kind == OpKind.ELEMENTWISE else 1.0
         fit = self.cal.fits.get(key)
         if fit is None:
             self.fallback_keys.add(key)
-            return self.fallback.seconds(op)
+            return self.fallback.seconds(op) * scale
         self.calibrated_keys.add(key)
-        return fit.predict(op_features(op))
+        return fit.predict(op_features(op)) * scale
 
 
 @dataclass(frozen=True)

@@ -198,9 +198,14 @@ class FitResult:
 class Calibration:
     device: str
     fits: dict[str, FitResult]  # op_key -> fit
+    # Elementwise ops are modelled as ideally fused passes over their tensors; an eager
+    # framework runs several kernels per pass. This factor (1 = ideal) scales every
+    # elementwise op's time; it is fitted to one measured step's elementwise share
+    # (benchmarks/sim_vs_h200.py --fit-elementwise), never to kernel microbenchmarks.
+    elementwise_scale: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "schema": CALIBRATION_SCHEMA,
             "device": self.device,
             "fits": {
@@ -209,6 +214,9 @@ class Calibration:
                 for k, f in sorted(self.fits.items())
             },
         }
+        if self.elementwise_scale != 1.0:
+            d["elementwise_scale"] = self.elementwise_scale
+        return d
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
@@ -223,7 +231,10 @@ def load_calibration(path: str | Path) -> Calibration:
                      float(v["rel_rms"]))
         for k, v in data["fits"].items()
     }
-    return Calibration(str(data.get("device", "")), fits)
+    scale = float(data.get("elementwise_scale", 1.0))
+    if not scale > 0:
+        raise ValueError(f"{path}: elementwise_scale must be > 0, got {scale}")
+    return Calibration(str(data.get("device", "")), fits, scale)
 
 
 def fit_profile(measurements: Iterable[Measurement], device: str = "") -> Calibration:

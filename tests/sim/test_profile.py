@@ -96,6 +96,25 @@ def test_calibrated_model_uses_fits_and_falls_back_to_roofline():
     assert dict(f_cal.by_kind)["elementwise"] == pytest.approx(dict(f_roof.by_kind)["elementwise"])
 
 
+def test_elementwise_scale_scales_only_elementwise_and_round_trips(tmp_path):
+    import dataclasses
+
+    hw = load_hardware("h200")
+    tiny = get_model_config("tiny")
+    cal = fit_profile([measurement_features(r) for r in synthetic_rows(noise=0.0)])
+    scaled = dataclasses.replace(cal, elementwise_scale=3.0)
+    w = expanded_microbatch(0, 0, [8192, 4096])
+    a = dict(make_cost_model("calibrated", tiny, ParallelConfig(), hw, calibration=cal).forward(0, [w]).by_kind)
+    b = dict(make_cost_model("calibrated", tiny, ParallelConfig(), hw, calibration=scaled).forward(0, [w]).by_kind)
+    assert b["elementwise"] == pytest.approx(3.0 * a["elementwise"])
+    assert all(b[k] == pytest.approx(a[k]) for k in a if k != "elementwise")
+    path = tmp_path / "cal.json"
+    scaled.save(path)
+    assert load_calibration(path).elementwise_scale == 3.0
+    cal.save(path)
+    assert load_calibration(path).elementwise_scale == 1.0
+
+
 def test_bad_rows():
     with pytest.raises(ValueError, match="known 'op'"):
         measurement_features({"op": "conv3d", "phase": "fwd", "seconds": 1})

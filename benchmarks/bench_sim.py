@@ -5,7 +5,7 @@ every SWE preset, and how fast the simulator itself runs.
 
 Everything is the roofline cost model on the h200 profile (harts/sim/hardware/h200.json)
 with activation recomputation, the default parallel layouts of harts.sim.parallel, and
-the planners' own defaults unless a budget is named. Every plan is made for the pipeline
+each preset's own microbatch budget unless one is named. Every plan is made for the pipeline
 it is simulated on (`PlanConfig.pp` = the layout's PP). Table 6 is simulated twice: with
 the k-th passes of an EP group run together (`ep_lockstep`, the simulator's default) and
 with free-running replicas, the EP all-to-all priced inside each pass. Markdown tables go
@@ -97,7 +97,7 @@ def speedups(configs: list[tuple[str, str, int]], budget: int | None = None) -> 
             print(f"- {wl} / {model} / budget {budget}: not plannable ({err})")
             continue
         rows.append({"base": base, "tree": tree, "speedup": tree["throughput"] / base["throughput"]})
-    what = "planner default budget" if budget is None else f"budget {budget} tokens"
+    what = "each preset's own budget" if budget is None else f"budget {budget} tokens"
     print(f"\n### l1l2 over expanded-ffd (consumer-1f1b, {what})\n")
     print("| preset | model | layout | expanded k tok/s | l1l2 k tok/s | l1l2 compression | speedup | paper | fits HBM |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -30,6 +30,18 @@ def save(name: str, obj) -> None:
     (OUT / f"{name}.json").write_text(json.dumps(obj, indent=1, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
 
 
+def parents_from_ends(end_np: np.ndarray) -> np.ndarray:
+    """Local parents from DFS subtree ends: each row's nearest earlier row whose subtree covers it."""
+    parent = np.full(end_np.size, -1, np.int64)
+    stack: list[int] = []
+    for r in range(end_np.size):
+        while stack and end_np[stack[-1]] < r:
+            stack.pop()
+        parent[r] = stack[-1] if stack else -1
+        stack.append(r)
+    return parent
+
+
 def rel(a, b) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30)) if torch.isfinite(a).all() else float("inf")
@@ -386,15 +398,7 @@ def sec_flexsweep(args):
         res = {"pairs": pairs, "density": pairs / R / R}
         from harts.exec.gpu.path_attention import flash_varlen, path_attention, segments_of
 
-        parent = np.full(R, -1, np.int64)
-        # parents from the DFS intervals: the nearest earlier row whose subtree covers r
-        stack = []
-        for r in range(R):
-            while stack and end_np[stack[-1]] < r:
-                stack.pop()
-            parent[r] = stack[-1] if stack else -1
-            stack.append(r)
-        seg = segments_of(parent)
+        seg = segments_of(parents_from_ends(end_np))
         keys = torch.as_tensor(seg.key_rows, device="cuda")
         t = time_cuda(lambda seg=seg, keys=keys: path_attention(q, k, v, scale, seg, kernel=flash_varlen,
                                                                 key_rows=keys).backward(do), repeats=10)
@@ -572,17 +576,6 @@ def sec_attnsplit():
     print(f"[attnsplit] self-check ok: {out['self_check']}", flush=True)
     f = generate(preset("swe-treestep-1")).forest()
 
-    def parents_of(end_np):
-        R = end_np.size
-        parent = np.full(R, -1, np.int64)
-        stack = []
-        for r in range(R):
-            while stack and end_np[stack[-1]] < r:
-                stack.pop()
-            parent[r] = stack[-1] if stack else -1
-            stack.append(r)
-        return parent
-
     # accuracy: the first 6000 rows of swe-treestep-1 cut into a forked layout
     R = 6000
     parent = np.where(f.row_parent[:R] < R, f.row_parent[:R], -1)
@@ -617,13 +610,13 @@ def sec_attnsplit():
     sdpa = time_cuda(lambda: causal_attention(*hf, scale).backward(do[:R32].transpose(0, 1)), repeats=10)
     out["sdpa_causal_32k_fwdbwd_s"] = sdpa
     per_pair_sdpa = sdpa / (R32 * (R32 + 1) // 2)
-    layouts = {"treestep_first32k": parents_of(np.minimum(f.row_end[:R32], R32 - 1)), "swe_treestep_1_all": f.row_parent}
+    layouts = {"treestep_first32k": parents_from_ends(np.minimum(f.row_end[:R32], R32 - 1)), "swe_treestep_1_all": f.row_parent}
     f2 = generate(preset("small-treestep")).forest()
     ends, off = [], 0
     while off < R32:
         ends.append(f2.row_end + off)
         off += f2.num_rows
-    layouts["small_treestep_tiled"] = parents_of(np.minimum(np.concatenate(ends)[:R32], R32 - 1))
+    layouts["small_treestep_tiled"] = parents_from_ends(np.minimum(np.concatenate(ends)[:R32], R32 - 1))
     for lname, par in layouts.items():
         R_ = par.size
         seg = segments_of(par)

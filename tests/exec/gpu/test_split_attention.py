@@ -13,7 +13,7 @@ from harts.exec.gpu.path_attention import segments_of
 from harts.exec.gpu.split_attention import REFERENCE, split_attention, split_segments
 from harts.testing import assert_close
 from harts.tree import build_forest
-from tests.exec.gpu.test_path_attention import _dense_attention
+from tests.exec.gpu.test_path_attention import allowed_pairs, check_against_dense, query_rows
 from tests.strategies import trajectory_sets
 
 
@@ -21,37 +21,17 @@ from tests.strategies import trajectory_sets
 @given(trajs=trajectory_sets(max_groups=3, max_per_group=5, max_len=20), subset_seed=st.none() | st.integers(0, 99))
 def test_split_attention_equals_dense_ancestor_attention(trajs, subset_seed):
     f = build_forest(trajs)
-    L = f.num_rows
-    if subset_seed is None:
-        q_local = np.arange(L)
-    else:
-        rng = np.random.default_rng(subset_seed)
-        q_local = np.sort(rng.choice(L, max(1, L // 2), replace=False))
+    q_local = query_rows(f, subset_seed)
     full = subset_seed is None
     sp = split_segments(segments_of(f.row_parent, None if full else q_local), full)
     # every attended pair exactly once: the rectangles plus the causal squares
     n_b = np.diff(sp.cu_q)
     pairs = int((n_b * (n_b + 1) // 2).sum() + (np.diff(sp.cu_qa) * np.diff(sp.cu_ka)).sum())
-    end = torch.as_tensor(f.row_end)
-    ql = torch.as_tensor(q_local)
-    allowed = int(((torch.arange(L)[None, :] <= ql[:, None]) & (ql[:, None] <= end[None, :])).sum())
-    assert pairs == allowed
-    g = torch.Generator().manual_seed(L)
-    H, D, E = 2, 12, 8
-    q = torch.randn(q_local.size, H, D, generator=g, dtype=torch.float64, requires_grad=True)
-    k = torch.randn(L, H, D, generator=g, dtype=torch.float64, requires_grad=True)
-    v = torch.randn(L, H, E, generator=g, dtype=torch.float64, requires_grad=True)
-    do = torch.randn(q_local.size, H, E, generator=g, dtype=torch.float64)
-    o = split_attention(q, k, v, 0.3, sp, kernel=REFERENCE)
-    grads = torch.autograd.grad(o, (q, k, v), do)
-    o_ref = _dense_attention(q, k, v, end, ql, 0.3)
-    grads_ref = torch.autograd.grad(o_ref, (q, k, v), do)
-    assert_close("o", o, o_ref, 1e-12)
-    for name, a, b in zip(("dq", "dk", "dv"), grads, grads_ref, strict=True):
-        if b.abs().max() > 0:
-            assert_close(name, a, b, 1e-12)
-        else:  # an exact zero (a lone key: softmax 1, so ds = dp - dp) is a rounding residue here
-            assert a.abs().max() <= 1e-12 * do.abs().max()
+    assert pairs == allowed_pairs(f, q_local)
+    # an exact zero in the reference (a lone key: softmax 1, so ds = dp - dp) is a
+    # rounding residue of the explicit backward formulas here
+    check_against_dense(f, q_local, lambda q, k, v, s: split_attention(q, k, v, s, sp, kernel=REFERENCE),
+                        zero_grad_atol=1e-12)
 
 
 def test_reference_kernel_backward_matches_autograd():

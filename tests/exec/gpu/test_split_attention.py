@@ -50,3 +50,28 @@ def test_reference_kernel_backward_matches_autograd():
                             max(n), max(m), causal, 0.4)
         for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
             assert_close(name, a, b, 1e-12)
+
+
+def test_dense_cudnn_kernel_takes_the_reference_for_short_sequences():
+    # every sequence here is below MIN_CUDNN_ROWS, so no cuDNN call is made (this runs on
+    # CPU) and the kernel must be the reference, forward and backward
+    from harts.exec.gpu.split_attention import MIN_CUDNN_ROWS, _CuDNNDense
+
+    kern = _CuDNNDense()
+    kern.factor = 1.0
+    g = torch.Generator().manual_seed(1)
+    for causal, n, m in ((True, [3, 5, 7], [3, 5, 7]), (False, [2, 6], [9, 4])):
+        assert max(n + m) < MIN_CUDNN_ROWS
+        cu_q, cu_k = np.r_[0, np.cumsum(n)], np.r_[0, np.cumsum(m)]
+        q = torch.randn(sum(n), 2, 8, generator=g, dtype=torch.float64)
+        k = torch.randn(sum(m), 2, 8, generator=g, dtype=torch.float64)
+        v = torch.randn(sum(m), 2, 4, generator=g, dtype=torch.float64)
+        do = torch.randn(sum(n), 2, 4, generator=g, dtype=torch.float64)
+        o, lse, aux = kern.fwd(q, k, v, cu_q, cu_k, max(n), max(m), causal, 0.3)
+        o_ref, lse_ref, _ = REFERENCE.fwd(q, k, v, cu_q, cu_k, max(n), max(m), causal, 0.3)
+        assert_close("o", o, o_ref, 1e-12)
+        assert_close("lse", lse.double(), lse_ref, 1e-6)  # the kernel's lse is float32
+        got = kern.bwd(do, q, k, v, o, lse, aux, cu_q, cu_k, max(n), max(m), causal, 0.3)
+        want = REFERENCE.bwd(do, q, k, v, o_ref, lse_ref, None, cu_q, cu_k, max(n), max(m), causal, 0.3)
+        for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
+            assert_close(name, a, b, 1e-6)

@@ -318,3 +318,25 @@ def pipeline_plan_configs(draw: st.DrawFn, forest):
     return dataclasses.replace(
         base, pp=draw(st.integers(2, 4)), min_microbatches_per_stage=draw(st.integers(1, 3))
     )
+
+
+# ---- l1l2's 1-slot windows: budgets between the longest trajectory and the largest tree,
+# so some trees are over the budget and may run as a window of one slot (producer and
+# consumer in the same slot); without a pipeline or with one of 2-3 stages.
+
+
+@st.composite
+def tight_plan_configs(draw: st.DrawFn, forest):
+    import dataclasses
+
+    from harts.plan.planners.common import ForestIndex
+
+    base = draw(plan_configs(forest))
+    idx = ForestIndex(forest, base.cost_model)
+    longest = int(forest.traj_length.max())
+    biggest = max(int(idx.sub_rows[r]) for r in idx.roots)
+    return dataclasses.replace(
+        base,
+        microbatch_tokens=draw(st.integers(longest, max(longest, biggest))),
+        pp=draw(st.sampled_from((1, 1, 2, 3))),
+    )

@@ -9,9 +9,14 @@ slot carries the same load on every replica.
    (m per replica; a tree larger than the budget gets a cell of its own). Whole trees
    are dealt to cells largest-cost-first into the cell least loaded relative to its slot
    count (token room capped near the step's average fill), then the best move or swap
-   out of the heaviest cell is applied while it helps. A tree never leaves its cell and
-   each cell has at most one producer, so every row of the step is computed exactly
-   once: the compression is the forest's own.
+   out of the heaviest cell is applied while it helps. A tree over the budget that runs
+   as a *1-slot window* (its producer and its one consumer in the same slot, each within
+   the budget, the consumer paying the producer's retention; `_CellSolver.alone`) may
+   sit alone in a cell of one slot whatever that cell's token room, so a replica of a
+   few such trees needs a slot per tree, not two. A cell that does not solve on all its
+   slots (a one-node tree cannot be split over two) runs on as many as solve, the rest
+   left empty. A tree never leaves its cell and each cell has at most one producer, so
+   every row of the step is computed exactly once: the compression is the forest's own.
 2. **Membership inside a cell** (k slots, target L = the cell's load / k). Items are
    subtrees; a tree too large for a microbatch is split (its top node goes to the
    producer, its children become items). k - 2 slots are *covered*: filled just past L
@@ -68,7 +73,9 @@ row. Candidates and L1's plan are scored by the pipelined critical path (slot lo
 the fill and drain, `pipelined_critical_path`); L1's plan displaces a plan that meets the
 floor only when it meets it too. Trees are dealt to cells with ties
 broken toward the least loaded replica, since several cells per replica are then the
-rule. With pp = 1 none of this applies and plans are as before.
+rule. A 1-slot window counts as one microbatch toward the floor: its producer's forward
+runs just before its consumer's and adds no warm-up depth (harts/sim/schedule.py), its
+backward runs with or right after the consumer's. With pp = 1 none of this applies.
 """
 
 from __future__ import annotations
@@ -166,6 +173,29 @@ class _CellSolver:
         self.overhead = config.cost_model.microbatch_overhead
         self.chunk = config.chunk_size
         self.pp = config.pp
+        self._alone: frozenset[int] | None = None
+        self._solved: dict[tuple[int, tuple[int, ...]], Cell | None] = {}
+
+    def solved(self, k: int, trees: list[int]) -> Cell | None:
+        """Cell of k slots holding `trees`, solved (`solve`), or None; memoised, since
+        candidate plans of several slot counts share many cells (the cell returned is
+        shared: nothing changes a cell once solved)."""
+        key = (k, tuple(trees))
+        if key not in self._solved:
+            c = Cell(k=k, trees=list(trees))
+            self._solved[key] = c if self.solve(c) else None
+        return self._solved[key]
+
+    def alone(self) -> frozenset[int]:
+        """Trees over the budget that run as a 1-slot window by themselves: the producer
+        and its one consumer in the same slot, each within the budget (the consumer also
+        paying `producer_retention` x the producer's rows), every row computed once."""
+        if self._alone is None:
+            idx = self.idx
+            self._alone = frozenset(
+                r for r in idx.roots if idx.sub_rows[r] > self.budget and self.solved(1, [r]) is not None
+            )
+        return self._alone
 
     # ---- shaving ----------------------------------------------------------------------
 
@@ -636,6 +666,7 @@ def _assign_trees(
     cap: list[float],
     fixed: dict[int, int],
     replica_of: list[int] | None = None,
+    alone: frozenset[int] = frozenset(),
 ) -> list[list[int]] | None:
     """Trees to cells: largest cost first into the cell least loaded relative to its size
     (with token room), then the best single move or swap between the heaviest cell and
@@ -645,8 +676,21 @@ def _assign_trees(
     cells toward the least loaded replica; without it the lowest-numbered cell wins, which
     puts the largest trees on the first replica's cells while they are all empty. With a
     pipeline l1l2 wants several cells per replica, so it passes `replica_of`; without one
-    the established assignment is kept."""
+    the established assignment is kept.
+
+    `alone`: trees a 1-slot cell may hold by themselves whatever its token room (a tree a
+    little over the budget that runs as a 1-slot window, `_CellSolver.alone`)."""
     n = len(sizes)
+
+    def fits(i: int, tok: int, out: int | None, into: int | None) -> bool:
+        # cell i with `tok` tokens after tree `out` leaves it and `into` joins it
+        if tok <= cap[i]:
+            return True
+        if sizes[i] != 1 or not alone:
+            return False
+        left = [t for t in cells[i] if t != out] + ([into] if into is not None else [])
+        return len(left) == 1 and left[0] in alone
+
     load = [0.0] * n
     tokens = [0] * n
     cells: list[list[int]] = [[] for _ in range(n)]
@@ -663,7 +707,7 @@ def _assign_trees(
             continue
         best, best_key = -1, None
         for i in range(n):
-            if tokens[i] + rows[t] <= cap[i]:
+            if fits(i, tokens[i] + rows[t], None, t):
                 key = (load[i] / sizes[i], rep_load[replica_of[i]])
                 if best_key is None or key < best_key:
                     best, best_key = i, key
@@ -688,7 +732,7 @@ def _assign_trees(
                         continue
                     delta = cost[a] - (cost[b] if b is not None else 0.0)
                     dt = rows[a] - (rows[b] if b is not None else 0)
-                    if delta <= 0 or tokens[lo] + dt > cap[lo] or tokens[hi] - dt > cap[hi]:
+                    if delta <= 0 or not fits(lo, tokens[lo] + dt, b, a) or not fits(hi, tokens[hi] - dt, a, b):
                         continue
                     new = max((load[hi] - delta) / sizes[hi], (load[lo] + delta) / sizes[lo])
                     if new < best_val - 1e-9:
@@ -720,6 +764,7 @@ def _build(
     replica (its trunk then only weighs on that cell's microbatches' budget).
     `by_replica`: trees dealt with ties broken toward the least loaded replica (always so
     with a pipeline)."""
+    alone = solver.alone()
     giants = sorted((r for r in idx.roots if idx.sub_rows[r] > solver.budget),
                     key=lambda r: (-idx.sub_rows[r], r))
     # only a few giants get cells of their own (when every tree is a giant, as with
@@ -746,7 +791,7 @@ def _build(
     for slack in (0.01, 0.03, 0.1, None):
         share = 1.0 if slack is None else min(1.0, fill + slack)
         trees = _assign_trees(idx, flat, [k * solver.budget * share for k in flat], fixed,
-                              replica_of if solver.pp > 1 or by_replica else None)
+                              replica_of if solver.pp > 1 or by_replica else None, alone)
         if trees is None:
             continue
         out: list[list[Cell]] = []
@@ -755,19 +800,34 @@ def _build(
         for sizes in layout:
             row = []
             for k in sizes:
-                c = Cell(k=k, trees=trees[i])
+                cell = _solve_cell(solver, k, trees[i])
                 i += 1
-                if c.trees and not solver.solve(c):
+                if cell is None:
                     ok = False
                     break
-                if not c.trees:
-                    c.bins = [[] for _ in range(k)]
-                row.append(c)
+                row += cell
             if not ok:
                 break
             out.append(row)
         if ok:
             return out
+    return None
+
+
+def _solve_cell(solver: _CellSolver, k: int, trees: list[int]) -> list[Cell] | None:
+    """The cells that run `trees` on k consecutive slots: one cell of k slots, or when that
+    does not solve (a tree of one node cannot be split over two slots, say), the trees on
+    as many of the k slots as solve (down to a 1-slot window) followed by an empty cell of
+    the slots left over; None when not even one slot holds them."""
+    if not trees:
+        return [Cell(k=k, trees=[], bins=[[] for _ in range(k)])]
+    for j in range(k, 0, -1):
+        c = solver.solved(j, trees)
+        if c is None:
+            continue
+        if j == k:
+            return [c]
+        return [c, Cell(k=k - j, trees=[], bins=[[] for _ in range(k - j)])]
     return None
 
 

@@ -5,56 +5,27 @@ slots."""
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from harts.plan.metrics import compute_metrics
 from harts.plan.planners import PlanConfig, make_plan
-from harts.plan.planners.common import ForestIndex, finalize_tree
+from harts.plan.planners.common import finalize_tree
 from harts.plan.planners.l1l2 import (
-    Cell,
     _arrange,
-    _build,
-    _CellSolver,
     _critical_path,
-    _group_options,
     _to_microbatches,
 )
 from harts.tree.workload import generate, preset
-from tests.strategies import plan_configs, plan_forests
-
-forest_and_config = plan_forests().flatmap(lambda f: st.tuples(st.just(f), plan_configs(f)))
-
-
-def _candidates(forest, config, limit=4):
-    """Some (slots, cells per replica, dealing) candidates l1l2's search would build."""
-    idx = ForestIndex(forest, config.cost_model)
-    solver = _CellSolver(idx, config)
-    lower = max(1, math.ceil(forest.compact_tokens / (config.dp * config.microbatch_tokens)))
-    out = []
-    for slots in range(lower, lower + 3):
-        for groups in _group_options(slots):
-            for by_replica in (False, True):
-                cells = _build(idx, solver, config.dp, slots, groups, by_replica)
-                if cells is not None:
-                    out.append(cells)
-                if len(out) >= limit:
-                    return idx, solver, out
-    return idx, solver, out
-
-
-def _slot_counts(cells: list[list[Cell]]) -> list[int]:
-    return [sum(c.k for c in row) for row in cells]
+from tests.plan.l1l2_cells import build_candidates, forest_and_config, slot_counts
 
 
 @settings(max_examples=25)
 @given(forest_and_config)
 def test_arrange_never_lengthens_the_critical_path_and_keeps_plans_valid(forest_config):
     forest, config = forest_config
-    idx, solver, candidates = _candidates(forest, config)
+    idx, solver, candidates = build_candidates(forest, config)
     for cells in candidates:
         before = _critical_path(cells, solver)
         snapshot = [list(row) for row in cells]
@@ -62,7 +33,7 @@ def test_arrange_never_lengthens_the_critical_path_and_keeps_plans_valid(forest_
         # the input is left as it was
         assert all(a == b for a, b in zip(cells, snapshot, strict=True))
         assert _critical_path(out, solver) <= before * (1 + 1e-12)
-        assert _slot_counts(out) == _slot_counts(cells)
+        assert slot_counts(out) == slot_counts(cells)
         assert Counter(id(c) for row in out for c in row) == Counter(id(c) for row in cells for c in row)
         plan = finalize_tree(idx, _to_microbatches(idx, out), config, "l1l2")
         plan.validate(forest, cost_model=config.cost_model)
@@ -75,7 +46,7 @@ def test_arrange_lines_up_windows_where_trees_exceed_the_budget():
     the critical path of the plan's own candidate (and the plan's slot balance with it)."""
     forest = generate(preset("swe-treestep-16", max_context=32768)).forest()
     config = PlanConfig(dp=4, microbatch_tokens=32768)
-    idx, solver, candidates = _candidates(forest, config, limit=8)
+    idx, solver, candidates = build_candidates(forest, config, limit=8)
     assert candidates
     gains = [_critical_path(c, solver) - _critical_path(_arrange(c, solver), solver) for c in candidates]
     assert all(g >= 0 for g in gains)

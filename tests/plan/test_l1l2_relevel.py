@@ -7,10 +7,8 @@ slot)."""
 from __future__ import annotations
 
 import math
-from collections import Counter
 
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from harts.plan.metrics import compute_metrics
 from harts.plan.planners import PlanConfig, make_plan
@@ -18,46 +16,19 @@ from harts.plan.planners.common import ForestIndex, finalize_tree
 from harts.plan.planners.l1l2 import (
     Cell,
     _arrange,
-    _build,
     _CellSolver,
     _critical_path,
-    _group_options,
     _relevel,
     _reshape,
     _to_microbatches,
 )
 from harts.tree.workload import generate, preset
-from tests.strategies import plan_configs, plan_forests
-
-forest_and_config = plan_forests().flatmap(lambda f: st.tuples(st.just(f), plan_configs(f)))
-
-
-def _candidates(forest, config, limit=4):
-    idx = ForestIndex(forest, config.cost_model)
-    solver = _CellSolver(idx, config)
-    lower = max(1, math.ceil(forest.compact_tokens / (config.dp * config.microbatch_tokens)))
-    out = []
-    for slots in range(lower, lower + 3):
-        for groups in _group_options(slots):
-            cells = _build(idx, solver, config.dp, slots, groups, True)
-            if cells is not None:
-                out.append(cells)
-            if len(out) >= limit:
-                return idx, solver, out
-    return idx, solver, out
-
-
-def _slot_counts(cells: list[list[Cell]]) -> list[int]:
-    return [sum(c.k for c in row) for row in cells]
-
-
-def _trees(cells: list[list[Cell]]) -> Counter:
-    return Counter(t for row in cells for c in row for t in c.trees)
+from tests.plan.l1l2_cells import build_candidates, forest_and_config, slot_counts, trees
 
 
 def _check(idx, forest, config, cells, out):
-    assert _slot_counts(out) == _slot_counts(cells)
-    assert _trees(out) == _trees(cells)
+    assert slot_counts(out) == slot_counts(cells)
+    assert trees(out) == trees(cells)
     plan = finalize_tree(idx, _to_microbatches(idx, out), config, "l1l2")
     plan.validate(forest, cost_model=config.cost_model)
     # every row computed exactly once: the forest's own compression
@@ -68,7 +39,7 @@ def _check(idx, forest, config, cells, out):
 @given(forest_and_config)
 def test_relevel_and_reshape_never_lengthen_the_critical_path_and_keep_plans_valid(forest_config):
     forest, config = forest_config
-    idx, solver, candidates = _candidates(forest, config)
+    idx, solver, candidates = build_candidates(forest, config, dealings=(True,))
     for cells in candidates:
         before = _critical_path(cells, solver)
         snapshot = [list(row) for row in cells]
@@ -92,7 +63,7 @@ def test_relevel_copies_keep_the_cells_work_and_fit_the_budget(forest_config):
     """A re-cut copy holds the same trees and the same total load; its producer and every
     microbatch of its window fit the budget, whatever the per-slot aim."""
     forest, config = forest_config
-    idx, solver, candidates = _candidates(forest, config, limit=2)
+    idx, solver, candidates = build_candidates(forest, config, limit=2, dealings=(True,))
     for cells in candidates:
         for row in cells:
             for c in row:

@@ -461,21 +461,8 @@ class _CellSolver:
         middle = [b for b in range(k) if b not in (first, last)]
         c.bins = [bins[first], *(bins[b] for b in middle)] + ([bins[last]] if k > 1 else [])
         if k > 1:
-            plan = self._shave_plan(c, target)
             # the largest share of the levelling shaves the budget allows
-            lo, hi = 0.0, 1.0
-            self._apply(c, plan, 1.0)
-            if self._fits(c):
-                return True
-            for _ in range(12):
-                mid = 0.5 * (lo + hi)
-                self._apply(c, plan, mid)
-                if self._fits(c):
-                    lo = mid
-                else:
-                    hi = mid
-            self._apply(c, plan, lo)
-            return self._fits(c)
+            return self._apply_fitting(c, self._shave_plan(c, target))
         return self._fits(c)
 
     def _shave_plan(self, c: Cell, target: float | list[float]) -> list[tuple[int, float]]:

@@ -35,7 +35,7 @@ class Impl(StrEnum):
     FLA = "fla"  # fla-core chunk_kda (+ harts' boundary-state kernel for replay handoffs)
     FLEX = "flex"  # FlexAttention with a block mask from DFS intervals
     VARLEN = "varlen"  # ancestor attention as one varlen flash call over root-to-row paths
-    CUDNN = "cudnn"  # ancestor attention as two cuDNN varlen calls merged by log-sum-exp
+    CUDNN = "cudnn"  # ancestor attention as cuDNN calls per query segment merged by log-sum-exp
     GROUPED = "grouped"  # MoE experts as grouped matrix products (torch grouped_mm)
     TRITON = "triton"  # our fused Triton kernels (short conv)
 
@@ -200,7 +200,7 @@ class FastTreeAttention:
         if choice == "varlen" or not self.q_local_C.is_cuda:
             return varlen
         seg = self._segments_for(self.q_local_C.device)[0]
-        if prefer_cudnn_split(int(seg.cu_q[-1]), seg.num_segments) and _cudnn_split_ok(qk_dim, v_dim):
+        if qk_dim > 0 and prefer_cudnn_split(int(seg.cu_q[-1]), seg.num_segments) and _cudnn_split_ok(qk_dim, v_dim):
             return Impl.CUDNN
         return varlen
 

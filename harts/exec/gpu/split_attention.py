@@ -1,4 +1,4 @@
-"""Ancestor attention as two ordinary varlen calls merged by their log-sum-exps.
+"""Ancestor attention as two ordinary attention calls per segment merged by log-sum-exp.
 
 Legend: C query rows, L local rows (keys), H heads, D qk dim, E value dim.
 
@@ -25,10 +25,15 @@ whole paths takes).
 
 Kernels (`VarlenKernel`): `REFERENCE` (float64-capable, any device: dense math per
 sequence, forward and the explicit backward formulas) is how CPU tests check the merge
-against the dense ancestor mask; `cudnn_kernel()` wraps torch's `_cudnn_attention_forward`
-/ `_cudnn_attention_backward` (private aten ops; their log-sum-exp layout and base are
-found by a self-check on first use against the reference, and a failing check raises, so
-callers fall back rather than train on wrong numbers).
+against the dense ancestor mask. `cudnn_kernel()` (default variant "dense") runs torch's
+private `_scaled_dot_product_cudnn_attention` and its backward once per sequence, the
+kernel `scaled_dot_product_attention` itself picks; sequences under `MIN_CUDNN_ROWS` take
+the reference's math. Variant "ragged" (`_cudnn_attention_forward` with cumulative
+lengths, one call for all sequences) is kept for when torch fixes it: on torch 2.11 /
+the H200 its backward is wrong on sequences of thousands of rows. Either variant checks
+itself against the reference on first use (log-sum-exp layout and base, outputs, every
+gradient, short and long sequences) and raises on a mismatch, so callers fall back
+rather than train on wrong numbers.
 """
 
 from __future__ import annotations

@@ -74,13 +74,14 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
     rows = [
         (name, c.scheme.value, c.num_groups, c.rollouts_per_group, f"{c.prompt_tokens[0]}-{c.prompt_tokens[1]}",
-         c.turns_median, c.max_context)
+         c.turns_median, c.max_context, c.microbatch_tokens)
         for name, c in PRESETS.items()
     ]
     if args.json:
         print_json({name: dataclasses.asdict(c) for name, c in PRESETS.items()})
     else:
-        print(format_table(["preset", "scheme", "groups", "rollouts", "prompt", "turns~", "max ctx"], rows))
+        print(format_table(["preset", "scheme", "groups", "rollouts", "prompt", "turns~", "max ctx",
+                            "mb budget"], rows))
     return 0
 
 

@@ -8,8 +8,8 @@ from collections import Counter
 
 from hypothesis import strategies as st
 
-from harts.plan.planners.common import ForestIndex
-from harts.plan.planners.l1l2 import Cell, _build, _CellSolver, _group_options
+from harts.plan.planners.common import ForestIndex, finalize_tree
+from harts.plan.planners.l1l2 import Cell, _build, _CellSolver, _group_options, _to_microbatches
 from tests.strategies import plan_configs, plan_forests
 
 forest_and_config = plan_forests().flatmap(lambda f: st.tuples(st.just(f), plan_configs(f)))
@@ -38,3 +38,13 @@ def slot_counts(cells: list[list[Cell]]) -> list[int]:
 
 def trees(cells: list[list[Cell]]) -> Counter:
     return Counter(t for row in cells for c in row for t in c.trees)
+
+
+def check_rearranged(idx, forest, config, cells, out) -> None:
+    """`out`, a rearrangement of `cells`: same slot counts and trees, a valid plan, every
+    row computed exactly once (the forest's own compression)."""
+    assert slot_counts(out) == slot_counts(cells)
+    assert trees(out) == trees(cells)
+    plan = finalize_tree(idx, _to_microbatches(idx, out), config, "l1l2")
+    plan.validate(forest, cost_model=config.cost_model)
+    assert plan.executed_tokens == forest.compact_tokens

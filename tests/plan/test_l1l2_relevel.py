@@ -12,7 +12,7 @@ from hypothesis import given, settings
 
 from harts.plan.metrics import compute_metrics
 from harts.plan.planners import PlanConfig, make_plan
-from harts.plan.planners.common import ForestIndex, finalize_tree
+from harts.plan.planners.common import ForestIndex
 from harts.plan.planners.l1l2 import (
     Cell,
     _arrange,
@@ -20,19 +20,13 @@ from harts.plan.planners.l1l2 import (
     _critical_path,
     _relevel,
     _reshape,
-    _to_microbatches,
 )
 from harts.tree.workload import generate, preset
-from tests.plan.l1l2_cells import build_candidates, forest_and_config, slot_counts, trees
-
-
-def _check(idx, forest, config, cells, out):
-    assert slot_counts(out) == slot_counts(cells)
-    assert trees(out) == trees(cells)
-    plan = finalize_tree(idx, _to_microbatches(idx, out), config, "l1l2")
-    plan.validate(forest, cost_model=config.cost_model)
-    # every row computed exactly once: the forest's own compression
-    assert plan.executed_tokens == forest.compact_tokens
+from tests.plan.l1l2_cells import (
+    build_candidates,
+    check_rearranged,
+    forest_and_config,
+)
 
 
 @settings(max_examples=20, deadline=None)
@@ -51,10 +45,10 @@ def test_relevel_and_reshape_never_lengthen_the_critical_path_and_keep_plans_val
         assert [[tuple(solver.loads(c)) for c in row] for row in cells] == loads
         for out in (relevelled, reshaped):
             assert _critical_path(out, solver) <= before * (1 + 1e-9)
-            _check(idx, forest, config, cells, out)
+            check_rearranged(idx, forest, config, cells, out)
         both = _relevel(_arrange(reshaped, solver), solver)
         assert _critical_path(both, solver) <= before * (1 + 1e-9)
-        _check(idx, forest, config, cells, both)
+        check_rearranged(idx, forest, config, cells, both)
 
 
 @settings(max_examples=15, deadline=None)

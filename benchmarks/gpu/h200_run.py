@@ -324,6 +324,120 @@ def sec_profile(args):
     return out
 
 
+def _gap_attribution(trace_path: str, min_gap_us: float = 10.0, top: int = 25) -> dict:
+    """GPU idle gaps of a chrome trace (kernel end -> next kernel start, >= min_gap_us),
+    each attributed to the innermost aten op the host was running at the gap's middle
+    ("-": host Python between ops) and to the kernel that ended the gap."""
+    import bisect
+
+    ev = json.load(open(trace_path))["traceEvents"]
+    kern = sorted((e["ts"], e["ts"] + e.get("dur", 0), e.get("name", "")) for e in ev
+                  if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    ops = sorted((e for e in ev if e.get("ph") == "X" and e.get("cat") == "cpu_op"), key=lambda e: e["ts"])
+    op_ts = [e["ts"] for e in ops]
+    gaps, end = [], None
+    for a, b, name in kern:
+        if end is not None and a - end >= min_gap_us:
+            gaps.append((end, a, name))
+        end = b if end is None else max(end, b)
+    by_op, by_next = {}, {}
+    for a, b, name in gaps:
+        mid = (a + b) / 2
+        j = bisect.bisect_right(op_ts, mid)
+        best = None
+        for e in ops[max(0, j - 300):j]:
+            if e["ts"] + e.get("dur", 0) >= mid and (best is None or e.get("dur", 0) < best.get("dur", 0)):
+                best = e
+        for d, k in ((by_op, best["name"][:120] if best else "-"), (by_next, name[:120])):
+            x = d.setdefault(k, [0.0, 0])
+            x[0] += (b - a) / 1e6
+            x[1] += 1
+    span = (kern[-1][1] - kern[0][0]) / 1e6 if kern else 0.0
+    busy = sum(b - a for a, b, _ in kern) / 1e6
+
+    def fmt(d):
+        return [{"where": k, "seconds": v[0], "gaps": v[1]} for k, v in sorted(d.items(), key=lambda kv: -kv[1][0])[:top]]
+
+    return {"span_s": span, "kernel_s": busy, "gap_s": sum(b - a for a, b, _ in gaps) / 1e6, "gaps": len(gaps),
+            "by_op": fmt(by_op), "by_next_kernel": fmt(by_next)}
+
+
+def sec_syncs(args):
+    """Why the GPU idles in a step (tree and expanded, swe-treestep-1): every synchronising
+    CUDA call of one step with the Python stack that made it (torch's sync debug mode), and
+    the step's GPU idle gaps attributed to the host op running during them and the kernel
+    ending them (under the profiler host times are inflated: read the shares)."""
+    import traceback as tb
+    import warnings
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from harts.config.models import get_model_config
+    from harts.exec.model.model import build_model
+    from harts.exec.trainer import ExpandedTrainer
+    from harts.exec.tree_trainer import TreeTrainer
+    from harts.tree.workload import generate, preset
+
+    vocab = get_model_config(args.model).vocab_size
+    trajs = generate(preset("swe-treestep-1", vocab_size=vocab)).trajectories()
+    out = {}
+    for mode in ("tree", "expanded"):
+        net = build_model(get_model_config(args.model), seed=0, dtype=torch.bfloat16, device="cuda", recompute=True)
+        trainer = (TreeTrainer if mode == "tree" else ExpandedTrainer)(net)
+        trainer.step(trajs, args.microbatch_tokens)
+        torch.cuda.synchronize()
+        sites = {}
+        orig = warnings.showwarning
+
+        def record(message, category, filename, lineno, file=None, line=None, sites=sites):
+            frames = [f for f in tb.extract_stack()[:-1] if ("harts/" in f.filename or "/fla/" in f.filename)]
+            where = " <- ".join(f"{f.filename.split('site-packages/')[-1].split('/work/')[-1]}:{f.lineno}"
+                                for f in frames[-3:][::-1]) or f"{filename}:{lineno}"
+            x = sites.setdefault(where, [0, str(message)[:80]])
+            x[0] += 1
+
+        warnings.showwarning = record
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("always")
+                warnings.showwarning = record
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    prepared = trainer.prepare(trajs, args.microbatch_tokens)
+                    n_prep = sum(v[0] for v in sites.values())
+                    trainer.step(trajs, args.microbatch_tokens, prepared=prepared)
+                finally:
+                    torch.cuda.set_sync_debug_mode(0)
+        finally:
+            warnings.showwarning = orig
+        torch.cuda.synchronize()
+        total = sum(v[0] for v in sites.values())
+        res = {"syncs_in_step": total - n_prep, "syncs_in_prepare": n_prep,
+               "sites": [{"where": k, "count": v[0], "message": v[1]} for k, v in sorted(sites.items(), key=lambda kv: -kv[1][0])[:40]]}
+        print(f"[syncs] {mode}: {total - n_prep} syncs in the step, {n_prep} in prepare", flush=True)
+        for r in res["sites"][:20]:
+            print(f"   {r['count']:5d}  {r['where']}", flush=True)
+        for label, use_prepared in (("prefetched", True), ("inline", False)):
+            prepared = trainer.prepare(trajs, args.microbatch_tokens) if use_prepared else None
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                trainer.step(trajs, args.microbatch_tokens, prepared=prepared)
+                torch.cuda.synchronize()
+            path = f"/tmp/trace_{mode}_{label}.json"
+            prof.export_chrome_trace(path)
+            res[f"gaps_{label}"] = g = _gap_attribution(path)
+            print(f"[gaps] {mode} {label}: span {g['span_s']:.3f}s kernels {g['kernel_s']:.3f}s gaps {g['gap_s']:.3f}s "
+                  f"in {g['gaps']}", flush=True)
+            for r in g["by_op"][:12]:
+                print(f"   op {r['seconds']*1e3:8.1f} ms {r['gaps']:5d}  {r['where']}", flush=True)
+            for r in g["by_next_kernel"][:10]:
+                print(f"   next {r['seconds']*1e3:8.1f} ms {r['gaps']:5d}  {r['where']}", flush=True)
+        out[mode] = res
+        del trainer, net
+        torch.cuda.empty_cache()
+    return out
+
+
 def sec_moe():
     """One MoE layer of tiny-h200 (D 1536, 64 experts top-8, F 512) forward+backward on
     82k rows: the per-expert loop vs grouped_mm; plus the grouped output vs the loop."""
@@ -739,7 +853,8 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     fns = {"attn": sec_attn, "env": sec_env, "kda": sec_kda, "flex": sec_flex, "verify": sec_verify, "ops": sec_ops,
            "step": lambda: sec_step(args), "fidelity": lambda: sec_fidelity(args),
-           "profile": lambda: sec_profile(args), "moe": sec_moe, "conv": sec_conv, "attnprobe": sec_attnprobe, "attnsplit": sec_attnsplit, "calib": sec_calib, "flexsweep": lambda: sec_flexsweep(args)}
+           "profile": lambda: sec_profile(args), "moe": sec_moe, "conv": sec_conv, "attnprobe": sec_attnprobe, "attnsplit": sec_attnsplit, "calib": sec_calib, "flexsweep": lambda: sec_flexsweep(args),
+           "syncs": lambda: sec_syncs(args)}
     for s in args.sections:
         t0 = time.perf_counter()
         try:

@@ -48,5 +48,10 @@ case "$1" in
   fourth)  mkdir -p "$OUT/attn" "$OUT/step_cudnn"
            timeout 60 python3 benchmarks/gpu/h200_run.py attnsplit --out "$OUT/attn"
            HARTS_TREE_ATTENTION=cudnn timeout 125 python3 benchmarks/gpu/h200_run.py step --no-autotune --out "$OUT/step_cudnn" ;;
-  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth" >&2; exit 2 ;;
+  # fourth session, first call: where the GPU idles (sync sites, idle gaps by host op),
+  # then the step on both schemes with the data side prepared one step ahead
+  s4a)     mkdir -p "$OUT/syncs" "$OUT/step"
+           timeout 200 python3 benchmarks/gpu/h200_run.py syncs --no-autotune --out "$OUT/syncs"
+           timeout 340 python3 benchmarks/gpu/h200_run.py step --no-autotune --out "$OUT/step" ;;
+  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a" >&2; exit 2 ;;
 esac

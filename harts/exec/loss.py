@@ -32,6 +32,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from harts.exec.transfer import to_device
+
 AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 AGG_MODES: tuple[str, ...] = get_args(AggMode)
 
@@ -78,8 +80,8 @@ class TargetTable:
             if x is None:
                 return None
             if dtype is not None and x.is_floating_point():
-                return x.to(device=device, dtype=dtype)
-            return x.to(device)
+                return to_device(x, device, dtype)
+            return to_device(x, device)
 
         return TargetTable(*(f(getattr(self, n)) for n in self.__dataclass_fields__))
 
@@ -126,7 +128,7 @@ def aggregate(values_N: Tensor, table: TargetTable, den: LossDenominators, mode:
     if mode == "seq-mean-token-sum":
         return weighted_N.sum() / den.num_sequences
     if mode == "seq-mean-token-mean":
-        seq_N = den.seq_tokens.to(device=values_N.device, dtype=values_N.dtype)[table.traj].clamp(min=1.0)
+        seq_N = to_device(den.seq_tokens, values_N.device, values_N.dtype)[table.traj].clamp(min=1.0)
         return (weighted_N / seq_N).sum() / den.num_sequences
     raise ValueError(f"unknown aggregation mode {mode!r}; known: {', '.join(AGG_MODES)}")
 

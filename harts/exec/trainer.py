@@ -49,6 +49,7 @@ from harts.exec.loss import (
 from harts.exec.model.context import PackedContext
 from harts.exec.model.model import HybridModel
 from harts.exec.model.moe import MoEGlobalStats, set_moe_global
+from harts.exec.transfer import to_device
 from harts.tree.trajectory import Trajectory
 
 
@@ -152,6 +153,21 @@ class Microbatch:
     after_forward: Callable[[object, torch.Tensor | None], None] | None = None
 
 
+@dataclass(frozen=True)
+class PreparedStep:
+    """What a step needs that depends only on its data: the partition and every
+    microbatch's layout, with its index tensors already on the device. Built by
+    `ExpandedTrainer.prepare`, possibly in a background thread while the previous step
+    runs (host-side layout work then overlaps GPU work, as a data loader's would), and
+    consumed by `step(..., prepared=...)`: the numbers are those of the same step without it."""
+
+    trajectories: Sequence[Trajectory]
+    microbatch_tokens: int
+    partition: list[list[int]]
+    microbatches: list[Microbatch]
+    seconds: float  # host time spent preparing
+
+
 @torch.no_grad()
 def moe_statistics_pass(model: HybridModel, microbatches: Iterable[Microbatch]) -> tuple[MoEGlobalStats, list[torch.Tensor]]:
     """No-grad forward over every microbatch of a step, in order: the step-global MoE
@@ -216,12 +232,39 @@ class ExpandedTrainer:
                     f"vocabulary of {self.model.config.name} (size {vocab})"
                 )
 
+    # whether a step's microbatches can be built before it runs (no microbatch depends on
+    # an earlier one's results; sharing-window consumers do, see PlanTrainer)
+    preparable = True
+
+    def prepare(self, trajectories: Sequence[Trajectory], microbatch_tokens: int,
+                partition: Sequence[Sequence[int]] | None = None) -> PreparedStep:
+        """Build the step's partition and microbatch layouts now (see `PreparedStep`)."""
+        if not self.preparable:
+            raise NotImplementedError(f"{type(self).__name__} builds microbatches from earlier ones' results; "
+                                      "it cannot prepare a step ahead")
+        if not trajectories:
+            raise ValueError("a step needs at least one trajectory")
+        start = time.perf_counter()
+        bins = self._bins(trajectories, microbatch_tokens, partition)
+        mbs = list(self._microbatches(trajectories, bins))
+        return PreparedStep(trajectories, microbatch_tokens, bins, mbs, time.perf_counter() - start)
+
+    def _bins(self, trajectories: Sequence[Trajectory], microbatch_tokens: int,
+              partition: Sequence[Sequence[int]] | None) -> list[list[int]]:
+        bins = [list(b) for b in partition] if partition is not None else self.partition(trajectories, microbatch_tokens)
+        covered = sorted(j for b in bins for j in b)
+        if covered != list(range(len(trajectories))):
+            raise ValueError("the microbatch partition must hold every trajectory exactly once")
+        return bins
+
     def forward_backward(self, trajectories: Sequence[Trajectory], microbatch_tokens: int,
-                         partition: Sequence[Sequence[int]] | None = None) -> StepResult:
+                         partition: Sequence[Sequence[int]] | None = None,
+                         prepared: PreparedStep | None = None) -> StepResult:
         """Accumulate the step's gradient into .grad (not zeroed first); no optimizer step.
         grad_norm is the norm of .grad afterwards. `partition` fixes which trajectories
-        share a microbatch (default: the layout's own packing under the budget)."""
-        return self._run(trajectories, microbatch_tokens, backward=True, partition=partition)
+        share a microbatch (default: the layout's own packing under the budget);
+        `prepared` (from `prepare` on the same trajectories) supplies them ready-built."""
+        return self._run(trajectories, microbatch_tokens, backward=True, partition=partition, prepared=prepared)
 
     @torch.no_grad()
     def evaluate(self, trajectories: Sequence[Trajectory], microbatch_tokens: int,
@@ -250,13 +293,13 @@ class ExpandedTrainer:
             members = list(members)
             sizes = [len(trajectories[j]) for j in members]
             offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-            ids_T = torch.from_numpy(np.concatenate([trajectories[j].tokens for j in members])).to(device)
+            ids_T = to_device(np.concatenate([trajectories[j].tokens for j in members]), device)
             ctx = PackedContext(torch.from_numpy(offsets), chunk_size=model.config.chunk_size).to(device)
             table = trajectory_targets(trajectories, members, offsets[:-1].tolist()).to(device, dtype)
             yield Microbatch(members, ids_T, ctx, table, int(offsets[-1]))
 
     def _run(self, trajectories: Sequence[Trajectory], microbatch_tokens: int, backward: bool,
-             partition: Sequence[Sequence[int]] | None = None) -> StepResult:
+             partition: Sequence[Sequence[int]] | None = None, prepared: PreparedStep | None = None) -> StepResult:
         if not trajectories:
             raise ValueError("a step needs at least one trajectory")
         self._check_tokens(trajectories)
@@ -265,10 +308,20 @@ class ExpandedTrainer:
         lengths = [len(t) for t in trajectories]
         total_tokens = sum(lengths)
         den = step_denominators(trajectories)
-        bins = [list(b) for b in partition] if partition is not None else self.partition(trajectories, microbatch_tokens)
-        covered = sorted(j for b in bins for j in b)
-        if covered != list(range(len(trajectories))):
-            raise ValueError("the microbatch partition must hold every trajectory exactly once")
+        if prepared is not None:
+            if prepared.trajectories is not trajectories or prepared.microbatch_tokens != microbatch_tokens:
+                raise ValueError("this prepared step was built for other trajectories or another token budget")
+            if partition is not None and [list(b) for b in partition] != prepared.partition:
+                raise ValueError("the partition differs from the prepared step's")
+            bins = prepared.partition
+
+            def microbatches():
+                return iter(prepared.microbatches)
+        else:
+            bins = self._bins(trajectories, microbatch_tokens, partition)
+
+            def microbatches():
+                return self._microbatches(trajectories, bins)
 
         logprobs = [np.full(n, np.nan) for n in lengths]
         entropy = [np.full(n, np.nan) for n in lengths]
@@ -278,8 +331,8 @@ class ExpandedTrainer:
         config = model.config
         stats, stats_loads = None, []
         if config.aux_scope == "global" and config.num_moe_layers and config.aux_loss_coef:
-            stats, stats_loads = moe_statistics_pass(model, self._microbatches(trajectories, bins))
-        for i, mb in enumerate(self._microbatches(trajectories, bins)):
+            stats, stats_loads = moe_statistics_pass(model, microbatches())
+        for i, mb in enumerate(microbatches()):
             if stats is not None:
                 set_moe_global(mb.ctx, stats)
             out = model(mb.ids_T, mb.ctx)
@@ -331,11 +384,11 @@ class ExpandedTrainer:
         )
 
     def step(self, trajectories: Sequence[Trajectory], microbatch_tokens: int,
-             partition: Sequence[Sequence[int]] | None = None) -> StepResult:
+             partition: Sequence[Sequence[int]] | None = None, prepared: PreparedStep | None = None) -> StepResult:
         """One update: zero grads, forward/backward over all microbatches, clip, AdamW step."""
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        result = self.forward_backward(trajectories, microbatch_tokens, partition)
+        result = self.forward_backward(trajectories, microbatch_tokens, partition, prepared)
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.optimizer_config.grad_clip
         if max_norm is not None and params:
@@ -348,6 +401,7 @@ __all__ = [
     "ExpandedTrainer",
     "Microbatch",
     "OptimizerConfig",
+    "PreparedStep",
     "StepResult",
     "moe_statistics_pass",
     "pack_microbatches",

@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from harts.exec.transfer import to_device
 from harts.plan.kda_calls import plan_kda_calls
 from harts.tree.forest import RolloutForest
 
@@ -374,7 +375,7 @@ class Stash:
         """Keep only what consumers read (called once, after the producer's forward)."""
         for key, ts in self.inputs.items():
             rows = getattr(needs, stash_category(key[1]))
-            idx = torch.as_tensor(np.searchsorted(self.rows, rows), device=ts[0].device)
+            idx = to_device(np.searchsorted(self.rows, rows), ts[0].device)
             self.inputs[key] = tuple(t[idx] for t in ts)
             self.input_rows[stash_category(key[1])] = rows
         self.state_keys = list(needs.states)
@@ -382,7 +383,7 @@ class Stash:
             states = [self._state_at(layer, row, a) for row, a in self.state_keys]
             self.kda_states[layer] = torch.stack(states) if states else None  # type: ignore[assignment]
         self._handed = {}
-        idx = torch.as_tensor(np.searchsorted(self.rows, needs.hidden), device=hidden.device)
+        idx = to_device(np.searchsorted(self.rows, needs.hidden), hidden.device)
         self.hidden = hidden[idx]
         self.hidden_rows = needs.hidden
 
@@ -505,13 +506,13 @@ class TreeContext:
         dev = torch.device(device)
         self.device = dev
         comp = layout.computed_index
-        self._computed = torch.as_tensor(comp, device=dev)
+        self._computed = to_device(comp, dev)
         self.num_rows = int(comp.size)
         weight = forest.row_occurrence[layout.rows[comp]] if row_weight is None else row_weight
-        self.row_weight = torch.as_tensor(weight, dtype=torch.float64, device=dev)
-        self.position_ids = torch.as_tensor(layout.position[comp], dtype=torch.int64, device=dev)
-        self.row_parent = torch.as_tensor(layout.parent, dtype=torch.int64, device=dev)
-        end = torch.as_tensor(layout.end, dtype=torch.int64, device=dev)
+        self.row_weight = to_device(weight, dev, torch.float64)
+        self.position_ids = to_device(layout.position[comp], dev, torch.int64)
+        self.row_parent = to_device(layout.parent, dev, torch.int64)
+        end = to_device(layout.end, dev, torch.int64)
         q_idx = self._computed
         k_idx = torch.arange(layout.num_rows, device=dev)
         from harts.exec import backend
@@ -529,7 +530,7 @@ class TreeContext:
         order = np.concatenate([ctx_idx, comp])
         inverse = np.empty(layout.num_rows, dtype=np.int64)
         inverse[order] = np.arange(layout.num_rows)
-        self._to_local = torch.as_tensor(inverse, device=dev)
+        self._to_local = to_device(inverse, dev)
         if stash is not None:
             # per kind of input: where each context row sits in the stash (-1: not kept,
             # never read by a computed row; filled with zeros)
@@ -538,7 +539,7 @@ class TreeContext:
                 at = np.searchsorted(kept, layout.rows[ctx_idx])
                 ok = (at < kept.size) & (kept[np.minimum(at, max(kept.size - 1, 0))] == layout.rows[ctx_idx]) \
                     if kept.size else np.zeros(ctx_idx.size, bool)
-                self._stash_pick[cat] = torch.as_tensor(np.where(ok, at, kept.size), device=dev)
+                self._stash_pick[cat] = to_device(np.where(ok, at, kept.size), dev)
         if schedule is not None:
             self.schedule = schedule
         elif kda_mode == "replay":
@@ -555,9 +556,9 @@ class TreeContext:
             init_index = [i if pr < 0 or self.chunk_state_index[pr] is None
                           else int(np.searchsorted(self.chunk_state_index[pr], i))
                           for pr, i in zip(r.init_round.tolist(), r.init_index.tolist(), strict=True)]
-            self._rounds.append((torch.as_tensor(r.gather_rows, device=dev),
-                                 (torch.as_tensor(r.cu_seqlens, device=dev), torch.as_tensor(r.cu_seqlens)),
-                                 torch.as_tensor(r.keep, device=dev), r.init_round.tolist(), init_index))
+            self._rounds.append((to_device(r.gather_rows, dev),
+                                 (to_device(r.cu_seqlens, dev), torch.as_tensor(r.cu_seqlens)),
+                                 to_device(r.keep, dev), r.init_round.tolist(), init_index))
         # written rows are local; outputs must come back in computed order
         pos_in_computed = np.full(layout.num_rows, -1, dtype=np.int64)
         pos_in_computed[comp] = np.arange(comp.size)
@@ -566,7 +567,7 @@ class TreeContext:
             raise AssertionError("KDA schedule must write every computed row exactly once")
         unpermute = np.empty(comp.size, dtype=np.int64)
         unpermute[written] = np.arange(comp.size)
-        self._unpermute = torch.as_tensor(unpermute, device=dev)
+        self._unpermute = to_device(unpermute, dev)
         self._windows: dict[int, Tensor] = {}
 
     def _chunk_states_read(self, record: bool, record_states: Sequence[tuple[int, int]] | None

@@ -22,6 +22,7 @@ import torch
 from harts.exec.loss import PolicyLossConfig, TargetTable
 from harts.exec.model.model import HybridModel
 from harts.exec.trainer import ExpandedTrainer, Microbatch, OptimizerConfig, pack_microbatches
+from harts.exec.transfer import to_device
 from harts.exec.tree import TreeContext
 from harts.tree import Targets, Trajectory, build_forest
 
@@ -77,7 +78,7 @@ class TreeTrainer(ExpandedTrainer):
             global_traj = np.asarray(members, dtype=np.int64)[tg.traj]
             table = target_table(tg, traj=global_traj).to(device, dtype)
             ctx = TreeContext(forest, chunk_size=model.config.chunk_size, kda_mode=self.kda_mode, device=device)
-            ids_T = torch.from_numpy(forest.token_ids).to(device)
+            ids_T = to_device(forest.token_ids, device)
             info = {"kda_rounds": ctx.kda_rounds, "replay_tokens": ctx.replay_tokens,
                     "compression": forest.compression}
             yield Microbatch(members, ids_T, ctx, table, forest.expanded_tokens, info)

@@ -92,6 +92,8 @@ def order_from_schedule(schedule: Schedule) -> list[int]:
 class PlanTrainer(ExpandedTrainer):
     """Runs the microbatches of a `Plan`; tree-mode plans with sharing windows exactly."""
 
+    preparable = False  # a consumer's layout reads its producer's stash
+
     def __init__(self, model: HybridModel, plan: Plan, optimizer: OptimizerConfig | None = None,
                  loss: PolicyLossConfig | None = None, *, order: Sequence[int] | None = None,
                  schedule: Schedule | None = None):

@@ -145,3 +145,29 @@ def test_evaluate_reports_the_global_aux_without_gradients(trajectories):
     assert split.grad_norm == 0.0 and len(split.microbatches) == len(trajectories)
     assert split.losses["aux_loss"] == pytest.approx(full.losses["aux_loss"], rel=TOL)
     assert full.losses["aux_loss"] == pytest.approx(_aux_by_hand(trainer.model, trajectories), rel=TOL)
+
+
+@pytest.mark.parametrize("trainer_cls", [ExpandedTrainer, TreeTrainer])
+def test_prepared_step_computes_the_same_numbers(trajectories, trainer_cls):
+    """A step prepared ahead (in a background thread, as a data loader would) computes
+    exactly what the same step computes when it builds its microbatches itself, including
+    the global aux scope's second pass over the same microbatch objects."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    trainer = trainer_cls(_model(), loss=LOSS)
+    budget = 260
+    direct = _run(trainer, trajectories, budget)
+    with ThreadPoolExecutor(1) as pool:
+        prepared = pool.submit(trainer.prepare, trajectories, budget).result()
+    assert prepared.partition == direct[0].microbatches and len(prepared.microbatches) > 1
+    assert prepared.seconds > 0
+    trainer.model.zero_grad(set_to_none=True)
+    result = trainer.forward_backward(trajectories, budget, prepared=prepared)
+    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    _assert_same_step((result, grads), direct, tol=0.0)
+    with pytest.raises(ValueError, match="other trajectories or another token budget"):
+        trainer.forward_backward(trajectories, budget + 1, prepared=prepared)
+    with pytest.raises(ValueError, match="other trajectories or another token budget"):
+        trainer.forward_backward(list(trajectories), budget, prepared=prepared)
+    with pytest.raises(ValueError, match="partition differs"):
+        trainer.forward_backward(trajectories, budget, partition=[list(range(len(trajectories)))], prepared=prepared)

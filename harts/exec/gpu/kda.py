@@ -35,6 +35,7 @@ import triton
 
 from harts.exec.gpu.kda_dhu import bwd_dhu_inject
 from harts.exec.ops.kda.chunk import KDAOutput, check_chunk_state_index
+from harts.exec.transfer import to_device
 
 
 def _fla() -> dict:
@@ -105,6 +106,15 @@ def boundary_index(cu_seqlens: np.ndarray, chunk_size: int) -> dict[str, np.ndar
                 num_chunks=int(offs[-1]), state_offsets=state_offsets.astype(np.int64))
 
 
+def chunk_index_pairs(cu_seqlens: np.ndarray, chunk_size: int) -> np.ndarray:
+    """int64 [NT, 2]: (sequence, chunk within it) of every chunk, in order: what fla's
+    `prepare_chunk_indices` returns, computed from a host copy of cu_seqlens."""
+    nt = (np.diff(np.asarray(cu_seqlens, dtype=np.int64)) + chunk_size - 1) // chunk_size
+    seq = np.repeat(np.arange(nt.size, dtype=np.int64), nt)
+    within = np.arange(seq.size, dtype=np.int64) - np.repeat(np.cumsum(nt) - nt, nt)
+    return np.stack([seq, within], axis=1)
+
+
 def state_gather(source: np.ndarray, num_chunks: int) -> dict[str, np.ndarray]:
     """Where each selected state comes from: `source` rows below num_chunks are in h (the
     state entering each chunk), the others are final states. Returns the positions and rows
@@ -148,7 +158,7 @@ def build_injection(dstates: torch.Tensor | None, dht: torch.Tensor | None, chun
     # one host-to-device copy for all index arrays
     host = [ext_idx, row.reshape(-1), has]
     dev = grads[0].device
-    ext_idx_dev, row_dev, has_dev = torch.as_tensor(np.concatenate(host)).to(dev).split([x.size for x in host])
+    ext_idx_dev, row_dev, has_dev = to_device(np.concatenate(host), dev).split([x.size for x in host])
     ext = torch.zeros(used.size, *grads[0].shape[1:], dtype=torch.float32, device=dev)
     if final_subset:
         grads[-1] = dht[has_dev]
@@ -161,10 +171,12 @@ def build_injection(dstates: torch.Tensor | None, dht: torch.Tensor | None, chun
 
 class _ChunkKDAStates(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, h0, scale, cu, B, chunk_sel, gather, last_N, num_chunks):
+    def forward(ctx, q, k, v, g, beta, h0, scale, cu, B, chunk_sel, gather, last_N, num_chunks, cu_host):
         ctx.set_materialize_grads(False)
         f = _fla()
-        chunk_indices = f["prepare_chunk_indices"](cu, B)
+        # fla's prepare_chunk_indices on a device cu_seqlens reads its sum on the host (a
+        # stream sync); the same (sequence, chunk) pairs from the host copy, copied async
+        chunk_indices = to_device(chunk_index_pairs(cu_host, B), q.device)
         chunk_offsets = f["prepare_chunk_offsets"](cu, B)
         g_cum = f["chunk_local_cumsum"](g=g, scale=f["RCP_LN2"], chunk_size=B, cu_seqlens=cu, chunk_indices=chunk_indices)
         w, u, _qg, kg, Aqk, Akk = f["chunk_kda_fwd_intra"](
@@ -178,7 +190,7 @@ class _ChunkKDAStates(torch.autograd.Function):
         )
         # only the selected states: U of the NT + N in h and final
         host = [gather["pos_h"], gather["src_h"], gather["pos_f"], gather["src_f"]]
-        flat = torch.as_tensor(np.concatenate(host)).to(q.device)
+        flat = to_device(np.concatenate(host), q.device)
         pos_h, src_h, pos_f, src_f = flat.split([x.size for x in host])
         states = final.new_empty(chunk_sel.size, *final.shape[1:])
         if pos_h.numel():
@@ -217,7 +229,7 @@ class _ChunkKDAStates(torch.autograd.Function):
         if dht is not None and dh0 is not None and empty.size:
             # an empty sequence's final state is its initial state (the kernel has no chunk
             # to inject its gradient at)
-            at = torch.as_tensor(empty, device=dh0.device)
+            at = to_device(empty, dh0.device)
             dh0[at] += dht[at].float()
         dq, dk, dv, db, dg, dAkk = f["chunk_kda_bwd_wy_dqkg_fused"](
             q=q, k=k, v=v, v_new=v_new, g=g, beta=beta, A=Akk, h=h, do=do, dh=dh, dv=dv, scale=scale,
@@ -228,7 +240,8 @@ class _ChunkKDAStates(torch.autograd.Function):
             cu_seqlens=cu, chunk_indices=chunk_indices, chunk_size=B, safe_gate=False,
         )
         dg = f["chunk_local_cumsum"](dg, chunk_size=B, reverse=True, cu_seqlens=cu, chunk_indices=chunk_indices)
-        return (dq.to(q), dk.to(k), dv.to(v), dg.to(ctx.g_dtype), db.to(beta), dh0, None, None, None, None, None, None, None)
+        return (dq.to(q), dk.to(k), dv.to(v), dg.to(ctx.g_dtype), db.to(beta), dh0, None, None, None, None, None, None, None,
+                None)
 
 
 def chunk_kda_fast(
@@ -264,7 +277,7 @@ def chunk_kda_fast(
     # host copy for the bookkeeping: given (no sync), or copied from cu_seqlens
     cu_host = torch.as_tensor(cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens).to(torch.int64).cpu()
     on_device = torch.is_tensor(cu_seqlens) and cu_seqlens.device == q.device
-    cu = cu_seqlens.to(torch.int64) if on_device else cu_host.to(q.device)
+    cu = cu_seqlens.to(torch.int64) if on_device else to_device(cu_host, q.device)
     h0 = None if initial_state is None else initial_state.float().contiguous()
     q4, k4, v4, g4, b3 = (x.contiguous()[None] for x in (q, k, v, g, beta))
     dev = q.device
@@ -287,10 +300,10 @@ def chunk_kda_fast(
             return KDAOutput(o[0].to(v.dtype), final, None, None)
         # zero states, but in the graph like the reference's (a loss may include them)
         return KDAOutput(o[0].to(v.dtype), final if output_final_state else None, final[:0],
-                         torch.as_tensor(ix["state_offsets"], device=dev))
+                         to_device(ix["state_offsets"], dev))
     o, final, states = _ChunkKDAStates.apply(
         q4, k4, v4, g4, b3, h0, scale, cu, chunk_size, ix["chunk"][sel],
-        state_gather(ix["source"][sel], ix["num_chunks"]), ix["last_chunk"], ix["num_chunks"],
+        state_gather(ix["source"][sel], ix["num_chunks"]), ix["last_chunk"], ix["num_chunks"], cu_host.numpy(),
     )
     return KDAOutput(o[0].to(v.dtype), final if output_final_state else None, states,
-                     torch.as_tensor(ix["state_offsets"], device=dev))
+                     to_device(ix["state_offsets"], dev))

@@ -41,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from harts.exec.transfer import to_device
+
 
 @dataclass(frozen=True)
 class PathSegments:
@@ -170,8 +172,8 @@ def flash_varlen(q_THD: Tensor, k_THD: Tensor, v_THD: Tensor, cu_q: np.ndarray, 
         raise RuntimeError("this torch has no torch.nn.attention.varlen.varlen_attn")
     fn, causal = api
     dev = q_THD.device
-    cq = torch.as_tensor(cu_q, dtype=torch.int32, device=dev)
-    ck = torch.as_tensor(cu_k, dtype=torch.int32, device=dev)
+    cq = to_device(cu_q, dev, torch.int32)
+    ck = to_device(cu_k, dev, torch.int32)
     return fn(q_THD, k_THD, v_THD, cq, ck, max_q, max_k, scale=scale, **causal)
 
 
@@ -183,7 +185,7 @@ def path_attention(q_CHD: Tensor, k_LHD: Tensor, v_LHE: Tensor, scale: float, se
     padding columns of the output are exactly zero and dropped)."""
     D, E = q_CHD.shape[-1], v_LHE.shape[-1]
     if key_rows is None:
-        key_rows = torch.as_tensor(segments.key_rows, device=q_CHD.device)
+        key_rows = to_device(segments.key_rows, q_CHD.device)
     v_pad = F.pad(v_LHE, (0, D - E)) if E < D else v_LHE
     k_g = _GatherRows.apply(k_LHD, key_rows)
     v_g = _GatherRows.apply(v_pad, key_rows)

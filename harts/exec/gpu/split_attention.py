@@ -47,6 +47,7 @@ import torch
 from torch import Tensor
 
 from harts.exec.gpu.path_attention import PathSegments
+from harts.exec.transfer import to_device
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ class _CuDNN(VarlenKernel):
 
     @staticmethod
     def _cu(cu, dev):
-        return torch.as_tensor(cu, dtype=torch.int32, device=dev)
+        return to_device(cu, dev, torch.int32)
 
     def fwd(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
         cq, ck = self._cu(cu_q, q.device), self._cu(cu_k, q.device)
@@ -409,9 +410,9 @@ class _SplitAttention(torch.autograd.Function):
 
 def device_index(sp: SplitSegments, device) -> dict:
     """The index tensors of a layout on a device (built once per layout, reused by layers)."""
-    idx = {"qa": torch.as_tensor(sp.qa_index, device=device), "anc": torch.as_tensor(sp.anc_rows, device=device)}
+    idx = {"qa": to_device(sp.qa_index, device), "anc": to_device(sp.anc_rows, device)}
     if sp.own_rows is not None:
-        idx["own"] = torch.as_tensor(sp.own_rows, device=device)
+        idx["own"] = to_device(sp.own_rows, device)
     return idx
 
 

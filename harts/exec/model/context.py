@@ -20,6 +20,8 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from harts.exec.transfer import to_device
+
 
 @runtime_checkable
 class MixingContext(Protocol):
@@ -74,12 +76,21 @@ class PackedContext:
         self._bounds = [int(b) for b in cu]
         self._cu_cpu = torch.tensor(self._bounds, dtype=torch.int64)  # host copy: no sync per KDA call
         self._windows: dict[int, Tensor] = {}
+        self._cu_dev: dict[torch.device, Tensor] = {}
 
     def to(self, device: torch.device | str) -> PackedContext:
-        self.position_ids = self.position_ids.to(device)
-        self.row_weight = self.row_weight.to(device)
+        self.position_ids = to_device(self.position_ids, device)
+        self.row_weight = to_device(self.row_weight, device)
         self._windows = {w: t.to(device) for w, t in self._windows.items()}
         return self
+
+    def _cu_on(self, device: torch.device) -> Tensor:
+        """cu_seqlens on `device`, copied once (the same tensor object every layer, so fla's
+        identity cache of its chunk indices hits after the first KDA layer)."""
+        cached = self._cu_dev.get(device)
+        if cached is None:
+            cached = self._cu_dev[device] = to_device(self.cu_seqlens, device)
+        return cached
 
     def attention(self, layer: int, q_THD: Tensor, k_THD: Tensor, v_THE: Tensor, scale: float) -> Tensor:
         from harts.exec.backend import causal_attention
@@ -98,7 +109,7 @@ class PackedContext:
         W = weight_DW.shape[1]
         window_TW = self._windows.get(W)
         if window_TW is None:
-            window_TW = window_from_cu_seqlens(self.cu_seqlens.to(x_TD.device), W, self.num_rows)
+            window_TW = window_from_cu_seqlens(self._cu_on(x_TD.device), W, self.num_rows)
             self._windows[W] = window_TW
         return short_conv(x_TD, weight_DW, bias_D, window_TW=window_TW, activation="silu")
 
@@ -107,7 +118,7 @@ class PackedContext:
 
         out = chunk_kda(
             q_THK, k_THK, v_THV, g_THK, beta_TH, scale=scale,
-            cu_seqlens=self.cu_seqlens.to(q_THK.device), cu_seqlens_cpu=self._cu_cpu, chunk_size=self.chunk_size,
+            cu_seqlens=self._cu_on(q_THK.device), cu_seqlens_cpu=self._cu_cpu, chunk_size=self.chunk_size,
             output_final_state=False,
         )
         return out.o

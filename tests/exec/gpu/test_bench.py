@@ -18,6 +18,10 @@ def test_step_benchmark_on_cpu(monkeypatch):
                        warmup=0, device="cpu")
     assert r["expanded_tokens"] == sum(len(t) for t in trajs)
     assert r["speedup"] == pytest.approx(r["expanded"]["seconds"] / r["tree"]["seconds"])
+    assert r["speedup_inline"] == pytest.approx(r["expanded"]["inline_seconds"] / r["tree"]["inline_seconds"])
+    for mode in ("expanded", "tree"):  # one timed step each way, the data side prepared ahead or inline
+        assert len(r[mode]["all_seconds"]) == len(r[mode]["all_inline_seconds"]) == 1
+        assert r[mode]["prepare_seconds"] > 0
     assert r["speedup_over_limit"] == pytest.approx(r["speedup"] / r["flop_limit"])
     # GEMM FLOPs follow the row ratio, attention less: the FLOP limit lies between
     parts = r["flop_limit_parts"]

@@ -288,16 +288,19 @@ def sec_profile(args):
     from harts.tree.workload import generate, preset
 
     vocab = get_model_config(args.model).vocab_size
-    trajs = generate(preset("swe-treestep-1", vocab_size=vocab)).trajectories()
-    out = {}
+    name, over = STEP_WORKLOADS[args.schemes[0]]  # the first --schemes entry (default treestep)
+    trajs = generate(preset(name, vocab_size=vocab, **over)).trajectories()
+    out = {"scheme": args.schemes[0], "workload": name, "overrides": over}
     for mode in ("tree", "expanded"):
         net = build_model(get_model_config(args.model), seed=0, dtype=torch.bfloat16, device="cuda", recompute=True)
         trainer = (TreeTrainer if mode == "tree" else ExpandedTrainer)(net)
         trainer.step(trajs, args.microbatch_tokens)
         torch.cuda.synchronize()
+        prepared = trainer.prepare(trajs, args.microbatch_tokens)  # the data side ahead, as the step bench
+        torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
             t0 = time.perf_counter()
-            trainer.step(trajs, args.microbatch_tokens)
+            trainer.step(trajs, args.microbatch_tokens, prepared=prepared)
             torch.cuda.synchronize()
             wall = time.perf_counter() - t0
         agg = {}
@@ -434,6 +437,22 @@ def sec_syncs(args):
                 print(f"   next {r['seconds']*1e3:8.1f} ms {r['gaps']:5d}  {r['where']}", flush=True)
         out[mode] = res
         del trainer, net
+        torch.cuda.empty_cache()
+    return out
+
+
+def sec_kdaops():
+    """fla chunk_kda vs the tree path's replay call (all boundary states, and a sparse
+    request) on the same packed tokens, forward+backward, with autotuning (both sides)."""
+    from harts.exec.gpu.bench import kda_op_benchmark
+
+    out = {}
+    for n in (16, 64):
+        r, _ = kda_op_benchmark(T=32768, num_seqs=n)
+        out[f"kda_T32768_N{n}"] = r
+        print(f"[kdaops] N={n}: fla {r['fla_fwdbwd_s']*1e3:.2f} ms ours {r['ours_fwdbwd_s']*1e3:.2f} "
+              f"sparse {r['ours_sparse_fwdbwd_s']*1e3:.2f} -> {r['ours_over_fla_per_token']:.3f}x / "
+              f"{r['ours_sparse_over_fla_per_token']:.3f}x", flush=True)
         torch.cuda.empty_cache()
     return out
 
@@ -854,7 +873,7 @@ def main() -> None:
     fns = {"attn": sec_attn, "env": sec_env, "kda": sec_kda, "flex": sec_flex, "verify": sec_verify, "ops": sec_ops,
            "step": lambda: sec_step(args), "fidelity": lambda: sec_fidelity(args),
            "profile": lambda: sec_profile(args), "moe": sec_moe, "conv": sec_conv, "attnprobe": sec_attnprobe, "attnsplit": sec_attnsplit, "calib": sec_calib, "flexsweep": lambda: sec_flexsweep(args),
-           "syncs": lambda: sec_syncs(args)}
+           "syncs": lambda: sec_syncs(args), "kdaops": sec_kdaops}
     for s in args.sections:
         t0 = time.perf_counter()
         try:

@@ -53,5 +53,12 @@ case "$1" in
   s4a)     mkdir -p "$OUT/syncs" "$OUT/step"
            timeout 200 python3 benchmarks/gpu/h200_run.py syncs --no-autotune --out "$OUT/syncs"
            timeout 340 python3 benchmarks/gpu/h200_run.py step --no-autotune --out "$OUT/step" ;;
-  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a" >&2; exit 2 ;;
+  # fourth session, second call: a profiled stepwise step (data side ahead), KDA vs fla
+  # with autotuning, bf16 fidelity after the transfer changes, the attention entry points
+  s4b)     mkdir -p "$OUT/prof" "$OUT/kda" "$OUT/fid" "$OUT/attn"
+           timeout 100 python3 benchmarks/gpu/h200_run.py profile --schemes stepwise --no-autotune --out "$OUT/prof"
+           timeout 200 python3 benchmarks/gpu/h200_run.py kdaops --out "$OUT/kda"
+           timeout 80 python3 benchmarks/gpu/h200_run.py fidelity --no-autotune --out "$OUT/fid"
+           timeout 90 python3 benchmarks/gpu/h200_run.py attnsplit --out "$OUT/attn" ;;
+  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b" >&2; exit 2 ;;
 esac

@@ -366,7 +366,7 @@ def _gap_attribution(trace_path: str, min_gap_us: float = 10.0, top: int = 25) -
 
 
 def sec_syncs(args):
-    """Why the GPU idles in a step (tree and expanded, swe-treestep-1): every synchronising
+    """Why the GPU idles in a step (tree and expanded, the first --schemes entry): every synchronising
     CUDA call of one step with the Python stack that made it (torch's sync debug mode), and
     the step's GPU idle gaps attributed to the host op running during them and the kernel
     ending them (under the profiler host times are inflated: read the shares)."""
@@ -382,8 +382,9 @@ def sec_syncs(args):
     from harts.tree.workload import generate, preset
 
     vocab = get_model_config(args.model).vocab_size
-    trajs = generate(preset("swe-treestep-1", vocab_size=vocab)).trajectories()
-    out = {}
+    name, over = STEP_WORKLOADS[args.schemes[0]]  # the first --schemes entry (default treestep)
+    trajs = generate(preset(name, vocab_size=vocab, **over)).trajectories()
+    out = {"scheme": args.schemes[0], "workload": name, "overrides": over}
     for mode in ("tree", "expanded"):
         net = build_model(get_model_config(args.model), seed=0, dtype=torch.bfloat16, device="cuda", recompute=True)
         trainer = (TreeTrainer if mode == "tree" else ExpandedTrainer)(net)

@@ -60,5 +60,10 @@ case "$1" in
            timeout 200 python3 benchmarks/gpu/h200_run.py kdaops --out "$OUT/kda"
            timeout 80 python3 benchmarks/gpu/h200_run.py fidelity --no-autotune --out "$OUT/fid"
            timeout 90 python3 benchmarks/gpu/h200_run.py attnsplit --out "$OUT/attn" ;;
-  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b" >&2; exit 2 ;;
+  # fourth session, third call: the step on both schemes after the sync removals (MoE
+  # expert offsets, loss rows, loss reads, grad norm), then where the stepwise step idles
+  s4c)     mkdir -p "$OUT/step" "$OUT/syncs"
+           timeout 300 python3 benchmarks/gpu/h200_run.py step --no-autotune --out "$OUT/step"
+           timeout 150 python3 benchmarks/gpu/h200_run.py syncs --schemes stepwise --no-autotune --out "$OUT/syncs" ;;
+  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c" >&2; exit 2 ;;
 esac

@@ -25,7 +25,7 @@ produce 0/0 there).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
 import numpy as np
@@ -70,6 +70,10 @@ class TargetTable:
     advantage: Tensor  # float [N]
     old_logprob: Tensor  # float [N]
     ref_logprob: Tensor | None = None  # float [N]
+    # the distinct serving rows (sorted) and each target's index into them, when known
+    # (`to` computes them on the host: torch.unique on a GPU reads its size back, a sync)
+    unique_rows: Tensor | None = None  # int64 [U]
+    row_inverse: Tensor | None = None  # int64 [N]
 
     @property
     def num_targets(self) -> int:
@@ -83,7 +87,12 @@ class TargetTable:
                 return to_device(x, device, dtype)
             return to_device(x, device)
 
-        return TargetTable(*(f(getattr(self, n)) for n in self.__dataclass_fields__))
+        table = self
+        if self.unique_rows is None and self.row.device.type == "cpu":
+            rows_U, inverse_N = np.unique(self.row.numpy(), return_inverse=True)
+            table = replace(self, unique_rows=torch.from_numpy(rows_U.astype(np.int64)),
+                            row_inverse=torch.from_numpy(inverse_N.reshape(-1).astype(np.int64)))
+        return TargetTable(*(f(getattr(table, n)) for n in self.__dataclass_fields__))
 
 
 @dataclass(frozen=True)
@@ -105,13 +114,15 @@ def loss_denominators(trained_tokens_per_traj: Sequence[float] | np.ndarray | Te
 
 
 def target_logprobs(
-    hidden_TD: Tensor, lm_head_VD: Tensor, row_N: Tensor, label_N: Tensor, *, entropy_grad: bool = False
+    hidden_TD: Tensor, lm_head_VD: Tensor, row_N: Tensor, label_N: Tensor, *, entropy_grad: bool = False,
+    unique: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(logprob_N, entropy_N): log-softmax once per distinct row, gathered per target.
 
     The entropy is of the full next-token distribution at the target's row; it carries a
-    gradient only with entropy_grad (an entropy bonus), otherwise it is a statistic."""
-    rows_U, inverse_N = torch.unique(row_N, return_inverse=True)
+    gradient only with entropy_grad (an entropy bonus), otherwise it is a statistic.
+    `unique`: (distinct rows sorted, each target's index into them), if already known."""
+    rows_U, inverse_N = unique if unique is not None else torch.unique(row_N, return_inverse=True)
     logits_UV = hidden_TD[rows_U] @ lm_head_VD.T
     logp_UV = torch.log_softmax(logits_UV, dim=-1)
     logprob_N = logp_UV[inverse_N, label_N]
@@ -153,8 +164,9 @@ def policy_loss(
     config: PolicyLossConfig | None = None,
 ) -> PolicyLossOutput:
     cfg = config or PolicyLossConfig()
+    unique = None if table.unique_rows is None else (table.unique_rows, table.row_inverse)
     logprob_N, entropy_N = target_logprobs(
-        hidden_TD, lm_head_VD, table.row, table.label, entropy_grad=cfg.entropy_coef > 0
+        hidden_TD, lm_head_VD, table.row, table.label, entropy_grad=cfg.entropy_coef > 0, unique=unique
     )
     dtype = logprob_N.dtype
     adv_N = table.advantage.to(dtype)

@@ -349,9 +349,12 @@ class ExpandedTrainer:
                 mb.after_forward(out, loss)
             elif backward:
                 loss.backward()
-            for name, value in (("loss", loss), ("pg_loss", pl.pg_loss), ("kl", pl.kl), ("entropy", pl.entropy),
-                                ("aux_loss", aux), ("clip_frac", pl.clip_frac), ("ppo_kl", pl.ppo_kl)):
-                sums[name] += float(value.detach())
+            terms = (("loss", loss), ("pg_loss", pl.pg_loss), ("kl", pl.kl), ("entropy", pl.entropy),
+                     ("aux_loss", aux), ("clip_frac", pl.clip_frac), ("ppo_kl", pl.ppo_kl))
+            # one device-to-host read for all of them (each float() would wait for the GPU)
+            values = torch.stack([v.detach().to(torch.float64).reshape(()) for _, v in terms]).tolist()
+            for (name, _), value in zip(terms, values, strict=True):
+                sums[name] += value
             load_t = out.expert_load.detach().to(torch.float64).cpu()
             load = load_t.numpy()
             expert_load = load if expert_load is None else expert_load + load
@@ -369,7 +372,8 @@ class ExpandedTrainer:
             infos.append(info)
 
         grads = [p.grad for p in model.parameters() if p.grad is not None] if backward else []
-        grad_norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
+        # one multi-tensor norm kernel rather than one launch per parameter
+        grad_norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))) if grads else 0.0
         return StepResult(
             logprobs=logprobs,
             entropy=entropy,

@@ -211,10 +211,13 @@ def experts_grouped(x_TD: Tensor, top_i_Tk: Tensor, top_w_Tk: Tensor, w_gate_EFD
     T, k = top_i_Tk.shape
     E = w_gate_EFD.shape[0]
     flat_e = top_i_Tk.reshape(-1)
-    order = torch.argsort(flat_e, stable=True)
+    sorted_e, order = torch.sort(flat_e, stable=True)
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(order.numel(), device=order.device)
-    offs = torch.bincount(flat_e, minlength=E).cumsum(0).to(torch.int32)
+    # end of each expert's run; searchsorted rather than bincount(...).cumsum(), whose
+    # CUDA kernel reads the largest id on the host (a stream sync per MoE layer)
+    offs = torch.searchsorted(sorted_e, torch.arange(E, device=flat_e.device, dtype=sorted_e.dtype),
+                              right=True).to(torch.int32)
     x_ND = _GatherSlots.apply(x_TD, order, inverse, k)
     gate_NF = mm(x_ND, w_gate_EFD.transpose(-2, -1), offs=offs)
     up_NF = mm(x_ND, w_up_EFD.transpose(-2, -1), offs=offs)

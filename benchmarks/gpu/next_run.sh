@@ -65,5 +65,10 @@ case "$1" in
   s4c)     mkdir -p "$OUT/step" "$OUT/syncs"
            timeout 300 python3 benchmarks/gpu/h200_run.py step --no-autotune --out "$OUT/step"
            timeout 150 python3 benchmarks/gpu/h200_run.py syncs --schemes stepwise --no-autotune --out "$OUT/syncs" ;;
-  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c" >&2; exit 2 ;;
+  # fourth session, last call: the step on both schemes (3 timed steps each way) after the
+  # vectorised result scatter and the attention segments built while preparing; bf16 fidelity
+  s4d)     mkdir -p "$OUT/step" "$OUT/fid"
+           timeout 320 python3 benchmarks/gpu/h200_run.py step --steps 3 --no-autotune --out "$OUT/step"
+           timeout 80 python3 benchmarks/gpu/h200_run.py fidelity --no-autotune --out "$OUT/fid" ;;
+  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d" >&2; exit 2 ;;
 esac

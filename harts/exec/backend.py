@@ -24,6 +24,8 @@ from enum import StrEnum
 import torch
 from torch import Tensor
 
+from harts.exec.transfer import to_device
+
 FORCE_ENV = "HARTS_FORCE_REFERENCE"
 TREE_ATTENTION_ENV = "HARTS_TREE_ATTENTION"  # "flex" | "varlen" | "cudnn": force one bf16 path
 CONV_ENV = "HARTS_CONV"  # "reference": the gather-form short conv instead of the fused kernels
@@ -210,8 +212,21 @@ class FastTreeAttention:
 
             full = self.q_local_C.numel() == self.end_L.numel()
             seg = segments_of(self.parent_L, None if full else self.q_local_C.cpu().numpy())
-            self._segments = (seg, torch.as_tensor(seg.key_rows, device=device), full)
+            self._segments = (seg, to_device(seg.key_rows, device), full)
         return self._segments
+
+    def prepare(self) -> None:
+        """Build the data-only pieces now (the query segments, and their cuDNN split where
+        the layout's segments are long enough for that path), so that a step prepared
+        ahead does no host layout work in its forward."""
+        if self.parent_L is None or not self.q_local_C.is_cuda:
+            return
+        seg, _, full = self._segments_for(self.q_local_C.device)
+        if self._split is None and prefer_cudnn_split(int(seg.cu_q[-1]), seg.num_segments):
+            from harts.exec.gpu.split_attention import device_index, split_segments
+
+            sp = split_segments(seg, full)
+            self._split = (sp, device_index(sp, self.q_local_C.device))
 
     def __call__(self, q_CHD: Tensor, k_LHD: Tensor, v_LHE: Tensor, scale: float) -> Tensor:
         impl = self.impl(q_CHD.dtype, q_CHD.shape[-1], v_LHE.shape[-1])

@@ -323,8 +323,11 @@ class ExpandedTrainer:
             def microbatches():
                 return self._microbatches(trajectories, bins)
 
-        logprobs = [np.full(n, np.nan) for n in lengths]
-        entropy = [np.full(n, np.nan) for n in lengths]
+        # per-position results of every trajectory in one flat buffer each (trajectory j's
+        # position p at starts[j] + p), split into per-trajectory views at the end
+        starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        logprob_flat = np.full(total_tokens, np.nan)
+        entropy_flat = np.full(total_tokens, np.nan)
         sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "aux_loss", "clip_frac", "ppo_kl"), 0.0)
         expert_load = None
         infos = []
@@ -362,10 +365,9 @@ class ExpandedTrainer:
             ent = pl.entropy_N.to(torch.float64).cpu().numpy()
             traj_N = mb.table.traj.cpu().numpy()
             pos_N = mb.table.position.cpu().numpy()
-            for j in mb.members:
-                sel = traj_N == j
-                logprobs[j][pos_N[sel]] = lp[sel]
-                entropy[j][pos_N[sel]] = ent[sel]
+            at = starts[traj_N] + pos_N  # one vectorised scatter (a per-trajectory mask loop idles the GPU)
+            logprob_flat[at] = lp
+            entropy_flat[at] = ent
             info = {"rows": int(mb.ids_T.numel()), **mb.info}
             if stats is not None:
                 info["moe_stats_drift"] = float((load_t - stats_loads[i]).abs().sum()) / 2
@@ -375,8 +377,8 @@ class ExpandedTrainer:
         # one multi-tensor norm kernel rather than one launch per parameter
         grad_norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))) if grads else 0.0
         return StepResult(
-            logprobs=logprobs,
-            entropy=entropy,
+            logprobs=np.split(logprob_flat, starts[1:-1]),
+            entropy=np.split(entropy_flat, starts[1:-1]),
             losses=sums,
             grad_norm=grad_norm,
             expert_load=expert_load,

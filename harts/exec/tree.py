@@ -520,6 +520,8 @@ class TreeContext:
         # GPU: varlen flash over root-to-row paths (bf16) or FlexAttention over the intervals'
         # block mask (None = dense reference)
         self._fast_attention = backend.tree_attention(q_idx, end, dev, parent_L=layout.parent)
+        if self._fast_attention is not None:
+            self._fast_attention.prepare()
         # [C, L]: key k is an ancestor-or-self of computed query q
         self.attn_mask = None if self._fast_attention is not None else (
             (k_idx[None, :] <= q_idx[:, None]) & (q_idx[:, None] <= end[None, :]))

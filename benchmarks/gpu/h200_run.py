@@ -781,13 +781,15 @@ def sec_attnsplit():
     return out
 
 
-def sec_calib():
+def sec_calib(varlen_tree: bool = False):
     """Profile rows at several sizes for `harts sim fit` (schema harts.sim.profile/v1): GEMMs
-    of tiny-h200's shapes, causal SDPA and the varlen tree path at 3 lengths (8 heads, as
-    the model's MLA), fla chunk_kda at 3 token counts, device copies, and one fused AdamW
-    step over tiny-h200's parameters. Written to calib_profile.json."""
+    of tiny-h200's shapes, causal SDPA and the tree attention at 3 lengths (8 heads, as
+    the model's MLA; the backend's default path on the first T rows of swe-treestep-1, or
+    the varlen path with varlen_tree, as the third session measured), fla chunk_kda at 3
+    token counts, device copies, and one fused AdamW step over tiny-h200's parameters.
+    Written to calib_profile.json."""
     from harts.config.models import get_model_config
-    from harts.exec.backend import causal_attention
+    from harts.exec.backend import FastTreeAttention, causal_attention
     from harts.exec.gpu.bench import gemm_profile, kda_op_benchmark, time_cuda
     from harts.exec.gpu.path_attention import flash_varlen, path_attention, segments_of
     from harts.exec.model.model import build_model
@@ -815,14 +817,25 @@ def sec_calib():
                                   impl="sdpa"))
         R = min(T, f.num_rows)
         parent = np.where(f.row_parent[:R] < R, f.row_parent[:R], -1)
-        seg = segments_of(parent)
-        keys = torch.as_tensor(seg.key_rows, device="cuda")
         part = [x[:R].detach().requires_grad_() for x in qkv]
-        pairs = int((np.minimum(f.row_end[:R], R - 1) - np.arange(R) + 1).sum())
-        rows += fwd_bwd_rows(lambda part=part, seg=seg, keys=keys: path_attention(*part, qk ** -0.5, seg,
-                                                                                  kernel=flash_varlen, key_rows=keys),
-                             dout[:R], dict(op="attention_tree", pairs=pairs, heads=H, qk_dim=qk, v_dim=vd,
-                                            impl="varlen"))
+        end = np.minimum(f.row_end[:R], R - 1)
+        pairs = int((end - np.arange(R) + 1).sum())
+        if varlen_tree:
+            seg = segments_of(parent)
+            keys = torch.as_tensor(seg.key_rows, device="cuda")
+            impl = "varlen"
+
+            def fn(part=part, seg=seg, keys=keys):
+                return path_attention(*part, qk ** -0.5, seg, kernel=flash_varlen, key_rows=keys)
+        else:  # the path the step takes on this layout (backend default: cuDNN split on long segments)
+            fa = FastTreeAttention(torch.arange(R, device="cuda"), torch.as_tensor(end, device="cuda"), parent)
+            fa.prepare()
+            impl = str(fa.impl(torch.bfloat16, qk, vd))
+
+            def fn(part=part, fa=fa):
+                return fa(*part, qk ** -0.5)
+        rows += fwd_bwd_rows(fn, dout[:R], dict(op="attention_tree", pairs=pairs, heads=H, qk_dim=qk, v_dim=vd,
+                                                impl=impl))
         del qkv, dout, heads_first, part
         torch.cuda.empty_cache()
     for T in (8192, 32768, 131072):

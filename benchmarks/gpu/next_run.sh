@@ -70,5 +70,10 @@ case "$1" in
   s4d)     mkdir -p "$OUT/step" "$OUT/fid"
            timeout 320 python3 benchmarks/gpu/h200_run.py step --steps 3 --no-autotune --out "$OUT/step"
            timeout 80 python3 benchmarks/gpu/h200_run.py fidelity --no-autotune --out "$OUT/fid" ;;
-  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d" >&2; exit 2 ;;
+  # fourth session, fifth call: the simulator's inputs for today's step: a profiled
+  # swe-treestep-1 step (data side prepared ahead) and calib rows with the step's tree attention
+  s4e)     mkdir -p "$OUT/prof" "$OUT/calib"
+           timeout 150 python3 benchmarks/gpu/h200_run.py profile --no-autotune --out "$OUT/prof"
+           timeout 120 python3 benchmarks/gpu/h200_run.py calib --no-autotune --out "$OUT/calib" ;;
+  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e" >&2; exit 2 ;;
 esac

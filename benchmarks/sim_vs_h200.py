@@ -2,20 +2,22 @@
 
     python benchmarks/sim_vs_h200.py [--cost-model roofline] [--hardware h200|h200-harts] [--json]
     python benchmarks/sim_vs_h200.py --cost-model calibrated \
-        --calibration benchmarks/results/h200_session3/calibration_kernels.json --fit-elementwise expanded
+        --calibration benchmarks/results/h200_session4/calibration_kernels.json --fit-elementwise expanded
 
-Measured: `benchmarks/results/h200_session3/profile_step.json` (torch.profiler over one
-update step of swe-treestep-1 on tiny-h200, bf16, after a warm-up step; CUDA kernel time
-summed by kernel name, top 40 kernels, grouped here into categories by kernel name) and
-the step wall times of `benchmarks/results/h200.json`. Simulated: the same step planned
-the same way (tree: one whole-tree microbatch, `l1l2` at budget 131072; expanded:
-`expanded-ffd`), priced op by op by the cost model on one GPU, forward + backward
-(recomputation included) + optimizer, in the same categories.
+Measured (default `--profile`): `benchmarks/results/h200_session4/s4e/prof/profile.json`
+(torch.profiler over one update step of swe-treestep-1 on tiny-h200, bf16, after a warm-up
+step, its data side prepared ahead; CUDA kernel time summed by kernel name, top 40
+kernels, grouped here into categories by kernel name, and the profiled wall time).
+Simulated: the same step planned the same way (tree: one whole-tree microbatch, `l1l2` at
+budget 131072; expanded: `expanded-ffd`), priced op by op by the cost model on one GPU,
+forward + backward (recomputation included) + optimizer, in the same categories.
 
 This is where the simulator's "within 15% of measured" target stands, and which op
-families it misprices. The profiled step (third session) ran the fused short-conv
-kernels, the cuDNN SDPA baseline and, for the tree, the varlen flash attention (the cuDNN
-split path was timed afterwards in `h200.json`'s step, not profiled).
+families it misprices. The fourth session's profiled step runs what the step benchmark
+runs: fused short conv, cuDNN SDPA baseline, cuDNN split tree attention, no stream syncs
+in the step. `--profile benchmarks/results/h200_session3/profile_step.json` is the third
+session's (varlen tree attention, host-bound tree step), with
+`--calibration benchmarks/results/h200_session3/calibration_kernels.json`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PROFILE = ROOT / "benchmarks/results/h200_session3/profile_step.json"
+PROFILE = ROOT / "benchmarks/results/h200_session4/s4e/prof/profile.json"
 CATEGORIES = ("attention", "kda", "gemm", "moe_experts", "optimizer", "other")
 
 
@@ -89,6 +91,9 @@ def simulated(planner: str, cost_model: str, hardware: str = "h200", calibration
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cost-model", default="roofline", help="roofline or calibrated (with --calibration)")
+    ap.add_argument("--profile", default=str(PROFILE),
+                    help="measured step profile (h200_run.py profile); the third session's: "
+                         "benchmarks/results/h200_session3/profile_step.json")
     ap.add_argument("--calibration", help="harts sim fit output (e.g. of h200_session3/calib_profile_merged.json)")
     ap.add_argument("--fit-elementwise", choices=("tree", "expanded"),
                     help="with --cost-model calibrated: fit the calibration's elementwise_scale to this "
@@ -106,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         cal = load_calibration(args.calibration)
     elif args.fit_elementwise:
         ap.error("--fit-elementwise needs --cost-model calibrated")
-    prof = json.loads(PROFILE.read_text())
+    prof = json.loads(Path(args.profile).read_text())
     modes = (("tree", "l1l2"), ("expanded", "expanded-ffd"))
     measured = {}
     for mode, _ in modes:

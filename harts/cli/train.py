@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 
 from harts.cli.common import UserError, format_table, print_json
 
@@ -33,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kl-coef", type=float, default=0.0, help="k3 KL to the rollouts' ref log-probs")
     p.add_argument("--old-logprobs", choices=["recompute", "input"], default="recompute",
                    help="recompute: current policy's log-probs before the step (on-policy, "
-                   "as verl's actor); input: the rollouts' old_logprobs")
+                   "as verl's actor); input: the rollouts' old_logprobs (each step's data side is then "
+                   "prepared one step ahead, in a background thread)")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--recompute", action="store_true", help="activation recomputation per layer")
@@ -87,7 +89,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from harts.exec.loss import PolicyLossConfig
     from harts.exec.model import build_model
-    from harts.exec.trainer import ExpandedTrainer, OptimizerConfig
+    from harts.exec.trainer import ExpandedTrainer, OptimizerConfig, run_steps
     from harts.exec.tree_trainer import TreeTrainer
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -125,11 +127,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
 
     records = []
-    for step in range(1, args.steps + 1):
-        batch = trajectories
-        if args.old_logprobs == "recompute":
-            batch = trainer.recompute_old_logprobs(trajectories, args.microbatch_tokens)
-        result = trainer.step(batch, args.microbatch_tokens)
+    if args.old_logprobs == "recompute":  # each step's batch depends on the model the last step left
+        def results():
+            for _ in range(args.steps):
+                yield trainer.step(trainer.recompute_old_logprobs(trajectories, args.microbatch_tokens),
+                                   args.microbatch_tokens)
+        stream = results()
+    else:  # the same batch every step: its data side is prepared one step ahead
+        stream = run_steps(trainer, itertools.repeat(trajectories, args.steps), args.microbatch_tokens)
+    for step, result in enumerate(stream, start=1):
         rec = {
             "step": step,
             **{k: v for k, v in result.losses.items()},

@@ -33,7 +33,7 @@ MoE auxiliary loss, `ModelConfig.aux_scope`:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -403,6 +403,33 @@ class ExpandedTrainer:
         return replace(result, seconds=time.perf_counter() - start)
 
 
+def run_steps(trainer: ExpandedTrainer, batches: Iterable[Sequence[Trajectory]], microbatch_tokens: int, *,
+              prefetch: bool = True) -> Iterator[StepResult]:
+    """One update step per batch, yielding each step's result as it finishes.
+
+    With `prefetch` (and a trainer that can `prepare`), batch i+1's data side (partition,
+    layouts, index tensors copied to the device asynchronously) is built in a background
+    thread while step i runs, so that host work overlaps GPU work as a data loader's does;
+    the numbers are those of `trainer.step` on the same batches. Batches are read one ahead,
+    so each must be final when the previous step starts (for on-policy PPO, recomputing old
+    log-probs from the current model, step one batch at a time instead)."""
+    if not (prefetch and trainer.preparable):
+        for batch in batches:
+            yield trainer.step(batch, microbatch_tokens)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    it = iter(batches)
+    with ThreadPoolExecutor(1, thread_name_prefix="harts-prepare") as pool:
+        batch = next(it, None)
+        pending = None if batch is None else pool.submit(trainer.prepare, batch, microbatch_tokens)
+        while pending is not None:
+            prepared = pending.result()
+            nxt = next(it, None)
+            pending = None if nxt is None else pool.submit(trainer.prepare, nxt, microbatch_tokens)
+            yield trainer.step(prepared.trajectories, microbatch_tokens, prepared=prepared)
+
+
 __all__ = [
     "ExpandedTrainer",
     "Microbatch",
@@ -411,6 +438,7 @@ __all__ = [
     "StepResult",
     "moe_statistics_pass",
     "pack_microbatches",
+    "run_steps",
     "step_denominators",
     "trajectory_targets",
 ]

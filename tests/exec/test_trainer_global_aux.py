@@ -171,3 +171,20 @@ def test_prepared_step_computes_the_same_numbers(trajectories, trainer_cls):
         trainer.forward_backward(list(trajectories), budget, prepared=prepared)
     with pytest.raises(ValueError, match="partition differs"):
         trainer.forward_backward(trajectories, budget, partition=[list(range(len(trajectories)))], prepared=prepared)
+
+
+def test_run_steps_with_prefetch_equals_stepping_one_by_one(trajectories):
+    """`run_steps` prepares batch i+1 while step i runs; the updates are those of calling
+    `step` batch by batch (same losses, same parameters after every step)."""
+    from harts.exec.trainer import run_steps
+
+    batches = [trajectories, trajectories[:7], trajectories]
+    plain = TreeTrainer(_model(), loss=LOSS)
+    ahead = TreeTrainer(_model(), loss=LOSS)
+    expected = [plain.step(b, 260) for b in batches]
+    got = list(run_steps(ahead, batches, 260))
+    assert [r.losses for r in got] == [r.losses for r in expected]
+    assert [r.microbatches for r in got] == [r.microbatches for r in expected]
+    for (name, p), q in zip(plain.model.named_parameters(), ahead.model.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    assert list(run_steps(ahead, [], 260)) == []

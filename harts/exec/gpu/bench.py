@@ -52,30 +52,34 @@ def time_cuda(fn, repeats: int = 10, warmup: int = 3) -> float:
 
 
 def prefetched_steps(trainer, trajectories, microbatch_tokens: int, steps: int) -> tuple[list[float], list[float]]:
-    """Steady-state step times of a training loop whose data side runs one step ahead: a
-    background thread prepares step i+1's partition and layouts (`trainer.prepare`, host
-    numpy work and async copies) while step i runs, as a data loader would. Each time runs
-    from the end of one step to the end of the next, so any wait for the preparation (and
-    any slowdown of kernel launches by the thread) is counted. Returns (step seconds,
-    preparation seconds), `steps` of each."""
-    from concurrent.futures import ThreadPoolExecutor
+    """Steady-state step times of `harts.exec.trainer.run_steps` with prefetch: a background
+    thread prepares step i+1's partition and layouts (`trainer.prepare`: host numpy work and
+    async copies) while step i runs, as a data loader would. Each time runs from the end of
+    one step to the end of the next, so any wait for the preparation (and any slowdown of
+    kernel launches by the thread) is counted; the first step, whose preparation nothing
+    overlaps, is not timed. Returns (step seconds, preparation seconds), `steps` of each."""
+    from harts.exec.trainer import run_steps
 
-    times, prep = [], []
-    with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(trainer.prepare, trajectories, microbatch_tokens)
-        last = None
-        for _ in range(steps + 1):  # the first step waits for an unoverlapped preparation: not timed
-            prepared = pending.result()
-            prep.append(prepared.seconds)
-            pending = pool.submit(trainer.prepare, trajectories, microbatch_tokens)
-            trainer.step(trajectories, microbatch_tokens, prepared=prepared)
+    prep_seconds = []
+    prepare = trainer.prepare
+
+    def timed_prepare(*a, **kw):
+        p = prepare(*a, **kw)
+        prep_seconds.append(p.seconds)
+        return p
+
+    trainer.prepare = timed_prepare
+    times, last = [], None
+    try:
+        for _ in run_steps(trainer, [trajectories] * (steps + 1), microbatch_tokens, prefetch=True):
             _sync()
             now = time.perf_counter()
             if last is not None:
                 times.append(now - last)
             last = now
-        pending.result()
-    return times, prep[1:]
+    finally:
+        del trainer.prepare
+    return times, prep_seconds[1:]
 
 
 def step_benchmark(trajectories, *, model: str = "tiny-h200", dtype: torch.dtype = torch.bfloat16,

@@ -75,5 +75,9 @@ case "$1" in
   s4e)     mkdir -p "$OUT/prof" "$OUT/calib"
            timeout 150 python3 benchmarks/gpu/h200_run.py profile --no-autotune --out "$OUT/prof"
            timeout 120 python3 benchmarks/gpu/h200_run.py calib --no-autotune --out "$OUT/calib" ;;
-  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e" >&2; exit 2 ;;
+  # fourth session, last call: the step after the routing weight moved onto the experts'
+  # hidden rows and the step benchmark's prefetch moved onto run_steps
+  s4f)     mkdir -p "$OUT/step"
+           timeout 200 python3 benchmarks/gpu/h200_run.py step --no-autotune --out "$OUT/step" ;;
+  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f" >&2; exit 2 ;;
 esac

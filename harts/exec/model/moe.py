@@ -180,8 +180,8 @@ def experts_loop(x_TD: Tensor, top_i_Tk: Tensor, top_w_Tk: Tensor, w_gate_EFD: T
         start += n
         rows = flat_t[idx]
         x_nD = x_TD[rows]
-        h_nF = F.silu(x_nD @ w_gate_EFD[e].T) * (x_nD @ w_up_EFD[e].T)
-        y_TD = y_TD.index_add(0, rows, (h_nF @ w_down_EDF[e].T) * flat_w[idx, None])
+        h_nF = F.silu(x_nD @ w_gate_EFD[e].T) * (x_nD @ w_up_EFD[e].T) * flat_w[idx, None]
+        y_TD = y_TD.index_add(0, rows, h_nF @ w_down_EDF[e].T)
     return y_TD
 
 
@@ -221,8 +221,10 @@ def experts_grouped(x_TD: Tensor, top_i_Tk: Tensor, top_w_Tk: Tensor, w_gate_EFD
     x_ND = _GatherSlots.apply(x_TD, order, inverse, k)
     gate_NF = mm(x_ND, w_gate_EFD.transpose(-2, -1), offs=offs)
     up_NF = mm(x_ND, w_up_EFD.transpose(-2, -1), offs=offs)
-    y_ND = mm(F.silu(gate_NF) * up_NF, w_down_EDF.transpose(-2, -1), offs=offs)
-    y_ND = y_ND * top_w_Tk.reshape(-1)[order, None].to(y_ND.dtype)
+    # the routing weight scales the F-wide hidden before the down projection (the same
+    # function: the projection is linear), a third of the elements of the D-wide output
+    h_NF = F.silu(gate_NF) * up_NF * top_w_Tk.reshape(-1)[order, None].to(up_NF.dtype)
+    y_ND = mm(h_NF, w_down_EDF.transpose(-2, -1), offs=offs)
     return _GatherSlots.apply(y_ND, inverse, order, 1).view(T, k, -1).sum(1)
 
 

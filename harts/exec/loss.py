@@ -60,6 +60,22 @@ class PolicyLossConfig:
         return self
 
 
+def unique_rows(row_N: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct rows ascending, each target's index into them) of non-negative row ids:
+    `np.unique(row_N, return_inverse=True)` by marking the rows present (linear in the
+    targets plus the largest row, no sort: the tables of a step hold every expanded
+    position, so this runs on the data side of each step)."""
+    row_N = np.asarray(row_N, dtype=np.int64).reshape(-1)
+    if row_N.size == 0:
+        return row_N.copy(), row_N.copy()
+    if row_N.min() < 0:
+        raise ValueError("row ids must be >= 0")
+    present = np.zeros(int(row_N.max()) + 1, dtype=bool)
+    present[row_N] = True
+    rank = np.cumsum(present, dtype=np.int64) - 1
+    return np.flatnonzero(present).astype(np.int64), rank[row_N]
+
+
 @dataclass(frozen=True)
 class TargetTable:
     row: Tensor  # int64 [N] hidden row whose logits predict the label
@@ -89,9 +105,8 @@ class TargetTable:
 
         table = self
         if self.unique_rows is None and self.row.device.type == "cpu":
-            rows_U, inverse_N = np.unique(self.row.numpy(), return_inverse=True)
-            table = replace(self, unique_rows=torch.from_numpy(rows_U.astype(np.int64)),
-                            row_inverse=torch.from_numpy(inverse_N.reshape(-1).astype(np.int64)))
+            rows_U, inverse_N = unique_rows(self.row.numpy())
+            table = replace(self, unique_rows=torch.from_numpy(rows_U), row_inverse=torch.from_numpy(inverse_N))
         return TargetTable(*(f(getattr(table, n)) for n in self.__dataclass_fields__))
 
 

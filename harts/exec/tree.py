@@ -52,6 +52,15 @@ ZERO_STATE = -1
 EXTERNAL_STATE = -2
 
 
+def _sorted_unique(a) -> np.ndarray:
+    """np.unique for int64 row ids, skipping the work when they already ascend strictly
+    (the usual case: layouts list rows in DFS order)."""
+    a = np.asarray(a, dtype=np.int64).reshape(-1)
+    if a.size < 2 or bool((a[1:] > a[:-1]).all()):
+        return a
+    return np.unique(a)
+
+
 @dataclass(frozen=True, eq=False)
 class LocalLayout:
     """The rows one microbatch touches, in DFS order, with its path structure."""
@@ -65,12 +74,15 @@ class LocalLayout:
     @classmethod
     def of_rows(cls, forest: RolloutForest, computed_rows: np.ndarray,
                 context_rows: np.ndarray | None = None) -> LocalLayout:
-        computed_rows = np.unique(np.asarray(computed_rows, dtype=np.int64))
-        context_rows = np.unique(np.asarray(context_rows if context_rows is not None else [], dtype=np.int64))
-        if np.intersect1d(computed_rows, context_rows).size:
-            raise ValueError("a row cannot be both computed and read from the producer")
-        rows = np.union1d(computed_rows, context_rows)
-        computed = np.isin(rows, computed_rows)
+        computed_rows = _sorted_unique(computed_rows)
+        context_rows = _sorted_unique(context_rows if context_rows is not None else [])
+        if context_rows.size == 0:  # a whole forest or a producer: no set algebra needed
+            rows, computed = computed_rows, np.ones(computed_rows.size, dtype=bool)
+        else:
+            if np.intersect1d(computed_rows, context_rows, assume_unique=True).size:
+                raise ValueError("a row cannot be both computed and read from the producer")
+            rows = np.sort(np.concatenate([computed_rows, context_rows]))
+            computed = np.isin(rows, computed_rows, assume_unique=True)
         gparent = forest.row_parent[rows]
         local_parent = np.searchsorted(rows, gparent)
         has = gparent >= 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from harts.exec.loss import (
     AGG_MODES,
@@ -145,3 +147,16 @@ def test_bad_inputs():
         loss_denominators([])
     with pytest.raises(ValueError, match=">= 0"):
         loss_denominators([3, -1])
+
+
+@given(st.lists(st.integers(0, 60), max_size=200))
+def test_unique_rows_equals_numpy_unique(rows):
+    from harts.exec.loss import unique_rows
+
+    a = np.asarray(rows, dtype=np.int64)
+    got_u, got_i = unique_rows(a)
+    want_u, want_i = np.unique(a, return_inverse=True)
+    assert got_u.dtype == got_i.dtype == np.int64
+    assert np.array_equal(got_u, want_u) and np.array_equal(got_i, want_i.reshape(-1))
+    if a.size:
+        assert np.array_equal(got_u[got_i], a)

@@ -275,27 +275,37 @@ def sec_fidelity(args):
     return fidelity(trajs, model=args.model, dtype=torch.bfloat16, device="cuda", microbatch_tokens=1 << 16)
 
 
-def sec_profile(args):
-    """Where a step's time goes: one tree and one expanded update under torch.profiler
-    (after a warm-up step), CUDA kernel time summed by kernel name, plus wall time and the
-    GPU-busy share (kernel time / wall: far below 1 means the host is the bottleneck)."""
-    from torch.profiler import ProfilerActivity, profile
-
+def _warm_trainers(args, out: dict):
+    """(mode, trainer, trajectories) for tree then expanded mode on the first --schemes
+    entry's workload (default treestep), each trainer on a fresh tiny model after one
+    warm-up step; records the workload in `out` and frees each model after its turn."""
     from harts.config.models import get_model_config
     from harts.exec.model.model import build_model
     from harts.exec.trainer import ExpandedTrainer
     from harts.exec.tree_trainer import TreeTrainer
     from harts.tree.workload import generate, preset
 
-    vocab = get_model_config(args.model).vocab_size
-    name, over = STEP_WORKLOADS[args.schemes[0]]  # the first --schemes entry (default treestep)
-    trajs = generate(preset(name, vocab_size=vocab, **over)).trajectories()
-    out = {"scheme": args.schemes[0], "workload": name, "overrides": over}
+    name, over = STEP_WORKLOADS[args.schemes[0]]
+    out.update(workload=name, overrides=over)
+    trajs = generate(preset(name, vocab_size=get_model_config(args.model).vocab_size, **over)).trajectories()
     for mode in ("tree", "expanded"):
         net = build_model(get_model_config(args.model), seed=0, dtype=torch.bfloat16, device="cuda", recompute=True)
         trainer = (TreeTrainer if mode == "tree" else ExpandedTrainer)(net)
         trainer.step(trajs, args.microbatch_tokens)
         torch.cuda.synchronize()
+        yield mode, trainer, trajs
+        del trainer, net
+        torch.cuda.empty_cache()
+
+
+def sec_profile(args):
+    """Where a step's time goes: one tree and one expanded update under torch.profiler
+    (after a warm-up step), CUDA kernel time summed by kernel name, plus wall time and the
+    GPU-busy share (kernel time / wall: far below 1 means the host is the bottleneck)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out = {"scheme": args.schemes[0]}
+    for mode, trainer, trajs in _warm_trainers(args, out):
         prepared = trainer.prepare(trajs, args.microbatch_tokens)  # the data side ahead, as the step bench
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
@@ -324,8 +334,7 @@ def sec_profile(args):
         out[mode]["top_ops"] = [{"op": a, "shapes": str(b)[:200], "seconds": c, "calls": d} for a, b, c, d in ops]
         for a, b, c, d in ops[:25]:
             print(f"   op {c*1e3:9.1f} ms {d:6d}  {a} {str(b)[:120]}", flush=True)
-        del trainer, net
-        torch.cuda.empty_cache()
+        del trainer  # so that the generator's cleanup frees the model before the next mode
     return out
 
 
@@ -377,21 +386,8 @@ def sec_syncs(args):
 
     from torch.profiler import ProfilerActivity, profile
 
-    from harts.config.models import get_model_config
-    from harts.exec.model.model import build_model
-    from harts.exec.trainer import ExpandedTrainer
-    from harts.exec.tree_trainer import TreeTrainer
-    from harts.tree.workload import generate, preset
-
-    vocab = get_model_config(args.model).vocab_size
-    name, over = STEP_WORKLOADS[args.schemes[0]]  # the first --schemes entry (default treestep)
-    trajs = generate(preset(name, vocab_size=vocab, **over)).trajectories()
-    out = {"scheme": args.schemes[0], "workload": name, "overrides": over}
-    for mode in ("tree", "expanded"):
-        net = build_model(get_model_config(args.model), seed=0, dtype=torch.bfloat16, device="cuda", recompute=True)
-        trainer = (TreeTrainer if mode == "tree" else ExpandedTrainer)(net)
-        trainer.step(trajs, args.microbatch_tokens)
-        torch.cuda.synchronize()
+    out = {"scheme": args.schemes[0]}
+    for mode, trainer, trajs in _warm_trainers(args, out):
         sites = {}
         orig = warnings.showwarning
 
@@ -439,8 +435,7 @@ def sec_syncs(args):
             for r in g["by_next_kernel"][:10]:
                 print(f"   next {r['seconds']*1e3:8.1f} ms {r['gaps']:5d}  {r['where']}", flush=True)
         out[mode] = res
-        del trainer, net
-        torch.cuda.empty_cache()
+        del trainer  # so that the generator's cleanup frees the model before the next mode
     return out
 
 

@@ -4,6 +4,7 @@ writes JSON in the `benchmarks/results/h200.json` run schema)."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from harts.cli.common import UserError, format_table
 
@@ -16,7 +17,12 @@ SCHEMES = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="time tree vs expanded update steps on the GPU")
+    p = sub.add_parser(
+        "bench", help="time tree vs expanded update steps on the GPU",
+        description="Time full update steps (forward, backward, AdamW) in tree and expanded mode on the same "
+                    "SWE-shaped rollouts. Step times are steady-state steps with each step's data side (partition, "
+                    "layouts) prepared one step ahead in a background thread, the same for both modes; the "
+                    "inline speedup (data side on the critical path) is reported next to it.")
     p.add_argument("--model", default="tiny-h200", help="model config (tiny-h200: Tiny-shaped, fits one H200)")
     p.add_argument("--schemes", nargs="+", choices=sorted(SCHEMES), default=["treestep", "stepwise"])
     p.add_argument("--microbatch-tokens", type=int, default=131072)
@@ -47,10 +53,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for scheme in args.schemes:
         name, over = SCHEMES[scheme]
         trajs = generate(preset(name, vocab_size=cfg.vocab_size, **over)).trajectories()
+        print(f"[bench] {scheme}: {len(trajs)} trajectories, {sum(len(t) for t in trajs)} tokens; "
+              f"{args.warmup} warm-up + {args.steps} timed steps per mode, inline and prepared ahead",
+              file=sys.stderr, flush=True)
         r = step_benchmark(trajs, model=args.model, microbatch_tokens=args.microbatch_tokens,
                            steps=args.steps, warmup=args.warmup)
         r.update(scheme=scheme, workload=name, overrides=over)
         runs.append(r)
+        print(f"[bench] {scheme}: speedup {r['speedup']:.2f}x ({r['speedup_over_limit']:.2f} of the FLOP limit)",
+              file=sys.stderr, flush=True)
     rows = [(r["scheme"], r["expanded_tokens"], r["compact_tokens"], f"{r['token_limit']:.2f}", f"{r['flop_limit']:.2f}",
              f"{r['expanded']['seconds']:.2f}", f"{r['tree']['seconds']:.2f}", f"{r['speedup']:.2f}",
              f"{r['speedup_over_limit']:.2f}", f"{r['speedup_inline']:.2f}",

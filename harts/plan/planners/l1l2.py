@@ -87,6 +87,7 @@ backward runs with or right after the consumer's. With pp = 1 none of this appli
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -183,6 +184,7 @@ class _CellSolver:
         self.chunk = config.chunk_size
         self.pp = config.pp
         self._alone: frozenset[int] | None = None
+        self._chunks: dict[int, tuple[list[int], list[float]]] = {}
         self._solved: dict[tuple[int, tuple[int, ...]], Cell | None] = {}
 
     def solved(self, k: int, trees: list[int]) -> Cell | None:
@@ -208,18 +210,31 @@ class _CellSolver:
 
     # ---- shaving ----------------------------------------------------------------------
 
-    def _offset_for(self, u: int, want: float) -> int:
+    def _chunk_costs(self, u: int) -> tuple[list[int], list[float]]:
+        """Chunk-aligned offsets o in (0, length) of node u (the cut lands on a multiple of
+        the chunk size in depth) and the cost of rows [0, o) at each, rising; memoised
+        (every re-cut asks again)."""
+        got = self._chunks.get(u)
+        if got is None:
+            idx = self.idx
+            s, e = idx.start[u], idx.end[u]
+            first = (s // self.chunk + 1) * self.chunk
+            if first >= e:
+                got = ([], [])
+            else:
+                depths = np.arange(first, e, self.chunk, dtype=np.int64)
+                costs = self.cm.segment_cost(np.full(depths.size, s), depths)
+                got = ((depths - s).tolist(), costs.tolist())
+            self._chunks[u] = got
+        return got
+
+    def _offset_for(self, u: int, want: float) -> tuple[int, float]:
         """Largest chunk-aligned offset o in [0, length) of node u whose rows [0, o) cost
-        at most `want` (the cut lands on a multiple of the chunk size in depth)."""
-        idx = self.idx
-        s, e = idx.start[u], idx.end[u]
-        first = (s // self.chunk + 1) * self.chunk
-        if first >= e:
-            return 0
-        depths = np.arange(first, e, self.chunk, dtype=np.int64)
-        costs = self.cm.segment_cost(np.full(depths.size, s), depths)
-        n = int(np.searchsorted(costs, want, side="right"))
-        return int(depths[n - 1] - s) if n else 0
+        at most `want` (the cut lands on a multiple of the chunk size in depth), and the
+        cost of those rows."""
+        offsets, costs = self._chunk_costs(u)
+        n = bisect_right(costs, want)
+        return (offsets[n - 1], costs[n - 1]) if n else (0, 0.0)
 
     def shave(self, it: Item, want: float) -> None:
         """Re-cut item `it` so that its shaved DFS prefix costs about `want` (never more,
@@ -237,11 +252,10 @@ class _CellSolver:
                 it.shaved_cost += c
                 it.shaved_tokens += idx.length[u]
                 continue
-            o = self._offset_for(u, want - it.shaved_cost)
+            o, seg = self._offset_for(u, want - it.shaved_cost)
             if o:
                 it.cut_node, it.cut_off = u, o
-                seg = self.cm.segment_cost(np.array([idx.start[u]]), np.array([idx.start[u] + o]))
-                it.shaved_cost += float(seg[0])
+                it.shaved_cost += seg
                 it.shaved_tokens += o
             break
 

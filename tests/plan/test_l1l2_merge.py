@@ -77,3 +77,23 @@ def test_merged_runs_lift_the_dp8_balance_at_a_32k_cap():
     assert m.slot_balance > 0.972
     assert m.balance_p5 >= 0.93
     assert slot_loads(plan).max(axis=1).sum() < 332_590
+
+
+def test_merged_runs_never_cost_balance_p5_or_path(monkeypatch):
+    """With and without the merged candidate (swe-treestep-32 at a 32k cap, DP 2/4/16,
+    where merging alone would lower P5 at DP 2 and 16): slot balance and P5 no lower,
+    the critical path no longer, the slot count and compression the same."""
+    import harts.plan.planners.l1l2 as l1l2
+
+    forest = generate(preset("swe-treestep-32", max_context=32768)).forest()
+    for dp in (2, 4, 16):
+        config = PlanConfig(dp=dp, microbatch_tokens=32768)
+        with_merge = make_plan(forest, "l1l2", config)
+        with monkeypatch.context() as m:
+            m.setattr(l1l2, "_merge_runs", lambda *a, **k: None)
+            without = make_plan(forest, "l1l2", config)
+        a, b = compute_metrics(with_merge, forest), compute_metrics(without, forest)
+        assert a.slot_balance >= b.slot_balance - 1e-12
+        assert a.balance_p5 >= b.balance_p5 - 1e-12
+        assert a.slots == b.slots and a.compression == b.compression
+        assert slot_loads(with_merge).max(axis=1).sum() <= slot_loads(without).max(axis=1).sum() * (1 + 1e-9)

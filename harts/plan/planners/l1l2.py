@@ -126,6 +126,9 @@ _RELEVEL_ROUNDS = 3
 _RECUT_ROUNDS = 2
 # `_merge_runs`: runs of 1-slot single-tree cells become windows of this many slots
 _MERGE_RUN = 3
+# `_recut`: a window whose re-cut misses the LP's loads by more than this share of its
+# load in all is held at what it got while the others are solved again
+_PIN_MISS = 0.002
 
 
 @dataclass(eq=False)
@@ -550,28 +553,29 @@ class _CellSolver:
                 best = (miss, trial)
         return None if best is None else best[1]
 
-    def _apply_fitting(self, c: Cell, plan: list[tuple[int, float]]) -> bool:
-        """Apply the largest share of `plan` that fits the budget (bisection)."""
-        self._apply(c, plan, 1.0)
+    def _apply_fitting(self, c: Cell, plan: list[tuple[int, float]], whole: int = 0) -> bool:
+        """Apply the largest share of `plan` that fits the budget (bisection); its first
+        `whole` steps in full."""
+        self._apply(c, plan, 1.0, whole)
         if self._fits(c):
             return True
         lo, hi = 0.0, 1.0
         for _ in range(12):
             mid = 0.5 * (lo + hi)
-            self._apply(c, plan, mid)
+            self._apply(c, plan, mid, whole)
             if self._fits(c):
                 lo = mid
             else:
                 hi = mid
-        self._apply(c, plan, lo)
+        self._apply(c, plan, lo, whole)
         return self._fits(c)
 
-    def _apply(self, c: Cell, plan: list[tuple[int, float]], lam: float) -> None:
+    def _apply(self, c: Cell, plan: list[tuple[int, float]], lam: float, whole: int = 0) -> None:
         for b in c.bins:
             for it in b:
                 self.shave(it, 0.0)
-        for b, amount in plan:
-            self.shave_bin(c, b, lam * amount)
+        for j, (b, amount) in enumerate(plan):
+            self.shave_bin(c, b, amount if j < whole else lam * amount)
         if lam < 1.0:
             # the ends must still read the producer when one exists
             if c.trunk or any(it.shaved_tokens for b in c.bins for it in b):
@@ -1003,7 +1007,9 @@ def _recut(cells: list[list[Cell]], solver: _CellSolver, rounds: int = _RECUT_RO
     peak (slot balance, linearised; re-weighted at each round's result), the critical
     path no longer than now. Where the other replicas' peaks keep one window from moving
     alone, many windows moving together can (a slot that every window empties alike).
-    The chosen loads are applied with `relevel` (the nearest re-cut that fits); a result
+    The chosen loads are applied with `relevel` (the nearest re-cut that fits); when a
+    window misses them (its producer at the budget), it is held at what it got and the
+    others are solved again at the same weights (a repair solve, not a round); a result
     is kept only when its critical path is no longer and its slot balance higher, the
     best such one returned. Trees, producers' trunks and slot counts stay. Returns new
     rows (the input is not modified)."""
@@ -1030,15 +1036,23 @@ def _recut(cells: list[list[Cell]], solver: _CellSolver, rounds: int = _RECUT_RO
     bal = _slot_balance(vecs)
     best = rows
     cur = vecs
-    for _ in range(rounds):
+    # windows whose re-cut missed its aims (the budget binds), by index in `wins`: their
+    # re-cut copy and its loads, held fixed by a repair solve at the same weights right
+    # after (not counted as a round), so that the others aim at what they really got
+    pinned: dict[int, tuple[Cell, list[float]]] = {}
+    done, repair = 0, False
+    while done < rounds:
         # variables: each window's first k - 1 slot loads (the last is what is left),
         # then one peak per slot
         fixed = np.array(vecs, dtype=np.float64).T  # [slot, replica]; windows' slots below
         lin: list[tuple[int, int, int, float]] = []  # (slot, replica, variable, coefficient)
         bounds: list[tuple[float, float]] = []
         last_rows: list[tuple[list[int], float, float]] = []  # sum of a window's vars within
-        for r, s0, _i, rng, total in wins:
+        for j, (r, s0, _i, rng, total) in enumerate(wins):
             k = len(rng)
+            if j in pinned:
+                fixed[s0 : s0 + k, r] = pinned[j][1]
+                continue
             fixed[s0 : s0 + k, r] = 0.0
             fixed[s0 + k - 1, r] = total
             first = len(bounds)
@@ -1050,7 +1064,8 @@ def _recut(cells: list[list[Cell]], solver: _CellSolver, rounds: int = _RECUT_RO
             last_rows.append((list(range(first, first + k - 1)), total - hi, total - lo))
         nv = len(bounds)
         n = nv + n_slots
-        w = 1.0 / np.maximum(np.array([max(col) for col in zip(*cur, strict=True)]), 1e-9)
+        if not repair:
+            w = 1.0 / np.maximum(np.array([max(col) for col in zip(*cur, strict=True)]), 1e-9)
         cost = np.zeros(n)
         cost[nv:] = w
         a_ub = np.zeros((n_slots * dp + 2 * len(last_rows) + 1, n))
@@ -1076,7 +1091,11 @@ def _recut(cells: list[list[Cell]], solver: _CellSolver, rounds: int = _RECUT_RO
         sol = res.x
         cand = [list(r) for r in rows]
         at = 0
-        for r, _s0, i, rng, total in wins:
+        missed: dict[int, tuple[Cell, list[float]]] = {}
+        for j, (r, _s0, i, rng, total) in enumerate(wins):
+            if j in pinned:
+                cand[r][i] = pinned[j][0]
+                continue
             k = len(rng)
             aim = [float(sol[at + b]) for b in range(k - 1)]
             aim.append(total - sum(aim))
@@ -1084,12 +1103,22 @@ def _recut(cells: list[list[Cell]], solver: _CellSolver, rounds: int = _RECUT_RO
             new = solver.relevel(rows[r][i], aim)
             if new is not None:
                 cand[r][i] = new
+                got = solver.loads(new)
+                if sum(abs(x - y) for x, y in zip(got, aim, strict=True)) > _PIN_MISS * total:
+                    missed[j] = (new, got)
+        pinned.update(missed)
         cur = [[x for c in row for x in solver.loads(c)] for row in cand]
         # kept only when the path is no longer and the slots are better balanced; the
         # next round re-weights at this candidate's peaks either way
         cbal = _slot_balance(cur)
         if round(sum(map(max, *cur)), 6) <= crit and cbal > bal + 1e-12:
             best, bal = cand, cbal
+        if missed and not repair:
+            repair = True
+        else:
+            repair = False
+            done += 1
+            pinned.clear()
     return best
 
 

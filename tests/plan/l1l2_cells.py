@@ -3,16 +3,35 @@ candidates l1l2's search builds, and what must not change between them."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 
 from hypothesis import strategies as st
 
+from harts.plan.metrics import compute_metrics
+from harts.plan.planners import PlanConfig, make_plan
 from harts.plan.planners.common import ForestIndex, finalize_tree
 from harts.plan.planners.l1l2 import Cell, _build, _CellSolver, _group_options, _to_microbatches
+from harts.tree.workload import generate, preset
 from tests.strategies import plan_configs, plan_forests
 
 forest_and_config = plan_forests().flatmap(lambda f: st.tuples(st.just(f), plan_configs(f)))
+
+
+@functools.cache
+def swe64_32k_dp8():
+    """(forest, config, plan, metrics) of l1l2 on swe-treestep-64 at a 32k cap and budget,
+    DP 8 (the issue's slot-balance setting), built once; the plan validated, every row
+    computed exactly once, on 10 slots."""
+    forest = generate(preset("swe-treestep-64", max_context=32768)).forest()
+    config = PlanConfig(dp=8, microbatch_tokens=32768)
+    plan = make_plan(forest, "l1l2", config)
+    plan.validate(forest, cost_model=config.cost_model)
+    m = compute_metrics(plan, forest)
+    assert m.executed_tokens == forest.compact_tokens
+    assert m.slots == 10
+    return forest, config, plan, m
 
 
 def build_candidates(forest, config, limit=4, dealings=(False, True)):

@@ -10,7 +10,13 @@ from harts.plan.metrics import compute_metrics, slot_loads
 from harts.plan.planners import PlanConfig, make_plan
 from harts.plan.planners.l1l2 import _arrange, _merge_runs, _recut
 from harts.tree.workload import generate, preset
-from tests.plan.l1l2_cells import build_candidates, check_rearranged, forest_and_config, trees
+from tests.plan.l1l2_cells import (
+    build_candidates,
+    check_rearranged,
+    forest_and_config,
+    swe64_32k_dp8,
+    trees,
+)
 
 
 def _single(solver, c) -> bool:
@@ -67,13 +73,7 @@ def test_merged_runs_lift_the_dp8_balance_at_a_32k_cap():
     """swe-treestep-64 at a 32k cap and budget, DP 8: each replica's single trees merged
     into 3-slot windows (remainder first) and re-cut together lift the slot balance past
     97.2% (97.13% without) on a shorter path (332,600 load units without), P5 above 93%."""
-    forest = generate(preset("swe-treestep-64", max_context=32768)).forest()
-    config = PlanConfig(dp=8, microbatch_tokens=32768)
-    plan = make_plan(forest, "l1l2", config)
-    plan.validate(forest, cost_model=config.cost_model)
-    m = compute_metrics(plan, forest)
-    assert m.executed_tokens == forest.compact_tokens
-    assert m.slots == 10
+    _, _, plan, m = swe64_32k_dp8()
     assert m.slot_balance > 0.972
     assert m.balance_p5 >= 0.93
     assert slot_loads(plan).max(axis=1).sum() < 332_590

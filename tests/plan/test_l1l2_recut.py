@@ -8,18 +8,18 @@ from __future__ import annotations
 from hypothesis import given, settings
 
 from harts.plan.metrics import compute_metrics, slot_loads
-from harts.plan.planners import PlanConfig, make_plan
+from harts.plan.planners import make_plan
 from harts.plan.planners.l1l2 import (
     _critical_path,
     _recut,
     _slot_balance,
     _window_ranges,
 )
-from harts.tree.workload import generate, preset
 from tests.plan.l1l2_cells import (
     build_candidates,
     check_rearranged,
     forest_and_config,
+    swe64_32k_dp8,
 )
 
 
@@ -73,13 +73,7 @@ def test_recut_at_a_32k_cap_lifts_dp8_balance_with_a_shorter_path():
     """swe-treestep-64 at a 32k cap and budget, DP 8: re-cutting every window together
     (a slot that all windows empty alike) shortens the critical path and lifts the slot
     balance past 97% (96.84% before), P5 above 93%, the plan valid with every row once."""
-    forest = generate(preset("swe-treestep-64", max_context=32768)).forest()
-    config = PlanConfig(dp=8, microbatch_tokens=32768)
-    plan = make_plan(forest, "l1l2", config)
-    plan.validate(forest, cost_model=config.cost_model)
-    m = compute_metrics(plan, forest)
-    assert m.executed_tokens == forest.compact_tokens
-    assert m.slots == 10
+    _, _, plan, m = swe64_32k_dp8()
     assert m.slot_balance > 0.97
     assert m.balance_p5 >= 0.93
     # today's plan before the joint re-cut: 332,988 load units
@@ -93,14 +87,11 @@ def test_recut_repair_solve_lifts_the_dp8_balance_at_a_32k_cap(monkeypatch):
     P5 above 93%, and balances its slots better than without the repair solve (97.26%)."""
     import harts.plan.planners.l1l2 as l1l2
 
-    forest = generate(preset("swe-treestep-64", max_context=32768)).forest()
-    config = PlanConfig(dp=8, microbatch_tokens=32768)
-    plan = make_plan(forest, "l1l2", config)
-    plan.validate(forest, cost_model=config.cost_model)
+    forest, config, plan, a = swe64_32k_dp8()
     with monkeypatch.context() as m:
         m.setattr(l1l2, "_PIN_MISS", float("inf"))
         without = make_plan(forest, "l1l2", config)
-    a, b = compute_metrics(plan, forest), compute_metrics(without, forest)
+    b = compute_metrics(without, forest)
     assert a.executed_tokens == forest.compact_tokens
     assert a.slots == b.slots == 10
     assert a.balance_p5 >= 0.93

@@ -778,6 +778,164 @@ def sec_attnsplit():
     return out
 
 
+def sec_attnvar():
+    """The cuDNN split tree attention on contiguous copies ("dense", the default) against
+    strided views ("dense-strided"): both self-checked, bf16 accuracy against float64 on a
+    forked layout, forward+backward per attended pair against causal cuDNN SDPA on 32k rows
+    (16 heads, qk 192 / v 128), on the same three layouts as `attnsplit`; the kernels of one
+    whole-tree forward+backward grouped by name (attention kernels vs the rest); and a probe
+    of torch's ragged cuDNN entry with query sequences no longer than the head dim (its
+    backward sizes dQ by the head dim, pytorch/pytorch#186142)."""
+    import functools as ft
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from harts.exec.backend import causal_attention
+    from harts.exec.gpu.bench import time_cuda
+    from harts.exec.gpu.path_attention import path_attention, reference_varlen, segments_of
+    from harts.exec.gpu.split_attention import (
+        REFERENCE,
+        _case,
+        _CuDNN,
+        _read_lse,
+        _write_lse,
+        cudnn_kernel,
+        device_index,
+        split_attention,
+        split_segments,
+    )
+    from harts.tree.workload import generate, preset
+
+    out = {}
+    H, qk, vd = 16, 192, 128
+    scale = qk ** -0.5
+    kerns = {}
+    for variant in ("dense", "dense-strided"):
+        try:
+            kerns[variant] = cudnn_kernel(qk, vd, variant)
+            out[f"self_check_{variant}"] = "ok"
+        except Exception as err:  # noqa: BLE001
+            out[f"self_check_{variant}"] = f"{type(err).__name__}: {err}"[:400]
+    print(f"[attnvar] self-checks: {out}", flush=True)
+    # ragged probe: short query sequences (<= qk rows), short and long keys
+    probe = {}
+    for name, causal, nq, nk in (("causal_le_d", True, [5, 100, 192], [5, 100, 192]),
+                                 ("rect_short_q_long_k", False, [100, 192, 50], [3000, 2500, 900]),
+                                 ("causal_gt_d", True, [300, 1000], [300, 1000])):
+        try:
+            k_ = _CuDNN()  # not cudnn_kernel("ragged"): its self-check runs the long cases
+            k_.lse_from_native = ft.partial(_read_lse, layout="head_major", factor=1.0)
+            k_.lse_to_native = ft.partial(_write_lse, layout="head_major", factor=1.0)
+            k_.bias_arg = lambda q: None
+            q, k, v, do, cu_q, cu_k = _case(qk, vd, nq, nk, 3)
+            wide = [x.double() for x in (q, k, v)]
+            o_ref, lse_ref, _ = REFERENCE.fwd(*wide, cu_q, cu_k, max(nq), max(nk), causal, scale)
+            ref = REFERENCE.bwd(do.double(), *wide, o_ref, lse_ref, None, cu_q, cu_k, max(nq), max(nk), causal, scale)
+            cq, ck = _CuDNN._cu(cu_q, "cuda"), _CuDNN._cu(cu_k, "cuda")
+            native = torch.ops.aten._cudnn_attention_forward(q, k, v, None, cq, ck, max(nq), max(nk), True, 0.0,
+                                                             causal, False, scale=scale)[1]
+            res = {"lse_shape": list(native.shape)}
+            for layout in ("token_major", "head_major"):
+                for factor in (1.0, float(np.log(2.0))):
+                    if (_read_lse(native, layout, factor, q.shape[0], q.shape[1]).double() - lse_ref).abs().max() < 2e-2:
+                        k_.lse_from_native = ft.partial(_read_lse, layout=layout, factor=factor)
+                        k_.lse_to_native = ft.partial(_write_lse, layout=layout, factor=factor)
+                        res["lse"] = f"{layout} {factor}"
+            o, lse, aux = k_.fwd(q, k, v, cu_q, cu_k, max(nq), max(nk), causal, scale)
+            grads = k_.bwd(do, q, k, v, o, lse, aux, cu_q, cu_k, max(nq), max(nk), causal, scale)
+            torch.cuda.synchronize()
+            res.update({n: rel(a, b) for n, a, b in zip(("o", "lse", "dq", "dk", "dv"), (o, lse, *grads),
+                                                        (o_ref, lse_ref, *ref), strict=True)})
+        except Exception as err:  # noqa: BLE001
+            res = {"error": f"{type(err).__name__}: {err}"[:300]}
+        probe[name] = res
+        print(f"[attnvar] ragged probe {name}: {res}", flush=True)
+        if "error" in res and "illegal" in res["error"].lower():
+            break  # the context is gone after an illegal address
+    out["ragged_probe"] = probe
+    f = generate(preset("swe-treestep-1")).forest()
+    # accuracy on a forked 6000-row layout, all rows as queries
+    R = 6000
+    parent = np.where(f.row_parent[:R] < R, f.row_parent[:R], -1)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    seg = segments_of(parent)
+    q = torch.randn(R, 4, qk, device="cuda", generator=g)
+    k = torch.randn(R, 4, qk, device="cuda", generator=g)
+    v = torch.randn(R, 4, vd, device="cuda", generator=g)
+    do = torch.randn(R, 4, vd, device="cuda", generator=g)
+    ref_in = [x.double().requires_grad_() for x in (q, k, v)]
+    o_ref = path_attention(*ref_in, scale, seg, kernel=reference_varlen)
+    ref = [o_ref.detach()] + list(torch.autograd.grad(o_ref, ref_in, do.double()))
+    sp = split_segments(seg, True)
+    for variant, kern in kerns.items():
+        ins = [x.bfloat16().requires_grad_() for x in (q, k, v)]
+        o = split_attention(*ins, scale, sp, kernel=kern)
+        got = [o.detach()] + list(torch.autograd.grad(o, ins, do.bfloat16()))
+        out[f"accuracy_{variant}"] = {n: rel(a, b) for n, a, b in zip(("o", "dq", "dk", "dv"), got, ref, strict=True)}
+    print(f"[attnvar] accuracy: { {k_: v_ for k_, v_ in out.items() if k_.startswith('accuracy')} }", flush=True)
+    R32 = 32768
+    qkv = [torch.randn(R32 * 3, H, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for d in (qk, qk, vd)]
+    dO = torch.randn(R32 * 3, H, vd, device="cuda", dtype=torch.bfloat16)
+    hf = [x[:R32].detach().transpose(0, 1).requires_grad_() for x in qkv]
+    sdpa = time_cuda(lambda: causal_attention(*hf, scale).backward(dO[:R32].transpose(0, 1)), repeats=10)
+    out["sdpa_causal_32k_fwdbwd_s"] = sdpa
+    per_pair_sdpa = sdpa / (R32 * (R32 + 1) // 2)
+    layouts = {"treestep_first32k": parents_from_ends(np.minimum(f.row_end[:R32], R32 - 1)),
+               "swe_treestep_1_all": f.row_parent}
+    f2 = generate(preset("small-treestep")).forest()
+    ends, off = [], 0
+    while off < R32:
+        ends.append(f2.row_end + off)
+        off += f2.num_rows
+    layouts["small_treestep_tiled"] = parents_from_ends(np.minimum(np.concatenate(ends)[:R32], R32 - 1))
+    for lname, par in layouts.items():
+        seg = segments_of(par)
+        sp = split_segments(seg, True)
+        idx = device_index(sp, "cuda")
+        n = np.diff(seg.cu_q)
+        pairs = int(((np.diff(seg.cu_k) - n) * n + n * (n + 1) // 2).sum())
+        ins = [x[:par.size].detach().requires_grad_() for x in qkv]
+        res = {"rows": int(par.size), "pairs": pairs, "segments": seg.num_segments}
+        for variant, kern in kerns.items():
+            def fn(ins=ins, sp=sp, idx=idx, kern=kern):
+                return split_attention(*ins, scale, sp, kernel=kern, idx=idx)
+            try:
+                with torch.no_grad():
+                    fwd = time_cuda(fn, repeats=5)
+                fb = time_cuda(lambda fn=fn, dR=dO[:par.size]: fn().backward(dR), repeats=5)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fn().backward(dO[:par.size])
+                host = time.perf_counter() - t0  # launch time on the host (no sync): ~fwdbwd_s if host-bound
+                torch.cuda.synchronize()
+                res[variant] = {"fwd_s": fwd, "fwdbwd_s": fb, "per_pair_vs_sdpa": fb / pairs / per_pair_sdpa,
+                                "host_launch_s": host}
+                if lname == "swe_treestep_1_all" or lname == "small_treestep_tiled":
+                    torch.cuda.synchronize()
+                    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                        fn().backward(dO[:par.size])
+                        torch.cuda.synchronize()
+                    groups: dict[str, float] = {}
+                    for e in prof.key_averages():
+                        t = getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0.0)) / 1e6
+                        if t <= 0:
+                            continue
+                        name = e.key.lower()
+                        grp = ("attention" if any(w in name for w in ("cudnn", "sdpa", "fmha", "flash", "attn")) else
+                               "copy/gather" if any(w in name for w in ("copy", "index", "gather", "cat", "scatter")) else
+                               "other")
+                        groups[grp] = groups.get(grp, 0.0) + t
+                    res[variant]["kernel_seconds"] = groups
+                    res[variant]["top_kernels"] = sorted(
+                        ((e.key[:90], getattr(e, "device_time_total", 0.0) / 1e6) for e in prof.key_averages()),
+                        key=lambda x: -x[1])[:12]
+            except Exception as err:  # noqa: BLE001
+                res[variant] = {"error": f"{type(err).__name__}: {err}"[:400]}
+        out[lname] = res
+        print(f"[attnvar] {lname}: { {k_: (v_ if not isinstance(v_, dict) else {a: b for a, b in v_.items() if a != 'top_kernels'}) for k_, v_ in res.items()} }", flush=True)
+    return out
+
+
 def sec_calib(varlen_tree: bool = False):
     """Profile rows at several sizes for `harts sim fit` (schema harts.sim.profile/v1): GEMMs
     of tiny-h200's shapes, causal SDPA and the tree attention at 3 lengths (8 heads, as
@@ -883,7 +1041,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     fns = {"attn": sec_attn, "env": sec_env, "kda": sec_kda, "flex": sec_flex, "verify": sec_verify, "ops": sec_ops,
            "step": lambda: sec_step(args), "fidelity": lambda: sec_fidelity(args),
-           "profile": lambda: sec_profile(args), "moe": sec_moe, "conv": sec_conv, "attnprobe": sec_attnprobe, "attnsplit": sec_attnsplit, "calib": sec_calib, "flexsweep": lambda: sec_flexsweep(args),
+           "profile": lambda: sec_profile(args), "moe": sec_moe, "conv": sec_conv, "attnprobe": sec_attnprobe, "attnsplit": sec_attnsplit, "attnvar": sec_attnvar, "calib": sec_calib, "flexsweep": lambda: sec_flexsweep(args),
            "syncs": lambda: sec_syncs(args), "kdaops": sec_kdaops}
     for s in args.sections:
         t0 = time.perf_counter()

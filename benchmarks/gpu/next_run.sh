@@ -79,5 +79,18 @@ case "$1" in
   # hidden rows and the step benchmark's prefetch moved onto run_steps
   s4f)     mkdir -p "$OUT/step"
            timeout 200 python3 benchmarks/gpu/h200_run.py step --no-autotune --out "$OUT/step" ;;
-  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f" >&2; exit 2 ;;
+  # fifth session, first call: the cuDNN split attention on strided views vs copies, a
+  # probe of the ragged entry at short queries; the stepwise step with the final code (the
+  # MoE routing change); a profiled treestep step keeping every kernel (for `harts sim fit`)
+  s5a)     mkdir -p "$OUT/attn" "$OUT/step" "$OUT/prof"
+           timeout 110 python3 benchmarks/gpu/h200_run.py attnvar --out "$OUT/attn"
+           timeout 250 python3 benchmarks/gpu/h200_run.py step --schemes stepwise --steps 3 --no-autotune --out "$OUT/step"
+           timeout 150 python3 benchmarks/gpu/h200_run.py profile --schemes treestep --no-autotune --out "$OUT/prof" ;;
+  # fifth session, second call: with the strided cuDNN split as the default, the step on
+  # both schemes (3 timed steps each way), bf16 fidelity, the attention entry points
+  s5b)     mkdir -p "$OUT/step" "$OUT/fid" "$OUT/attn"
+           timeout 330 python3 benchmarks/gpu/h200_run.py step --steps 3 --no-autotune --out "$OUT/step"
+           timeout 90 python3 benchmarks/gpu/h200_run.py fidelity --no-autotune --out "$OUT/fid"
+           timeout 70 python3 benchmarks/gpu/h200_run.py attnsplit --out "$OUT/attn" ;;
+  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b" >&2; exit 2 ;;
 esac

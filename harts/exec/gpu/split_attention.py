@@ -25,12 +25,15 @@ whole paths takes).
 
 Kernels (`VarlenKernel`): `REFERENCE` (float64-capable, any device: dense math per
 sequence, forward and the explicit backward formulas) is how CPU tests check the merge
-against the dense ancestor mask. `cudnn_kernel()` (default variant "dense") runs torch's
-private `_scaled_dot_product_cudnn_attention` and its backward once per sequence, the
-kernel `scaled_dot_product_attention` itself picks; sequences under `MIN_CUDNN_ROWS` take
-the reference's math. Variant "ragged" (`_cudnn_attention_forward` with cumulative
-lengths, one call for all sequences) is kept for when torch fixes it: on torch 2.11 /
-the H200 its backward is wrong on sequences of thousands of rows. Either variant checks
+against the dense ancestor mask. `cudnn_kernel()` (default variant "dense-strided") runs
+torch's private `_scaled_dot_product_cudnn_attention` and its backward once per sequence,
+the kernel `scaled_dot_product_attention` itself picks, on [1, H, n, D] views of the rows
+(variant "dense" copies them first: on the H200 the views took a whole SWE tree from 1.33x
+to 1.25x causal SDPA's time per pair, benchmarks/results/h200_session5/); sequences under
+`MIN_CUDNN_ROWS` take the reference's math. Variant "ragged" (`_cudnn_attention_forward`
+with cumulative lengths, one call for all sequences) is kept for when torch fixes it: on
+torch 2.11 / the H200 its backward is wrong on any sequence longer than the head dim
+(pytorch/pytorch#186142; right at <= 192 query rows, also with long keys). Every variant checks
 itself against the reference on first use (log-sum-exp layout and base, outputs, every
 gradient, short and long sequences) and raises on a mismatch, so callers fall back
 rather than train on wrong numbers.
@@ -181,12 +184,17 @@ class _CuDNNDense(VarlenKernel):
 
     name = "cudnn-dense"
 
-    def __init__(self):
+    def __init__(self, strided: bool = False):
         self.factor = None  # log-sum-exp base, set by the self-check
+        # strided: hand cuDNN [1, H, n, D] *views* of the [n, H, D] rows (the layout a
+        # model's [B, S, H, D] -> transpose(1, 2) gives SDPA) instead of contiguous copies
+        self.strided = strided
+        if strided:
+            self.name = "cudnn-dense-strided"
 
-    @staticmethod
-    def _bhsd(x):
-        return x.transpose(0, 1).unsqueeze(0).contiguous()
+    def _bhsd(self, x):
+        x = x.transpose(0, 1).unsqueeze(0)
+        return x if self.strided else x.contiguous()
 
     def fwd(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
         outs, lses, aux = [], [], []
@@ -257,18 +265,22 @@ def _case(qk_dim, v_dim, n, m, seed):
 
 
 @functools.cache
-def cudnn_kernel(qk_dim: int, v_dim: int, variant: str = "dense") -> VarlenKernel:
-    """A cuDNN kernel ("dense": one dense call per sequence; "ragged": torch's varlen
-    entry), self-checked against the float64 reference on causal square and non-causal
+def cudnn_kernel(qk_dim: int, v_dim: int, variant: str = "dense-strided") -> VarlenKernel:
+    """A cuDNN kernel ("dense": one dense call per sequence on contiguous copies;
+    "dense-strided": the same on strided views; "ragged": torch's varlen entry),
+    self-checked against the float64 reference on causal square and non-causal
     rectangular cases, short and long (outputs, the log-sum-exp's layout and base, every
     gradient); raises if anything does not match. On the H200 (torch 2.11) the ragged
-    variant fails the long causal case (its backward reads out of bounds)."""
+    variant fails the long causal case (its backward reads out of bounds): torch's
+    `_cudnn_attention_backward` sizes cuDNN's dQ accumulator by `query.size(2)`, which on
+    the flat [T, H, D] varlen layout is the head dim, not the longest sequence (upstream
+    pytorch/pytorch#186142), so any sequence over D rows runs past it."""
     if not torch.cuda.is_available():
         raise RuntimeError("cuDNN attention needs CUDA")
-    if variant == "dense":
-        return _check(_dense_setup(qk_dim, v_dim), qk_dim, v_dim)
+    if variant in ("dense", "dense-strided"):
+        return _check(_dense_setup(qk_dim, v_dim, variant == "dense-strided"), qk_dim, v_dim)
     if variant != "ragged":
-        raise ValueError(f"unknown cuDNN variant {variant!r}; known: dense, ragged")
+        raise ValueError(f"unknown cuDNN variant {variant!r}; known: dense, dense-strided, ragged")
     kern = _CuDNN()
     scale = qk_dim ** -0.5
     # 1. find the log-sum-exp's layout and base on a causal square case
@@ -310,14 +322,14 @@ def cudnn_kernel(qk_dim: int, v_dim: int, variant: str = "dense") -> VarlenKerne
     return _check(kern, qk_dim, v_dim)
 
 
-def _dense_setup(qk_dim: int, v_dim: int) -> _CuDNNDense:
-    kern = _CuDNNDense()
+def _dense_setup(qk_dim: int, v_dim: int, strided: bool = False) -> _CuDNNDense:
+    kern = _CuDNNDense(strided)
     n = [37]
     q, k, v, _, cu, _ = _case(qk_dim, v_dim, n, n, 0)
     scale = qk_dim ** -0.5
     _, lse_ref, _ = REFERENCE.fwd(*(x.double() for x in (q, k, v)), cu, cu, 37, 37, True, scale)
     native = torch.ops.aten._scaled_dot_product_cudnn_attention(
-        _CuDNNDense._bhsd(q), _CuDNNDense._bhsd(k), _CuDNNDense._bhsd(v), None, True, 0.0, True, False, scale=scale)[1]
+        kern._bhsd(q), kern._bhsd(k), kern._bhsd(v), None, True, 0.0, True, False, scale=scale)[1]
     if native.numel() != q.shape[0] * q.shape[1]:
         raise RuntimeError(f"cuDNN log-sum-exp layout not recognised (shape {tuple(native.shape)})")
     for factor in (1.0, math.log(2.0)):

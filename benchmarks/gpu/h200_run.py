@@ -338,6 +338,57 @@ def sec_profile(args):
     return out
 
 
+def _site_of(e) -> str:
+    """The innermost harts/ Python frame above a profiler event (the python tracer's frames
+    are parent events named 'path(line): function'), else the autograd node running it."""
+    p = e.cpu_parent
+    while p is not None:
+        if "harts/" in p.name and "(" in p.name:
+            return p.name.split("harts/", 1)[-1]
+        if p.name.startswith("autograd::engine::evaluate_function"):  # a built-in backward node
+            return "autograd " + p.name.split(": ", 1)[-1]
+        p = p.cpu_parent
+    return "-"
+
+
+def op_sites(events, attr: str) -> dict:
+    """{(aten op, site): [seconds, calls]} of each op's self time `attr` (microseconds)."""
+    agg: dict[tuple[str, str], list] = {}
+    for e in events:
+        t = getattr(e, attr, 0.0)
+        if t <= 0 or not e.name.startswith("aten::"):
+            continue
+        a = agg.setdefault((e.name, _site_of(e)), [0.0, 0])
+        a[0] += t / 1e6
+        a[1] += 1
+    return agg
+
+
+def sec_opsites(args):
+    """Which ops and which Python call sites spend a step's device time: one tree and one
+    expanded update (data side prepared ahead, after a warm-up step) under torch.profiler
+    with stacks; each op's *self* device time (the kernels it launches itself) summed by
+    (op, innermost harts/ frame; "autograd" for backward nodes, which run without one).
+    The copies, gathers and scatters the tree adds are what this is for."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out = {"scheme": args.schemes[0]}
+    for mode, trainer, trajs in _warm_trainers(args, out):
+        prepared = trainer.prepare(trajs, args.microbatch_tokens)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
+            trainer.step(trajs, args.microbatch_tokens, prepared=prepared)
+            torch.cuda.synchronize()
+        agg = op_sites(prof.events(), "self_device_time_total")
+        top = sorted(agg.items(), key=lambda kv: -kv[1][0])[:80]
+        out[mode] = [{"op": k[0], "site": k[1][:160], "seconds": v[0], "calls": v[1]} for k, v in top]
+        print(f"[opsites] {mode}: {sum(v[0] for v in agg.values()):.3f} s of self device time", flush=True)
+        for k, v in top[:40]:
+            print(f"   {v[0]*1e3:8.1f} ms {v[1]:5d}  {k[0][:40]:40s} {k[1][:90]}", flush=True)
+        del trainer
+    return out
+
+
 def _gap_attribution(trace_path: str, min_gap_us: float = 10.0, top: int = 25) -> dict:
     """GPU idle gaps of a chrome trace (kernel end -> next kernel start, >= min_gap_us),
     each attributed to the innermost aten op the host was running at the gap's middle
@@ -936,6 +987,47 @@ def sec_attnvar():
     return out
 
 
+def sec_dhubv():
+    """The injected-gradient state backward (`bwd_dhu_inject`) at the shapes of a tree's
+    replay rounds (1-3 long sequences: one program per value block x sequence x head, so
+    few sequences leave SMs idle) and of packed batches (16 sequences), with value blocks
+    of 64 / 32 / 16, next to fla's `chunk_gated_delta_rule_bwd_dhu` on the same inputs
+    (no injection; 16 heads, K = V = 128, bf16, chunk 64)."""
+    from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_bwd_dhu
+    from fla.ops.utils import prepare_chunk_offsets
+
+    from harts.exec.gpu.bench import time_cuda
+    from harts.exec.gpu.kda_dhu import bwd_dhu_inject
+
+    out = {"sms": torch.cuda.get_device_properties(0).multi_processor_count}
+    H, K, V, B = 16, 128, 128, 64
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for lens in ([38727], [32524, 10020], [26845, 9078, 672], [2048] * 16):
+        T = sum(lens)
+        cu = torch.tensor([0, *np.cumsum(lens).tolist()], device="cuda", dtype=torch.int32)
+        offs = prepare_chunk_offsets(cu.long(), B)
+        NT = int(offs[-1])
+        mk = lambda *shape: (torch.randn(*shape, device="cuda", generator=g) * 0.1).bfloat16()  # noqa: E731
+        q, k, w = mk(1, T, H, K), mk(1, T, H, K), mk(1, T, H, K)
+        gk = -torch.rand(1, T, H, K, device="cuda", generator=g) * 0.05
+        do, dv = mk(1, T, H, V), mk(1, T, H, V)
+        res = {"tokens": T, "sequences": len(lens)}
+        ins = (q, k, w, gk, do, dv)
+        h0 = torch.zeros(len(lens), H, K, V, device="cuda")
+        for bv in (64, 32, 16):
+            res[f"bv{bv}_ms"] = 1e3 * time_cuda(lambda bv=bv, a=ins, cu=cu, offs=offs, NT=NT: bwd_dhu_inject(
+                *a, None, None, cu.long(), offs, NT, 0.1, chunk_size=B, block_v=bv), repeats=10)
+        try:
+            res["fla_ms"] = 1e3 * time_cuda(lambda a=ins, cu=cu, h0=h0: chunk_gated_delta_rule_bwd_dhu(
+                q=a[0], k=a[1], w=a[2], gk=a[3], h0=h0, dht=None, do=a[4], dv=a[5],
+                scale=0.1, cu_seqlens=cu.long(), chunk_size=B), repeats=10)
+        except Exception as err:  # noqa: BLE001
+            res["fla_error"] = f"{type(err).__name__}: {err}"[:300]
+        out["x".join(map(str, lens)) if len(set(lens)) > 1 else f"{len(lens)}x{lens[0]}"] = res
+        print(f"[dhubv] {lens}: {res}", flush=True)
+    return out
+
+
 def sec_calib(varlen_tree: bool = False):
     """Profile rows at several sizes for `harts sim fit` (schema harts.sim.profile/v1): GEMMs
     of tiny-h200's shapes, causal SDPA and the tree attention at 3 lengths (8 heads, as
@@ -1042,7 +1134,7 @@ def main() -> None:
     fns = {"attn": sec_attn, "env": sec_env, "kda": sec_kda, "flex": sec_flex, "verify": sec_verify, "ops": sec_ops,
            "step": lambda: sec_step(args), "fidelity": lambda: sec_fidelity(args),
            "profile": lambda: sec_profile(args), "moe": sec_moe, "conv": sec_conv, "attnprobe": sec_attnprobe, "attnsplit": sec_attnsplit, "attnvar": sec_attnvar, "calib": sec_calib, "flexsweep": lambda: sec_flexsweep(args),
-           "syncs": lambda: sec_syncs(args), "kdaops": sec_kdaops}
+           "syncs": lambda: sec_syncs(args), "opsites": lambda: sec_opsites(args), "dhubv": sec_dhubv, "kdaops": sec_kdaops}
     for s in args.sections:
         t0 = time.perf_counter()
         try:

@@ -92,5 +92,11 @@ case "$1" in
            timeout 330 python3 benchmarks/gpu/h200_run.py step --steps 3 --no-autotune --out "$OUT/step"
            timeout 90 python3 benchmarks/gpu/h200_run.py fidelity --no-autotune --out "$OUT/fid"
            timeout 70 python3 benchmarks/gpu/h200_run.py attnsplit --out "$OUT/attn" ;;
-  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b" >&2; exit 2 ;;
+  # fifth session, third call: the tree step's device time by op and Python call site (what
+  # the tree adds in copies and gathers), and the state backward's value block at the
+  # shapes of a tree's replay rounds
+  s5c)     mkdir -p "$OUT/sites" "$OUT/dhu"
+           timeout 60 python3 benchmarks/gpu/h200_run.py dhubv --out "$OUT/dhu"
+           timeout 200 python3 benchmarks/gpu/h200_run.py opsites --no-autotune --out "$OUT/sites" ;;
+  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c" >&2; exit 2 ;;
 esac

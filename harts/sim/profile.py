@@ -20,17 +20,29 @@ Each row is either in raw shape fields (tokens, heads, pairs, m/k/n: what a benc
 or directly in the model's features (flops, bytes, token_heads_kv, ...: what `OpCall`
 carries); `measurement_features` maps raw fields to features. `op` is an `OpKind` value,
 `phase` one of fwd / bwd / step, `calls` (default 1) the kernel launches the timing covers.
+An optimizer row that states `params` is counted in the model's own bytes per parameter
+(`ops.ADAM_BYTES_PER_PARAM`), whatever `bytes` the benchmark wrote, so that the row and the
+simulated optimizer op are in the same units.
 
 The fit: per (op, phase[, inter-node]) a linear model seconds = sum_j c_j * feature_j with
 c_j >= 0 (per-call overhead, per FLOP, per byte, per chunk step, ...), found by
 non-negative least squares on relative residuals, so a 10 us kernel and a 10 ms kernel
-count alike.
+count alike. A key with fewer rows than features cannot separate a per-call term from the
+size terms (one row fits either exactly): it is fitted on its size features only, the
+per-call coefficient held at 0.
+
+`fit_kda_from_kernels` is the one fit made from a measured step rather than from kernel
+rows: the chunkwise KDA calls of a step run 1-3 sequences each, so the chunk-state
+recurrence (one CTA per sequence, head and value block, walking its chunks in order) is
+bound by its sequential chunk steps, a regime the isolated, many-sequence calib rows never
+reach (there chunk steps and tokens grow together and cannot be told apart).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +52,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from harts.sim.hardware import attention_fwd_flops_per_pair_head
-from harts.sim.ops import OpCall, OpKind, Phase
+from harts.sim.ops import ADAM_BYTES_PER_PARAM, OpCall, OpKind, Phase
 
 __all__ = [
     "CALIBRATION_SCHEMA",
@@ -49,7 +61,9 @@ __all__ = [
     "Calibration",
     "FitResult",
     "Measurement",
+    "fit_kda_from_kernels",
     "fit_profile",
+    "kda_kernel_role",
     "load_calibration",
     "load_profile",
     "measurement_features",
@@ -139,6 +153,8 @@ def measurement_features(row: Mapping[str, Any]) -> Measurement:
         f.setdefault("token_heads_kv", tokens * heads * kd * vd)
         if _num(row, "max_chunks") is not None:
             f.setdefault("chunk_steps", _num(row, "max_chunks"))
+    if kind == OpKind.OPTIMIZER and _num(row, "params") is not None:
+        f["bytes"] = _num(row, "params") * ADAM_BYTES_PER_PARAM
     pairs = _num(row, "pairs")
     if kind in (OpKind.ATTENTION_CAUSAL, OpKind.ATTENTION_TREE) and pairs is not None and heads:
         qk, vd = _num(row, "qk_dim") or 192.0, _num(row, "v_dim") or 128.0
@@ -247,13 +263,66 @@ def fit_profile(measurements: Iterable[Measurement], device: str = "") -> Calibr
         names = FEATURES[ms[0].op]
         X = np.array([[m.features.get(n, 0.0) for n in names] for m in ms], dtype=np.float64)
         y = np.array([m.seconds for m in ms], dtype=np.float64)
+        # under-determined (fewer rows than features): the size features only
+        cols = [j for j, n in enumerate(names) if len(ms) >= len(names) or n != "calls"]
         # columns scaled to unit max so NNLS is well conditioned across 1e0..1e15 features
-        scale = np.abs(X).max(axis=0)
+        scale = np.abs(X[:, cols]).max(axis=0)
         scale[scale == 0] = 1.0
-        A = (X / scale) / y[:, None]
-        coef, _ = nnls(A, np.ones_like(y))
-        coef = coef / scale
+        A = (X[:, cols] / scale) / y[:, None]
+        sub, _ = nnls(A, np.ones_like(y))
+        coef = np.zeros(len(names))
+        coef[cols] = sub / scale
         pred = X @ coef
         rel = float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
         fits[key] = FitResult(names, tuple(float(c) for c in coef), len(ms), rel)
     return Calibration(device, fits)
+
+
+_RECURRENCE = re.compile(r"kernel_h(_|$)|dhu")
+
+
+def kda_kernel_role(name: str) -> tuple[Phase, bool]:
+    """(phase, recurrence) of one chunkwise-KDA kernel by its name: kernels named `bwd` run in
+    the backward, the others are forward kernels (which the backward may rerun: fla's
+    backward recomputes w/u and the chunk states); `recurrence` marks the chunk-state
+    kernels that walk a sequence's chunks in order (fla's `..._fwd_kernel_h*` and
+    `..._bwd_kernel_dhu*`, harts's `_bwd_dhu_inject_kernel`), every other kernel being
+    parallel over chunks."""
+    k = name.lower()
+    return (Phase.BWD if "bwd" in k else Phase.FWD), bool(_RECURRENCE.search(k))
+
+
+def fit_kda_from_kernels(kernels: Iterable[tuple[str, float, int]], calls_per_pass: int,
+                         token_heads_kv_per_pass: float, chunk_steps_per_pass: float,
+                         forward_passes: int = 2) -> dict[str, FitResult]:
+    """KDA coefficients from one measured step's KDA kernels: `kernels` are (name, seconds,
+    launches) summed over the step, and the step ran `calls_per_pass` KDA calls per pass
+    (layers x rounds x microbatches) carrying `token_heads_kv_per_pass` and
+    `chunk_steps_per_pass` (the simulator's features of those calls), `forward_passes`
+    forwards per backward (2 with recomputation). A forward kernel's launches beyond
+    `forward_passes * calls_per_pass` ran inside the backward and are charged to it.
+
+    Per phase: per token-head-K-V = the parallel kernels' seconds / token_heads_kv, per chunk
+    step = the recurrence kernels' seconds / chunk steps, no per-call term (the step's
+    kernels run back to back; kernel time has no host latency). Returns fits for
+    `kda_chunk:fwd` and `kda_chunk:bwd` (features calls, token_heads_kv, chunk_steps)."""
+    if calls_per_pass <= 0 or token_heads_kv_per_pass <= 0 or chunk_steps_per_pass <= 0 or forward_passes < 1:
+        raise ValueError("fit_kda_from_kernels: the step's KDA calls, tokens and chunk steps must be > 0")
+    secs = {(ph, rec): 0.0 for ph in (Phase.FWD, Phase.BWD) for rec in (False, True)}
+    used = 0
+    fwd_launches = forward_passes * calls_per_pass
+    for name, seconds, launches in kernels:
+        phase, rec = kda_kernel_role(name)
+        used += 1
+        if phase == Phase.BWD or launches <= fwd_launches:
+            secs[(phase, rec)] += seconds
+            continue
+        secs[(Phase.FWD, rec)] += seconds * fwd_launches / launches
+        secs[(Phase.BWD, rec)] += seconds * (launches - fwd_launches) / launches
+    names = FEATURES[OpKind.KDA_CHUNK]
+    out = {}
+    for phase, passes in ((Phase.FWD, forward_passes), (Phase.BWD, 1)):
+        coef = {"calls": 0.0, "token_heads_kv": secs[(phase, False)] / (passes * token_heads_kv_per_pass),
+                "chunk_steps": secs[(phase, True)] / (passes * chunk_steps_per_pass)}
+        out[op_key(OpKind.KDA_CHUNK, phase)] = FitResult(names, tuple(coef[n] for n in names), used, 0.0)
+    return out

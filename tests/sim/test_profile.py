@@ -122,3 +122,70 @@ def test_bad_rows():
         measurement_features({"op": "gemm", "phase": "fwd", "seconds": 0, "m": 1, "k": 1, "n": 1})
     with pytest.raises(ValueError, match="needs"):
         measurement_features({"op": "kda_chunk", "phase": "fwd", "seconds": 1, "tokens": 5, "heads": 2})
+
+
+def test_one_optimizer_row_prices_the_same_parameters_at_its_own_time():
+    """A single row cannot separate a per-call term from bytes: the fit puts it all on bytes,
+    counted in the model's bytes per parameter, so the simulated Adam step over the same
+    parameters costs what the row measured, whatever its launch count or `bytes` field."""
+    from harts.sim.ops import ADAM_BYTES_PER_PARAM
+
+    hw = load_hardware("h200")
+    tiny = get_model_config("tiny")
+    cost = make_cost_model("roofline", tiny, ParallelConfig(), hw)
+    params = sum(cost.stages[0].stage_params())
+    row = {"op": "optimizer", "phase": "step", "seconds": 7e-3, "bytes": params * 16, "params": params}
+    assert measurement_features(row).features["bytes"] == params * ADAM_BYTES_PER_PARAM
+    cal = fit_profile([measurement_features(row)])
+    fit = cal.fits["optimizer:step"]
+    assert dict(zip(fit.features, fit.coefficients, strict=True))["calls"] == 0.0
+    calibrated = make_cost_model("calibrated", tiny, ParallelConfig(), hw, calibration=cal)
+    assert calibrated.optimizer(0) == pytest.approx(7e-3, rel=1e-9)
+    # with as many rows as features the per-call term is fitted as before
+    rows = [dict(row, seconds=s, params=p, calls=8) for s, p in ((7e-3, params), (3.6e-3, params / 2))]
+    fit = fit_profile([measurement_features(r) for r in rows]).fits["optimizer:step"]
+    coef = dict(zip(fit.features, fit.coefficients, strict=True))
+    assert_close("per-call", [coef["calls"]], [0.2e-3 / 8], 1e-6)
+
+
+def test_kda_kernel_roles():
+    from harts.sim.ops import Phase
+    from harts.sim.profile import kda_kernel_role
+
+    assert kda_kernel_role("chunk_gated_delta_rule_fwd_kernel_h_blockdim64") == (Phase.FWD, True)
+    assert kda_kernel_role("chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64") == (Phase.BWD, True)
+    assert kda_kernel_role("_bwd_dhu_inject_kernel") == (Phase.BWD, True)
+    assert kda_kernel_role("chunk_kda_fwd_kernel_intra_token_parallel") == (Phase.FWD, False)
+    assert kda_kernel_role("chunk_kda_bwd_kernel_wy_dqkg_fused") == (Phase.BWD, False)
+    assert kda_kernel_role("recompute_w_u_fwd_kda_kernel") == (Phase.FWD, False)
+    assert kda_kernel_role("chunk_local_cumsum_vector_kernel") == (Phase.FWD, False)
+
+
+def test_kda_fit_from_step_kernels_recovers_a_synthetic_step():
+    """A step of L calls per pass, forward run twice (recomputation), the backward rerunning
+    the forward's state recurrence once: the fit recovers the per-token and per-step prices
+    of each phase, and prices a step of other calls (more chunk steps per token) right."""
+    from harts.sim.ops import OpCall, OpKind, Phase
+    from harts.sim.profile import fit_kda_from_kernels
+
+    calls, thkv, steps = 24, 2.1e10, 1180.0
+    tok_f, step_f, tok_b, step_b = 2.4e-13, 2.6e-6, 1.0e-12, 3.7e-6
+    kernels = [
+        ("chunk_kda_fwd_kernel_intra_token_parallel", 2 * thkv * tok_f * 0.6, 2 * calls),
+        ("chunk_gla_fwd_kernel_o", 2 * thkv * tok_f * 0.4, 2 * calls),
+        # fwd recurrence: twice per forward pass, once more inside the backward
+        ("chunk_gated_delta_rule_fwd_kernel_h_blockdim64", 3 * steps * step_f, 3 * calls),
+        ("chunk_kda_bwd_kernel_intra", thkv * tok_b, calls),
+        ("chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64", steps * (step_b - step_f), calls),
+    ]
+    fits = fit_kda_from_kernels(kernels, calls, thkv, steps, forward_passes=2)
+    f, b = fits["kda_chunk:fwd"], fits["kda_chunk:bwd"]
+    assert f.features == ("calls", "token_heads_kv", "chunk_steps")
+    assert_close("fwd", list(f.coefficients), [0.0, tok_f, step_f], 1e-9)
+    assert_close("bwd", list(b.coefficients), [0.0, tok_b, step_b], 1e-9)
+    op = OpCall("kda.core", OpKind.KDA_CHUNK, Phase.BWD, 1, token_heads_kv=1e9, chunk_steps=500.0)
+    from harts.sim.profile import op_features
+
+    assert b.predict(op_features(op)) == pytest.approx(1e9 * tok_b + 500 * step_b)
+    with pytest.raises(ValueError):
+        fit_kda_from_kernels(kernels, 0, thkv, steps)

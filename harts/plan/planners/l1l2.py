@@ -196,6 +196,8 @@ class _CellSolver:
         self._alone: frozenset[int] | None = None
         self._chunks: dict[int, tuple[list[int], list[float]]] = {}
         self._solved: dict[tuple[int, tuple[int, ...]], Cell | None] = {}
+        # `_window_ranges` per cell (by identity; the cell is kept so its id stays its own)
+        self._ranges: dict[int, tuple[Cell, list[tuple[float, float]] | None]] = {}
 
     def solved(self, k: int, trees: list[int]) -> Cell | None:
         """Cell of k slots holding `trees`, solved (`solve`), or None; memoised, since
@@ -873,10 +875,10 @@ def _arrange(cells: list[list[Cell]], solver: _CellSolver, rounds: int = _ARRANG
     dp = len(rows)
     if not any(rows):
         return rows
-    loads = {id(c): tuple(solver.loads(c)) for row in rows for c in row}
+    loads = {c: list(solver.loads(c)) for row in rows for c in row}
 
     def vec(row: list[Cell]) -> list[float]:
-        return [x for c in row for x in loads[id(c)]]
+        return [x for c in row for x in loads[c]]
 
     def crit(row_vecs: list[list[float]]) -> float:
         return sum(map(max, *row_vecs)) if len(row_vecs) > 1 else sum(row_vecs[0])
@@ -885,7 +887,7 @@ def _arrange(cells: list[list[Cell]], solver: _CellSolver, rounds: int = _ARRANG
     current = crit(vecs)
     # start from each replica's cells in falling order of their mean slot load (alike
     # loads line up) when that is shorter already
-    ranked = [sorted(r, key=lambda c: -sum(loads[id(c)]) / c.k) for r in rows]
+    ranked = [sorted(r, key=lambda c: -sum(loads[c]) / c.k) for r in rows]
     ranked_vecs = [vec(r) for r in ranked]
     if crit(ranked_vecs) < current:
         rows, vecs, current = ranked, ranked_vecs, crit(ranked_vecs)
@@ -895,16 +897,18 @@ def _arrange(cells: list[list[Cell]], solver: _CellSolver, rounds: int = _ARRANG
             for r2 in range(r1, dp):
                 keep = [vecs[r] for r in range(dp) if r not in (r1, r2)]
                 others = list(map(max, *keep)) if len(keep) > 1 else (keep[0] if keep else None)
-                best: tuple[float, list[Cell], list[Cell] | None] | None = None
-                for na, nb in _moves(rows[r1], rows[r2], r1 == r2):
-                    cand = [vec(na)] if nb is None else [vec(na), vec(nb)]
+                best = None
+                bar = current * (1 - 1e-9)
+                for wa, wb, build in _moves(rows[r1], rows[r2], r1 == r2, loads, vecs[r1], vecs[r2]):
+                    cand = [wa] if wb is None else [wa, wb]
                     if others is not None:
                         cand.append(others)
                     v = crit(cand)
-                    if v < current * (1 - 1e-9) and (best is None or v < best[0]):
-                        best = (v, na, nb)
+                    if v < bar and (best is None or v < best[0]):
+                        best = (v, build)
                 if best is not None:
-                    current, na, nb = best
+                    current, build = best
+                    na, nb = build()
                     rows[r1], vecs[r1] = na, vec(na)
                     if nb is not None:
                         rows[r2], vecs[r2] = nb, vec(nb)
@@ -975,7 +979,14 @@ def _window_ranges(solver: _CellSolver, c: Cell) -> list[tuple[float, float]] | 
     the rest evenly). The slots are treated as
     independent (a box), so a load the ranges allow may be missed by the re-cut (which
     then lands nearest to it); the caller checks what it gets. None when a re-cut does not
-    fit."""
+    fit. Memoised per cell on the solver (a cell never changes once solved)."""
+    got = solver._ranges.get(id(c))
+    if got is None:
+        got = solver._ranges[id(c)] = (c, _reach_ranges(solver, c))
+    return got[1]
+
+
+def _reach_ranges(solver: _CellSolver, c: Cell) -> list[tuple[float, float]] | None:
     total = sum(solver.loads(c))
     k = c.k
 
@@ -1253,13 +1264,35 @@ def _reshape(cells: list[list[Cell]], solver: _CellSolver) -> list[list[Cell]]:
     return rows
 
 
-def _moves(a: list[Cell], b: list[Cell], same: bool):
+def _moves(a: list[Cell], b: list[Cell], same: bool, loads: dict | None = None,
+           va: list[float] | None = None, vb: list[float] | None = None):
     """The rearrangements `_arrange` tries between two replicas' cell lists (or within one
-    when `same`): (new a, new b or None)."""
+    when `same`): (new a, new b or None). Given `loads` (each cell's slot loads, a list)
+    and the two rows' load vectors `va`, `vb`, yields (new a's vector, new b's vector or
+    None, a function that builds (new a, new b or None)) instead, in the same order, so
+    that a move is priced without building its rows."""
+    vec = loads is not None
+    if vec:
+        oa = [0]
+        for c in a:
+            oa.append(oa[-1] + c.k)
+        ob = [0]
+        for c in b:
+            ob.append(ob[-1] + c.k)
     if same:
         for i in range(len(a)):
             for j in range(i + 1, len(a)):
                 if a[i].trees or a[j].trees:
+                    if vec:
+                        v = va[: oa[i]] + loads[a[j]] + va[oa[i + 1] : oa[j]] + loads[a[i]] + va[oa[j + 1] :]
+
+                        def build(i=i, j=j):
+                            n = list(a)
+                            n[i], n[j] = n[j], n[i]
+                            return n, None
+
+                        yield v, None, build
+                        continue
                     n = list(a)
                     n[i], n[j] = n[j], n[i]
                     yield n, None
@@ -1267,6 +1300,15 @@ def _moves(a: list[Cell], b: list[Cell], same: bool):
     for i, x in enumerate(a):
         for j, y in enumerate(b):
             if x.k == y.k:
+                if vec:
+
+                    def build(i=i, j=j, x=x, y=y):
+                        na, nb = list(a), list(b)
+                        na[i], nb[j] = y, x
+                        return na, nb
+
+                    yield (va[: oa[i]] + loads[y] + va[oa[i + 1] :], vb[: ob[j]] + loads[x] + vb[ob[j + 1] :], build)
+                    continue
                 na, nb = list(a), list(b)
                 na[i], nb[j] = y, x
                 yield na, nb
@@ -1280,6 +1322,21 @@ def _moves(a: list[Cell], b: list[Cell], same: bool):
                     continue
                 for j2, y2 in enumerate(ys):
                     if j2 == j1 or y1.k + y2.k != x.k:
+                        continue
+                    if vec:
+                        vxs, ox, vys, oy = (vb, ob, va, oa) if flip else (va, oa, vb, ob)
+                        vx = vxs[: ox[i]] + loads[y1] + loads[y2] + vxs[ox[i + 1] :]
+                        if j1 < j2:
+                            vy = vys[: oy[j1]] + loads[x] + vys[oy[j1 + 1] : oy[j2]] + vys[oy[j2 + 1] :]
+                        else:
+                            vy = vys[: oy[j2]] + vys[oy[j2 + 1] : oy[j1]] + loads[x] + vys[oy[j1 + 1] :]
+
+                        def build(i=i, x=x, y1=y1, y2=y2, j1=j1, j2=j2, xs=xs, ys=ys, flip=flip):
+                            nx = xs[:i] + [y1, y2] + xs[i + 1 :]
+                            ny = [x if t == j1 else c for t, c in enumerate(ys) if t != j2]
+                            return (ny, nx) if flip else (nx, ny)
+
+                        yield (vy, vx, build) if flip else (vx, vy, build)
                         continue
                     nx = xs[:i] + [y1, y2] + xs[i + 1 :]
                     ny = [x if t == j1 else c for t, c in enumerate(ys) if t != j2]

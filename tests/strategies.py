@@ -340,3 +340,21 @@ def tight_plan_configs(draw: st.DrawFn, forest):
         microbatch_tokens=draw(st.integers(longest, max(longest, biggest))),
         pp=draw(st.sampled_from((1, 1, 2, 3))),
     )
+
+
+# Row gathers (harts/exec/ops/gather.py): a source row count and an index into it, with
+# repeats (replayed rows) and, sometimes, every source row present (a permutation plus repeats).
+
+
+@st.composite
+def gather_indices(draw: st.DrawFn, max_rows: int = 12, max_len: int = 30):
+    n = draw(st.integers(1, max_rows))
+    idx = draw(st.lists(st.integers(0, n - 1), min_size=0, max_size=max_len))
+    if draw(st.booleans()):  # cover every row: a permutation with the drawn repeats mixed in
+        perm = draw(st.permutations(range(n)))
+        where = draw(st.lists(st.integers(0, len(idx)), min_size=n, max_size=n))
+        out = list(idx)
+        for r, w in zip(perm, where, strict=True):
+            out.insert(min(w, len(out)), r)
+        idx = out
+    return n, idx

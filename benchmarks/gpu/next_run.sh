@@ -98,5 +98,12 @@ case "$1" in
   s5c)     mkdir -p "$OUT/sites" "$OUT/dhu"
            timeout 60 python3 benchmarks/gpu/h200_run.py dhubv --out "$OUT/dhu"
            timeout 200 python3 benchmarks/gpu/h200_run.py opsites --no-autotune --out "$OUT/sites" ;;
-  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c" >&2; exit 2 ;;
+  # fifth session, fourth call: after the KDA rounds' one-gather inputs/outputs (RowGather)
+  # and the state backward's value block by SM count: the replay path's float32 checks,
+  # the step on both schemes, bf16 fidelity
+  s5d)     mkdir -p "$OUT/check" "$OUT/step" "$OUT/fid"
+           TRITON_F32_DEFAULT=ieee timeout 120 python3 benchmarks/gpu/h200_run.py kda --no-autotune --out "$OUT/check"
+           timeout 330 python3 benchmarks/gpu/h200_run.py step --steps 3 --no-autotune --out "$OUT/step"
+           timeout 70 python3 benchmarks/gpu/h200_run.py fidelity --no-autotune --out "$OUT/fid" ;;
+  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c|s5d" >&2; exit 2 ;;
 esac

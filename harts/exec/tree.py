@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from harts.exec.ops.gather import RowGather
 from harts.exec.transfer import to_device
 from harts.plan.kda_calls import plan_kda_calls
 from harts.tree.forest import RolloutForest
@@ -565,15 +566,24 @@ class TreeContext:
             self.record.schedule = self.schedule
             self.record.chunk_state_index = self.chunk_state_index
         self._rounds = []
+        at = 0  # where each round's rows start in the rounds' concatenated inputs
+        kept = []  # kept positions in the rounds' concatenated outputs, round after round
         for r in self.schedule.rounds:
             # init_index into the compact list of states its round returns
             init_index = [i if pr < 0 or self.chunk_state_index[pr] is None
                           else int(np.searchsorted(self.chunk_state_index[pr], i))
                           for pr, i in zip(r.init_round.tolist(), r.init_index.tolist(), strict=True)]
-            self._rounds.append((to_device(r.gather_rows, dev),
-                                 (to_device(r.cu_seqlens, dev), torch.as_tensor(r.cu_seqlens)),
-                                 to_device(r.keep, dev), r.init_round.tolist(), init_index))
-        # written rows are local; outputs must come back in computed order
+            n = int(r.gather_rows.size)
+            self._rounds.append(((at, at + n), (to_device(r.cu_seqlens, dev), torch.as_tensor(r.cu_seqlens)),
+                                 r.init_round.tolist(), init_index))
+            kept.append(at + np.asarray(r.keep, dtype=np.int64))
+            at += n
+        # one gather of every round's inputs (replayed rows repeated) and one read of the
+        # kept outputs back in computed order (written rows are local), each with a
+        # gather-form backward (`RowGather`)
+        rows_in = np.concatenate([r.gather_rows for r in self.schedule.rounds]) if self.schedule.rounds \
+            else np.zeros(0, np.int64)
+        self._kda_in = RowGather(rows_in, layout.num_rows, dev)
         pos_in_computed = np.full(layout.num_rows, -1, dtype=np.int64)
         pos_in_computed[comp] = np.arange(comp.size)
         written = pos_in_computed[self.schedule.written_rows]
@@ -581,7 +591,8 @@ class TreeContext:
             raise AssertionError("KDA schedule must write every computed row exactly once")
         unpermute = np.empty(comp.size, dtype=np.int64)
         unpermute[written] = np.arange(comp.size)
-        self._unpermute = to_device(unpermute, dev)
+        kept_all = np.concatenate(kept) if kept else np.zeros(0, np.int64)
+        self._kda_out = RowGather(kept_all[unpermute], at, dev)
         self._windows: dict[int, Tensor] = {}
 
     def _chunk_states_read(self, record: bool, record_states: Sequence[tuple[int, int]] | None
@@ -654,13 +665,14 @@ class TreeContext:
 
         q, k, v, g, beta = self._local((layer, "kda"), q_THK, k_THK, v_THV, g_THK, beta_TH)
         H, K, V = q.shape[1], q.shape[2], v.shape[2]
+        q, k, v, g, beta = self._kda_in(q, k, v, g, beta)
         external = [self.stash.state_at(layer, int(self.layout.rows[row]), a)
                     for a, row in self.schedule.external] if self.schedule.external else []
         handed: list[Tensor] = []  # per round: the states later rounds may start from
         outputs: list[Tensor] = []
         chunk = self.schedule.handoff == "chunk"
-        for (gather, cu, keep, init_round, init_index), state_index in zip(self._rounds, self.chunk_state_index,
-                                                                           strict=True):
+        for ((a, b), cu, init_round, init_index), state_index in zip(self._rounds, self.chunk_state_index,
+                                                                    strict=True):
             if all(r == ZERO_STATE for r in init_round):
                 h0 = None
             else:
@@ -670,13 +682,14 @@ class TreeContext:
                 it = iter(states)
                 h0 = torch.stack([zero if r == ZERO_STATE else next(it) for r in init_round])
             out = chunk_kda(
-                q[gather], k[gather], v[gather], g[gather], beta[gather],
+                q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b],
                 scale=scale, initial_state=h0, cu_seqlens=cu[0], cu_seqlens_cpu=cu[1], chunk_size=self.chunk_size,
                 output_final_state=not chunk, output_chunk_states=chunk,
                 chunk_state_index=state_index,
             )
             handed.append(out.chunk_states if chunk else out.final_state)
-            outputs.append(out.o[keep])
+            outputs.append(out.o)
         if self.record is not None:
             self.record.record_kda(layer, handed)
-        return torch.cat(outputs, dim=0)[self._unpermute]
+        (o,) = self._kda_out(torch.cat(outputs, dim=0) if len(outputs) != 1 else outputs[0])
+        return o

@@ -100,6 +100,23 @@ def _bwd_dhu_inject_kernel(
         tl.store(dh0 + i_nh * (K * V) + off_kv, b_dh.to(dh0.dtype.element_ty), mask=m_kv)
 
 
+def value_block(num_seqs: int, heads: int, v_dim: int, sms: int | None) -> int:
+    """The value block: the largest of 64 / 32 / 16 that still gives about one program per
+    SM (>= 0.9 x sms programs), 64 when the SM count is unknown. Each program walks all its
+    sequence's chunks in turn, so a round of a few long sequences (a tree's root chain)
+    with 64-wide blocks leaves most SMs idle. Measured on the H200 (132 SMs; H = 16, K = V
+    = 128, ms for BV 64 / 32 / 16; benchmarks/results/h200_session5/s5c/dhu): one 38.7k
+    sequence 2.30 / 1.77 / 1.64, two 1.87 / 1.45 / 1.67, three 1.57 / 1.21 / 1.41, sixteen
+    of 2k 0.64 / 0.85 / 1.26 (fla's own kernel: 1.77, 1.64, 1.55, -); earlier, BV 64 beat 32
+    at 16 and 64 sequences of the replay path (1.169-1.19x fla against 1.179-1.23x)."""
+    if not sms:
+        return 64
+    for bv in (64, 32):
+        if num_seqs * heads * triton.cdiv(v_dim, bv) >= 0.9 * sms:
+            return bv
+    return 16
+
+
 def bwd_dhu_inject(
     q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, gk: torch.Tensor, do: torch.Tensor,
     dv: torch.Tensor, ext: torch.Tensor | None, ext_idx: torch.Tensor | None,
@@ -116,9 +133,8 @@ def bwd_dhu_inject(
     V = do.shape[-1]
     N = cu_seqlens.numel() - 1
     BK = max(16, triton.next_power_of_2(K))
-    # BV 64: measured on the H200 at K = V = 128 (32k tokens, 16/64 sequences), the replay
-    # path ran 1.169/1.175/1.19x fla per token against 1.227/1.179/1.23x with BV 32
-    BV = block_v or 64
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else None
+    BV = block_v or value_block(N, H, V, sms)
     BV = min(BV, max(16, triton.next_power_of_2(V)))
     dh = q.new_empty(1, num_chunks, H, K, V)
     dh0 = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device) if with_dh0 else None

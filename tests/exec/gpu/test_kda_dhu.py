@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from harts.exec.gpu.kda import boundary_index, build_injection, state_gather  # noqa: E402
-from harts.exec.gpu.kda_dhu import bwd_dhu_inject, bwd_dhu_reference  # noqa: E402
+from harts.exec.gpu.kda_dhu import bwd_dhu_inject, bwd_dhu_reference, value_block  # noqa: E402
 from harts.exec.ops.kda import chunk_kda  # noqa: E402
 from harts.testing import assert_close  # noqa: E402
 
@@ -58,6 +58,23 @@ def test_dhu_kernel_matches_reference(lens, inject):
     for name, got, want in zip(("dh", "dh0", "dv2"), (dh, dh0, dv2), ref, strict=True):
         assert torch.isfinite(got).all()
         assert_close(name, got, want, 1e-5)
+
+
+@pytest.mark.parametrize("block_v", [16, 32])
+def test_dhu_kernel_matches_reference_at_narrow_value_blocks(block_v):
+    """The value blocks chosen for rounds of few sequences (V = 48: a partial last block)."""
+    H, K, V, lens = 2, 32, 48, [130, 70]
+    ins, cu, offs, NT, g = _problem(lens, H, K, V, 7)
+    ext, ext_idx = _injection("sparse", NT, H, K, V, g)
+    got = [x.clone() for x in bwd_dhu_inject(*ins, ext, ext_idx, cu, offs, NT, 0.3, block_v=block_v)]
+    for name, a, want in zip(("dh", "dh0", "dv2"), got, bwd_dhu_reference(*ins, ext, ext_idx, cu, 0.3), strict=True):
+        assert_close(name, a, want, 1e-5)
+
+
+def test_value_block_keeps_the_sms_busy():
+    # 16 heads, V = 128, 132 SMs (the H200): 1 sequence -> 16, 2-3 -> 32, 16 -> 64
+    assert [value_block(n, 16, 128, 132) for n in (1, 2, 3, 4, 16)] == [16, 32, 32, 64, 64]
+    assert value_block(1, 16, 128, None) == 64  # no SM count (CPU, interpreter): as before
 
 
 def test_sparse_injection_equals_the_dense_one_with_zeros_elsewhere():

@@ -78,6 +78,8 @@ def _add_step_args(p: argparse.ArgumentParser, planning: bool = True) -> None:
     p.add_argument("--time-limit", type=float, default=2.0,
                    help="ortools-ffd search limit (CP-SAT deterministic time, ~seconds; default 2)")
     p.add_argument("--plan-seed", type=int, default=0, help="seed of search-based planners (default 0)")
+    p.add_argument("--search-evaluations", type=int, default=0, metavar="N",
+                   help="l1l2: re-form windows by a seeded search of N evaluations (default 0: off)")
 
 
 def _add_make_args(p: argparse.ArgumentParser, required: bool) -> None:
@@ -117,6 +119,7 @@ def _config(args: argparse.Namespace):
         producer_retention=retention,
         seed=args.plan_seed,
         time_limit=args.time_limit,
+        search_evaluations=args.search_evaluations,
     )
     try:
         cfg.validate()

@@ -49,7 +49,10 @@ class PlanConfig:
     `pp` is the number of pipeline stages the step will run on (1: no pipeline). With
     pp > 1 the planners aim for at least `min_microbatches_per_stage * pp` microbatches per
     DP replica (see `target_microbatches`) where the step's work allows it, and l1l2 scores
-    its candidate plans by the pipelined critical path; with pp = 1 neither applies."""
+    its candidate plans by the pipelined critical path; with pp = 1 neither applies.
+
+    `search_evaluations` (l1l2, pp = 1): evaluations of a seeded (`seed`) search that
+    re-forms the final plan's windows (`l1l2._search_windows`); 0 (default) skips it."""
 
     dp: int = 1
     microbatch_tokens: int = DEFAULT_MICROBATCH_TOKENS
@@ -60,6 +63,7 @@ class PlanConfig:
     chunk_size: int = 64
     pp: int = 1
     min_microbatches_per_stage: int = DEFAULT_MIN_MICROBATCHES_PER_STAGE
+    search_evaluations: int = 0
 
     @property
     def target_microbatches(self) -> int:
@@ -82,6 +86,8 @@ class PlanConfig:
             raise ValueError(f"time_limit must be > 0, got {self.time_limit}")
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if self.search_evaluations < 0:
+            raise ValueError(f"search_evaluations must be >= 0, got {self.search_evaluations}")
 
 
 class ForestIndex:

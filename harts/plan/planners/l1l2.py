@@ -67,6 +67,14 @@ slot carries the same load on every replica.
    slot loads move under the re-cut, a single tree's cannot. Kept on the same terms and
    when the 5th percentile of the per-slot balances is no lower: 97.13 -> 97.26% there
    (DP 4 98.22 -> 98.54%, DP 2 99.11 -> 99.23%).
+9. **Search over windows** (pp = 1, off-ideal, opt-in: `PlanConfig.search_evaluations`
+   > 0, seeded by `PlanConfig.seed`). The final cells become placements (cell, first
+   slot); simulated annealing swaps or moves a tree between two cells or re-splits two
+   cells' trees into one or two new cells on the slots they free, each neighbour scored
+   by the joint re-cut's LP (one round, path capped); the best few layouts are re-cut
+   (`_recut`) and the best kept on the terms of step 8 (`_search_windows`). At a 32k cap
+   (swe-treestep-64, DP 8) 400 evaluations reach 97.42-97.57% (seeds 0-2) in ~1.3-1.6 s
+   more; off by default.
 
 (S, m) is chosen to minimise the step's critical path sum_s max_r load(s, r): S rises
 from the compact-token lower bound, never past L1's slot count (so `l1l2` never uses more
@@ -92,10 +100,12 @@ backward runs with or right after the consumer's. With pp = 1 none of this appli
 from __future__ import annotations
 
 import math
+import random
 from bisect import bisect_right
 from dataclasses import dataclass, field
 
 import numpy as np
+from ortools.linear_solver import pywraplp
 from scipy.optimize import linprog
 
 from harts.plan.plan import Plan
@@ -195,9 +205,10 @@ class _CellSolver:
         self.pp = config.pp
         self._alone: frozenset[int] | None = None
         self._chunks: dict[int, tuple[list[int], list[float]]] = {}
+        self._first: dict[int, float] = {}  # `_first_chunk_cost` per node
         self._solved: dict[tuple[int, tuple[int, ...]], Cell | None] = {}
         # `_window_ranges` per cell (by identity; the cell is kept so its id stays its own)
-        self._ranges: dict[int, tuple[Cell, list[tuple[float, float]] | None]] = {}
+        self._ranges: dict[tuple[int, int], tuple[Cell, list[tuple[float, float]] | None]] = {}
 
     def solved(self, k: int, trees: list[int]) -> Cell | None:
         """Cell of k slots holding `trees`, solved (`solve`), or None; memoised, since
@@ -531,7 +542,7 @@ class _CellSolver:
                 self.shave(it, 0.0)
         return plan
 
-    def relevel(self, c: Cell, target: list[float]) -> Cell | None:
+    def relevel(self, c: Cell, target: list[float], steps: int = 12) -> Cell | None:
         """A copy of cell c (same trunk, same items per slot, or with its two ends
         swapped) whose shaves are re-planned toward one load per slot (`target`, in load
         units, summing to the cell's load) instead of the cell's mean; the largest share
@@ -548,21 +559,21 @@ class _CellSolver:
                 bins[0], bins[-1] = bins[-1], bins[0]
             trial.bins = bins
             plan = self._shave_plan(trial, tgt)
-            if not self._apply_fitting(trial, plan):
+            if not self._apply_fitting(trial, plan, steps=steps):
                 continue
             miss = sum(abs(a - b) for a, b in zip(self.loads(trial), target, strict=True))
             if best is None or miss < best[0]:
                 best = (miss, trial)
         return None if best is None else best[1]
 
-    def _apply_fitting(self, c: Cell, plan: list[tuple[int, float]], whole: int = 0) -> bool:
+    def _apply_fitting(self, c: Cell, plan: list[tuple[int, float]], whole: int = 0, steps: int = 12) -> bool:
         """Apply the largest share of `plan` that fits the budget (bisection); its first
-        `whole` steps in full."""
+        `whole` steps in full; `steps` bisection steps."""
         self._apply(c, plan, 1.0, whole)
         if self._fits(c):
             return True
         lo, hi = 0.0, 1.0
-        for _ in range(12):
+        for _ in range(steps):
             mid = 0.5 * (lo + hi)
             self._apply(c, plan, mid, whole)
             if self._fits(c):
@@ -594,12 +605,17 @@ class _CellSolver:
         return all(c.bin_tokens(b) <= room for b in range(c.k))
 
     def _first_chunk_cost(self, v: int) -> float:
-        idx = self.idx
-        s = idx.start[v]
-        e = min(idx.end[v], (s // self.chunk + 1) * self.chunk)
-        if e >= idx.end[v]:
-            return idx.node_cost[v]
-        return float(self.cm.segment_cost(np.array([s]), np.array([e]))[0])
+        got = self._first.get(v)
+        if got is None:
+            idx = self.idx
+            s = idx.start[v]
+            e = min(idx.end[v], (s // self.chunk + 1) * self.chunk)
+            if e >= idx.end[v]:
+                got = idx.node_cost[v]
+            else:
+                got = float(self.cm.segment_cost(np.array([s]), np.array([e]))[0])
+            self._first[v] = got
+        return got
 
 
 def _balance_bins(bins: list[list[int]], cost: list[float], tokens: list[int], room: int) -> None:
@@ -973,25 +989,27 @@ def _slot_balance(vecs: list[list[float]]) -> float:
     return sum(out) / len(out) if out else 1.0
 
 
-def _window_ranges(solver: _CellSolver, c: Cell) -> list[tuple[float, float]] | None:
+def _window_ranges(solver: _CellSolver, c: Cell, steps: int = 12) -> list[tuple[float, float]] | None:
     """The load each slot of window c can take under a re-cut (`_CellSolver.relevel`):
     per slot, the load when it is aimed at everything and at nothing (the others sharing
     the rest evenly). The slots are treated as
     independent (a box), so a load the ranges allow may be missed by the re-cut (which
     then lands nearest to it); the caller checks what it gets. None when a re-cut does not
-    fit. Memoised per cell on the solver (a cell never changes once solved)."""
-    got = solver._ranges.get(id(c))
+    fit. `steps`: the re-cuts' bisection steps (`_CellSolver._apply_fitting`; fewer give
+    ranges a little narrower where the budget binds, never wider). Memoised per cell on
+    the solver (a cell never changes once solved)."""
+    got = solver._ranges.get((id(c), steps))
     if got is None:
-        got = solver._ranges[id(c)] = (c, _reach_ranges(solver, c))
+        got = solver._ranges[(id(c), steps)] = (c, _reach_ranges(solver, c, steps))
     return got[1]
 
 
-def _reach_ranges(solver: _CellSolver, c: Cell) -> list[tuple[float, float]] | None:
+def _reach_ranges(solver: _CellSolver, c: Cell, steps: int) -> list[tuple[float, float]] | None:
     total = sum(solver.loads(c))
     k = c.k
 
     def reach(aim: list[float], b: int) -> float | None:
-        new = solver.relevel(c, aim)
+        new = solver.relevel(c, aim, steps)
         return None if new is None else solver.loads(new)[b]
 
     hi = []
@@ -1010,7 +1028,8 @@ def _reach_ranges(solver: _CellSolver, c: Cell) -> list[tuple[float, float]] | N
     return out
 
 
-def _recut(cells: list[list[Cell]], solver: _CellSolver, rounds: int = _RECUT_ROUNDS) -> list[list[Cell]]:
+def _recut(cells: list[list[Cell]], solver: _CellSolver, rounds: int = _RECUT_ROUNDS,
+           cap: float | None = None, ranges=None) -> list[list[Cell]]:
     """Re-cut all windows at once (pp = 1): each window's slot loads become variables
     within the ranges a re-cut reaches (`_window_ranges`; a window's loads sum to its
     own), every other slot load stays, and a linear program minimises
@@ -1033,7 +1052,7 @@ def _recut(cells: list[list[Cell]], solver: _CellSolver, rounds: int = _RECUT_RO
         s0 = 0
         for i, c in enumerate(row):
             if c.k >= 2 and c.trees and all(c.bins):
-                rng = _window_ranges(solver, c)
+                rng = _window_ranges(solver, c) if ranges is None else ranges(c)
                 if rng is not None:
                     wins.append((r, s0, i, rng, sum(solver.loads(c))))
             s0 += c.k
@@ -1044,6 +1063,8 @@ def _recut(cells: list[list[Cell]], solver: _CellSolver, rounds: int = _RECUT_RO
     if any(len(v) != n_slots for v in vecs):
         return rows
     crit = round(sum(map(max, *vecs)), 6)
+    if cap is not None:
+        crit = min(crit, round(cap, 6))
     bal = _slot_balance(vecs)
     best = rows
     cur = vecs
@@ -1343,6 +1364,279 @@ def _moves(a: list[Cell], b: list[Cell], same: bool, loads: dict | None = None,
                     yield (ny, nx) if flip else (nx, ny)
 
 
+# ---- search over windows ------------------------------------------------------------------
+
+# `_search_windows`: simulated annealing temperature (in slot-balance units), its decay per
+# evaluation and its floor; move mix (swap a tree, move a tree, re-form two cells)
+_SA_T0 = 0.0005
+_SA_DECAY = 0.999
+_SA_TMIN = 1e-5
+_SA_MOVES = (0.4, 0.25, 0.35)
+# a re-formed cell has at most this many slots; tries per move before another is drawn
+_SA_MAX_K = 4
+_SA_TRIES = 4
+# bisection steps of the re-cuts that give a window's ranges (`_window_ranges`) while
+# searching and when the result is re-cut (fewer are cheaper, but at 4-8 the narrower
+# ranges lose most of the gain on swe-treestep-64 DP 8)
+_SA_STEPS = 12
+# the best this many layouts met are re-cut and the best result kept
+_SA_REALISE = 3
+
+
+class _Columns:
+    """The step as placements (cell, first slot) over S slots and dp replicas, scored by
+    the joint re-cut's linear program (`_recut`, one round, the critical path capped): the
+    slot balance the re-cut can reach with these cells where they are."""
+
+    def __init__(self, rows: list[list[Cell]], solver: _CellSolver, crit: float):
+        self.solver = solver
+        self.dp = len(rows)
+        self.S = sum(c.k for c in rows[0])
+        self.crit = crit
+        self.info: dict[int, tuple[Cell, list[float], list[tuple[float, float]] | None, float]] = {}
+        self.P: list[tuple[Cell, int]] = []
+        for row in rows:
+            s0 = 0
+            for c in row:
+                self.reg(c)
+                self.P.append((c, s0))
+                s0 += c.k
+
+    def reg(self, c: Cell) -> bool:
+        """Cell c's loads and re-cut ranges, noted once; False when c cannot be placed (a
+        window that does not fill its slots)."""
+        got = self.info.get(id(c))
+        if got is None:
+            ld = self.solver.loads(c)
+            movable = c.k >= 2 and bool(c.trees) and all(c.bins)
+            rg = _window_ranges(self.solver, c, _SA_STEPS) if movable else None
+            if rg is not None:
+                # the cell's own loads are in reach (coarse ranges may fall short of them)
+                rg = [(min(lo, x), max(hi, x)) for (lo, hi), x in zip(rg, ld, strict=True)]
+            got = self.info[id(c)] = (c, ld, rg, sum(ld))
+        return True
+
+    def cell_for(self, k: int, trees: list[int]) -> Cell | None:
+        """The solved cell of k slots holding `trees` (every slot used), or None."""
+        solver = self.solver
+        idx = solver.idx
+        trees = sorted(trees, key=lambda r: (-idx.sub_cost[r], r))
+        if not trees or k > _SA_MAX_K:
+            return None
+        # an exact rejection before solving: k consumers hold at most budget - rho x the
+        # producer's tokens each, the producer at most the budget
+        tok = sum(idx.sub_rows[t] for t in trees)
+        if tok > (k + max(0.0, 1.0 - k * solver.rho)) * solver.budget:
+            return None
+        c = solver.solved(k, trees)
+        if c is None or len(c.bins) != k or not all(c.bins):
+            return None
+        self.reg(c)
+        if k >= 2 and self.info[id(c)][2] is None:
+            return None
+        return c
+
+    def score(self, P: list[tuple[Cell, int]]) -> float:
+        """The slot balance of the re-cut LP's loads for placements P (-1 when the LP
+        fails): one round of `_recut`'s program, weights at P's own peaks."""
+        S, dp, info = self.S, self.dp, self.info
+        cols: list[list[float]] = [[] for _ in range(S)]
+        wins = []
+        for c, s in P:
+            _, ld, rg, total = info[id(c)]
+            if rg is None:
+                for j, x in enumerate(ld):
+                    cols[s + j].append(x)
+            else:
+                wins.append((s, ld, rg, total))
+        fixedmax = [max(col) if col else 0.0 for col in cols]
+        peak = list(fixedmax)
+        for s, ld, _, _ in wins:
+            for j, x in enumerate(ld):
+                if x > peak[s + j]:
+                    peak[s + j] = x
+        w = [1.0 / max(p, 1e-9) for p in peak]
+        lp = pywraplp.Solver.CreateSolver("GLOP")
+        inf = lp.infinity()
+        obj = lp.Objective()
+        pk = [lp.NumVar(fixedmax[s], inf, "") for s in range(S)]
+        cap = lp.Constraint(-inf, self.crit)
+        for s in range(S):
+            obj.SetCoefficient(pk[s], w[s])
+            cap.SetCoefficient(pk[s], 1.0)
+        xs = []
+        for s, _, rg, total in wins:
+            k = len(rg)
+            last = s + k - 1
+            v = [lp.NumVar(rg[j][0], rg[j][1], "") for j in range(k - 1)]
+            top = lp.Constraint(-inf, -total)
+            top.SetCoefficient(pk[last], -1.0)
+            tail = lp.Constraint(total - rg[-1][1], total - rg[-1][0])
+            for j in range(k - 1):
+                ct = lp.Constraint(-inf, 0.0)
+                ct.SetCoefficient(v[j], 1.0)
+                ct.SetCoefficient(pk[s + j], -1.0)
+                top.SetCoefficient(v[j], -1.0)
+                tail.SetCoefficient(v[j], 1.0)
+                obj.SetCoefficient(v[j], (w[last] - w[s + j]) / dp)
+            xs.append(v)
+        obj.SetMinimization()
+        if lp.Solve() != pywraplp.Solver.OPTIMAL:
+            return -1.0
+        for (s, _, rg, total), v in zip(wins, xs, strict=True):
+            z = [x.solution_value() for x in v]
+            for j, x in enumerate(z):
+                cols[s + j].append(x)
+            cols[s + len(rg) - 1].append(total - sum(z))
+        return sum(sum(col) / dp / max(col) if max(col) > 0 else 1.0 for col in cols) / S
+
+    def rows(self, P: list[tuple[Cell, int]]) -> list[list[Cell]] | None:
+        """Placements back to replicas' rows (each placement on a replica whose slots so
+        far end where it starts), or None when they do not tile dp x S."""
+        rows: list[list[Cell]] = [[] for _ in range(self.dp)]
+        free = [0] * self.dp
+        for c, s in sorted(P, key=lambda p: (p[1], -p[0].k)):
+            r = next((q for q in range(self.dp) if free[q] == s), None)
+            if r is None:
+                return None
+            rows[r].append(c)
+            free[r] = s + c.k
+        return rows if all(f == self.S for f in free) else None
+
+
+def _place_on(S: int, freed: list[int], new: list[Cell], rng: random.Random) -> list[int] | None:
+    """First slots for cells `new` on exactly the slots `freed` (a multiset: two cells
+    may have freed one slot on two replicas), in random order, each on consecutive
+    freed slots; None when they do not tile them."""
+    left = [0] * S
+    for s in freed:
+        left[s] += 1
+    order = list(range(len(new)))
+    rng.shuffle(order)
+    at: list[int] = [0] * len(new)
+    for o in order:
+        k = new[o].k
+        starts = [s for s in range(S - k + 1) if all(left[s + q] > 0 for q in range(k))]
+        if not starts:
+            return None
+        s = rng.choice(starts)
+        at[o] = s
+        for q in range(k):
+            left[s + q] -= 1
+    return at if not any(left) else None
+
+
+def _propose(M: _Columns, P: list[tuple[Cell, int]], live: list[int], rng: random.Random):
+    """One random neighbour of placements P (None when the draw does not give one): a tree
+    swapped between two cells, a tree moved from one cell into another (shapes and slots
+    kept), or the trees of two cells re-split into one or two new cells of at most
+    `_SA_MAX_K` slots laid on the slots they free."""
+    i, j = rng.sample(live, 2)
+    (a, sa), (b, sb) = P[i], P[j]
+    u = rng.random()
+    if u < _SA_MOVES[0]:
+        x, y = rng.choice(a.trees), rng.choice(b.trees)
+        ca = M.cell_for(a.k, [t for t in a.trees if t != x] + [y])
+        cb = ca and M.cell_for(b.k, [t for t in b.trees if t != y] + [x])
+        if cb is None:
+            return None
+        Q = list(P)
+        Q[i], Q[j] = (ca, sa), (cb, sb)
+        return Q
+    if u < _SA_MOVES[0] + _SA_MOVES[1]:
+        if len(a.trees) < 2:
+            return None
+        x = rng.choice(a.trees)
+        ca = M.cell_for(a.k, [t for t in a.trees if t != x])
+        cb = ca and M.cell_for(b.k, [*b.trees, x])
+        if cb is None:
+            return None
+        Q = list(P)
+        Q[i], Q[j] = (ca, sa), (cb, sb)
+        return Q
+    pool = a.trees + b.trees
+    n = a.k + b.k
+    freed = [*range(sa, sa + a.k), *range(sb, sb + b.k)]
+    for _ in range(_SA_TRIES):
+        g = [t for t in pool if rng.random() < 0.5]
+        h = [t for t in pool if t not in g]
+        groups = [x for x in (g, h) if x]
+        if len(groups) == 1:
+            ks = [n]
+        else:
+            k1 = rng.randint(1, n - 1)
+            ks = [k1, n - k1]
+        if any(k > _SA_MAX_K for k in ks):
+            continue
+        new = []
+        for grp, k in zip(groups, ks, strict=True):
+            c = M.cell_for(k, grp)
+            if c is None:
+                break
+            new.append(c)
+        if len(new) != len(groups):
+            continue
+        at = _place_on(M.S, freed, new, rng)
+        if at is not None:
+            return [p for t, p in enumerate(P) if t not in (i, j)] + list(zip(new, at, strict=True))
+    return None
+
+
+def _search_windows(rows: list[list[Cell]], solver: _CellSolver, evaluations: int,
+                    seed: int) -> list[list[Cell]]:
+    """Re-form the step's cells by simulated annealing (pp = 1): placements (cell, first
+    slot) change by swapping or moving a tree between two cells or re-splitting two cells'
+    trees into new cells on the slots they free (`_propose`), each neighbour scored by
+    the joint re-cut's linear program (`_Columns.score`, the critical path capped at
+    today's), `evaluations` of them (deterministic for a seed). The best layout is
+    realised with `_recut` and returned when its critical path is no longer, its slot
+    balance higher and the 5th percentile of its per-slot balances no lower; else `rows`.
+    Every tree stays in exactly one cell, so every row is still computed once."""
+    vecs = [[x for c in row for x in solver.loads(c)] for row in rows]
+    if len(rows) < 2 or evaluations <= 0 or any(len(v) != len(vecs[0]) for v in vecs):
+        return rows
+    crit = sum(map(max, *vecs))
+    M = _Columns(rows, solver, crit)
+    P = M.P
+    live = [t for t, (c, _) in enumerate(P) if c.trees]
+    if len(live) < 2:
+        return rows
+    rng = random.Random(seed)
+    cur = best = M.score(P)
+    top: list[tuple[float, int, list[tuple[Cell, int]]]] = []  # the best layouts met
+    temp = _SA_T0
+    n = tries = 0
+    while n < evaluations and tries < 20 * evaluations:
+        tries += 1
+        Q = _propose(M, P, live, rng)
+        if Q is None:
+            continue
+        n += 1
+        got = M.score(Q)
+        if got >= 0 and (got > cur or rng.random() < math.exp((got - cur) / temp)):
+            P, cur = Q, got
+            live = [t for t, (c, _) in enumerate(P) if c.trees]
+            if got > best:
+                best = got
+                top = sorted([*top, (-got, n, Q)], key=lambda x: x[:2])[:_SA_REALISE]
+        temp = max(temp * _SA_DECAY, _SA_TMIN)
+    # the re-cut may miss the model (windows at the budget): the best few layouts are
+    # realised, the best that passes kept
+    now = _slot_balances(vecs)
+    out, out_bal = rows, sum(now) / len(now) + 1e-12
+    for _, _, Q in top:
+        cand = M.rows(Q)
+        if cand is None:
+            continue
+        cand = _recut(cand, solver, cap=crit, ranges=lambda c: M.info[id(c)][2])
+        new = _slot_balances([[x for c in row for x in solver.loads(c)] for row in cand])
+        if (_critical_path(cand, solver) <= crit * (1 + 1e-12)
+                and sum(new) / len(new) > out_bal
+                and np.percentile(new, 5) >= np.percentile(now, 5) - 1e-12):
+            out, out_bal = cand, sum(new) / len(new)
+    return out
+
+
 def _min_microbatches(cells: list[list[Cell]]) -> int:
     """The fewest non-producer microbatches on any replica."""
     return min(sum(1 for c in row for b in c.bins if b) for row in cells)
@@ -1501,6 +1795,8 @@ def plan_l1l2(forest: RolloutForest, config: PlanConfig) -> Plan:
                         and sum(new) / len(new) > sum(now) / len(now) + 1e-12
                         and np.percentile(new, 5) >= np.percentile(now, 5) - 1e-12):
                     cells = alt
+            if config.search_evaluations > 0:
+                cells = _search_windows(cells, solver, config.search_evaluations, config.seed)
             best = (_critical_path(cells, solver), best[1], best[2], cells)
     # L1's own microbatches (recomputed paths, no windows) compete on the same measure
     place(l1_mbs, config.dp)

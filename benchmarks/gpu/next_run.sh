@@ -105,5 +105,9 @@ case "$1" in
            TRITON_F32_DEFAULT=ieee timeout 120 python3 benchmarks/gpu/h200_run.py kda --no-autotune --out "$OUT/check"
            timeout 330 python3 benchmarks/gpu/h200_run.py step --steps 3 --no-autotune --out "$OUT/step"
            timeout 70 python3 benchmarks/gpu/h200_run.py fidelity --no-autotune --out "$OUT/fid" ;;
-  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c|s5d" >&2; exit 2 ;;
+  # fifth session, last call: the replay path's float32 checks (its 120 s limit in s5d was
+  # too short), now with the state backward at the narrow value blocks
+  s5e)     mkdir -p "$OUT/check"
+           TRITON_F32_DEFAULT=ieee timeout 400 python3 benchmarks/gpu/h200_run.py kda --no-autotune --out "$OUT/check" ;;
+  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c|s5d|s5e" >&2; exit 2 ;;
 esac

@@ -109,5 +109,9 @@ case "$1" in
   # too short), now with the state backward at the narrow value blocks
   s5e)     mkdir -p "$OUT/check"
            TRITON_F32_DEFAULT=ieee timeout 400 python3 benchmarks/gpu/h200_run.py kda --no-autotune --out "$OUT/check" ;;
-  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c|s5d|s5e" >&2; exit 2 ;;
+  # fifth session, sixth call: a profiled swe-treestep-1 step per mode with the final code
+  # (every kernel kept), the simulator comparison's measured side
+  s5f)     mkdir -p "$OUT/prof"
+           timeout 200 python3 benchmarks/gpu/h200_run.py profile --schemes treestep --no-autotune --out "$OUT/prof" ;;
+  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c|s5d|s5e|s5f" >&2; exit 2 ;;
 esac

@@ -5,10 +5,10 @@
         --calibration benchmarks/results/h200_session4/calib_profile_merged.json \
         --fit-elementwise expanded --fit-kda expanded      # then: tree, tree
 
-Measured (default `--profile`): `benchmarks/results/h200_session5/s5a/prof/profile.json`
+Measured (default `--profile`): `benchmarks/results/h200_session5/s5f/prof/profile.json`
 (torch.profiler over one update step of swe-treestep-1 on tiny-h200, bf16, after a warm-up
-step, its data side prepared ahead, the fourth session's final code with the copies variant
-of the cuDNN split tree attention; CUDA kernel time summed by kernel name, every kernel
+step, its data side prepared ahead, the fifth session's final code: cuDNN split tree
+attention on views, one-gather KDA rounds; CUDA kernel time summed by kernel name, every kernel
 kept, grouped here into categories by kernel name (`kernel_category`; GPU-side user
 ranges such as `Optimizer.step#AdamW.step` span other kernels and are not counted), and
 the profiled wall time). Simulated: the same step planned the same way (tree: one
@@ -28,6 +28,8 @@ same MODE for a clean hold-out.
 
 This is where the simulator's "within 15% of measured" target stands, and which op
 families it misprices. Older inputs still reproduce: `--profile
+benchmarks/results/h200_session5/s5a/prof/profile.json` (the fourth session's final code,
+every kernel kept), `--profile
 benchmarks/results/h200_session4/s4e/prof/profile.json` (fourth session, top 40 kernels,
 the tail counted as "other") with `--calibration
 benchmarks/results/h200_session4/calibration_kernels.json`, and `--profile
@@ -42,7 +44,7 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PROFILE = ROOT / "benchmarks/results/h200_session5/s5a/prof/profile.json"
+PROFILE = ROOT / "benchmarks/results/h200_session5/s5f/prof/profile.json"
 CATEGORIES = ("attention", "kda", "gemm", "moe_experts", "optimizer", "other")
 
 

@@ -729,12 +729,36 @@ def sec_attnprobe():
     return out
 
 
+def _attention_bench(f, H: int, qk: int, vd: int, scale: float):
+    """Inputs of the tree-attention speed sections: bf16 q, k, v (3 x 32k rows, grads on) and
+    dO, causal cuDNN SDPA's forward+backward seconds on 32k rows (the issue's baseline) and
+    per attended pair, and three layouts (parents): the first 32k rows of forest `f` (one
+    chain), all of `f`, and small-treestep tiled to 32k rows (bushy)."""
+    from harts.exec.backend import causal_attention
+    from harts.exec.gpu.bench import time_cuda
+    from harts.tree.workload import generate, preset
+
+    R32 = 32768
+    qkv = [torch.randn(R32 * 3, H, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for d in (qk, qk, vd)]
+    do = torch.randn(R32 * 3, H, vd, device="cuda", dtype=torch.bfloat16)
+    hf = [x[:R32].detach().transpose(0, 1).requires_grad_() for x in qkv]
+    sdpa = time_cuda(lambda: causal_attention(*hf, scale).backward(do[:R32].transpose(0, 1)), repeats=10)
+    layouts = {"treestep_first32k": parents_from_ends(np.minimum(f.row_end[:R32], R32 - 1)),
+               "swe_treestep_1_all": f.row_parent}
+    f2 = generate(preset("small-treestep")).forest()
+    ends, off = [], 0
+    while off < R32:
+        ends.append(f2.row_end + off)
+        off += f2.num_rows
+    layouts["small_treestep_tiled"] = parents_from_ends(np.minimum(np.concatenate(ends)[:R32], R32 - 1))
+    return qkv, do, sdpa, sdpa / (R32 * (R32 + 1) // 2), layouts
+
+
 def sec_attnsplit():
     """The cuDNN split tree attention (harts.exec.gpu.split_attention): its self-check, bf16
     accuracy against float64 on a real layout (all rows and a query subset) next to the
     varlen flash path, and forward+backward time on three layouts at 16 heads, qk 192 / v
     128, per attended pair against causal cuDNN SDPA on 32k rows (the issue's baseline)."""
-    from harts.exec.backend import causal_attention
     from harts.exec.gpu.bench import time_cuda
     from harts.exec.gpu.path_attention import (
         flash_varlen,
@@ -785,20 +809,8 @@ def sec_attnsplit():
         out[f"accuracy_{qname}"] = res
         print(f"[attnsplit] accuracy {qname}: {res}", flush=True)
     # speed
-    R32 = 32768
-    qkv = [torch.randn(R32 * 3, H, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for d in (qk, qk, vd)]
-    do = torch.randn(R32 * 3, H, vd, device="cuda", dtype=torch.bfloat16)
-    hf = [x[:R32].detach().transpose(0, 1).requires_grad_() for x in qkv]
-    sdpa = time_cuda(lambda: causal_attention(*hf, scale).backward(do[:R32].transpose(0, 1)), repeats=10)
+    qkv, do, sdpa, per_pair_sdpa, layouts = _attention_bench(f, H, qk, vd, scale)
     out["sdpa_causal_32k_fwdbwd_s"] = sdpa
-    per_pair_sdpa = sdpa / (R32 * (R32 + 1) // 2)
-    layouts = {"treestep_first32k": parents_from_ends(np.minimum(f.row_end[:R32], R32 - 1)), "swe_treestep_1_all": f.row_parent}
-    f2 = generate(preset("small-treestep")).forest()
-    ends, off = [], 0
-    while off < R32:
-        ends.append(f2.row_end + off)
-        off += f2.num_rows
-    layouts["small_treestep_tiled"] = parents_from_ends(np.minimum(np.concatenate(ends)[:R32], R32 - 1))
     for lname, par in layouts.items():
         R_ = par.size
         seg = segments_of(par)
@@ -841,7 +853,6 @@ def sec_attnvar():
 
     from torch.profiler import ProfilerActivity, profile
 
-    from harts.exec.backend import causal_attention
     from harts.exec.gpu.bench import time_cuda
     from harts.exec.gpu.path_attention import path_attention, reference_varlen, segments_of
     from harts.exec.gpu.split_attention import (
@@ -924,21 +935,8 @@ def sec_attnvar():
         got = [o.detach()] + list(torch.autograd.grad(o, ins, do.bfloat16()))
         out[f"accuracy_{variant}"] = {n: rel(a, b) for n, a, b in zip(("o", "dq", "dk", "dv"), got, ref, strict=True)}
     print(f"[attnvar] accuracy: { {k_: v_ for k_, v_ in out.items() if k_.startswith('accuracy')} }", flush=True)
-    R32 = 32768
-    qkv = [torch.randn(R32 * 3, H, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for d in (qk, qk, vd)]
-    dO = torch.randn(R32 * 3, H, vd, device="cuda", dtype=torch.bfloat16)
-    hf = [x[:R32].detach().transpose(0, 1).requires_grad_() for x in qkv]
-    sdpa = time_cuda(lambda: causal_attention(*hf, scale).backward(dO[:R32].transpose(0, 1)), repeats=10)
+    qkv, dO, sdpa, per_pair_sdpa, layouts = _attention_bench(f, H, qk, vd, scale)
     out["sdpa_causal_32k_fwdbwd_s"] = sdpa
-    per_pair_sdpa = sdpa / (R32 * (R32 + 1) // 2)
-    layouts = {"treestep_first32k": parents_from_ends(np.minimum(f.row_end[:R32], R32 - 1)),
-               "swe_treestep_1_all": f.row_parent}
-    f2 = generate(preset("small-treestep")).forest()
-    ends, off = [], 0
-    while off < R32:
-        ends.append(f2.row_end + off)
-        off += f2.num_rows
-    layouts["small_treestep_tiled"] = parents_from_ends(np.minimum(np.concatenate(ends)[:R32], R32 - 1))
     for lname, par in layouts.items():
         seg = segments_of(par)
         sp = split_segments(seg, True)

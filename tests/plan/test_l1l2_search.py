@@ -14,7 +14,14 @@ from hypothesis import strategies as st
 
 from harts.plan.metrics import compute_metrics, slot_loads
 from harts.plan.planners import PlanConfig, make_plan
-from harts.plan.planners.l1l2 import _critical_path, _search_windows, _slot_balances
+from harts.plan.planners.l1l2 import (
+    _CellSolver,
+    _critical_path,
+    _reach_ranges,
+    _search_windows,
+    _slot_balances,
+    _window_ranges,
+)
 from tests.plan.l1l2_cells import (
     build_candidates,
     check_rearranged,
@@ -67,6 +74,29 @@ def test_planned_with_search_valid_and_repeatable(forest_config):
     assert a.slots == b.slots and a.executed_tokens == b.executed_tokens
     assert a.slot_balance >= b.slot_balance - 1e-12
     assert a.balance_p5 >= b.balance_p5 - 1e-12
+
+
+@settings(max_examples=10, deadline=None)
+@given(forest_and_config)
+def test_window_ranges_shared_by_recut_copies_are_exact(forest_config):
+    """`_window_ranges` memoises by what a re-cut starts from (slots, trunk, items per
+    slot, load in all), so a re-cut copy of a window reuses its ranges: they must be
+    what a solver with no memo computes for the copy itself."""
+    forest, config = forest_config
+    idx, solver, candidates = build_candidates(forest, config, limit=2, dealings=(True,))
+    fresh = _CellSolver(idx, config)
+    for cells in candidates:
+        for row in cells:
+            for c in row:
+                if c.k < 2 or not c.trees or not all(c.bins):
+                    continue
+                got = _window_ranges(solver, c)
+                assert got == _reach_ranges(_CellSolver(idx, config), c, 12)
+                ld = solver.loads(c)
+                for aim in (ld[::-1], [sum(ld) / c.k] * c.k):
+                    copy = solver.relevel(c, aim)
+                    if copy is not None:
+                        assert _window_ranges(solver, copy) == _reach_ranges(fresh, copy, 12)
 
 
 def test_search_off_by_default(monkeypatch):

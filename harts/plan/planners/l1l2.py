@@ -209,6 +209,8 @@ class _CellSolver:
         self._solved: dict[tuple[int, tuple[int, ...]], Cell | None] = {}
         # `_window_ranges` per cell (by identity; the cell is kept so its id stays its own)
         self._ranges: dict[tuple[int, int], tuple[Cell, list[tuple[float, float]] | None]] = {}
+        # `_window_ranges` by what the re-cuts start from (shared by re-cut copies)
+        self._ranges_of: dict[tuple, list[tuple[float, float]] | None] = {}
 
     def solved(self, k: int, trees: list[int]) -> Cell | None:
         """Cell of k slots holding `trees`, solved (`solve`), or None; memoised, since
@@ -997,10 +999,16 @@ def _window_ranges(solver: _CellSolver, c: Cell, steps: int = 12) -> list[tuple[
     then lands nearest to it); the caller checks what it gets. None when a re-cut does not
     fit. `steps`: the re-cuts' bisection steps (`_CellSolver._apply_fitting`; fewer give
     ranges a little narrower where the budget binds, never wider). Memoised per cell on
-    the solver (a cell never changes once solved)."""
+    the solver (a cell never changes once solved), and by what its re-cuts start from
+    (slot count, trunk, each slot's item roots and the cell's load in all; not its
+    shaves, which `relevel` redoes), so that re-cut copies of one cell share them."""
     got = solver._ranges.get((id(c), steps))
     if got is None:
-        got = solver._ranges[(id(c), steps)] = (c, _reach_ranges(solver, c, steps))
+        key = (c.k, tuple(c.trunk), tuple(tuple(it.root for it in b) for b in c.bins), sum(solver.loads(c)), steps)
+        rg = solver._ranges_of.get(key, False)
+        if rg is False:
+            rg = solver._ranges_of[key] = _reach_ranges(solver, c, steps)
+        got = solver._ranges[(id(c), steps)] = (c, rg)
     return got[1]
 
 

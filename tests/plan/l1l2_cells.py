@@ -51,6 +51,15 @@ def build_candidates(forest, config, limit=4, dealings=(False, True)):
     return idx, solver, out
 
 
+def windows(candidates: list[list[list[Cell]]]):
+    """Every window (a cell of >= 2 slots holding trees in each slot) of the candidates."""
+    for cells in candidates:
+        for row in cells:
+            for c in row:
+                if c.k >= 2 and c.trees and all(c.bins):
+                    yield c
+
+
 def slot_counts(cells: list[list[Cell]]) -> list[int]:
     return [sum(c.k for c in row) for row in cells]
 

@@ -20,6 +20,7 @@ from tests.plan.l1l2_cells import (
     check_rearranged,
     forest_and_config,
     swe64_32k_dp8,
+    windows,
 )
 
 
@@ -56,17 +57,13 @@ def test_window_ranges_are_ordered_and_within_the_windows_load(forest_config):
     own load (a re-cut moves load between its slots, never adds any)."""
     forest, config = forest_config
     _, solver, candidates = build_candidates(forest, config, limit=2, dealings=(True,))
-    for cells in candidates:
-        for row in cells:
-            for c in row:
-                if c.k < 2 or not c.trees or not all(c.bins):
-                    continue
-                rng = _window_ranges(solver, c)
-                if rng is None:
-                    continue
-                total = sum(solver.loads(c))
-                assert len(rng) == c.k
-                assert all(0.0 <= lo <= hi <= total * (1 + 1e-9) for lo, hi in rng)
+    for c in windows(candidates):
+        rng = _window_ranges(solver, c)
+        if rng is None:
+            continue
+        total = sum(solver.loads(c))
+        assert len(rng) == c.k
+        assert all(0.0 <= lo <= hi <= total * (1 + 1e-9) for lo, hi in rng)
 
 
 def test_recut_at_a_32k_cap_lifts_dp8_balance_with_a_shorter_path():

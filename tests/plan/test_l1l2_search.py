@@ -27,6 +27,7 @@ from tests.plan.l1l2_cells import (
     check_rearranged,
     forest_and_config,
     swe64_32k_dp8,
+    windows,
 )
 
 
@@ -85,18 +86,14 @@ def test_window_ranges_shared_by_recut_copies_are_exact(forest_config):
     forest, config = forest_config
     idx, solver, candidates = build_candidates(forest, config, limit=2, dealings=(True,))
     fresh = _CellSolver(idx, config)
-    for cells in candidates:
-        for row in cells:
-            for c in row:
-                if c.k < 2 or not c.trees or not all(c.bins):
-                    continue
-                got = _window_ranges(solver, c)
-                assert got == _reach_ranges(_CellSolver(idx, config), c, 12)
-                ld = solver.loads(c)
-                for aim in (ld[::-1], [sum(ld) / c.k] * c.k):
-                    copy = solver.relevel(c, aim)
-                    if copy is not None:
-                        assert _window_ranges(solver, copy) == _reach_ranges(fresh, copy, 12)
+    for c in windows(candidates):
+        got = _window_ranges(solver, c)
+        assert got == _reach_ranges(_CellSolver(idx, config), c, 12)
+        ld = solver.loads(c)
+        for aim in (ld[::-1], [sum(ld) / c.k] * c.k):
+            copy = solver.relevel(c, aim)
+            if copy is not None:
+                assert _window_ranges(solver, copy) == _reach_ranges(fresh, copy, 12)
 
 
 def test_search_off_by_default(monkeypatch):

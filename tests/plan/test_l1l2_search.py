@@ -16,6 +16,7 @@ from harts.plan.metrics import compute_metrics, slot_loads
 from harts.plan.planners import PlanConfig, make_plan
 from harts.plan.planners.l1l2 import (
     _CellSolver,
+    _Columns,
     _critical_path,
     _reach_ranges,
     _search_windows,
@@ -123,3 +124,38 @@ def test_search_lifts_the_dp8_balance_at_a_32k_cap():
     assert g.slots == m.slots == 10
     assert g.executed_tokens == forest.compact_tokens
     assert slot_loads(got).max(axis=1).sum() <= slot_loads(plan).max(axis=1).sum()
+
+
+
+@settings(max_examples=10, deadline=None)
+@given(forest_and_config)
+def test_search_lp_loads_within_ranges_and_cap(forest_config):
+    """`_Columns.score`'s loads (built as sparse arrays, solved by GLOP): each window's
+    within its ranges and summing to its own, the critical path within the cap, and the
+    balance returned that of those loads."""
+    forest, config = forest_config
+    idx, solver, candidates = build_candidates(forest, config, limit=2, dealings=(True,))
+    cases = [(solver, cells) for cells in candidates]
+    for slv, cells in cases:
+        vecs = [[x for c in row for x in slv.loads(c)] for row in cells]
+        if len(cells) < 2 or any(len(v) != len(vecs[0]) for v in vecs):
+            continue
+        crit = sum(map(max, *vecs))
+        M = _Columns(cells, slv, crit)
+        aims: dict = {}
+        got = M.score(M.P, aims)
+        if got < 0 or not any(M.info[id(c)][2] for c, _ in M.P):
+            continue
+        cols = [[] for _ in range(M.S)]
+        for t, (c, s) in enumerate(M.P):
+            _, ld, rg, total = M.info[id(c)]
+            a = aims.get(t, ld)
+            if rg is not None:
+                assert t in aims
+                assert abs(sum(a) - total) <= 1e-9 * total
+                for x, (lo, hi) in zip(a, rg, strict=True):
+                    assert lo - 1e-6 * total <= x <= hi + 1e-6 * total
+            for j, x in enumerate(a):
+                cols[s + j].append(x)
+        assert sum(map(max, cols)) <= crit * (1 + 1e-9)
+        assert abs(got - sum(sum(c) / M.dp / max(c) if max(c) > 0 else 1.0 for c in cols) / M.S) <= 1e-12

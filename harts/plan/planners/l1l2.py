@@ -73,8 +73,8 @@ slot carries the same load on every replica.
    cells' trees into one or two new cells on the slots they free, each neighbour scored
    by the joint re-cut's LP (one round, path capped); the best few layouts are re-cut
    (`_recut`) and the best kept on the terms of step 8 (`_search_windows`). At a 32k cap
-   (swe-treestep-64, DP 8) 400 evaluations reach 97.42-97.57% (seeds 0-2) in ~1.3-1.6 s
-   more; off by default.
+   (swe-treestep-64, DP 8) 400 evaluations reach 97.41/97.57/97.64/97.61/97.38% (seeds
+   0-4) in ~1.5 s more (~3.3 ms an evaluation); off by default.
 
 (S, m) is chosen to minimise the step's critical path sum_s max_r load(s, r): S rises
 from the compact-token lower bound, never past L1's slot count (so `l1l2` never uses more
@@ -105,8 +105,9 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 
 import numpy as np
-from ortools.linear_solver import pywraplp
+from ortools.linear_solver.python import model_builder_helper as mbh
 from scipy.optimize import linprog
+from scipy.sparse import csr_matrix
 
 from harts.plan.plan import Plan
 from harts.plan.planners.common import (
@@ -1375,9 +1376,11 @@ def _moves(a: list[Cell], b: list[Cell], same: bool, loads: dict | None = None,
 # ---- search over windows ------------------------------------------------------------------
 
 # `_search_windows`: simulated annealing temperature (in slot-balance units), its decay per
-# evaluation and its floor; move mix (swap a tree, move a tree, re-form two cells)
-_SA_T0 = 0.0005
-_SA_DECAY = 0.999
+# evaluation and its floor; move mix (swap a tree, move a tree, re-form two cells). On
+# swe-treestep-64 DP 8 (seeds 0-4) T0 1e-4, decay 0.99 average 97.49% at 200 evaluations
+# and 97.52% at 400, against 97.41% / 97.49% for T0 5e-4, decay 0.999
+_SA_T0 = 0.0001
+_SA_DECAY = 0.99
 _SA_TMIN = 1e-5
 _SA_MOVES = (0.4, 0.25, 0.35)
 # a re-formed cell has at most this many slots; tries per move before another is drawn
@@ -1444,19 +1447,23 @@ class _Columns:
             return None
         return c
 
-    def score(self, P: list[tuple[Cell, int]]) -> float:
+    def score(self, P: list[tuple[Cell, int]], aims: dict | None = None) -> float:
         """The slot balance of the re-cut LP's loads for placements P (-1 when the LP
-        fails): one round of `_recut`'s program, weights at P's own peaks."""
+        fails): one round of `_recut`'s program, weights at P's own peaks, built as arrays
+        and solved by GLOP (OR-Tools' model builder). `aims`, when given, receives each
+        window's LP loads by its index in P."""
         S, dp, info = self.S, self.dp, self.info
         cols: list[list[float]] = [[] for _ in range(S)]
         wins = []
-        for c, s in P:
+        at_p = []
+        for t, (c, s) in enumerate(P):
             _, ld, rg, total = info[id(c)]
             if rg is None:
                 for j, x in enumerate(ld):
                     cols[s + j].append(x)
             else:
                 wins.append((s, ld, rg, total))
+                at_p.append(t)
         fixedmax = [max(col) if col else 0.0 for col in cols]
         peak = list(fixedmax)
         for s, ld, _, _ in wins:
@@ -1464,38 +1471,63 @@ class _Columns:
                 if x > peak[s + j]:
                     peak[s + j] = x
         w = [1.0 / max(p, 1e-9) for p in peak]
-        lp = pywraplp.Solver.CreateSolver("GLOP")
-        inf = lp.infinity()
-        obj = lp.Objective()
-        pk = [lp.NumVar(fixedmax[s], inf, "") for s in range(S)]
-        cap = lp.Constraint(-inf, self.crit)
-        for s in range(S):
-            obj.SetCoefficient(pk[s], w[s])
-            cap.SetCoefficient(pk[s], 1.0)
-        xs = []
+        # the program as arrays (one sparse matrix, built row by row in lists): variables
+        # are the S peaks, then each window's first k - 1 slot loads; rows the critical
+        # path cap, then per window its last slot under the peak (`top`), its last slot
+        # within range (`tail`), and each other slot under its peak
+        inf = math.inf
+        nv = S + sum(len(rg) - 1 for _, _, rg, _ in wins)
+        lb = [0.0] * nv
+        ub = [inf] * nv
+        obj = [0.0] * nv
+        lb[:S] = fixedmax
+        obj[:S] = w
+        indptr, indices, data = [0, S], list(range(S)), [1.0] * S
+        clo, cup = [-inf], [self.crit]
+        at = S
         for s, _, rg, total in wins:
             k = len(rg)
             last = s + k - 1
-            v = [lp.NumVar(rg[j][0], rg[j][1], "") for j in range(k - 1)]
-            top = lp.Constraint(-inf, -total)
-            top.SetCoefficient(pk[last], -1.0)
-            tail = lp.Constraint(total - rg[-1][1], total - rg[-1][0])
+            vs = list(range(at, at + k - 1))
             for j in range(k - 1):
-                ct = lp.Constraint(-inf, 0.0)
-                ct.SetCoefficient(v[j], 1.0)
-                ct.SetCoefficient(pk[s + j], -1.0)
-                top.SetCoefficient(v[j], -1.0)
-                tail.SetCoefficient(v[j], 1.0)
-                obj.SetCoefficient(v[j], (w[last] - w[s + j]) / dp)
-            xs.append(v)
-        obj.SetMinimization()
-        if lp.Solve() != pywraplp.Solver.OPTIMAL:
+                lb[at + j], ub[at + j] = rg[j]
+                obj[at + j] = (w[last] - w[s + j]) / dp
+            indices += [last, *vs]
+            data += [-1.0] * k
+            indptr.append(len(indices))
+            clo.append(-inf)
+            cup.append(-total)
+            indices += vs
+            data += [1.0] * (k - 1)
+            indptr.append(len(indices))
+            clo.append(total - rg[-1][1])
+            cup.append(total - rg[-1][0])
+            for j in range(k - 1):
+                indices += [s + j, at + j]
+                data += [-1.0, 1.0]
+                indptr.append(len(indices))
+                clo.append(-inf)
+                cup.append(0.0)
+            at += k - 1
+        mat = csr_matrix((np.array(data), np.array(indices, dtype=np.int32), np.array(indptr, dtype=np.int32)),
+                         shape=(len(clo), nv))
+        model = mbh.ModelBuilderHelper()
+        model.fill_model_from_sparse_data(np.array(lb), np.array(ub), np.array(obj), np.array(clo), np.array(cup), mat)
+        lp = mbh.ModelSolverHelper("glop")
+        lp.solve(model)
+        if lp.status() != mbh.SolveStatus.OPTIMAL:
             return -1.0
-        for (s, _, rg, total), v in zip(wins, xs, strict=True):
-            z = [x.solution_value() for x in v]
+        sol = lp.variable_values().tolist()
+        at = S
+        for t, (s, _, rg, total) in zip(at_p, wins, strict=True):
+            k = len(rg)
+            z = sol[at : at + k - 1]
+            at += k - 1
             for j, x in enumerate(z):
                 cols[s + j].append(x)
-            cols[s + len(rg) - 1].append(total - sum(z))
+            cols[s + k - 1].append(total - sum(z))
+            if aims is not None:
+                aims[t] = [*z, total - sum(z)]
         return sum(sum(col) / dp / max(col) if max(col) > 0 else 1.0 for col in cols) / S
 
     def rows(self, P: list[tuple[Cell, int]]) -> list[list[Cell]] | None:

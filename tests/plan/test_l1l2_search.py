@@ -1,8 +1,8 @@
 """l1l2's search over windows (`_search_windows`, opt-in by `PlanConfig.search_evaluations`):
 trees and slot counts stay, every row is still computed once, the plans validate, the
 critical path is no longer and the slot balance and its P5 no lower, the same seed gives
-the same plan, and on swe-treestep-64 at a 32k cap (DP 8) it lifts the slot balance past
-97.5%."""
+the same plan, and on swe-treestep-64 at a 32k cap (DP 8) it lifts the slot balance above
+the default plan's."""
 
 from __future__ import annotations
 
@@ -112,14 +112,14 @@ def test_search_off_by_default(monkeypatch):
 
 def test_search_lifts_the_dp8_balance_at_a_32k_cap():
     """swe-treestep-64 at a 32k cap and budget, DP 8, 400 evaluations (seed 1): slot
-    balance 97.28 -> 97.5+%, P5 no lower (93.77%), the path shorter, every row once, 10
-    slots."""
+    balance above the default plan's (97.61%, already past 97.5% by `_swap_trees`; 97.73%
+    measured), P5 no lower (93.77%), the path no longer, every row once, 10 slots."""
     forest, config, plan, m = swe64_32k_dp8()
     config = dataclasses.replace(config, search_evaluations=400, seed=1)
     got = make_plan(forest, "l1l2", config)
     got.validate(forest, cost_model=config.cost_model)
     g = compute_metrics(got, forest)
-    assert g.slot_balance >= 0.975 > m.slot_balance
+    assert g.slot_balance > m.slot_balance >= 0.975
     assert g.balance_p5 >= m.balance_p5
     assert g.slots == m.slots == 10
     assert g.executed_tokens == forest.compact_tokens

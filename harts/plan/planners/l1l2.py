@@ -67,14 +67,27 @@ slot carries the same load on every replica.
    slot loads move under the re-cut, a single tree's cannot. Kept on the same terms and
    when the 5th percentile of the per-slot balances is no lower: 97.13 -> 97.26% there
    (DP 4 98.22 -> 98.54%, DP 2 99.11 -> 99.23%).
-9. **Search over windows** (pp = 1, off-ideal, opt-in: `PlanConfig.search_evaluations`
+9. **Tree swaps** (pp = 1, off-ideal). A window's loads move only inside it, so a cell
+   heavier over its slots than the other replicas' slots there (trees near the budget
+   leave it little room) keeps those slots' peaks whatever the re-cut does. Two rounds:
+   each placement's excess (its load minus the slots' mean loads over its span), the
+   single-tree swaps between two cells that most lower the summed |excess| shortlisted
+   (6), each scored by the joint re-cut's LP (one round, path capped) with the new
+   cells' ranges taken as the old cells' moved by the change in their slot loads, the
+   best 2 scored again with their own ranges, the best taken when it raises the LP's
+   balance; then `_recut`, kept on the terms of step 8 (`_swap_trees`; deterministic).
+   At a 32k cap (swe-treestep-64, DP 8) one tree of a 3-slot window at the slot-2 peak
+   traded for a lighter one of a window light over its slots: 97.28 -> 97.61% (P5 kept,
+   path 332,315 -> 331,051) for ~0.09 s; DP 4 98.54 -> 98.94%, DP 2 99.25 -> 99.43%.
+10. **Search over windows** (pp = 1, off-ideal, opt-in: `PlanConfig.search_evaluations`
    > 0, seeded by `PlanConfig.seed`). The final cells become placements (cell, first
    slot); simulated annealing swaps or moves a tree between two cells or re-splits two
    cells' trees into one or two new cells on the slots they free, each neighbour scored
    by the joint re-cut's LP (one round, path capped); the best few layouts are re-cut
    (`_recut`) and the best kept on the terms of step 8 (`_search_windows`). At a 32k cap
-   (swe-treestep-64, DP 8) 400 evaluations reach 97.41/97.57/97.64/97.61/97.38% (seeds
-   0-4) in ~1.5 s more (~3.3 ms an evaluation); off by default.
+   (swe-treestep-64, DP 8), from step 9's plan, 400 evaluations reach
+   97.67/97.73/97.75/97.65/97.67% (seeds 0-4) in ~1.0-1.1 s more (~3 ms an evaluation);
+   off by default.
 
 (S, m) is chosen to minimise the step's critical path sum_s max_r load(s, r): S rises
 from the compact-token lower bound, never past L1's slot count (so `l1l2` never uses more
@@ -1622,6 +1635,134 @@ def _propose(M: _Columns, P: list[tuple[Cell, int]], live: list[int], rng: rando
     return None
 
 
+# `_swap_trees`: rounds of single-tree swaps; per round the `_SWAP_SHORTLIST` swaps that
+# most even the placements' loads against the slots' means are scored by the re-cut LP
+# with the old cells' ranges moved to the new cells' loads, the best `_SWAP_EXACT` of
+# them again with the new cells' own ranges
+_SWAP_ROUNDS = 2
+_SWAP_SHORTLIST = 6
+_SWAP_EXACT = 2
+
+
+class _Shifted:
+    """Stand-in for a cell in `_Columns.score`: a solved cell's loads with the ranges of
+    the cell it replaces, moved by the difference in each slot's load (no re-cuts)."""
+
+    def __init__(self, k: int):
+        self.k = k
+
+
+def _swap_trees(rows: list[list[Cell]], solver: _CellSolver, rounds: int = _SWAP_ROUNDS,
+                shortlist: int = _SWAP_SHORTLIST, exact: int = _SWAP_EXACT) -> list[list[Cell]]:
+    """Swap one tree between two cells of the step (pp = 1), shapes and slots kept: the
+    joint re-cut can only move load inside a window, so a cell that is heavier over its
+    slots than the other replicas' slots there (trees near the budget leave a window
+    little room) keeps those slots' peaks; a tree of it traded for a lighter tree of a
+    cell that is light over its own slots evens both. Per round, the swaps that most
+    lower the placements' summed |load - the slots' mean loads over their span| are
+    scored by the re-cut LP (`_Columns.score`, the critical path capped at today's),
+    first with each new cell's ranges taken as the old cell's moved by the change in its
+    slot loads (`shortlist` of them), then the best `exact` with their own ranges; the
+    best swap is taken when it raises the LP's balance. The result is re-cut (`_recut`)
+    and returned when its critical path is no longer, its slot balance higher and the
+    5th percentile of its per-slot balances no lower; else `rows`. Every tree stays in
+    one cell and each cell solves on all its slots, so every row is computed once.
+    Deterministic."""
+    vecs = [[x for c in row for x in solver.loads(c)] for row in rows]
+    dp = len(rows)
+    if dp < 2 or rounds <= 0 or any(len(v) != len(vecs[0]) for v in vecs):
+        return rows
+    idx = solver.idx
+    cost = idx.sub_cost
+    crit = sum(map(max, *vecs))
+    M = _Columns(rows, solver, crit)
+    P = list(M.P)
+    where = [(r, i) for r, row in enumerate(rows) for i in range(len(row))]
+    cur = M.score(P)
+    if cur < 0:
+        return rows
+
+    def solved(k: int, trees: list[int]) -> Cell | None:
+        c = solver.solved(k, sorted(trees, key=lambda t: (-cost[t], t)))
+        return c if c is not None and len(c.bins) == k and all(c.bins) else None
+
+    def shifted(old: Cell, new: Cell) -> _Shifted:
+        _, ld, rg, _ = M.info[id(old)]
+        nl = solver.loads(new)
+        if rg is not None:
+            rg = [(lo + b - a, hi + b - a) for (lo, hi), a, b in zip(rg, ld, nl, strict=True)]
+        proxy = _Shifted(new.k)
+        M.info[id(proxy)] = (proxy, nl, rg, sum(nl))
+        return proxy
+
+    swapped = False
+    for _ in range(rounds):
+        mean = [0.0] * M.S
+        for c, s in P:
+            for j, x in enumerate(M.info[id(c)][1]):
+                mean[s + j] += x / dp
+        excess = [M.info[id(c)][3] - sum(mean[s : s + c.k]) for c, s in P]
+        cands = []
+        for t1 in range(len(P)):
+            (a, sa), e1 = P[t1], excess[t1]
+            for t2 in range(t1 + 1, len(P)):
+                (b, sb), e2 = P[t2], excess[t2]
+                # two single-tree cells on the same slots: a swap only relabels them
+                same = sa == sb and a.k == b.k and len(a.trees) == len(b.trees) == 1
+                if same:
+                    continue
+                for x in a.trees:
+                    for y in b.trees:
+                        d = cost[x] - cost[y]
+                        gain = abs(e1) + abs(e2) - abs(e1 - d) - abs(e2 + d)
+                        if gain > 1e-9:
+                            cands.append((-gain, t1, t2, x, y))
+        cands.sort()
+        scored = []
+        for _, t1, t2, x, y in cands:
+            if len(scored) >= shortlist:
+                break
+            (a, sa), (b, sb) = P[t1], P[t2]
+            na = solved(a.k, [t for t in a.trees if t != x] + [y])
+            nb = na and solved(b.k, [t for t in b.trees if t != y] + [x])
+            if nb is None:
+                continue
+            Q = list(P)
+            Q[t1], Q[t2] = (shifted(a, na), sa), (shifted(b, nb), sb)
+            got = M.score(Q)
+            if got > cur:
+                scored.append((-got, t1, t2, x, y))
+        best = None
+        for _, t1, t2, x, y in sorted(scored)[:exact]:
+            (a, sa), (b, sb) = P[t1], P[t2]
+            na = solved(a.k, [t for t in a.trees if t != x] + [y])
+            nb = solved(b.k, [t for t in b.trees if t != y] + [x])
+            if any(M.reg(n) and n.k >= 2 and M.info[id(n)][2] is None for n in (na, nb)):
+                continue  # a window whose re-cuts do not fit
+            Q = list(P)
+            Q[t1], Q[t2] = (na, sa), (nb, sb)
+            got = M.score(Q)
+            if got > cur + 1e-12 and (best is None or got > best[0]):
+                best = (got, Q)
+        if best is None:
+            break
+        cur, P = best
+        swapped = True
+    if not swapped:
+        return rows
+    new_rows = [list(r) for r in rows]
+    for (r, i), (c, _) in zip(where, P, strict=True):
+        new_rows[r][i] = c
+    cand = _recut(new_rows, solver, cap=crit, ranges=lambda c: M.info[id(c)][2])
+    now = _slot_balances(vecs)
+    new = _slot_balances([[x for c in row for x in solver.loads(c)] for row in cand])
+    if (_critical_path(cand, solver) <= crit * (1 + 1e-12)
+            and sum(new) / len(new) > sum(now) / len(now) + 1e-12
+            and np.percentile(new, 5) >= np.percentile(now, 5) - 1e-12):
+        return cand
+    return rows
+
+
 def _search_windows(rows: list[list[Cell]], solver: _CellSolver, evaluations: int,
                     seed: int) -> list[list[Cell]]:
     """Re-form the step's cells by simulated annealing (pp = 1): placements (cell, first
@@ -1835,6 +1976,7 @@ def plan_l1l2(forest: RolloutForest, config: PlanConfig) -> Plan:
                         and sum(new) / len(new) > sum(now) / len(now) + 1e-12
                         and np.percentile(new, 5) >= np.percentile(now, 5) - 1e-12):
                     cells = alt
+            cells = _swap_trees(cells, solver)
             if config.search_evaluations > 0:
                 cells = _search_windows(cells, solver, config.search_evaluations, config.seed)
             best = (_critical_path(cells, solver), best[1], best[2], cells)

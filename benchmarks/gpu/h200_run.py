@@ -608,7 +608,8 @@ def sec_flexsweep(args):
 def sec_conv():
     """The short conv of a KDA layer (q/k/v: 16 x 128 channels, window 4) on 82k rows of a
     real tree layout, bf16, forward+backward: gather-form reference vs the fused Triton
-    kernels (the default on CUDA), and the fused output against the reference in fp32."""
+    kernels (the default on CUDA); the fused output and every gradient against the
+    reference in fp32; the fused backward run twice (bit-identical: no atomics)."""
     from harts.exec.gpu.bench import time_cuda
     from harts.exec.gpu.conv import short_conv_fused
     from harts.exec.ops.conv import short_conv, window_from_parents
@@ -620,15 +621,78 @@ def sec_conv():
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(T, D, device="cuda", generator=g).bfloat16().requires_grad_()
     w = (torch.randn(D, 4, device="cuda", generator=g) * 0.3).bfloat16().requires_grad_()
+    b = (torch.randn(D, device="cuda", generator=g) * 0.1).bfloat16().requires_grad_()
     dy = torch.randn(T, D, device="cuda", generator=g).bfloat16()
     out = {"rows": T, "channels": D}
     for name, fn in (("reference", short_conv), ("fused", short_conv_fused)):
         with torch.no_grad():
-            out[f"{name}_fwd_s"] = time_cuda(lambda fn=fn: fn(x, w, None, window_TW=win), repeats=10)
-        out[f"{name}_fwdbwd_s"] = time_cuda(lambda fn=fn: fn(x, w, None, window_TW=win).backward(dy), repeats=10)
-    with torch.no_grad():
-        ref = short_conv(x.float(), w.float(), None, window_TW=win)
-        out["fused_vs_fp32_reference_rel"] = rel(short_conv_fused(x, w, None, window_TW=win), ref)
+            out[f"{name}_fwd_s"] = time_cuda(lambda fn=fn: fn(x, w, b, window_TW=win), repeats=10)
+        out[f"{name}_fwdbwd_s"] = time_cuda(lambda fn=fn: fn(x, w, b, window_TW=win).backward(dy), repeats=10)
+        y = fn(x, w, b, window_TW=win)
+        out[f"{name}_bwd_s"] = time_cuda(lambda y=y: torch.autograd.grad(y, (x, w, b), dy, retain_graph=True),
+                                         repeats=10)
+    leaves = [t.detach().float().requires_grad_() for t in (x, w, b)]
+    ref_y = short_conv(*leaves, window_TW=win)
+    ref = [ref_y.detach(), *torch.autograd.grad(ref_y, leaves, dy.float())]
+    y = short_conv_fused(x, w, b, window_TW=win)
+    got = [y.detach(), *torch.autograd.grad(y, (x, w, b), dy, retain_graph=True)]
+    again = torch.autograd.grad(y, (x, w, b), dy)
+    for name, a, r in zip(("y", "dx", "dw", "db"), got, ref, strict=True):
+        out[f"fused_vs_fp32_reference_rel_{name}"] = rel(a, r)
+    out["fused_backward_rerun_bit_identical"] = all(torch.equal(a, c) for a, c in zip(got[1:], again, strict=True))
+    print(f"[conv] {out}", flush=True)
+    return out
+
+
+def sec_fwdhbv():
+    """fla's forward state kernel (chunk_gated_delta_rule_fwd_kernel_h_blockdim64, fp32
+    state history as the tree path writes it) at the shapes of a tree's rounds (1-3 long
+    sequences) and of packed batches (16), with fla's own launch (the first config under
+    --no-autotune) and explicit configs BV x warps x stages through `harts.exec.gpu.kda._fwd_h`
+    (HARTS_FWD_H); outputs compared with fla's launch (16 heads, K = V = 128, bf16, chunk 64)."""
+    from fla.ops.utils import prepare_chunk_offsets
+
+    from harts.exec.gpu.bench import time_cuda
+    from harts.exec.gpu.kda import FWD_H_ENV, _fla, _fwd_h, fwd_h_config
+
+    f = _fla()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    out = {"sms": sms}
+    H, K, V, B = 16, 128, 128, 64
+    g = torch.Generator(device="cuda").manual_seed(0)
+    configs = ["fla"] + [f"{bv},{nw},{ns}" for bv in (16, 32, 64) for nw in (2, 4) for ns in (2, 3)]
+    saved = os.environ.get(FWD_H_ENV)
+    try:
+        for lens in ([38727], [32524, 10020], [26845, 9078, 672], [2048] * 16):
+            T = sum(lens)
+            cu = torch.tensor([0, *np.cumsum(lens).tolist()], device="cuda", dtype=torch.int64)
+            offs = prepare_chunk_offsets(cu, B)
+            NT = int(offs[-1])
+            mk = lambda *shape: (torch.randn(*shape, device="cuda", generator=g) * 0.1).bfloat16()  # noqa: E731
+            kg, w, u = mk(1, T, H, K), mk(1, T, H, K), mk(1, T, H, V)
+            gk = -(torch.rand(1, T, H, K, device="cuda", generator=g) * 0.02).cumsum(1).float()
+            h0 = torch.randn(len(lens), H, K, V, device="cuda", generator=g) * 0.1
+            res = {"tokens": T, "sequences": len(lens), "default_rule": str(fwd_h_config(len(lens), H, V, sms))}
+            ref = None
+            for c in configs:
+                os.environ[FWD_H_ENV] = c
+                run = lambda: _fwd_h(f, kg, w, u, gk, h0, cu, offs, NT, B, h_dtype=torch.float32,  # noqa: E731, B023
+                                     with_final=True)
+                try:
+                    o = run()
+                    if ref is None:
+                        ref = o
+                    err = max(rel(a, r) for a, r in zip(o, ref, strict=True))
+                    res[c] = {"ms": 1e3 * time_cuda(run, repeats=10), "rel_vs_fla": err}
+                except Exception as e:  # noqa: BLE001
+                    res[c] = {"error": f"{type(e).__name__}: {e}"[:300]}
+            out["x".join(map(str, lens)) if len(set(lens)) > 1 else f"{len(lens)}x{lens[0]}"] = res
+            print(f"[fwdhbv] {lens}: {res}", flush=True)
+    finally:
+        if saved is None:
+            os.environ.pop(FWD_H_ENV, None)
+        else:
+            os.environ[FWD_H_ENV] = saved
     return out
 
 
@@ -1132,7 +1196,7 @@ def main() -> None:
     fns = {"attn": sec_attn, "env": sec_env, "kda": sec_kda, "flex": sec_flex, "verify": sec_verify, "ops": sec_ops,
            "step": lambda: sec_step(args), "fidelity": lambda: sec_fidelity(args),
            "profile": lambda: sec_profile(args), "moe": sec_moe, "conv": sec_conv, "attnprobe": sec_attnprobe, "attnsplit": sec_attnsplit, "attnvar": sec_attnvar, "calib": sec_calib, "flexsweep": lambda: sec_flexsweep(args),
-           "syncs": lambda: sec_syncs(args), "opsites": lambda: sec_opsites(args), "dhubv": sec_dhubv, "kdaops": sec_kdaops}
+           "syncs": lambda: sec_syncs(args), "opsites": lambda: sec_opsites(args), "dhubv": sec_dhubv, "fwdhbv": sec_fwdhbv, "kdaops": sec_kdaops}
     for s in args.sections:
         t0 = time.perf_counter()
         try:

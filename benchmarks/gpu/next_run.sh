@@ -113,5 +113,21 @@ case "$1" in
   # (every kernel kept), the simulator comparison's measured side
   s5f)     mkdir -p "$OUT/prof"
            timeout 200 python3 benchmarks/gpu/h200_run.py profile --schemes treestep --no-autotune --out "$OUT/prof" ;;
-  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c|s5d|s5e|s5f" >&2; exit 2 ;;
+  # sixth session, first call: the short conv's deterministic backward (no atomics) against
+  # the reference and the gather form; fla's forward state kernel at explicit value blocks
+  # on rounds of few long sequences; the step with the new conv (fla's own fwd_h launch)
+  s6a)     mkdir -p "$OUT/conv" "$OUT/fwdh" "$OUT/step"
+           timeout 100 python3 benchmarks/gpu/h200_run.py conv --no-autotune --out "$OUT/conv"
+           timeout 120 python3 benchmarks/gpu/h200_run.py fwdhbv --no-autotune --out "$OUT/fwdh"
+           HARTS_FWD_H=fla timeout 330 python3 benchmarks/gpu/h200_run.py step --steps 3 --no-autotune --out "$OUT/step" ;;
+  # sixth session, second call: the step with fla's forward state kernel at BV 16 on rounds
+  # of <= 3 long sequences (HARTS_FWD_H's default rule), bf16 fidelity, a profiled tree step
+  s6b)     mkdir -p "$OUT/step" "$OUT/fid" "$OUT/prof"
+           timeout 260 python3 benchmarks/gpu/h200_run.py step --steps 3 --no-autotune --out "$OUT/step"
+           timeout 110 python3 benchmarks/gpu/h200_run.py fidelity --no-autotune --out "$OUT/fid"
+           timeout 170 python3 benchmarks/gpu/h200_run.py profile --schemes treestep --no-autotune --out "$OUT/prof" ;;
+  # sixth session, third call: the replay path's float32 checks with the new launch rule
+  s6c)     mkdir -p "$OUT/check"
+           TRITON_F32_DEFAULT=ieee timeout 300 python3 benchmarks/gpu/h200_run.py kda --no-autotune --out "$OUT/check" ;;
+  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c|s5d|s5e|s5f|s6a|s6b|s6c" >&2; exit 2 ;;
 esac

@@ -16,9 +16,14 @@ fp32 in the fixed order j = 0..W-1 and writes y once. A row's sum does not depen
 layout around it, so a tree row and the same token in its trajectory get the same bits,
 which the gather-form reference also guarantees and a dense conv1d does not (docs/LOG.md).
 
-Backward (same tiles, pre recomputed): g = dy * silu'(pre); db = sum_t g; dW[:, j] =
-sum_t x[window[t, j]] * g[t]; dx[window[t, j]] += weight[:, j] * g[t]. The three sums run
-with fp32 atomic adds, so gradients are deterministic only up to the order of those adds.
+Backward, deterministic (no atomics): one kernel recomputes pre and writes g = dy *
+silu'(pre) in fp32 with each program's partial sums of dW[:, j] = sum_t x[window[t, j]] *
+g[t] and db = sum_t g (added up afterwards, a fixed order); a second reads dx as a gather
+through the window's inverse (`window_inverse`: for each row, the (row, column) pairs that
+read it, a fork's last rows having one per branch), dx[t] = sum weight[:, j] * g[r] in a
+fixed order. The first version scattered all three with fp32 atomic adds; in the H200
+step profile (s5f) that backward took 5.8 ms a call at 2048 channels, 103.7 ms of the
+1.40 s tree step and 460 ms of the 5.26 s expanded one, against 0.28 ms for the forward.
 
 The default on CUDA (harts.exec.backend.conv_impl; `HARTS_CONV=reference` switches back):
 on the H200 at 82k rows x 2048 channels, bf16, 0.32 vs 3.4 ms forward and 6.7 vs 11.2 ms
@@ -65,30 +70,104 @@ def _conv_fwd_kernel(x, win, w, b, y, T, D: tl.constexpr, W: tl.constexpr, BT: t
 
 
 @triton.jit
-def _conv_bwd_kernel(x, win, w, b, dy, dx, dw, db, T, D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
-                     BD: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
+def _conv_bwd_g_kernel(x, win, w, b, dy, g_out, pdw, pdb, T, D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
+                       BD: tl.constexpr, BW: tl.constexpr, NSUB: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       SILU: tl.constexpr):
+    """g = dy * silu'(pre) for NSUB row tiles (stored fp32), and this program's partial
+    sums of dW and db over its rows (no atomics: summed afterwards in a fixed order)."""
+    i_t = tl.program_id(0)
+    i_d = tl.program_id(1)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    o_w = tl.arange(0, BW)
+    acc_dw = tl.zeros([BW, BD], dtype=tl.float32)
+    acc_db = tl.zeros([BD], dtype=tl.float32)
+    for s in range(NSUB):
+        o_t = (i_t * NSUB + s) * BT + tl.arange(0, BT)
+        m_t = o_t < T
+        m_td = m_t[:, None] & m_d[None, :]
+        at = o_t.to(tl.int64)[:, None] * D + o_d[None, :]
+        g = tl.load(dy + at, mask=m_td, other=0.0).to(tl.float32)
+        if SILU:
+            pre = _pre_activation(x, win, w, b, o_t, o_d, m_t, m_d, D, W, BT, BD, HAS_BIAS)
+            sig = tl.sigmoid(pre)
+            g = g * sig * (1.0 + pre * (1.0 - sig))
+        tl.store(g_out + at, g, mask=m_td)
+        if HAS_BIAS:
+            acc_db += tl.sum(g, axis=0)
+        for j in tl.static_range(W):
+            rows = tl.load(win + o_t * W + j, mask=m_t, other=-1)
+            ok = (rows >= 0) & m_t
+            xj = tl.load(x + rows[:, None] * D + o_d[None, :], mask=ok[:, None] & m_d[None, :], other=0.0)
+            part = tl.sum(xj.to(tl.float32) * g, axis=0)
+            acc_dw += tl.where(o_w[:, None] == j, part[None, :], 0.0)
+    tl.store(pdw + i_t * BW * D + o_w[:, None] * D + o_d[None, :], acc_dw, mask=(o_w[:, None] < W) & m_d[None, :])
+    if HAS_BIAS:
+        tl.store(pdb + i_t * D + o_d, acc_db, mask=m_d)
+
+
+@triton.jit
+def _conv_bwd_dx_kernel(g, w, ptr, ref, col, tile_pairs, dx, T, D: tl.constexpr, W: tl.constexpr,
+                        BT: tl.constexpr, BD: tl.constexpr):
+    """dx[t] = sum over the (row r, column j) with window[r, j] = t of weight[:, j] * g[r],
+    read through the inverse window (pairs sorted by t, then r, then j): a fixed order."""
     i_t = tl.program_id(0)
     i_d = tl.program_id(1)
     o_t = i_t * BT + tl.arange(0, BT)
     o_d = i_d * BD + tl.arange(0, BD)
     m_t = o_t < T
     m_d = o_d < D
-    m_td = m_t[:, None] & m_d[None, :]
-    g = tl.load(dy + o_t[:, None] * D + o_d[None, :], mask=m_td, other=0.0).to(tl.float32)
-    if SILU:
-        pre = _pre_activation(x, win, w, b, o_t, o_d, m_t, m_d, D, W, BT, BD, HAS_BIAS)
-        sig = tl.sigmoid(pre)
-        g = g * sig * (1.0 + pre * (1.0 - sig))
-    if HAS_BIAS:
-        tl.atomic_add(db + o_d, tl.sum(g, axis=0), mask=m_d)
-    for j in tl.static_range(W):
-        rows = tl.load(win + o_t * W + j, mask=m_t, other=-1)
-        ok = (rows >= 0) & m_t
+    start = tl.load(ptr + o_t, mask=m_t, other=0)
+    end = tl.load(ptr + o_t + 1, mask=m_t, other=0)
+    n = tl.load(tile_pairs + i_t)
+    acc = tl.zeros([BT, BD], dtype=tl.float32)
+    for k in range(0, n):
+        idx = start + k
+        ok = (idx < end) & m_t
+        r = tl.load(ref + idx, mask=ok, other=0).to(tl.int64)
+        j = tl.load(col + idx, mask=ok, other=0)
         m = ok[:, None] & m_d[None, :]
-        xj = tl.load(x + rows[:, None] * D + o_d[None, :], mask=m, other=0.0).to(tl.float32)
-        wj = tl.load(w + o_d * W + j, mask=m_d, other=0.0).to(tl.float32)
-        tl.atomic_add(dw + o_d * W + j, tl.sum(xj * g, axis=0), mask=m_d)
-        tl.atomic_add(dx + rows[:, None] * D + o_d[None, :], g * wj[None, :], mask=m)
+        gk = tl.load(g + r[:, None] * D + o_d[None, :], mask=m, other=0.0)
+        wk = tl.load(w + o_d[None, :] * W + j[:, None], mask=m, other=0.0).to(tl.float32)
+        acc += gk * wk
+    tl.store(dx + o_t.to(tl.int64)[:, None] * D + o_d[None, :], acc.to(dx.dtype.element_ty),
+             mask=m_t[:, None] & m_d[None, :])
+
+
+_NSUB = 8  # row tiles per program of the g / partial-sum kernel (fewer partials to add up)
+_INVERSE_ATTR = "_harts_conv_inverse"
+
+
+def window_inverse(window_TW: torch.Tensor, BT: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inverse of a window, for the backward's dx as a gather (no atomics, fixed order).
+
+    Returns (ptr [T+1], ref [P], col [P], tile_pairs [ceil(T/BT)]), int32: the pairs
+    (r, j) with window[r, j] = t are ref/col[ptr[t]:ptr[t+1]], sorted by r then j (a
+    stable sort of the flat window by target); tile_pairs is the most pairs any row of a
+    BT-row tile has (the dx kernel's trip count). A row referenced by several branches (a
+    fork's last rows) has more than W pairs. Computed on the window's device without a
+    host sync, and cached on the window tensor (the step's conv layers share one window).
+    """
+    cached = getattr(window_TW, _INVERSE_ATTR, None)
+    if cached is not None and cached[0] == BT:
+        return cached[1]
+    T, W = window_TW.shape
+    dev = window_TW.device
+    flat = window_TW.reshape(-1)
+    key = torch.where(flat >= 0, flat, T)  # padding (-1) sorts after every row
+    skey, order = torch.sort(key, stable=True)
+    ptr = torch.searchsorted(skey, torch.arange(T + 1, device=dev, dtype=skey.dtype)).to(torch.int32)
+    ref = torch.div(order, W, rounding_mode="floor").to(torch.int32)
+    col = (order % W).to(torch.int32)
+    count = ptr[1:] - ptr[:-1]
+    tiles = triton.cdiv(T, BT)
+    tile_pairs = torch.nn.functional.pad(count, (0, tiles * BT - T)).view(tiles, BT).amax(dim=1).contiguous()
+    inverse = (ptr.contiguous(), ref.contiguous(), col.contiguous(), tile_pairs)
+    try:
+        setattr(window_TW, _INVERSE_ATTR, (BT, inverse))
+    except (AttributeError, RuntimeError):  # a tensor that takes no attributes: compute each time
+        pass
+    return inverse
 
 
 def _tiles(D: int) -> tuple[int, int]:
@@ -110,6 +189,8 @@ class _ShortConvFn(torch.autograd.Function):
                                HAS_BIAS=bias_D is not None, SILU=silu)
         ctx.save_for_backward(x, w, bias_D if bias_D is not None else w, win)
         ctx.has_bias, ctx.silu = bias_D is not None, silu
+        # the inverse is cached on the caller's window tensor (the step's conv layers share it)
+        ctx.inverse = window_inverse(window_TW if win is window_TW else win, BT) if ctx.needs_input_grad[0] else None
         return y
 
     @staticmethod
@@ -117,14 +198,22 @@ class _ShortConvFn(torch.autograd.Function):
         x, w, b, win = ctx.saved_tensors
         T, D = x.shape
         W = w.shape[1]
-        dx = torch.zeros(T, D, dtype=torch.float32, device=x.device)
-        dw = torch.zeros(D, W, dtype=torch.float32, device=x.device)
-        db = torch.zeros(D, dtype=torch.float32, device=x.device)
         BT, BD = _tiles(D)
-        grid = (triton.cdiv(T, BT), triton.cdiv(D, BD))
-        _conv_bwd_kernel[grid](x, win, w, b, dy_TD.contiguous(), dx, dw, db, T, D=D, W=W, BT=BT, BD=BD,
-                               HAS_BIAS=ctx.has_bias, SILU=ctx.silu)
-        return dx.to(x.dtype), dw.to(w.dtype), (db.to(b.dtype) if ctx.has_bias else None), None, None
+        BW = triton.next_power_of_2(W)
+        progs = triton.cdiv(T, BT * _NSUB)
+        g = torch.empty(T, D, dtype=torch.float32, device=x.device)
+        pdw = torch.empty(progs, BW, D, dtype=torch.float32, device=x.device)
+        pdb = torch.empty(progs, D, dtype=torch.float32, device=x.device) if ctx.has_bias else pdw
+        _conv_bwd_g_kernel[(progs, triton.cdiv(D, BD))](
+            x, win, w, b, dy_TD.contiguous(), g, pdw, pdb, T, D=D, W=W, BT=BT, BD=BD, BW=BW, NSUB=_NSUB,
+            HAS_BIAS=ctx.has_bias, SILU=ctx.silu)
+        ptr, ref, col, tile_pairs = ctx.inverse if ctx.inverse is not None else window_inverse(win, BT)
+        dx = torch.empty_like(x)
+        _conv_bwd_dx_kernel[(triton.cdiv(T, BT), triton.cdiv(D, BD))](
+            g, w, ptr, ref, col, tile_pairs, dx, T, D=D, W=W, BT=BT, BD=BD)
+        dw = pdw.sum(dim=0)[:W].t().contiguous()
+        db = pdb.sum(dim=0).to(b.dtype) if ctx.has_bias else None
+        return dx, dw.to(w.dtype), db, None, None
 
 
 def short_conv_fused(x_TD: torch.Tensor, weight_DW: torch.Tensor, bias_D: torch.Tensor | None, *,

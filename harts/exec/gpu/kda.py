@@ -29,6 +29,8 @@ so gradients meeting at one chunk add) with a per-chunk row map, instead of a de
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 import triton
@@ -62,22 +64,59 @@ def _fla() -> dict:
     }
 
 
-def _fwd_h_fp32(f, kg, w, u, gk, h0, cu, chunk_offsets, num_chunks, B):
-    """fla's forward state kernel writing its state history in fp32."""
+FWD_H_ENV = "HARTS_FWD_H"  # "fla": always fla's own (autotuned) launch; "BV,warps,stages": that config
+
+
+def fwd_h_config(num_seqs: int, heads: int, v_dim: int, sms: int | None) -> tuple[int, int, int] | None:
+    """The launch config (BV, num_warps, num_stages) of fla's forward state kernel for a
+    call of `num_seqs` sequences, or None for fla's own (autotuned) choice.
+
+    Like the state backward (`kda_dhu.value_block`), each program walks all chunks of one
+    (sequence, head, value block) in turn, so a round of a few long sequences (a tree's
+    root chain, its replay rounds) runs num_seqs x heads x V / BV programs on 132 SMs: 64 at
+    one sequence with fla's BV 32. There a smaller value block (which fla's configs lack)
+    gives more programs. Measured on the H200 (132 SMs; H = 16, K = V = 128; ms for fla's
+    launch under --no-autotune (BV 32, 2 warps, 2 stages) / BV 16, 4 warps, 3 stages / the
+    best config; benchmarks/results/h200_session6/s6a/fwdh): one 38.7k sequence 1.79 / 1.10
+    / 1.10, two 1.47 / 0.91 / 0.91, three 1.31 / 0.86 / 0.85 (BV 32, 4, 3); at sixteen of 2k
+    fla's own configs hold the best (BV 64, 4 warps, 2 stages: 0.38), so rounds of more
+    than about 1.5 x sms programs at BV 32 keep fla's launch, as the expanded baseline does.
+    `HARTS_FWD_H` overrides ("fla" or "BV,warps,stages")."""
+    env = os.environ.get(FWD_H_ENV, "").strip()
+    if env == "fla":
+        return None
+    if env:
+        bv, warps, stages = (int(x) for x in env.split(","))
+        return bv, warps, stages
+    if not sms or num_seqs * heads * triton.cdiv(v_dim, 32) > 1.5 * sms:
+        return None
+    return 16, 4, 3
+
+
+def _fwd_h(f, kg, w, u, gk, h0, cu, chunk_offsets, num_chunks, B, *, h_dtype, with_final):
+    """fla's forward state kernel: (h [1, NT, H, K, V] in h_dtype, v_new like u, final fp32
+    [N, H, K, V] or None), launched with `fwd_h_config`'s config where it names one."""
     _, T, H, K = kg.shape
     V = u.shape[-1]
     N = cu.numel() - 1
-    h = torch.empty(1, num_chunks, H, K, V, dtype=torch.float32, device=kg.device)
-    final = torch.zeros(N, H, K, V, dtype=torch.float32, device=kg.device)
+    h = torch.empty(1, num_chunks, H, K, V, dtype=h_dtype, device=kg.device)
+    final = torch.zeros(N, H, K, V, dtype=torch.float32, device=kg.device) if with_final else None
     v_new = torch.empty_like(u)
-
-    def grid(meta):
-        return (triton.cdiv(V, meta["BV"]) * N * H,)
-
-    f["chunk_gated_delta_rule_fwd_kernel_h_blockdim64"][grid](
-        k=kg, v=u, w=w, v_new=v_new, g=None, gk=gk, h=h, h0=h0, ht=final, cu_seqlens=cu,
-        chunk_offsets=chunk_offsets, T=T, H=H, HV=H, K=K, V=V, BT=B, STATE_V_FIRST=False,
-    )
+    kernel = f["chunk_gated_delta_rule_fwd_kernel_h_blockdim64"]
+    args = dict(k=kg, v=u, w=w, v_new=v_new, g=None, gk=gk, h=h, h0=h0, ht=final, cu_seqlens=cu,
+                chunk_offsets=chunk_offsets, T=T, H=H, HV=H, K=K, V=V, BT=B, STATE_V_FIRST=False)
+    sms = torch.cuda.get_device_properties(kg.device).multi_processor_count if kg.is_cuda else None
+    config = fwd_h_config(N, H, V, sms)
+    if config is None:
+        kernel[lambda meta: (triton.cdiv(V, meta["BV"]) * N * H,)](**args)
+    else:
+        # past fla's heuristics and autotuner (kernel.fn.fn: the jitted function), so the
+        # constexprs its heuristics would set are passed here
+        bv, warps, stages = config
+        kernel.fn.fn[(triton.cdiv(V, bv) * N * H,)](
+            **args, BV=bv, USE_G=False, USE_GK=True, USE_INITIAL_STATE=h0 is not None,
+            STORE_FINAL_STATE=with_final, SAVE_NEW_VALUE=True, IS_VARLEN=True,
+            num_warps=warps, num_stages=stages)
     return h, v_new, final
 
 
@@ -183,7 +222,8 @@ class _ChunkKDAStates(torch.autograd.Function):
             q=q, k=k, v=v, gk=g_cum, beta=beta, scale=scale, cu_seqlens=cu, chunk_size=B,
             chunk_indices=chunk_indices, safe_gate=False, disable_recompute=False,
         )
-        h, v_new, final = _fwd_h_fp32(f, kg, w, u, g_cum, h0, cu, chunk_offsets, num_chunks, B)
+        h, v_new, final = _fwd_h(f, kg, w, u, g_cum, h0, cu, chunk_offsets, num_chunks, B,
+                                 h_dtype=torch.float32, with_final=True)
         o = f["chunk_gla_fwd_o_gk"](
             q=q, v=v_new, g=g_cum, A=Aqk, h=h, scale=scale, cu_seqlens=cu, chunk_size=B,
             chunk_indices=chunk_indices,
@@ -213,10 +253,7 @@ class _ChunkKDAStates(torch.autograd.Function):
         w, u, qg, kg = f["recompute_w_u_fwd"](
             q=q, k=k, v=v, beta=beta, A=Akk, gk=g, cu_seqlens=cu, chunk_indices=chunk_indices,
         )
-        h, v_new, _ = f["chunk_gated_delta_rule_fwd_h"](
-            k=kg, w=w, u=u, gk=g, initial_state=h0, output_final_state=False, cu_seqlens=cu,
-            chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=B,
-        )
+        h, v_new, _ = _fwd_h(f, kg, w, u, g, h0, cu, chunk_offsets, NT, B, h_dtype=k.dtype, with_final=False)
         dAqk, dv = f["chunk_kda_bwd_dAv"](
             q=q, k=k, v=v_new, do=do, A=Aqk, scale=scale, cu_seqlens=cu, chunk_size=B,
             chunk_indices=chunk_indices,

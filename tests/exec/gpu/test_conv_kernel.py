@@ -12,7 +12,7 @@ import torch  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from harts.exec.gpu.conv import short_conv_fused  # noqa: E402
+from harts.exec.gpu.conv import short_conv_fused, window_inverse  # noqa: E402
 from harts.exec.ops.conv import short_conv, window_from_cu_seqlens, window_from_parents  # noqa: E402
 from harts.testing import assert_close  # noqa: E402
 
@@ -45,6 +45,50 @@ def test_fused_conv_matches_reference(window, D, bias, act, seed):
         out[name] = [y.detach(), leaves[0].grad, leaves[1].grad] + ([leaves[2].grad] if bias else [])
     for name, got, want in zip(("y", "dx", "dw", "db"), out["fused"], out["ref"], strict=False):
         assert_close(name, got, want, 1e-5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(window=windows(), BT=st.sampled_from([1, 2, 4, 32]))
+def test_window_inverse_lists_every_reader_in_order(window, BT):
+    """For every row t, the pairs (r, j) with window[r, j] = t, sorted by r then j, and each
+    tile's trip count the most pairs of any of its rows."""
+    T, W = window.shape
+    ptr, ref, col, tile_pairs = window_inverse(window, BT)
+    assert ptr.tolist()[0] == 0 and ptr.tolist()[-1] == int((window >= 0).sum())
+    counts = []
+    for t in range(T):
+        want = [(r, j) for r in range(T) for j in range(W) if int(window[r, j]) == t]
+        got = list(zip(ref[ptr[t]:ptr[t + 1]].tolist(), col[ptr[t]:ptr[t + 1]].tolist(), strict=True))
+        assert got == want
+        counts.append(len(want))
+    for i, n in enumerate(tile_pairs.tolist()):
+        assert n == max(counts[i * BT:(i + 1) * BT])
+
+
+def test_fused_conv_backward_on_a_bushy_tree_over_several_programs():
+    """Rows read by many branches (a root with 12 children, forks inside) and enough rows
+    that the weight gradient is summed from several programs' partials."""
+    torch.manual_seed(1)
+    g = torch.Generator().manual_seed(3)
+    parent = [-1, 0, 1]
+    for _ in range(12):  # 12 branches off row 2, each a chain with a fork in its middle
+        start = len(parent)
+        parent += [2] + list(range(start, start + 20))
+        parent += [start + 10] + list(range(len(parent), len(parent) + 15))
+    window = window_from_parents(torch.tensor(parent), 4)
+    T, D = window.shape[0], 6
+    assert T > 8 * 32 and int(window_inverse(window, 32)[3].max()) > 4
+    x, dy = torch.randn(T, D, generator=g), torch.randn(T, D, generator=g)
+    w, b = torch.randn(D, 4, generator=g), torch.randn(D, generator=g)
+    out = {}
+    for name, fn in (("ref", short_conv), ("fused", short_conv_fused)):
+        leaves = [t.clone().double().requires_grad_() if name == "ref" else t.clone().requires_grad_()
+                  for t in (x, w, b)]
+        y = fn(*leaves, window_TW=window, activation="silu")
+        y.backward(dy.double() if name == "ref" else dy)
+        out[name] = [y.detach(), *(t.grad for t in leaves)]
+    for name, got, want in zip(("y", "dx", "dw", "db"), out["fused"], out["ref"], strict=True):
+        assert_close(name, got.double(), want, 1e-5)
 
 
 def test_a_rows_output_depends_only_on_its_window():

@@ -10,7 +10,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from harts.exec.gpu.kda import boundary_index, build_injection, state_gather  # noqa: E402
+from harts.exec.gpu.kda import FWD_H_ENV, boundary_index, build_injection, fwd_h_config, state_gather  # noqa: E402
 from harts.exec.gpu.kda_dhu import bwd_dhu_inject, bwd_dhu_reference, value_block  # noqa: E402
 from harts.exec.ops.kda import chunk_kda  # noqa: E402
 from harts.testing import assert_close  # noqa: E402
@@ -75,6 +75,18 @@ def test_value_block_keeps_the_sms_busy():
     # 16 heads, V = 128, 132 SMs (the H200): 1 sequence -> 16, 2-3 -> 32, 16 -> 64
     assert [value_block(n, 16, 128, 132) for n in (1, 2, 3, 4, 16)] == [16, 32, 32, 64, 64]
     assert value_block(1, 16, 128, None) == 64  # no SM count (CPU, interpreter): as before
+
+
+def test_forward_state_config_only_for_rounds_that_leave_sms_idle(monkeypatch):
+    monkeypatch.delenv(FWD_H_ENV, raising=False)
+    # one long sequence on 132 SMs: an explicit narrow value block; 4+ sequences: fla's own
+    assert fwd_h_config(1, 16, 128, 132) is not None and fwd_h_config(1, 16, 128, 132)[0] < 32
+    assert fwd_h_config(16, 16, 128, 132) is None
+    assert fwd_h_config(1, 16, 128, None) is None  # no SM count: fla's own
+    monkeypatch.setenv(FWD_H_ENV, "fla")
+    assert fwd_h_config(1, 16, 128, 132) is None
+    monkeypatch.setenv(FWD_H_ENV, "32,2,3")
+    assert fwd_h_config(16, 16, 128, 132) == (32, 2, 3)
 
 
 def test_sparse_injection_equals_the_dense_one_with_zeros_elsewhere():

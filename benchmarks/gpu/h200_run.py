@@ -644,6 +644,57 @@ def sec_conv():
     return out
 
 
+def sec_convtiles():
+    """The fused conv's backward (82k tree rows x 2048 channels, window 4, bf16, with bias)
+    under tile overrides (HARTS_CONV_BWD_TILES = BD, BT_g, NSUB, warps_g, BT_dx, warps_dx):
+    ms per backward, and dx / dW against the default's (dx's per-row order does not depend
+    on the tiles: equal bits expected)."""
+    from harts.exec.gpu.bench import time_cuda
+    from harts.exec.gpu.conv import BWD_TILES_ENV, short_conv_fused
+    from harts.exec.ops.conv import window_from_parents
+    from harts.tree.workload import generate, preset
+
+    f = generate(preset("swe-treestep-1")).forest()
+    win = window_from_parents(torch.as_tensor(f.row_parent), 4).cuda()
+    T, D = f.num_rows, 2048
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(T, D, device="cuda", generator=g).bfloat16().requires_grad_()
+    w = (torch.randn(D, 4, device="cuda", generator=g) * 0.3).bfloat16().requires_grad_()
+    b = (torch.randn(D, device="cuda", generator=g) * 0.1).bfloat16().requires_grad_()
+    dy = torch.randn(T, D, device="cuda", generator=g).bfloat16()
+    configs = ["default", "128,32,8,8,32,4", "128,64,4,8,32,4", "128,16,16,4,32,4", "128,16,16,2,32,4",
+               "64,32,8,4,32,4", "256,32,8,8,32,4", "128,32,16,4,32,4", "128,32,4,4,32,4", "64,64,8,8,32,4",
+               "128,32,8,4,64,8", "128,32,8,4,16,4", "128,32,8,4,32,8", "128,32,8,4,32,2", "64,32,8,4,64,4",
+               "256,32,8,4,32,8", "64,16,16,2,16,2"]
+    out = {"rows": T, "channels": D}
+    saved = os.environ.get(BWD_TILES_ENV)
+    ref = None
+    try:
+        for c in configs:
+            if c == "default":
+                os.environ.pop(BWD_TILES_ENV, None)
+            else:
+                os.environ[BWD_TILES_ENV] = c
+            try:
+                y = short_conv_fused(x, w, b, window_TW=win)
+                grads = torch.autograd.grad(y, (x, w, b), dy, retain_graph=True)
+                if ref is None:
+                    ref = grads
+                res = {"bwd_ms": 1e3 * time_cuda(lambda y=y: torch.autograd.grad(y, (x, w, b), dy, retain_graph=True),
+                                                 repeats=10),
+                       "dx_equal": bool(torch.equal(grads[0], ref[0])), "dw_rel": rel(grads[1], ref[1])}
+            except Exception as e:  # noqa: BLE001
+                res = {"error": f"{type(e).__name__}: {e}"[:300]}
+            out[c] = res
+            print(f"[convtiles] {c}: {res}", flush=True)
+    finally:
+        if saved is None:
+            os.environ.pop(BWD_TILES_ENV, None)
+        else:
+            os.environ[BWD_TILES_ENV] = saved
+    return out
+
+
 def sec_fwdhbv():
     """fla's forward state kernel (chunk_gated_delta_rule_fwd_kernel_h_blockdim64, fp32
     state history as the tree path writes it) at the shapes of a tree's rounds (1-3 long
@@ -1196,7 +1247,7 @@ def main() -> None:
     fns = {"attn": sec_attn, "env": sec_env, "kda": sec_kda, "flex": sec_flex, "verify": sec_verify, "ops": sec_ops,
            "step": lambda: sec_step(args), "fidelity": lambda: sec_fidelity(args),
            "profile": lambda: sec_profile(args), "moe": sec_moe, "conv": sec_conv, "attnprobe": sec_attnprobe, "attnsplit": sec_attnsplit, "attnvar": sec_attnvar, "calib": sec_calib, "flexsweep": lambda: sec_flexsweep(args),
-           "syncs": lambda: sec_syncs(args), "opsites": lambda: sec_opsites(args), "dhubv": sec_dhubv, "fwdhbv": sec_fwdhbv, "kdaops": sec_kdaops}
+           "syncs": lambda: sec_syncs(args), "opsites": lambda: sec_opsites(args), "dhubv": sec_dhubv, "fwdhbv": sec_fwdhbv, "convtiles": sec_convtiles, "kdaops": sec_kdaops}
     for s in args.sections:
         t0 = time.perf_counter()
         try:

@@ -129,5 +129,16 @@ case "$1" in
   # sixth session, third call: the replay path's float32 checks with the new launch rule
   s6c)     mkdir -p "$OUT/check"
            TRITON_F32_DEFAULT=ieee timeout 300 python3 benchmarks/gpu/h200_run.py kda --no-autotune --out "$OUT/check" ;;
-  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c|s5d|s5e|s5f|s6a|s6b|s6c" >&2; exit 2 ;;
+  # sixth session, fourth call: the conv backward's tiles; each op's device time by call
+  # site in the tree and expanded steps (what the tree still adds)
+  s6d)     mkdir -p "$OUT/conv" "$OUT/sites"
+           timeout 150 python3 benchmarks/gpu/h200_run.py convtiles --no-autotune --out "$OUT/conv"
+           timeout 200 python3 benchmarks/gpu/h200_run.py opsites --schemes treestep --no-autotune --out "$OUT/sites" ;;
+  # sixth session, last call: the step after the KDA rounds' inputs are split (not sliced)
+  # and the conv backward's tiles from s6d; bf16 fidelity; call sites again
+  s6e)     mkdir -p "$OUT/step" "$OUT/fid" "$OUT/sites"
+           timeout 260 python3 benchmarks/gpu/h200_run.py step --steps 3 --no-autotune --out "$OUT/step"
+           timeout 90 python3 benchmarks/gpu/h200_run.py fidelity --no-autotune --out "$OUT/fid"
+           timeout 150 python3 benchmarks/gpu/h200_run.py opsites --schemes treestep --no-autotune --out "$OUT/sites" ;;
+  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c|s5d|s5e|s5f|s6a|s6b|s6c|s6d|s6e" >&2; exit 2 ;;
 esac

@@ -65,9 +65,17 @@ def test_window_inverse_lists_every_reader_in_order(window, BT):
         assert n == max(counts[i * BT:(i + 1) * BT])
 
 
-def test_fused_conv_backward_on_a_bushy_tree_over_several_programs():
+@pytest.mark.parametrize("tiles", [None, "16,16,2,2,8,2"])
+def test_fused_conv_backward_on_a_bushy_tree_over_several_programs(tiles, monkeypatch):
     """Rows read by many branches (a root with 12 children, forks inside) and enough rows
-    that the weight gradient is summed from several programs' partials."""
+    that the weight gradient is summed from several programs' partials; the default tiles
+    and a tile override (HARTS_CONV_BWD_TILES)."""
+    from harts.exec.gpu.conv import BWD_TILES_ENV
+
+    if tiles is None:
+        monkeypatch.delenv(BWD_TILES_ENV, raising=False)
+    else:
+        monkeypatch.setenv(BWD_TILES_ENV, tiles)
     torch.manual_seed(1)
     g = torch.Generator().manual_seed(3)
     parent = [-1, 0, 1]

@@ -10,7 +10,13 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from harts.exec.gpu.kda import FWD_H_ENV, boundary_index, build_injection, fwd_h_config, state_gather  # noqa: E402
+from harts.exec.gpu.kda import (  # noqa: E402
+    FWD_H_ENV,
+    boundary_index,
+    build_injection,
+    fwd_h_config,
+    state_gather,
+)
 from harts.exec.gpu.kda_dhu import bwd_dhu_inject, bwd_dhu_reference, value_block  # noqa: E402
 from harts.exec.ops.kda import chunk_kda  # noqa: E402
 from harts.testing import assert_close  # noqa: E402

@@ -18,6 +18,7 @@ import os
 import sys
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -605,14 +606,10 @@ def sec_flexsweep(args):
     return out
 
 
-def sec_conv():
-    """The short conv of a KDA layer (q/k/v: 16 x 128 channels, window 4) on 82k rows of a
-    real tree layout, bf16, forward+backward: gather-form reference vs the fused Triton
-    kernels (the default on CUDA); the fused output and every gradient against the
-    reference in fp32; the fused backward run twice (bit-identical: no atomics)."""
-    from harts.exec.gpu.bench import time_cuda
-    from harts.exec.gpu.conv import short_conv_fused
-    from harts.exec.ops.conv import short_conv, window_from_parents
+def _conv_inputs():
+    """A KDA layer's short conv on swe-treestep-1's tree (82k rows x 2048 channels, window
+    4, bf16): (window, x, weight, bias, dy), the leaves requiring grad."""
+    from harts.exec.ops.conv import window_from_parents
     from harts.tree.workload import generate, preset
 
     f = generate(preset("swe-treestep-1")).forest()
@@ -623,6 +620,20 @@ def sec_conv():
     w = (torch.randn(D, 4, device="cuda", generator=g) * 0.3).bfloat16().requires_grad_()
     b = (torch.randn(D, device="cuda", generator=g) * 0.1).bfloat16().requires_grad_()
     dy = torch.randn(T, D, device="cuda", generator=g).bfloat16()
+    return win, x, w, b, dy
+
+
+def sec_conv():
+    """The short conv of a KDA layer (q/k/v: 16 x 128 channels, window 4) on 82k rows of a
+    real tree layout, bf16, forward+backward: gather-form reference vs the fused Triton
+    kernels (the default on CUDA); the fused output and every gradient against the
+    reference in fp32; the fused backward run twice (bit-identical: no atomics)."""
+    from harts.exec.gpu.bench import time_cuda
+    from harts.exec.gpu.conv import short_conv_fused
+    from harts.exec.ops.conv import short_conv
+
+    win, x, w, b, dy = _conv_inputs()
+    T, D = x.shape
     out = {"rows": T, "channels": D}
     for name, fn in (("reference", short_conv), ("fused", short_conv_fused)):
         with torch.no_grad():
@@ -644,6 +655,19 @@ def sec_conv():
     return out
 
 
+@contextmanager
+def _restoring_env(name: str):
+    """A block that may set os.environ[name] (a kernel-config switch) and leaves it as it was."""
+    saved = os.environ.get(name)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
+
+
 def sec_convtiles():
     """The fused conv's backward (82k tree rows x 2048 channels, window 4, bf16, with bias)
     under tile overrides (HARTS_CONV_BWD_TILES = BD, BT_g, NSUB, warps_g, BT_dx, warps_dx):
@@ -651,25 +675,16 @@ def sec_convtiles():
     on the tiles: equal bits expected)."""
     from harts.exec.gpu.bench import time_cuda
     from harts.exec.gpu.conv import BWD_TILES_ENV, short_conv_fused
-    from harts.exec.ops.conv import window_from_parents
-    from harts.tree.workload import generate, preset
 
-    f = generate(preset("swe-treestep-1")).forest()
-    win = window_from_parents(torch.as_tensor(f.row_parent), 4).cuda()
-    T, D = f.num_rows, 2048
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(T, D, device="cuda", generator=g).bfloat16().requires_grad_()
-    w = (torch.randn(D, 4, device="cuda", generator=g) * 0.3).bfloat16().requires_grad_()
-    b = (torch.randn(D, device="cuda", generator=g) * 0.1).bfloat16().requires_grad_()
-    dy = torch.randn(T, D, device="cuda", generator=g).bfloat16()
+    win, x, w, b, dy = _conv_inputs()
+    T, D = x.shape
     configs = ["default", "128,32,8,8,32,4", "128,64,4,8,32,4", "128,16,16,4,32,4", "128,16,16,2,32,4",
                "64,32,8,4,32,4", "256,32,8,8,32,4", "128,32,16,4,32,4", "128,32,4,4,32,4", "64,64,8,8,32,4",
                "128,32,8,4,64,8", "128,32,8,4,16,4", "128,32,8,4,32,8", "128,32,8,4,32,2", "64,32,8,4,64,4",
                "256,32,8,4,32,8", "64,16,16,2,16,2"]
     out = {"rows": T, "channels": D}
-    saved = os.environ.get(BWD_TILES_ENV)
     ref = None
-    try:
+    with _restoring_env(BWD_TILES_ENV):
         for c in configs:
             if c == "default":
                 os.environ.pop(BWD_TILES_ENV, None)
@@ -687,11 +702,6 @@ def sec_convtiles():
                 res = {"error": f"{type(e).__name__}: {e}"[:300]}
             out[c] = res
             print(f"[convtiles] {c}: {res}", flush=True)
-    finally:
-        if saved is None:
-            os.environ.pop(BWD_TILES_ENV, None)
-        else:
-            os.environ[BWD_TILES_ENV] = saved
     return out
 
 
@@ -712,8 +722,7 @@ def sec_fwdhbv():
     H, K, V, B = 16, 128, 128, 64
     g = torch.Generator(device="cuda").manual_seed(0)
     configs = ["fla"] + [f"{bv},{nw},{ns}" for bv in (16, 32, 64) for nw in (2, 4) for ns in (2, 3)]
-    saved = os.environ.get(FWD_H_ENV)
-    try:
+    with _restoring_env(FWD_H_ENV):
         for lens in ([38727], [32524, 10020], [26845, 9078, 672], [2048] * 16):
             T = sum(lens)
             cu = torch.tensor([0, *np.cumsum(lens).tolist()], device="cuda", dtype=torch.int64)
@@ -739,11 +748,6 @@ def sec_fwdhbv():
                     res[c] = {"error": f"{type(e).__name__}: {e}"[:300]}
             out["x".join(map(str, lens)) if len(set(lens)) > 1 else f"{len(lens)}x{lens[0]}"] = res
             print(f"[fwdhbv] {lens}: {res}", flush=True)
-    finally:
-        if saved is None:
-            os.environ.pop(FWD_H_ENV, None)
-        else:
-            os.environ[FWD_H_ENV] = saved
     return out
 
 

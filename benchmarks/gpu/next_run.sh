@@ -140,5 +140,11 @@ case "$1" in
            timeout 260 python3 benchmarks/gpu/h200_run.py step --steps 3 --no-autotune --out "$OUT/step"
            timeout 90 python3 benchmarks/gpu/h200_run.py fidelity --no-autotune --out "$OUT/fid"
            timeout 150 python3 benchmarks/gpu/h200_run.py opsites --schemes treestep --no-autotune --out "$OUT/sites" ;;
-  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c|s5d|s5e|s5f|s6a|s6b|s6c|s6d|s6e" >&2; exit 2 ;;
+  # sixth session, last call: the split attention's backward summing the ancestors' shares
+  # by fixed-order gathers (segment_sum) instead of index_add_: accuracy and time on the
+  # attention layouts, then the step
+  s6f)     mkdir -p "$OUT/attn" "$OUT/step"
+           timeout 80 python3 benchmarks/gpu/h200_run.py attnsplit --out "$OUT/attn"
+           timeout 230 python3 benchmarks/gpu/h200_run.py step --steps 3 --no-autotune --out "$OUT/step" ;;
+  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c|s5d|s5e|s5f|s6a|s6b|s6c|s6d|s6e|s6f" >&2; exit 2 ;;
 esac

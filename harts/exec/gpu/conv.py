@@ -39,6 +39,8 @@ import torch
 import triton
 import triton.language as tl
 
+from harts.exec.gpu.segment_sum import inverse as segment_inverse
+
 
 @triton.jit
 def _pre_activation(x, win, w, b, o_t, o_d, m_t, m_d, D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
@@ -153,16 +155,9 @@ def window_inverse(window_TW: torch.Tensor, BT: int) -> tuple[torch.Tensor, torc
     if cached is not None and cached[0] == BT:
         return cached[1]
     T, W = window_TW.shape
-    dev = window_TW.device
-    flat = window_TW.reshape(-1)
-    key = torch.where(flat >= 0, flat, T)  # padding (-1) sorts after every row
-    skey, order = torch.sort(key, stable=True)
-    ptr = torch.searchsorted(skey, torch.arange(T + 1, device=dev, dtype=skey.dtype)).to(torch.int32)
+    ptr, order, tile_pairs = segment_inverse(window_TW, T, BT)
     ref = torch.div(order, W, rounding_mode="floor").to(torch.int32)
     col = (order % W).to(torch.int32)
-    count = ptr[1:] - ptr[:-1]
-    tiles = triton.cdiv(T, BT)
-    tile_pairs = torch.nn.functional.pad(count, (0, tiles * BT - T)).view(tiles, BT).amax(dim=1).contiguous()
     inverse = (ptr.contiguous(), ref.contiguous(), col.contiguous(), tile_pairs)
     try:
         setattr(window_TW, _INVERSE_ATTR, (BT, inverse))

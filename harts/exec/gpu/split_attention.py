@@ -408,6 +408,20 @@ class _SplitAttention(torch.autograd.Function):
             dk.index_add_(0, own, dkB.to(wide))
             dv.index_add_(0, own, dvB.to(wide))
         dq = dqB
+        if sp.has_ancestors and own is None and idx.get("gather_add", q.is_cuda) and q.dtype != torch.float64:
+            # the ancestors' shares summed onto their rows by gathers (fixed order, bf16
+            # read as it is; `segment_sum`), not by index_add_ on float32 copies
+            from harts.exec.gpu import segment_sum
+
+            qa, anc = idx["qa"], idx["anc"]
+            qA, kA, vA = q.index_select(0, qa), k.index_select(0, anc), v.index_select(0, anc)
+            dqA, dkA, dvA = kernel.bwd(do.index_select(0, qa), qA, kA, vA, o.index_select(0, qa),
+                                       lse.index_select(0, qa), auxA, sp.cu_qa, sp.cu_ka, sp.max_qa, sp.max_ka,
+                                       False, scale)
+            inv_q, inv_k = _inverses(idx, q.shape[0], k.shape[0])
+            return (segment_sum.gather_add(dqB, dqA, inv_q, dtype=q.dtype),
+                    segment_sum.gather_add(dkB, dkA, inv_k, dtype=k.dtype),
+                    segment_sum.gather_add(dvB, dvA, inv_k, dtype=v.dtype), None, None, None, None)
         if sp.has_ancestors:
             qa, anc = idx["qa"], idx["anc"]
             qA, kA, vA = q.index_select(0, qa), k.index_select(0, anc), v.index_select(0, anc)
@@ -418,6 +432,18 @@ class _SplitAttention(torch.autograd.Function):
             dk.index_add_(0, anc, dkA.to(wide))
             dv.index_add_(0, anc, dvA.to(wide))
         return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+
+
+def _inverses(idx: dict, queries: int, rows: int):
+    """The inverses of the query and ancestor indices for `segment_sum.gather_add`, built
+    on first use and kept in the layout's index dict (the layers share them)."""
+    from harts.exec.gpu import segment_sum
+
+    key = ("inverses", queries, rows, segment_sum.BT)
+    if key not in idx:
+        idx[key] = (segment_sum.inverse(idx["qa"], queries, segment_sum.BT),
+                    segment_sum.inverse(idx["anc"], rows, segment_sum.BT))
+    return idx[key]
 
 
 def device_index(sp: SplitSegments, device) -> dict:

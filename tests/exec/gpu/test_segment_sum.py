@@ -1,0 +1,90 @@
+"""Scatter-adds as fixed-order gathers (`harts.exec.gpu.segment_sum`) under
+TRITON_INTERPRET=1: the inverse lists every source row of a target in ascending order; the
+kernel equals `index_add_` in float64 (to float32 rounding; exactly on integer values,
+where the order cannot matter); and the split attention's backward through it equals the
+index_add_ path on hypothesis-drawn forests."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import assume, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from harts.exec.gpu import segment_sum  # noqa: E402
+from harts.exec.gpu.path_attention import segments_of  # noqa: E402
+from harts.exec.gpu.split_attention import REFERENCE, device_index, split_attention, split_segments  # noqa: E402
+from harts.testing import assert_close  # noqa: E402
+from harts.tree import build_forest  # noqa: E402
+from tests.strategies import trajectory_sets  # noqa: E402
+
+
+@st.composite
+def scatters(draw):
+    T = draw(st.integers(1, 40))
+    P = draw(st.integers(0, 60))
+    targets = draw(st.lists(st.integers(-1, T - 1), min_size=P, max_size=P))
+    feat = draw(st.sampled_from([(3,), (2, 5), (1,), (300,)]))
+    return T, torch.tensor(targets, dtype=torch.int64), feat
+
+
+@settings(max_examples=30, deadline=None)
+@given(case=scatters(), BT=st.sampled_from([1, 4, 16]))
+def test_inverse_lists_each_targets_sources_in_order(case, BT):
+    T, targets, _ = case
+    ptr, order, tile_pairs = segment_sum.inverse(targets, T, BT)
+    counts = []
+    for t in range(T):
+        assert order[ptr[t]:ptr[t + 1]].tolist() == torch.nonzero(targets == t).flatten().tolist()
+        counts.append(int(ptr[t + 1] - ptr[t]))
+    assert [int(x) for x in tile_pairs] == [max(counts[i:i + BT]) for i in range(0, T, BT)]
+
+
+@settings(max_examples=30, deadline=None)
+@given(case=scatters(), with_base=st.booleans(), integers=st.booleans(), seed=st.integers(0, 2**16))
+def test_gather_add_equals_index_add(case, with_base, integers, seed):
+    T, targets, feat = case
+    g = torch.Generator().manual_seed(seed)
+    mk = (lambda *s: torch.randint(-8, 9, s, generator=g).float()) if integers else \
+        (lambda *s: torch.randn(*s, generator=g))
+    src = mk(targets.numel(), *feat)
+    base = mk(T, *feat) if with_base else None
+    inv = segment_sum.inverse(targets, T, segment_sum.BT)
+    got = segment_sum.gather_add(base, src, inv, rows=T)
+    want = segment_sum.reference_gather_add(base, src, targets, rows=T, wide=torch.float64)
+    if integers or not bool(want.any()):  # exact sums: the order cannot matter
+        assert torch.equal(got, want)
+    else:
+        assert_close("gather_add", got.double(), segment_sum.reference_gather_add(
+            base, src, targets, rows=T, dtype=torch.float64, wide=torch.float64), 1e-6)
+
+
+def test_gather_add_rejects_an_inverse_of_another_size():
+    inv = segment_sum.inverse(torch.tensor([0, 1, 1]), 2, segment_sum.BT)
+    with pytest.raises(ValueError, match="another row count"):
+        segment_sum.gather_add(torch.zeros(3, 2), torch.zeros(3, 2), inv)
+
+
+@settings(max_examples=10, deadline=None)
+@given(trajs=trajectory_sets(max_groups=2, max_per_group=4, max_len=16))
+def test_split_attention_backward_through_gathers_equals_index_add(trajs):
+    f = build_forest(trajs)
+    sp = split_segments(segments_of(f.row_parent, None), True)
+    assume(sp.has_ancestors)  # the path under test
+    L = f.num_rows
+    g = torch.Generator().manual_seed(L)
+    q, k = (torch.randn(L, 2, 8, generator=g) for _ in range(2))
+    v, do = (torch.randn(L, 2, 4, generator=g) for _ in range(2))
+    out = {}
+    for fast in (False, True):
+        idx = {**device_index(sp, q.device), "gather_add": fast}
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = split_attention(*leaves, 0.3, sp, kernel=REFERENCE, idx=idx)
+        out[fast] = [o.detach(), *torch.autograd.grad(o, leaves, do)]
+    for name, a, b in zip(("o", "dq", "dk", "dv"), out[True], out[False], strict=True):
+        if bool(b.any()):
+            assert_close(name, a.double(), b.double(), 1e-6)
+        else:  # lone keys: exact zeros both ways
+            assert torch.equal(a, b)

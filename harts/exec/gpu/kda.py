@@ -30,10 +30,12 @@ so gradients meeting at one chunk add) with a per-chunk row map, instead of a de
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 import torch
 import triton
+from triton.runtime.errors import OutOfResources
 
 from harts.exec.gpu.kda_dhu import bwd_dhu_inject
 from harts.exec.ops.kda.chunk import KDAOutput, check_chunk_state_index
@@ -106,18 +108,32 @@ def _fwd_h(f, kg, w, u, gk, h0, cu, chunk_offsets, num_chunks, B, *, h_dtype, wi
     args = dict(k=kg, v=u, w=w, v_new=v_new, g=None, gk=gk, h=h, h0=h0, ht=final, cu_seqlens=cu,
                 chunk_offsets=chunk_offsets, T=T, H=H, HV=H, K=K, V=V, BT=B, STATE_V_FIRST=False)
     sms = torch.cuda.get_device_properties(kg.device).multi_processor_count if kg.is_cuda else None
-    config = fwd_h_config(N, H, V, sms)
-    if config is None:
-        kernel[lambda meta: (triton.cdiv(V, meta["BV"]) * N * H,)](**args)
-    else:
+    config = None if _FWD_H_EXPLICIT_FAILED else fwd_h_config(N, H, V, sms)
+    if config is not None:
         # past fla's heuristics and autotuner (kernel.fn.fn: the jitted function), so the
-        # constexprs its heuristics would set are passed here
+        # constexprs its heuristics would set are passed here: tied to fla-core 0.6.0's
+        # signature, so any other fla that does not take these arguments gets its own launch
         bv, warps, stages = config
-        kernel.fn.fn[(triton.cdiv(V, bv) * N * H,)](
-            **args, BV=bv, USE_G=False, USE_GK=True, USE_INITIAL_STATE=h0 is not None,
-            STORE_FINAL_STATE=with_final, SAVE_NEW_VALUE=True, IS_VARLEN=True,
-            num_warps=warps, num_stages=stages)
+        try:
+            kernel.fn.fn[(triton.cdiv(V, bv) * N * H,)](
+                **args, BV=bv, USE_G=False, USE_GK=True, USE_INITIAL_STATE=h0 is not None,
+                STORE_FINAL_STATE=with_final, SAVE_NEW_VALUE=True, IS_VARLEN=True,
+                num_warps=warps, num_stages=stages)
+            return h, v_new, final
+        except (AttributeError, KeyError, TypeError, ValueError, OutOfResources) as err:
+            _explicit_launch_failed(err)
+    kernel[lambda meta: (triton.cdiv(V, meta["BV"]) * N * H,)](**args)
     return h, v_new, final
+
+
+_FWD_H_EXPLICIT_FAILED = False
+
+
+def _explicit_launch_failed(err: Exception) -> None:
+    global _FWD_H_EXPLICIT_FAILED
+    _FWD_H_EXPLICIT_FAILED = True
+    warnings.warn(f"fla's forward state kernel did not take HARTS's explicit launch config "
+                  f"({type(err).__name__}: {err}); using fla's own launch from now on", RuntimeWarning, stacklevel=3)
 
 
 def boundary_index(cu_seqlens: np.ndarray, chunk_size: int) -> dict[str, np.ndarray]:

@@ -95,6 +95,39 @@ def test_forward_state_config_only_for_rounds_that_leave_sms_idle(monkeypatch):
     assert fwd_h_config(16, 16, 128, 132) == (32, 2, 3)
 
 
+def test_forward_state_falls_back_to_flas_launch_when_its_signature_differs(monkeypatch):
+    """An fla whose kernel does not take the explicit config (another version's signature)
+    gets its own launch, with a warning, instead of a crash."""
+    from harts.exec.gpu import kda as kda_mod
+
+    calls = []
+
+    class Jit:
+        def __getitem__(self, grid):
+            def launch(**kw):
+                raise TypeError("unexpected keyword argument 'IS_VARLEN'")
+            return launch
+
+    class Kernel:
+        fn = type("Autotuned", (), {"fn": Jit()})()
+
+        def __getitem__(self, grid):
+            return lambda **kw: calls.append(sorted(kw))
+
+    monkeypatch.setattr(kda_mod, "_FWD_H_EXPLICIT_FAILED", False)
+    monkeypatch.setenv(FWD_H_ENV, "16,4,3")
+    f = {"chunk_gated_delta_rule_fwd_kernel_h_blockdim64": Kernel()}
+    kg = torch.zeros(1, 8, 2, 4)
+    u = torch.zeros(1, 8, 2, 4)
+    with pytest.warns(RuntimeWarning, match="own launch"):
+        kda_mod._fwd_h(f, kg, kg, u, kg, None, torch.tensor([0, 8]), None, 1, 64,
+                       h_dtype=torch.float32, with_final=True)
+    assert len(calls) == 1 and "BV" not in calls[0] and kda_mod._FWD_H_EXPLICIT_FAILED
+    kda_mod._fwd_h(f, kg, kg, u, kg, None, torch.tensor([0, 8]), None, 1, 64, h_dtype=torch.float32,
+                   with_final=True)  # no second try, no second warning
+    assert len(calls) == 2
+
+
 def test_sparse_injection_equals_the_dense_one_with_zeros_elsewhere():
     H, K, V = 1, 16, 16
     ins, cu, offs, NT, g = _problem([150, 64, 90], H, K, V, 5)

@@ -399,15 +399,6 @@ class _SplitAttention(torch.autograd.Function):
         wide = torch.promote_types(q.dtype, torch.float32)
         if own is None and not sp.has_ancestors:
             return dqB, dkB, dvB, None, None, None, None
-        dk = torch.zeros(k.shape, dtype=wide, device=k.device)
-        dv = torch.zeros(v.shape, dtype=wide, device=v.device)
-        if own is None:
-            dk += dkB
-            dv += dvB
-        else:
-            dk.index_add_(0, own, dkB.to(wide))
-            dv.index_add_(0, own, dvB.to(wide))
-        dq = dqB
         if sp.has_ancestors and own is None and idx.get("gather_add", q.is_cuda) and q.dtype != torch.float64:
             # the ancestors' shares summed onto their rows by gathers (fixed order, bf16
             # read as it is; `segment_sum`), not by index_add_ on float32 copies
@@ -422,6 +413,15 @@ class _SplitAttention(torch.autograd.Function):
             return (segment_sum.gather_add(dqB, dqA, inv_q, dtype=q.dtype),
                     segment_sum.gather_add(dkB, dkA, inv_k, dtype=k.dtype),
                     segment_sum.gather_add(dvB, dvA, inv_k, dtype=v.dtype), None, None, None, None)
+        dk = torch.zeros(k.shape, dtype=wide, device=k.device)
+        dv = torch.zeros(v.shape, dtype=wide, device=v.device)
+        if own is None:
+            dk += dkB
+            dv += dvB
+        else:
+            dk.index_add_(0, own, dkB.to(wide))
+            dv.index_add_(0, own, dvB.to(wide))
+        dq = dqB
         if sp.has_ancestors:
             qa, anc = idx["qa"], idx["anc"]
             qA, kA, vA = q.index_select(0, qa), k.index_select(0, anc), v.index_select(0, anc)

@@ -399,20 +399,21 @@ class _SplitAttention(torch.autograd.Function):
         wide = torch.promote_types(q.dtype, torch.float32)
         if own is None and not sp.has_ancestors:
             return dqB, dkB, dvB, None, None, None, None
-        if sp.has_ancestors and own is None and idx.get("gather_add", q.is_cuda) and q.dtype != torch.float64:
-            # the ancestors' shares summed onto their rows by gathers (fixed order, bf16
-            # read as it is; `segment_sum`), not by index_add_ on float32 copies
-            from harts.exec.gpu import segment_sum
-
+        if sp.has_ancestors:
             qa, anc = idx["qa"], idx["anc"]
             qA, kA, vA = q.index_select(0, qa), k.index_select(0, anc), v.index_select(0, anc)
             dqA, dkA, dvA = kernel.bwd(do.index_select(0, qa), qA, kA, vA, o.index_select(0, qa),
                                        lse.index_select(0, qa), auxA, sp.cu_qa, sp.cu_ka, sp.max_qa, sp.max_ka,
                                        False, scale)
-            inv_q, inv_k = _inverses(idx, q.shape[0], k.shape[0])
-            return (segment_sum.gather_add(dqB, dqA, inv_q, dtype=q.dtype),
-                    segment_sum.gather_add(dkB, dkA, inv_k, dtype=k.dtype),
-                    segment_sum.gather_add(dvB, dvA, inv_k, dtype=v.dtype), None, None, None, None)
+            if own is None and idx.get("gather_add", q.is_cuda) and q.dtype != torch.float64:
+                # the ancestors' shares summed onto their rows by gathers (fixed order, bf16
+                # read as it is; `segment_sum`), not by index_add_ on float32 copies
+                from harts.exec.gpu import segment_sum
+
+                inv_q, inv_k = _inverses(idx, q.shape[0], k.shape[0])
+                return (segment_sum.gather_add(dqB, dqA, inv_q, dtype=q.dtype),
+                        segment_sum.gather_add(dkB, dkA, inv_k, dtype=k.dtype),
+                        segment_sum.gather_add(dvB, dvA, inv_k, dtype=v.dtype), None, None, None, None)
         dk = torch.zeros(k.shape, dtype=wide, device=k.device)
         dv = torch.zeros(v.shape, dtype=wide, device=v.device)
         if own is None:
@@ -423,11 +424,6 @@ class _SplitAttention(torch.autograd.Function):
             dv.index_add_(0, own, dvB.to(wide))
         dq = dqB
         if sp.has_ancestors:
-            qa, anc = idx["qa"], idx["anc"]
-            qA, kA, vA = q.index_select(0, qa), k.index_select(0, anc), v.index_select(0, anc)
-            dqA, dkA, dvA = kernel.bwd(do.index_select(0, qa), qA, kA, vA, o.index_select(0, qa),
-                                       lse.index_select(0, qa), auxA, sp.cu_qa, sp.cu_ka, sp.max_qa, sp.max_ka,
-                                       False, scale)
             dq = dqB.to(wide).index_add_(0, qa, dqA.to(wide)).to(q.dtype)
             dk.index_add_(0, anc, dkA.to(wide))
             dv.index_add_(0, anc, dvA.to(wide))

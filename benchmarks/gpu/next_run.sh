@@ -146,5 +146,12 @@ case "$1" in
   s6f)     mkdir -p "$OUT/attn" "$OUT/step"
            timeout 80 python3 benchmarks/gpu/h200_run.py attnsplit --out "$OUT/attn"
            timeout 230 python3 benchmarks/gpu/h200_run.py step --steps 3 --no-autotune --out "$OUT/step" ;;
-  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c|s5d|s5e|s5f|s6a|s6b|s6c|s6d|s6e|s6f" >&2; exit 2 ;;
+  # seventh session, first call: the step on both schemes with 5 timed steps each way (the
+  # dead fp32 zero-fill removed after s6f); where the stepwise tree step spends its device
+  # time, by op and call site and by kernel
+  s7a)     mkdir -p "$OUT/step" "$OUT/sites" "$OUT/prof"
+           timeout 300 python3 benchmarks/gpu/h200_run.py step --steps 5 --no-autotune --out "$OUT/step"
+           timeout 100 python3 benchmarks/gpu/h200_run.py opsites --schemes stepwise --no-autotune --out "$OUT/sites"
+           timeout 100 python3 benchmarks/gpu/h200_run.py profile --schemes stepwise --no-autotune --out "$OUT/prof" ;;
+  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c|s5d|s5e|s5f|s6a|s6b|s6c|s6d|s6e|s6f|s7a" >&2; exit 2 ;;
 esac

@@ -61,7 +61,7 @@ def sec_env():
 
 
 def sec_kda():
-    from harts.exec.gpu.kda import chunk_kda_fast
+    from harts.exec.gpu.kda import chunk_kda_fast, fwd_h_config
     from harts.exec.ops.kda import chunk_kda as ref_kda
 
     out = {}
@@ -97,6 +97,23 @@ def sec_kda():
                         **({"chunk_states": rel(f.chunk_states, r.chunk_states),
                             "offsets_equal": bool(torch.equal(f.chunk_state_offsets.cpu(), r.chunk_state_offsets.cpu()))} if states else {}),
                         **{f"d{n}": rel(a, b) for n, a, b in zip(("q", "k", "v", "g", "beta", "h0"), gf, gr, strict=True)}}
+        # a plain call (no states handed on) of few sequences runs HARTS's own path
+        # (fwd_h_config); against fla's chunk_kda itself: output, final state, every gradient
+        from fla.ops.kda import chunk_kda as fla_chunk_kda
+
+        f = chunk_kda_fast(*leaves[:5], initial_state=leaves[5], cu_seqlens=cu)
+        fl = [x.detach().clone().requires_grad_() for x in leaves]
+        o_fla, final_fla = fla_chunk_kda(*(x[None] for x in fl[:5]), scale=K**-0.5, initial_state=fl[5],
+                                         output_final_state=True, cu_seqlens=cu.to(dev))
+        gf = torch.autograd.grad([f.o, f.final_state], leaves, [do.to(f.o.dtype), dht])
+        gl = torch.autograd.grad([o_fla[0], final_fla], fl, [do.to(o_fla.dtype), dht])
+        out[f"{str(dtype)[6:]}_plain_vs_fla"] = {
+            "own_path": bool(fwd_h_config(N, H, V, torch.cuda.get_device_properties(0).multi_processor_count)),
+            "o_equal": bool(torch.equal(f.o, o_fla[0])), "final_equal": bool(torch.equal(f.final_state, final_fla)),
+            "o": rel(f.o, o_fla[0]), "final": rel(f.final_state, final_fla),
+            **{f"d{n}": rel(a, b) for n, a, b in zip(("q", "k", "v", "g", "beta", "h0"), gf, gl, strict=True)},
+            **{f"d{n}_equal": bool(torch.equal(a, b)) for n, a, b in zip(("q", "k", "v", "g", "beta", "h0"), gf, gl,
+                                                                          strict=True)}}
         # bit test: split at a chunk boundary via the handed-off state == unsplit
         seq = [x.detach()[:320] for x in leaves[:5]]
         full = chunk_kda_fast(*seq, cu_seqlens=torch.tensor([0, 320]), output_chunk_states=True)

@@ -153,5 +153,13 @@ case "$1" in
            timeout 300 python3 benchmarks/gpu/h200_run.py step --steps 5 --no-autotune --out "$OUT/step"
            timeout 100 python3 benchmarks/gpu/h200_run.py opsites --schemes stepwise --no-autotune --out "$OUT/sites"
            timeout 100 python3 benchmarks/gpu/h200_run.py profile --schemes stepwise --no-autotune --out "$OUT/prof" ;;
-  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c|s5d|s5e|s5f|s6a|s6b|s6c|s6d|s6e|s6f|s7a" >&2; exit 2 ;;
+  # seventh session, second call: after the KDA layer's convs write straight in the rounds'
+  # order (q, k, v never gathered) and plain few-sequence KDA calls run HARTS's own path
+  # (forward state at BV 16, own state backward): the float32/bf16 KDA checks (with the
+  # plain call against fla's chunk_kda itself), the step on both schemes, bf16 fidelity
+  s7b)     mkdir -p "$OUT/check" "$OUT/step" "$OUT/fid"
+           TRITON_F32_DEFAULT=ieee timeout 200 python3 benchmarks/gpu/h200_run.py kda --no-autotune --out "$OUT/check"
+           timeout 280 python3 benchmarks/gpu/h200_run.py step --steps 5 --no-autotune --out "$OUT/step"
+           timeout 80 python3 benchmarks/gpu/h200_run.py fidelity --no-autotune --out "$OUT/fid" ;;
+  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c|s5d|s5e|s5f|s6a|s6b|s6c|s6d|s6e|s6f|s7a|s7b" >&2; exit 2 ;;
 esac

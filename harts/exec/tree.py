@@ -594,6 +594,7 @@ class TreeContext:
         kept_all = np.concatenate(kept) if kept else np.zeros(0, np.int64)
         self._kda_out = RowGather(kept_all[unpermute], at, dev)
         self._windows: dict[int, Tensor] = {}
+        self._round_windows: dict[int, Tensor] = {}
 
     def _chunk_states_read(self, record: bool, record_states: Sequence[tuple[int, int]] | None
                            ) -> list[np.ndarray | None]:
@@ -647,25 +648,70 @@ class TreeContext:
 
     def short_conv(self, layer: int, name: str, x_TD: Tensor, weight_DW: Tensor, bias_D: Tensor | None) -> Tensor:
         from harts.exec.backend import short_conv
-        from harts.exec.ops.conv import window_from_parents
 
         (x_LD,) = self._local((layer, f"conv:{name}"), x_TD)
         W = weight_DW.shape[1]
-        if W not in self._windows:
-            self._windows[W] = window_from_parents(self.row_parent, W)
         # gather form: every row's sum runs in the same order whatever the layout, so a
         # row's output has the same bits as the token's in its trajectory (a dense conv1d
         # would round differently at different lengths: docs/LOG.md)
-        y_LD = short_conv(x_LD, weight_DW, bias_D, window_TW=self._windows[W], activation="silu")
+        y_LD = short_conv(x_LD, weight_DW, bias_D, window_TW=self._window(W), activation="silu")
         return y_LD if self.stash is None else y_LD[self._computed]
 
     def kda(self, layer: int, q_THK: Tensor, k_THK: Tensor, v_THV: Tensor, g_THK: Tensor,
             beta_TH: Tensor, scale: float) -> Tensor:
+        q, k, v, g, beta = self._local((layer, "kda"), q_THK, k_THK, v_THV, g_THK, beta_TH)
+        return self._kda_rounds(layer, *self._kda_in(q, k, v, g, beta), scale)
+
+    def kda_mixing(self, layer: int, q_TD: Tensor, k_TD: Tensor, v_TD: Tensor,
+                   convs: tuple[Tensor, Tensor, Tensor], g_THK: Tensor, beta_TH: Tensor,
+                   scale: float) -> Tensor | None:
+        """The KDA layer's mixing from its projections (`harts.exec.model.kda.kda_mixing`'s
+        contract), with the gather into the rounds' order fused into the short convs: each
+        conv reads its window of the computed rows and writes its output straight in the
+        rounds' order (replayed rows repeated), so q, k, v are never gathered, nor their
+        gradients gathered back (the conv's backward sums a repeated row's readers through
+        its inverse window); only g and beta are. A conv output's bits do not depend on the
+        row order (each row sums its own window in a fixed order), so the KDA inputs are the
+        ones `kda` would gather. None (the caller runs the plain path) where the stash
+        records or supplies the KDA inputs in computed order: producers and consumers of a
+        sharing window."""
+        if self.stash is not None or self.record is not None:
+            return None
+        from harts.exec.backend import short_conv
+        from harts.exec.model.layers import l2_norm
+
+        H, K = g_THK.shape[1], g_THK.shape[2]
+        window_RW = self._round_window(convs[0].shape[1])
+        q, k, v = (short_conv(x, w, None, window_TW=window_RW, activation="silu")
+                   for x, w in zip((q_TD, k_TD, v_TD), convs, strict=True))
+        R = window_RW.shape[0]
+        q, k = l2_norm(q.view(R, H, K)), l2_norm(k.view(R, H, K))
+        g, beta = self._kda_in(g_THK, beta_TH)
+        return self._kda_rounds(layer, q, k, v.view(R, H, -1), g, beta, scale)
+
+    def _round_window(self, W: int) -> Tensor:
+        """[R, W]: the conv window of each row of the KDA rounds' inputs (rows of the local
+        layout; a replayed row's window is its own row's)."""
+        if W not in self._round_windows:
+            window = self._window(W)
+            self._round_windows[W] = window if self._kda_in.identity else window[self._kda_in.index]
+        return self._round_windows[W]
+
+    def _window(self, W: int) -> Tensor:
+        """[L, W]: each local row's conv window along its path (built once per width)."""
+        if W not in self._windows:
+            from harts.exec.ops.conv import window_from_parents
+
+            self._windows[W] = window_from_parents(self.row_parent, W)
+        return self._windows[W]
+
+    def _kda_rounds(self, layer: int, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+                    scale: float) -> Tensor:
+        """The KDA calls, one per round, on inputs already in the rounds' order; the output
+        read back in computed order."""
         from harts.exec.backend import chunk_kda
 
-        q, k, v, g, beta = self._local((layer, "kda"), q_THK, k_THK, v_THV, g_THK, beta_TH)
         H, K, V = q.shape[1], q.shape[2], v.shape[2]
-        q, k, v, g, beta = self._kda_in(q, k, v, g, beta)
         external = [self.stash.state_at(layer, int(self.layout.rows[row]), a)
                     for a, row in self.schedule.external] if self.schedule.external else []
         handed: list[Tensor] = []  # per round: the states later rounds may start from

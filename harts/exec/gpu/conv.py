@@ -141,26 +141,31 @@ def _conv_bwd_dx_kernel(g, w, ptr, ref, col, tile_pairs, dx, T, D: tl.constexpr,
 _INVERSE_ATTR = "_harts_conv_inverse"
 
 
-def window_inverse(window_TW: torch.Tensor, BT: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def window_inverse(window_TW: torch.Tensor, BT: int, rows: int | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The inverse of a window, for the backward's dx as a gather (no atomics, fixed order).
 
-    Returns (ptr [T+1], ref [P], col [P], tile_pairs [ceil(T/BT)]), int32: the pairs
-    (r, j) with window[r, j] = t are ref/col[ptr[t]:ptr[t+1]], sorted by r then j (a
-    stable sort of the flat window by target); tile_pairs is the most pairs any row of a
-    BT-row tile has (the dx kernel's trip count). A row referenced by several branches (a
-    fork's last rows) has more than W pairs. Computed on the window's device without a
-    host sync, and cached on the window tensor (the step's conv layers share one window).
+    `rows`: the number of input rows the window reads (default: its own row count; more or
+    fewer where the output rows are another order of them, e.g. a KDA call's rounds with
+    replayed rows repeated). Returns (ptr [rows+1], ref [P], col [P], tile_pairs
+    [ceil(rows/BT)]), int32: the pairs (r, j) with window[r, j] = t are ref/col[ptr[t]:ptr[t+1]],
+    sorted by r then j (a stable sort of the flat window by target); tile_pairs is the most
+    pairs any row of a BT-row tile has (the dx kernel's trip count). A row referenced by
+    several branches (a fork's last rows) has more than W pairs. Computed on the window's
+    device without a host sync, and cached on the window tensor (the step's conv layers
+    share one window).
     """
+    T_out, W = window_TW.shape
+    T = T_out if rows is None else int(rows)
     cached = getattr(window_TW, _INVERSE_ATTR, None)
-    if cached is not None and cached[0] == BT:
+    if cached is not None and cached[0] == (BT, T):
         return cached[1]
-    T, W = window_TW.shape
     ptr, order, tile_pairs = segment_inverse(window_TW, T, BT)
     ref = torch.div(order, W, rounding_mode="floor").to(torch.int32)
     col = (order % W).to(torch.int32)
     inverse = (ptr.contiguous(), ref.contiguous(), col.contiguous(), tile_pairs)
     try:
-        setattr(window_TW, _INVERSE_ATTR, (BT, inverse))
+        setattr(window_TW, _INVERSE_ATTR, ((BT, T), inverse))
     except (AttributeError, RuntimeError):  # a tensor that takes no attributes: compute each time
         pass
     return inverse
@@ -189,12 +194,12 @@ def _bwd_tiles(D: int) -> tuple[int, int, int, int, int, int]:
 class _ShortConvFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x_TD, weight_DW, bias_D, window_TW, silu):
-        T, D = x_TD.shape
-        W = weight_DW.shape[1]
+        T_in, D = x_TD.shape
+        T, W = window_TW.shape  # output rows: one per window row
         x = x_TD.contiguous()
         w = weight_DW.contiguous()
         win = window_TW.to(torch.int64).contiguous()
-        y = torch.empty_like(x)
+        y = x.new_empty(T, D)
         BT, BD = _tiles(D)
         grid = (triton.cdiv(T, BT), triton.cdiv(D, BD))
         _conv_fwd_kernel[grid](x, win, w, bias_D if bias_D is not None else w, y, T, D=D, W=W, BT=BT, BD=BD,
@@ -202,14 +207,15 @@ class _ShortConvFn(torch.autograd.Function):
         ctx.save_for_backward(x, w, bias_D if bias_D is not None else w, win)
         ctx.has_bias, ctx.silu = bias_D is not None, silu
         # the inverse is cached on the caller's window tensor (the step's conv layers share it)
-        ctx.inverse = (window_inverse(window_TW if win is window_TW else win, _bwd_tiles(D)[4])
+        ctx.inverse = (window_inverse(window_TW if win is window_TW else win, _bwd_tiles(D)[4], T_in)
                        if ctx.needs_input_grad[0] else None)
         return y
 
     @staticmethod
     def backward(ctx, dy_TD):
         x, w, b, win = ctx.saved_tensors
-        T, D = x.shape
+        T_in, D = x.shape
+        T = win.shape[0]
         W = w.shape[1]
         BD, BTg, nsub, warps_g, BTx, warps_x = _bwd_tiles(D)
         BW = triton.next_power_of_2(W)
@@ -221,12 +227,12 @@ class _ShortConvFn(torch.autograd.Function):
             x, win, w, b, dy_TD.contiguous(), g, pdw, pdb, T, D=D, W=W, BT=BTg, BD=BD, BW=BW, NSUB=nsub,
             HAS_BIAS=ctx.has_bias, SILU=ctx.silu, num_warps=warps_g)
         inverse = ctx.inverse
-        if inverse is None or inverse[3].numel() != triton.cdiv(T, BTx):
-            inverse = window_inverse(win, BTx)
+        if inverse is None or inverse[3].numel() != triton.cdiv(T_in, BTx) or inverse[0].numel() != T_in + 1:
+            inverse = window_inverse(win, BTx, T_in)
         ptr, ref, col, tile_pairs = inverse
         dx = torch.empty_like(x)
-        _conv_bwd_dx_kernel[(triton.cdiv(T, BTx), triton.cdiv(D, BD))](
-            g, w, ptr, ref, col, tile_pairs, dx, T, D=D, W=W, BT=BTx, BD=BD, num_warps=warps_x)
+        _conv_bwd_dx_kernel[(triton.cdiv(T_in, BTx), triton.cdiv(D, BD))](
+            g, w, ptr, ref, col, tile_pairs, dx, T_in, D=D, W=W, BT=BTx, BD=BD, num_warps=warps_x)
         dw = pdw.sum(dim=0)[:W].t().contiguous()
         db = pdb.sum(dim=0).to(b.dtype) if ctx.has_bias else None
         return dx, dw.to(w.dtype), db, None, None
@@ -234,14 +240,16 @@ class _ShortConvFn(torch.autograd.Function):
 
 def short_conv_fused(x_TD: torch.Tensor, weight_DW: torch.Tensor, bias_D: torch.Tensor | None, *,
                      window_TW: torch.Tensor, activation: str | None = "silu") -> torch.Tensor:
-    """`harts.exec.ops.conv.short_conv` (no carried state) as one fused Triton kernel each way."""
+    """`harts.exec.ops.conv.short_conv` (no carried state) as one fused Triton kernel each way.
+    One output row per window row; the window's indices are rows of x (so the output may
+    be another order of x's rows, some repeated: a gather fused into the conv)."""
     if activation not in ("silu", "swish", None):
         raise ValueError(f"unknown activation {activation!r}; expected 'silu', 'swish' or None")
     T, D = x_TD.shape
     W = weight_DW.shape[1]
-    if weight_DW.shape != (D, W) or window_TW.shape != (T, W):
+    if weight_DW.shape != (D, W) or window_TW.dim() != 2 or window_TW.shape[1] != W:
         raise ValueError(
-            f"expected weight [D, W] = [{D}, W] and window [T, W] = [{T}, {W}]; got "
+            f"expected weight [D, W] = [{D}, W] and window [T_out, W] = [T_out, {W}]; got "
             f"{list(weight_DW.shape)} and {list(window_TW.shape)}"
         )
     return _ShortConvFn.apply(x_TD, weight_DW, bias_D, window_TW, activation is not None)

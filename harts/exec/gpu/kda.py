@@ -340,6 +340,22 @@ def chunk_kda_fast(
         num_states = int(ix["chunk"].size)
         sel = (np.arange(num_states) if chunk_state_index is None
                else check_chunk_state_index(chunk_state_index, num_states))
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count if q.is_cuda else None
+    if (not output_chunk_states or sel.size == 0) and fwd_h_config(int(cu_host.numel()) - 1, H, v.shape[-1], sms):
+        # no state handed on, but few sequences (a stepwise chain: one): our path, whose
+        # forward state kernel runs at the narrow value block (`fwd_h_config`) and whose
+        # state backward at `kda_dhu.value_block`, where fla's launches leave half the SMs
+        # idle (the stepwise tree step's fwd_h took 17.5 ms against 4.7 for its share of
+        # the expanded step's, s7a); no states selected
+        ix = ix if ix is not None else boundary_index(cu_host.numpy(), chunk_size)
+        none = np.zeros(0, np.int64)
+        o, final, _ = _ChunkKDAStates.apply(
+            q4, k4, v4, g4, b3, h0, scale, cu, chunk_size, none, state_gather(none, ix["num_chunks"]),
+            ix["last_chunk"], ix["num_chunks"], cu_host.numpy(),
+        )
+        return KDAOutput(o[0].to(v.dtype), final if output_final_state else None,
+                         final[:0] if output_chunk_states else None,
+                         to_device(ix["state_offsets"], dev) if output_chunk_states else None)
     if not output_chunk_states or sel.size == 0:
         # no state handed on: fla's chunk_kda as is (its outputs are the same bits)
         from fla.ops.kda import chunk_kda as fla_chunk_kda

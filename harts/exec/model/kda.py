@@ -7,7 +7,8 @@ q/k/v: linear projection, short causal conv + SiLU (through the context), q/k L2
 per head. beta = sigmoid(b_proj x). Forget gate in log space per key channel:
 g = -exp(A_log[h]) * softplus(f_proj(x) + dt_bias), f_proj low-rank D -> R -> HK. Output:
 RMSNorm(o) * w * sigmoid(g_proj(x)) per head (g_proj low-rank with bias), then o_proj.
-The recurrence itself runs in `ctx.kda`, so this module never sees sequence structure.
+The convs and the recurrence run through the context (`kda_mixing`: `ctx.short_conv`, `ctx.kda`,
+or the context's own fused form), so this module never sees sequence structure.
 """
 
 from __future__ import annotations
@@ -58,13 +59,31 @@ class KDAMixer(nn.Module):
     def forward(self, x_TD: Tensor, ctx: MixingContext) -> Tensor:
         T = x_TD.shape[0]
         H, K, V = self.num_heads, self.head_k, self.head_v
-        q_THK = ctx.short_conv(self.layer, "q", self.q_proj(x_TD), self.q_conv, None).view(T, H, K)
-        k_THK = ctx.short_conv(self.layer, "k", self.k_proj(x_TD), self.k_conv, None).view(T, H, K)
-        v_THV = ctx.short_conv(self.layer, "v", self.v_proj(x_TD), self.v_conv, None).view(T, H, V)
-        q_THK, k_THK = l2_norm(q_THK), l2_norm(k_THK)
         f_THK = self.f_proj(x_TD).view(T, H, K) + self.dt_bias.view(H, K)
         g_THK = -torch.exp(self.A_log).view(H, 1) * F.softplus(f_THK)
         beta_TH = torch.sigmoid(self.b_proj(x_TD))
-        o_THV = ctx.kda(self.layer, q_THK, k_THK, v_THV, g_THK, beta_TH, K**-0.5)
+        o_THV = kda_mixing(ctx, self.layer, self.q_proj(x_TD), self.k_proj(x_TD), self.v_proj(x_TD),
+                           (self.q_conv, self.k_conv, self.v_conv), g_THK, beta_TH, K**-0.5)
         o_THV = self.o_norm(o_THV, self.g_proj(x_TD).view(T, H, V))
         return self.o_proj(o_THV.reshape(T, H * V))
+
+
+def kda_mixing(ctx: MixingContext, layer: int, q_TD: Tensor, k_TD: Tensor, v_TD: Tensor,
+               convs: tuple[Tensor, Tensor, Tensor], g_THK: Tensor, beta_TH: Tensor, scale: float) -> Tensor:
+    """o_THV of the KDA layer's mixing from its projections: SiLU short conv of q, k and v
+    (weights `convs`, [D, W] each), q and k L2-normalised per head, then the recurrence.
+
+    A context may run this its own way by defining `kda_mixing` with this signature (less
+    `ctx`) and the same result; it returns None to take this plain path (`ctx.short_conv`
+    three times, then `ctx.kda`). The tree context uses it to write the convs' outputs
+    straight in its KDA rounds' order (`TreeContext.kda_mixing`)."""
+    own = getattr(ctx, "kda_mixing", None)
+    o_THV = own(layer, q_TD, k_TD, v_TD, convs, g_THK, beta_TH, scale) if own is not None else None
+    if o_THV is not None:
+        return o_THV
+    T, H, K = g_THK.shape
+    q_THK = ctx.short_conv(layer, "q", q_TD, convs[0], None).view(T, H, K)
+    k_THK = ctx.short_conv(layer, "k", k_TD, convs[1], None).view(T, H, K)
+    v_THV = ctx.short_conv(layer, "v", v_TD, convs[2], None).view(T, H, -1)
+    q_THK, k_THK = l2_norm(q_THK), l2_norm(k_THK)
+    return ctx.kda(layer, q_THK, k_THK, v_THV, g_THK, beta_TH, scale)

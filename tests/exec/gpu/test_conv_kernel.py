@@ -115,6 +115,31 @@ def test_a_rows_output_depends_only_on_its_window():
     assert torch.equal(y_tree[[0, 1, 2, 5, 6]], y_seq[3:])
 
 
+@settings(max_examples=25, deadline=None)
+@given(window=windows(), D=st.integers(1, 24), bias=st.booleans(), data=st.data(), seed=st.integers(0, 2**16))
+def test_fused_conv_writes_any_order_of_its_rows(window, D, bias, data, seed):
+    """A window over another order of the rows, some repeated and some left out (a tree's
+    KDA rounds: replayed rows twice): output row i is row index[i]'s, with the same bits,
+    and x's gradient sums every reader of a row (the inverse built for x's row count)."""
+    T, W = window.shape
+    index = torch.tensor(data.draw(st.lists(st.integers(0, T - 1), min_size=1, max_size=2 * T + 2)))
+    g = torch.Generator().manual_seed(seed)
+    x, dy = torch.randn(T, D, generator=g), torch.randn(index.numel(), D, generator=g)
+    w, b = torch.randn(D, W, generator=g), torch.randn(D, generator=g)
+    y_all = short_conv_fused(x, w, b if bias else None, window_TW=window)
+    out = {}
+    for name, fn in (("ref", short_conv), ("fused", short_conv_fused)):
+        leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+        y = fn(leaves[0], leaves[1], leaves[2] if bias else None, window_TW=window[index], activation="silu")
+        y.backward(dy)
+        out[name] = [y.detach(), leaves[0].grad, leaves[1].grad] + ([leaves[2].grad] if bias else [])
+    assert torch.equal(out["fused"][0], y_all[index])
+    for name, got, want in zip(("y", "dx", "dw", "db"), out["fused"], out["ref"], strict=False):
+        assert_close(name, got, want, 1e-5)
+    ptr = window_inverse(window[index], 4, T)[0]
+    assert ptr.numel() == T + 1 and int(ptr[-1]) == int((window[index] >= 0).sum())
+
+
 def test_fused_conv_rejects_bad_shapes():
     with pytest.raises(ValueError, match="expected weight"):
         short_conv_fused(torch.zeros(3, 4), torch.zeros(4, 2), None, window_TW=torch.zeros(3, 3, dtype=torch.int64))

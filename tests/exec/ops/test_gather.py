@@ -43,3 +43,13 @@ def test_gather_rejects_bad_input():
     gather = RowGather(np.array([0, 2]), 3, "cpu")
     with pytest.raises(ValueError, match="3 rows"):
         gather(torch.zeros(4, 2))
+
+
+def test_identity_gather_returns_its_inputs():
+    """Every row once, in order: no copy, and the gradient is the caller's own."""
+    gather = RowGather(np.arange(5), 5, "cpu")
+    assert gather.identity and not RowGather(np.array([0, 1, 2, 3, 3]), 5, "cpu").identity
+    assert not RowGather(np.array([1, 0, 2, 3, 4]), 5, "cpu").identity
+    x = torch.randn(5, 2, requires_grad=True)
+    (y,) = gather(x)
+    assert y is x

@@ -85,13 +85,15 @@ def short_conv(
     activation: str | None = "silu",
     initial_state: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """y [T, D] = act(bias + sum_j weight[:, j] * x[window[:, j]]); -1 in the window is zero,
-    indices T + n*(W-1) + j read initial_state[n, :, j] ([N, D, W-1], only if given)."""
+    """y [T_out, D] = act(bias + sum_j weight[:, j] * x[window[:, j]]), one row per window
+    row (usually T_out = T; a window over another order of x's rows, some repeated, gathers
+    them in the same pass); -1 in the window is zero, indices T + n*(W-1) + j read
+    initial_state[n, :, j] ([N, D, W-1], only if given)."""
     T, D = x_TD.shape
     W = weight_DW.shape[1]
-    if weight_DW.shape != (D, W) or window_TW.shape != (T, W):
+    if weight_DW.shape != (D, W) or window_TW.dim() != 2 or window_TW.shape[1] != W:
         raise ValueError(
-            f"expected weight [D, W] = [{D}, W] and window [T, W] = [{T}, {W}]; got "
+            f"expected weight [D, W] = [{D}, W] and window [T_out, W] = [T_out, {W}]; got "
             f"{list(weight_DW.shape)} and {list(window_TW.shape)}"
         )
     rows = [x_TD]

@@ -36,7 +36,7 @@ sequence, starting mid-chunk at its fork from its parent's final state).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -663,30 +663,31 @@ class TreeContext:
         return self._kda_rounds(layer, *self._kda_in(q, k, v, g, beta), scale)
 
     def kda_mixing(self, layer: int, q_TD: Tensor, k_TD: Tensor, v_TD: Tensor,
-                   convs: tuple[Tensor, Tensor, Tensor], g_THK: Tensor, beta_TH: Tensor,
-                   scale: float) -> Tensor | None:
+                   convs: tuple[Tensor, Tensor, Tensor], gate_TR: Tensor, gate: Callable[[Tensor], Tensor],
+                   beta_TH: Tensor, scale: float) -> Tensor | None:
         """The KDA layer's mixing from its projections (`harts.exec.model.kda.kda_mixing`'s
-        contract), with the gather into the rounds' order fused into the short convs: each
-        conv reads its window of the computed rows and writes its output straight in the
-        rounds' order (replayed rows repeated), so q, k, v are never gathered, nor their
-        gradients gathered back (the conv's backward sums a repeated row's readers through
-        its inverse window); only g and beta are. A conv output's bits do not depend on the
-        row order (each row sums its own window in a fixed order), so the KDA inputs are the
-        ones `kda` would gather. None (the caller runs the plain path) where the stash
-        records or supplies the KDA inputs in computed order: producers and consumers of a
-        sharing window."""
+        contract) with nothing wide gathered into the rounds' order (rows of the rounds,
+        replayed rows repeated): each short conv reads its window of the computed rows and
+        writes its output straight in the rounds' order (its backward sums a repeated row's
+        readers through the inverse window), and the forget gate is computed from its
+        gathered low-rank features (rank R, against H x K for g). Before, the five KDA inputs
+        were gathered, 2048 wide each but beta on the H200 model, and their gradients
+        gathered back. A conv output's bits do not depend on the row order (each row sums its
+        own window in a fixed order), so q, k, v are the ones `kda` would gather. None (the
+        caller runs the plain path) where the stash records or supplies the KDA inputs in
+        computed order: producers and consumers of a sharing window."""
         if self.stash is not None or self.record is not None:
             return None
         from harts.exec.backend import short_conv
         from harts.exec.model.layers import l2_norm
 
-        H, K = g_THK.shape[1], g_THK.shape[2]
         window_RW = self._round_window(convs[0].shape[1])
+        f, beta = self._kda_in(gate_TR, beta_TH)
+        g = gate(f)
+        R, H, K = g.shape
         q, k, v = (short_conv(x, w, None, window_TW=window_RW, activation="silu")
                    for x, w in zip((q_TD, k_TD, v_TD), convs, strict=True))
-        R = window_RW.shape[0]
         q, k = l2_norm(q.view(R, H, K)), l2_norm(k.view(R, H, K))
-        g, beta = self._kda_in(g_THK, beta_TH)
         return self._kda_rounds(layer, q, k, v.view(R, H, -1), g, beta, scale)
 
     def _round_window(self, W: int) -> Tensor:

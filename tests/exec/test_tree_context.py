@@ -231,18 +231,20 @@ def test_a_recording_context_keeps_exactly_the_states_its_consumers_read(trajs, 
 @given(trajectory_sets(max_len=40), st.sampled_from([2, 4, 8]), st.integers(0, 2**16))
 def test_fused_kda_mixing_equals_convs_then_kda(trajs, chunk, seed):
     """`TreeContext.kda_mixing` (the convs writing straight in the rounds' order, replayed
-    rows repeated) against the plain path (three convs over the computed rows, then `kda`
-    gathering into the rounds): the same output and the same gradients of the projections,
-    conv weights, gates and betas, in float64."""
+    rows repeated; the gate computed from its gathered low-rank features) against the plain
+    path (three convs and the gate over the computed rows, then `kda` gathering into the
+    rounds): the same output and the same gradients of the projections, conv weights, gate
+    features and weights and betas, in float64."""
     from harts.exec.model.kda import kda_mixing
 
     forest = build_forest(trajs)
-    R, W = forest.num_rows, 3
+    R, W, r = forest.num_rows, 3, 5
     gen = torch.Generator().manual_seed(seed)
     widths = (H * K, H * K, H * V)
     leaves = [torch.randn(R, d, generator=gen, dtype=torch.float64) for d in widths]
     leaves += [torch.randn(d, W, generator=gen, dtype=torch.float64) * 0.5 for d in widths]
-    leaves += [-torch.rand(R, H, K, generator=gen, dtype=torch.float64) * 0.7,
+    leaves += [torch.randn(R, r, generator=gen, dtype=torch.float64), torch.randn(r, H * K, generator=gen,
+                                                                                 dtype=torch.float64) * 0.3,
                torch.rand(R, H, generator=gen, dtype=torch.float64)]
     dy = torch.randn(R, H, V, generator=gen, dtype=torch.float64)
     got = {}
@@ -251,12 +253,16 @@ def test_fused_kda_mixing_equals_convs_then_kda(trajs, chunk, seed):
         if name == "plain":
             ctx.kda_mixing = None  # kda_mixing's plain path: ctx.short_conv x 3, then ctx.kda
         xs = [t.clone().requires_grad_() for t in leaves]
-        q, k, v, wq, wk, wv, g, beta = xs
-        o = kda_mixing(ctx, 0, q, k, v, (wq, wk, wv), g, beta, K**-0.5)
+        q, k, v, wq, wk, wv, f, wf, beta = xs
+
+        def gate(f_nr, wf=wf):
+            return -F.softplus((f_nr @ wf).view(-1, H, K))
+
+        o = kda_mixing(ctx, 0, q, k, v, (wq, wk, wv), f, gate, beta, K**-0.5)
         (o * dy).sum().backward()
         got[name] = [o.detach(), *(x.grad for x in xs)]
     ctx = TreeContext(forest, chunk_size=chunk, kda_mode="replay")
-    assert ctx.kda_mixing(0, *leaves[:3], tuple(leaves[3:6]), *leaves[6:], K**-0.5) is not None
+    assert ctx.kda_mixing(0, *leaves[:3], tuple(leaves[3:6]), leaves[6], gate, leaves[8], K**-0.5) is not None
     for i, (a, b) in enumerate(zip(got["fused"], got["plain"], strict=True)):
         if not b.any():  # e.g. the gates' gradient when no row has a state before it
             assert not a.any()

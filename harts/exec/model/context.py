@@ -10,7 +10,10 @@ expanded baseline); the tree executor supplies a context that mixes along each r
 through a rollout tree. `layer` and `name` identify the call so a context may keep
 per-layer state (the packed one ignores them). Under activation recomputation a layer's
 context calls run a second time during backward with the same arguments, so a context
-must give the same answer when called again.
+must give the same answer when called again. A context may also define `kda_mixing` (see
+`harts.exec.model.kda.kda_mixing`) to run a KDA layer's convs, gate and recurrence as one
+unit, with the same result as the three methods (the tree context does, to avoid
+gathering wide inputs into its KDA rounds' order).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ or the context's own fused form), so this module never sees sequence structure.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -59,28 +60,37 @@ class KDAMixer(nn.Module):
     def forward(self, x_TD: Tensor, ctx: MixingContext) -> Tensor:
         T = x_TD.shape[0]
         H, K, V = self.num_heads, self.head_k, self.head_v
-        f_THK = self.f_proj(x_TD).view(T, H, K) + self.dt_bias.view(H, K)
-        g_THK = -torch.exp(self.A_log).view(H, 1) * F.softplus(f_THK)
         beta_TH = torch.sigmoid(self.b_proj(x_TD))
         o_THV = kda_mixing(ctx, self.layer, self.q_proj(x_TD), self.k_proj(x_TD), self.v_proj(x_TD),
-                           (self.q_conv, self.k_conv, self.v_conv), g_THK, beta_TH, K**-0.5)
+                           (self.q_conv, self.k_conv, self.v_conv), self.f_proj[0](x_TD), self.forget_gate,
+                           beta_TH, K**-0.5)
         o_THV = self.o_norm(o_THV, self.g_proj(x_TD).view(T, H, V))
         return self.o_proj(o_THV.reshape(T, H * V))
 
+    def forget_gate(self, f_TR: Tensor) -> Tensor:
+        """g_THK = -exp(A_log) * softplus(f_proj's second half (f_TR) + dt_bias), per row."""
+        T, H, K = f_TR.shape[0], self.num_heads, self.head_k
+        f_THK = self.f_proj[1](f_TR).view(T, H, K) + self.dt_bias.view(H, K)
+        return -torch.exp(self.A_log).view(H, 1) * F.softplus(f_THK)
+
 
 def kda_mixing(ctx: MixingContext, layer: int, q_TD: Tensor, k_TD: Tensor, v_TD: Tensor,
-               convs: tuple[Tensor, Tensor, Tensor], g_THK: Tensor, beta_TH: Tensor, scale: float) -> Tensor:
+               convs: tuple[Tensor, Tensor, Tensor], gate_TR: Tensor, gate: Callable[[Tensor], Tensor],
+               beta_TH: Tensor, scale: float) -> Tensor:
     """o_THV of the KDA layer's mixing from its projections: SiLU short conv of q, k and v
-    (weights `convs`, [D, W] each), q and k L2-normalised per head, then the recurrence.
+    (weights `convs`, [D, W] each), q and k L2-normalised per head, the forget gate
+    g_THK = gate(gate_TR) (a per-row map of the gate's low-rank features), then the recurrence.
 
     A context may run this its own way by defining `kda_mixing` with this signature (less
     `ctx`) and the same result; it returns None to take this plain path (`ctx.short_conv`
     three times, then `ctx.kda`). The tree context uses it to write the convs' outputs
-    straight in its KDA rounds' order (`TreeContext.kda_mixing`)."""
+    straight in its KDA rounds' order and to gather the gate's narrow features rather than
+    g (`TreeContext.kda_mixing`)."""
     own = getattr(ctx, "kda_mixing", None)
-    o_THV = own(layer, q_TD, k_TD, v_TD, convs, g_THK, beta_TH, scale) if own is not None else None
+    o_THV = own(layer, q_TD, k_TD, v_TD, convs, gate_TR, gate, beta_TH, scale) if own is not None else None
     if o_THV is not None:
         return o_THV
+    g_THK = gate(gate_TR)
     T, H, K = g_THK.shape
     q_THK = ctx.short_conv(layer, "q", q_TD, convs[0], None).view(T, H, K)
     k_THK = ctx.short_conv(layer, "k", k_TD, convs[1], None).view(T, H, K)

@@ -8,8 +8,8 @@ source-sized tensors. On the H200 that was 48 ms of the 1.43 s swe-treestep-1 tr
 (`IndexBackward0`: fill, index_put, add; benchmarks/results/h200_session5/s5c).
 
 `RowGather` is built once per layout from the host index: the positions where each source
-row first occurs (a gather by their inverse when every source row occurs, otherwise one
-`index_copy_` into zeros) and, for rows that occur more than once (replayed rows), one
+row first occurs (a gather by their inverse when every source row occurs or at least half
+of them do, the others zeroed after; otherwise one `index_copy_` into zeros) and, for rows that occur more than once (replayed rows), one
 `index_add_` per further occurrence level, each level's rows distinct. No atomics collide,
 so the result is deterministic, and a row's gradient is summed in the order of its
 occurrences, as the sort-based scatter does. Several tensors gathered by the same index
@@ -49,10 +49,18 @@ class RowGather:
         # every row once, in order (a one-sequence round: a stepwise chain): x[index] is x
         self.identity = index.size == num_rows and bool((index == np.arange(num_rows)).all())
         self.covers_all = bool(levels) and levels[0][0].size == num_rows
-        if self.covers_all:  # every source row occurs: its gradient starts as a gather
-            inverse = np.empty(num_rows, dtype=np.int64)
+        # most source rows occur (a KDA round's outputs read back: all but the replayed rows'
+        # second copies): the gradient still starts as a gather, and the few rows that never
+        # occur are zeroed after (one pass, not a zero-fill, a gather and a scatter: the
+        # tree step's out-gather backward, 3.8 ms of fill and index_copy_ in s7c)
+        self.mostly = bool(levels) and not self.covers_all and 2 * levels[0][0].size >= num_rows
+        if self.covers_all or self.mostly:  # its gradient starts as a gather
+            inverse = np.zeros(num_rows, dtype=np.int64)
             inverse[levels[0][1]] = levels[0][0]
-            self.first = (to_device(inverse, device), None)
+            missing = np.ones(num_rows, dtype=bool)
+            missing[levels[0][1]] = False
+            self.first = (to_device(inverse, device), to_device(np.flatnonzero(missing), device)
+                          if self.mostly else None)
         else:
             self.first = (to_device(levels[0][0], device), to_device(levels[0][1], device)) if levels else None
         self.more = [(to_device(p, device), to_device(r, device)) for p, r in levels[1:]]
@@ -69,6 +77,8 @@ class RowGather:
         shape = (self.num_rows, *g.shape[1:])
         if self.covers_all:
             out = g.index_select(0, self.first[0])
+        elif self.mostly:
+            out = g.index_select(0, self.first[0]).index_fill_(0, self.first[1], 0)
         else:
             out = g.new_zeros(shape)
             if self.first is not None:

@@ -53,3 +53,18 @@ def test_identity_gather_returns_its_inputs():
     x = torch.randn(5, 2, requires_grad=True)
     (y,) = gather(x)
     assert y is x
+
+
+@pytest.mark.parametrize("idx,mostly", [([0, 1, 2, 2, 4, 0], True), ([5, 0], False), ([0, 1, 2, 3, 4, 5], False)])
+def test_gradient_paths_by_how_many_rows_occur(idx, mostly):
+    """Most source rows occurring (the gather-then-zero backward), few (index_copy_ into
+    zeros), all: the same gradient as autograd's scatter-add, exactly, in float64."""
+    gather = RowGather(np.array(idx), 6, "cpu")
+    assert gather.mostly == mostly
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(6, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(len(idx), 3, dtype=torch.float64, generator=g)
+    (y,) = gather(x)
+    got = torch.autograd.grad((y * w).sum(), x)[0]
+    want = torch.autograd.grad((x[torch.tensor(idx)] * w).sum(), x)[0]
+    assert torch.equal(got, want)

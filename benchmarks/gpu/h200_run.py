@@ -293,6 +293,26 @@ def sec_fidelity(args):
     return fidelity(trajs, model=args.model, dtype=torch.bfloat16, device="cuda", microbatch_tokens=1 << 16)
 
 
+def sec_divergence(args):
+    """Where the tree's bits part from the expanded baseline's, op by op (bf16, the fidelity
+    section's workload and microbatches): expanded vs tree replay, and tree replay vs no replay."""
+    from harts.config.models import get_model_config
+    from harts.exec.model.model import build_model
+    from harts.exec.tree_trainer import TreeTrainer
+    from harts.tree.workload import generate, preset
+    from harts.verify.divergence import compare_runs, format_table
+
+    trajs = generate(preset("small-treestep", vocab_size=32768, seed=3)).trajectories()
+    net = build_model(get_model_config(args.model), seed=0, dtype=torch.bfloat16, device="cuda")
+    partition = TreeTrainer(net).partition(trajs, 1 << 16)
+    out = {}
+    for a, b in (("expanded", "replay"), ("replay", "node"), ("expanded", "expanded")):
+        rep = compare_runs(net, trajs, partition, a, b)
+        print(format_table(rep), flush=True)
+        out[f"{b}_vs_{a}"] = rep
+    return out
+
+
 def _warm_trainers(args, out: dict):
     """(mode, trainer, trajectories) for tree then expanded mode on the first --schemes
     entry's workload (default treestep), each trainer on a fresh tiny model after one
@@ -1268,7 +1288,7 @@ def main() -> None:
     fns = {"attn": sec_attn, "env": sec_env, "kda": sec_kda, "flex": sec_flex, "verify": sec_verify, "ops": sec_ops,
            "step": lambda: sec_step(args), "fidelity": lambda: sec_fidelity(args),
            "profile": lambda: sec_profile(args), "moe": sec_moe, "conv": sec_conv, "attnprobe": sec_attnprobe, "attnsplit": sec_attnsplit, "attnvar": sec_attnvar, "calib": sec_calib, "flexsweep": lambda: sec_flexsweep(args),
-           "syncs": lambda: sec_syncs(args), "opsites": lambda: sec_opsites(args), "dhubv": sec_dhubv, "fwdhbv": sec_fwdhbv, "convtiles": sec_convtiles, "kdaops": sec_kdaops}
+           "syncs": lambda: sec_syncs(args), "opsites": lambda: sec_opsites(args), "divergence": lambda: sec_divergence(args), "dhubv": sec_dhubv, "fwdhbv": sec_fwdhbv, "convtiles": sec_convtiles, "kdaops": sec_kdaops}
     for s in args.sections:
         t0 = time.perf_counter()
         try:

@@ -13,7 +13,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--input", metavar="FILE.jsonl", help="rollout JSONL file")
     src.add_argument("--workload", metavar="PRESET", help="generated workload preset (default tiny-treestep)")
     p.add_argument("--model", default="tiny-cpu", help="model config (CPU-sized)")
-    p.add_argument("--dtype", choices=["float64", "float32"], default="float64")
+    p.add_argument("--dtype", choices=["float64", "float32", "bfloat16"], default=None,
+                   help="float64 (default) or float32; with --divergence also bfloat16 (its default)")
+    p.add_argument("--divergence", metavar="A:B", nargs="?", const="expanded:replay", default=None,
+                   help="instead: where run B's bits part from run A's, op by op (modes expanded, replay, "
+                   "node; default expanded:replay), one forward over whole trees per microbatch")
+    p.add_argument("--device", default="cpu", help="with --divergence: where to run (cpu, cuda)")
     p.add_argument("--seed", type=int, default=0, help="model init (and workload) seed")
     p.add_argument("--microbatch-tokens", type=int, default=1 << 20,
                    help="token budget per microbatch")
@@ -63,9 +68,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
         raise UserError("--microbatch-tokens must be >= 1")
     import torch
 
+    if args.divergence is not None:
+        return cmd_divergence(args, trajectories)
     from harts.verify.equivalence import verify_step
 
-    dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
+    if args.dtype == "bfloat16":
+        raise UserError("--dtype bfloat16 is for --divergence; the equivalence check runs in float64 or float32")
+    dtype = {"float64": torch.float64, "float32": torch.float32, None: torch.float64}[args.dtype]
     if args.planner is not None:
         from harts.plan.planners import known_planners
 
@@ -100,3 +109,34 @@ def cmd_verify(args: argparse.Namespace) -> int:
         rows.append(("KDA layer max abs err", kda["replay"]["max_abs_err"], kda["node"]["max_abs_err"]))
     print(format_table(["vs expanded", "tree (replay)", "no replay"], rows))
     return 0
+
+
+def cmd_divergence(args: argparse.Namespace, trajectories: list) -> int:
+    """`harts verify --divergence A:B`: `harts.verify.divergence.compare_runs`."""
+    import torch
+
+    from harts.config.models import get_model_config
+    from harts.exec.model.model import build_model
+    from harts.exec.tree_trainer import TreeTrainer
+    from harts.verify.divergence import MODES, compare_runs
+    from harts.verify.divergence import format_table as divergence_table
+
+    modes = args.divergence.split(":")
+    if len(modes) != 2 or any(m not in MODES for m in modes):
+        raise UserError(f"--divergence takes A:B with A and B among {', '.join(MODES)}; got {args.divergence!r}")
+    if args.planner is not None:
+        raise UserError("--divergence runs whole trees per microbatch; --planner does not apply")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device here")
+    dtype = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
+             None: torch.bfloat16}[args.dtype]
+    net = build_model(get_model_config(args.model), seed=args.seed, dtype=dtype, device=args.device)
+    partition = TreeTrainer(net).partition(trajectories, args.microbatch_tokens)
+    report = compare_runs(net, trajectories, partition, modes[0], modes[1])
+    report.update(model=args.model, dtype=str(dtype).removeprefix("torch."), device=args.device)
+    if args.json:
+        print_json(report)
+    else:
+        print(divergence_table(report))
+    return 0
+

@@ -302,14 +302,21 @@ def sec_divergence(args):
     from harts.tree.workload import generate, preset
     from harts.verify.divergence import compare_runs, format_table
 
+    import dataclasses
+
     trajs = generate(preset("small-treestep", vocab_size=32768, seed=3)).trajectories()
-    net = build_model(get_model_config(args.model), seed=0, dtype=torch.bfloat16, device="cuda")
-    partition = TreeTrainer(net).partition(trajs, 1 << 16)
     out = {}
-    for a, b in (("expanded", "replay"), ("replay", "node"), ("expanded", "expanded")):
-        rep = compare_runs(net, trajs, partition, a, b)
-        print(format_table(rep), flush=True)
-        out[f"{b}_vs_{a}"] = rep
+    for norm32 in (False, True):  # the model's RMSNorms in bf16 (as measured so far) / in float32
+        cfg = dataclasses.replace(get_model_config(args.model), norm_float32=norm32)
+        net = build_model(cfg, seed=0, dtype=torch.bfloat16, device="cuda")
+        partition = TreeTrainer(net).partition(trajs, 1 << 16)
+        pairs = (("expanded", "replay"), ("replay", "node"), ("expanded", "expanded")) if not norm32 \
+            else (("expanded", "replay"),)
+        for a, b in pairs:
+            rep = compare_runs(net, trajs, partition, a, b)
+            print(f"[norm_float32={norm32}] " + format_table(rep), flush=True)
+            out[f"{b}_vs_{a}" + ("_norm32" if norm32 else "")] = rep
+        del net
     return out
 
 

@@ -19,6 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="instead: where run B's bits part from run A's, op by op (modes expanded, replay, "
                    "node; default expanded:replay), one forward over whole trees per microbatch")
     p.add_argument("--device", default="cpu", help="with --divergence: where to run (cpu, cuda)")
+    p.add_argument("--norm-float32", action="store_true",
+                   help="with --divergence: the model's RMSNorms in float32 inside (ModelConfig.norm_float32)")
     p.add_argument("--seed", type=int, default=0, help="model init (and workload) seed")
     p.add_argument("--microbatch-tokens", type=int, default=1 << 20,
                    help="token budget per microbatch")
@@ -70,6 +72,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     if args.divergence is not None:
         return cmd_divergence(args, trajectories)
+    if args.norm_float32 or args.device != "cpu":
+        raise UserError("--norm-float32 and --device are for --divergence")
     from harts.verify.equivalence import verify_step
 
     if args.dtype == "bfloat16":
@@ -126,11 +130,18 @@ def cmd_divergence(args: argparse.Namespace, trajectories: list) -> int:
         raise UserError(f"--divergence takes A:B with A and B among {', '.join(MODES)}; got {args.divergence!r}")
     if args.planner is not None:
         raise UserError("--divergence runs whole trees per microbatch; --planner does not apply")
+    if args.device != "cpu" and not args.device.startswith("cuda"):
+        raise UserError(f"--device must be cpu or cuda[:N]; got {args.device!r}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device here")
     dtype = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
              None: torch.bfloat16}[args.dtype]
-    net = build_model(get_model_config(args.model), seed=args.seed, dtype=dtype, device=args.device)
+    cfg = get_model_config(args.model)
+    if args.norm_float32:
+        import dataclasses
+
+        cfg = dataclasses.replace(cfg, norm_float32=True)
+    net = build_model(cfg, seed=args.seed, dtype=dtype, device=args.device)
     partition = TreeTrainer(net).partition(trajectories, args.microbatch_tokens)
     report = compare_runs(net, trajectories, partition, modes[0], modes[1])
     report.update(model=args.model, dtype=str(dtype).removeprefix("torch."), device=args.device)

@@ -87,6 +87,12 @@ class ModelConfig:
     capacity_factor: float | None = None  # None = no token dropping (required in tree mode)
     # Misc
     norm_eps: float = 1e-6
+    # RMSNorms in float32 inside (x upcast, normalised, cast back, times the weight), as
+    # HF's Llama/Qwen norms and fla's fused norm kernels do; False (the default, what every
+    # measured number so far used) computes in the model's dtype. On CPU in bf16 the
+    # model-dtype norm gives different bits for the same row in a tree and in its
+    # trajectory (`harts verify --divergence`), the float32 one does not.
+    norm_float32: bool = False
     tie_embeddings: bool = False
     init_std: float = 0.02
 
@@ -146,6 +152,8 @@ class ModelConfig:
                 raise ConfigError(f"{f}: must be a non-negative number, got {v!r}")
         if not self.norm_eps > 0:
             raise ConfigError("norm_eps: must be > 0")
+        if not isinstance(self.norm_float32, bool):
+            raise ConfigError(f"norm_float32: must be true or false, got {self.norm_float32!r}")
         if not self.rope_theta > 0:
             raise ConfigError("rope_theta: must be > 0")
         return self

@@ -63,3 +63,32 @@ def test_unknown_mode_is_refused(setup):
     net, trajs, partition = setup
     with pytest.raises(ValueError, match="mode must be"):
         compare_runs(net, trajs, partition, "expanded", "tree")
+
+
+def test_float32_norms_are_closer_to_float64():
+    """ModelConfig.norm_float32: the bf16 RMSNorm normalised in float32 inside is nearer the
+    float64 result than the one computed in bf16 throughout."""
+    from harts.exec.model.layers import rms_norm
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 512, generator=g, dtype=torch.float64) * 3
+    w = 1 + 0.1 * torch.randn(512, generator=g, dtype=torch.float64)
+    want = rms_norm(x, w, 1e-6)
+    xb, wb = x.bfloat16(), w.bfloat16()
+    err32 = (rms_norm(xb, wb, 1e-6, float32=True).double() - want).abs().mean()
+    err16 = (rms_norm(xb, wb, 1e-6).double() - want).abs().mean()
+    assert err32 < err16
+    assert torch.equal(rms_norm(x, w, 1e-6, float32=True), want)  # a float64 input is not cast
+
+
+def test_norm_float32_is_a_validated_switch():
+    import dataclasses
+
+    from harts.config.models import ConfigError
+
+    cfg = get_model_config("tiny-cpu")
+    assert cfg.norm_float32 is False
+    net = build_model(dataclasses.replace(cfg, norm_float32=True), seed=1)
+    assert net.layers[0].attn_norm.float32 and net.norm.float32
+    with pytest.raises(ConfigError, match="norm_float32"):
+        dataclasses.replace(cfg, norm_float32="yes").validate()

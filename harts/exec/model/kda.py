@@ -43,7 +43,7 @@ class KDAMixer(nn.Module):
         self.A_log = nn.Parameter(torch.empty(H))
         self.dt_bias = nn.Parameter(torch.empty(H * K))
         self.g_proj = nn.Sequential(nn.Linear(d, R, bias=False), nn.Linear(R, H * V, bias=True))
-        self.o_norm = GatedRMSNorm(V, c.norm_eps)
+        self.o_norm = GatedRMSNorm(V, c.norm_eps, c.norm_float32)
         self.o_proj = nn.Linear(H * V, d, bias=False)
 
     @torch.no_grad()

@@ -10,7 +10,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+def rms_norm(x: Tensor, weight: Tensor, eps: float, float32: bool = False) -> Tensor:
+    """x / rms(x) * weight over the last dim; `float32`: normalised in float32 and cast
+    back before the weight (HF Llama's RMSNorm), else in x's dtype throughout."""
+    if float32 and x.dtype.itemsize < 4:  # bf16 / fp16; float32 and float64 as they are
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
@@ -20,25 +25,25 @@ def l2_norm(x: Tensor, eps: float = 1e-6) -> Tensor:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, float32: bool = False):
         super().__init__()
-        self.eps = eps
+        self.eps, self.float32 = eps, float32
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        return rms_norm(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps, self.float32)
 
 
 class GatedRMSNorm(nn.Module):
     """RMSNorm over the last dim, then times sigmoid(gate) (fla FusedRMSNormGated, sigmoid)."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, float32: bool = False):
         super().__init__()
-        self.eps = eps
+        self.eps, self.float32 = eps, float32
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor, gate: Tensor) -> Tensor:
-        return rms_norm(x, self.weight, self.eps) * torch.sigmoid(gate)
+        return rms_norm(x, self.weight, self.eps, self.float32) * torch.sigmoid(gate)
 
 
 class SwiGLU(nn.Module):

@@ -34,10 +34,10 @@ class MLAMixer(nn.Module):
             self.q_proj = nn.Linear(d, H * qk, bias=False)
         else:
             self.q_a_proj = nn.Linear(d, c.q_lora_rank, bias=False)
-            self.q_a_norm = RMSNorm(c.q_lora_rank, c.norm_eps)
+            self.q_a_norm = RMSNorm(c.q_lora_rank, c.norm_eps, c.norm_float32)
             self.q_b_proj = nn.Linear(c.q_lora_rank, H * qk, bias=False)
         self.kv_a_proj = nn.Linear(d, self.kv_rank + self.rope, bias=False)
-        self.kv_a_norm = RMSNorm(self.kv_rank, c.norm_eps)
+        self.kv_a_norm = RMSNorm(self.kv_rank, c.norm_eps, c.norm_float32)
         self.kv_b_proj = nn.Linear(self.kv_rank, H * (self.nope + self.v_dim), bias=False)
         self.o_proj = nn.Linear(H * self.v_dim, d, bias=False)
 

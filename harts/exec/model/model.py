@@ -44,9 +44,9 @@ class Block(nn.Module):
         self.layer = layer
         self.mixer_kind = config.layer_kinds[layer]
         self.ffn_kind = config.ffn_kinds[layer]
-        self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.attn_norm = RMSNorm(config.d_model, config.norm_eps, config.norm_float32)
         self.mixer = KDAMixer(config, layer) if self.mixer_kind == LayerKind.KDA else MLAMixer(config, layer)
-        self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.ffn_norm = RMSNorm(config.d_model, config.norm_eps, config.norm_float32)
         if self.ffn_kind == FFNKind.DENSE:
             self.ffn: nn.Module = SwiGLU(config.d_model, config.dense_ffn_dim)
         else:
@@ -68,7 +68,7 @@ class HybridModel(nn.Module):
         self.recompute = recompute
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_layers))
-        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.norm = RMSNorm(config.d_model, config.norm_eps, config.norm_float32)
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.reset_parameters()
 

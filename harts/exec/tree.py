@@ -671,7 +671,7 @@ class TreeContext:
         writes its output straight in the rounds' order (its backward sums a repeated row's
         readers through the inverse window), and the forget gate is computed from its
         gathered low-rank features (rank R, against H x K for g). Before, the five KDA inputs
-        were gathered, 2048 wide each but beta on the H200 model, and their gradients
+        were gathered (q, k, v and g 2048 wide each on the H200 model) and their gradients
         gathered back. A conv output's bits do not depend on the row order (each row sums its
         own window in a fixed order), so q, k, v are the ones `kda` would gather. None (the
         caller runs the plain path) where the stash records or supplies the KDA inputs in

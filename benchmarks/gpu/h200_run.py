@@ -286,36 +286,45 @@ def sec_step(args):
 
 
 def sec_fidelity(args):
+    from harts.exec import backend
     from harts.tree.workload import generate, preset
     from harts.verify.fidelity import fidelity
 
     trajs = generate(preset("small-treestep", vocab_size=32768, seed=3)).trajectories()
-    return fidelity(trajs, model=args.model, dtype=torch.bfloat16, device="cuda", microbatch_tokens=1 << 16)
+    out = fidelity(trajs, model=args.model, dtype=torch.bfloat16, device="cuda", microbatch_tokens=1 << 16)
+    # which attention each mode ran (the tree's graph path needs its self-checks to pass)
+    out["tree_attention"] = os.environ.get(backend.TREE_ATTENTION_ENV) or (
+        "graph" if any(v is not None for v in backend._GRAPH_STATE.values()) else "per-segment (no graph kernels)")
+    out["expanded_attention"] = "graph" if backend.expanded_graph_attention() else "torch cuDNN SDPA per sequence"
+    return out
 
 
 def sec_divergence(args):
     """Where the tree's bits part from the expanded baseline's, op by op (bf16, the fidelity
     section's workload and microbatches): expanded vs tree replay, and tree replay vs no replay."""
+    import dataclasses
+
     from harts.config.models import get_model_config
     from harts.exec.model.model import build_model
     from harts.exec.tree_trainer import TreeTrainer
     from harts.tree.workload import generate, preset
     from harts.verify.divergence import compare_runs, format_table
 
-    import dataclasses
-
     trajs = generate(preset("small-treestep", vocab_size=32768, seed=3)).trajectories()
     out = {}
-    for norm32 in (False, True):  # the model's RMSNorms in bf16 (as measured so far) / in float32
+    # the model's RMSNorms in bf16 (as measured so far) / in float32; the two tree-vs-expanded
+    # comparisons first, each saved as it lands (a time limit keeps what is done)
+    runs = ((False, "expanded", "replay"), (True, "expanded", "replay"), (False, "replay", "node"),
+            (False, "expanded", "expanded"))
+    for norm32, a, b in runs[:1] if os.environ.get("HARTS_DIVERGENCE_QUICK") else runs:
         cfg = dataclasses.replace(get_model_config(args.model), norm_float32=norm32)
         net = build_model(cfg, seed=0, dtype=torch.bfloat16, device="cuda")
         partition = TreeTrainer(net).partition(trajs, 1 << 16)
-        pairs = (("expanded", "replay"), ("replay", "node"), ("expanded", "expanded")) if not norm32 \
-            else (("expanded", "replay"),)
-        for a, b in pairs:
-            rep = compare_runs(net, trajs, partition, a, b)
-            print(f"[norm_float32={norm32}] " + format_table(rep), flush=True)
-            out[f"{b}_vs_{a}" + ("_norm32" if norm32 else "")] = rep
+        t0 = time.perf_counter()
+        rep = compare_runs(net, trajs, partition, a, b)
+        print(f"[norm_float32={norm32}] ({time.perf_counter() - t0:.1f}s) " + format_table(rep), flush=True)
+        out[f"{b}_vs_{a}" + ("_norm32" if norm32 else "")] = rep
+        save("divergence", out)
         del net
     return out
 
@@ -1004,6 +1013,282 @@ def sec_attnsplit():
     return out
 
 
+def sec_attngraph():
+    """Tree attention on cuDNN's graph API (`harts.exec.gpu.cudnn_graph`, one call for all
+    segments each way): the kernels' self-checks (top-left for the split, bottom-right for
+    the whole-path layout), bf16 accuracy against float64 on a forked 6000-row layout, and
+    forward+backward per attended pair against causal cuDNN SDPA on 32k rows on the three
+    layouts of `attnsplit`, next to the per-segment dense split (the current default) and
+    varlen flash. Graph builds are counted and kept out of the timings (warm-up)."""
+    from harts.exec.gpu import cudnn_graph
+    from harts.exec.gpu.bench import time_cuda
+    from harts.exec.gpu.path_attention import (
+        flash_varlen,
+        path_attention,
+        reference_varlen,
+        segments_of,
+    )
+    from harts.exec.gpu.split_attention import (
+        cudnn_kernel,
+        device_index,
+        split_attention,
+        split_segments,
+    )
+    from harts.tree.workload import generate, preset
+
+    out = {"frontend": None}
+    try:
+        import cudnn
+
+        out["frontend"] = {"version": getattr(cudnn, "__version__", "?"), "backend": cudnn.backend_version()}
+    except Exception as err:  # noqa: BLE001
+        out["frontend"] = f"{type(err).__name__}: {err}"[:300]
+    H, qk, vd = 16, 192, 128
+    scale = qk ** -0.5
+    kerns = {"dense": cudnn_kernel(qk, vd)}
+    for variant in ("graph", "graph-nondet"):
+        try:
+            kerns[variant] = cudnn_kernel(qk, vd, variant)
+            out[f"self_check_{variant}"] = {"ok": True, "name": kerns[variant].name, "factor": kerns[variant].factor}
+        except Exception as err:  # noqa: BLE001
+            out[f"self_check_{variant}"] = {"ok": False, "error": f"{type(err).__name__}: {err}"[:600],
+                                            "traceback": traceback.format_exc()[-1500:]}
+        print(f"[attngraph] self-check {variant}: {out[f'self_check_{variant}']}", flush=True)
+    br = None
+    try:
+        br = cudnn_graph.check_bottom_right(cudnn_graph.setup(qk, vd, bottom_right=True), qk, vd)
+        out["self_check_bottom_right"] = {"ok": True, "name": br.name}
+    except Exception as err:  # noqa: BLE001
+        out["self_check_bottom_right"] = {"ok": False, "error": f"{type(err).__name__}: {err}"[:600],
+                                          "traceback": traceback.format_exc()[-1500:]}
+    print(f"[attngraph] self-check bottom-right: {out['self_check_bottom_right']}", flush=True)
+    f = generate(preset("swe-treestep-1")).forest()
+    # accuracy on a forked 6000-row layout, all rows as queries
+    R = 6000
+    parent = np.where(f.row_parent[:R] < R, f.row_parent[:R], -1)
+    seg = segments_of(parent)
+    sp = split_segments(seg, True)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(R, 4, qk, device="cuda", generator=g)
+    k = torch.randn(R, 4, qk, device="cuda", generator=g)
+    v = torch.randn(R, 4, vd, device="cuda", generator=g)
+    do = torch.randn(R, 4, vd, device="cuda", generator=g)
+    ref_in = [x.double().requires_grad_() for x in (q, k, v)]
+    o_ref = path_attention(*ref_in, scale, seg, kernel=reference_varlen)
+    ref = [o_ref.detach()] + list(torch.autograd.grad(o_ref, ref_in, do.double()))
+    fns = {n: (lambda a, b, c, kk=kk: split_attention(a, b, c, scale, sp, kernel=kk)) for n, kk in kerns.items()}
+    if br is not None:
+        fns["graph_path"] = lambda a, b, c: path_attention(a, b, c, scale, seg, kernel=cudnn_graph.varlen_fn(br))
+    acc = {}
+    for name, fn in fns.items():
+        ins = [x.bfloat16().requires_grad_() for x in (q, k, v)]
+        o = fn(*ins)
+        got = [o.detach()] + list(torch.autograd.grad(o, ins, do.bfloat16()))
+        acc[name] = {n: rel(a, b) for n, a, b in zip(("o", "dq", "dk", "dv"), got, ref, strict=True)}
+        if name == "graph":  # run-to-run: a second run's bits
+            o2 = fn(*ins)
+            got2 = [o2.detach()] + list(torch.autograd.grad(o2, ins, do.bfloat16()))
+            acc[name]["rerun_identical"] = all(torch.equal(a, b) for a, b in zip(got, got2, strict=True))
+    out["accuracy_all"] = acc
+    print(f"[attngraph] accuracy: {acc}", flush=True)
+    # speed
+    qkv, dO, sdpa, per_pair_sdpa, layouts = _attention_bench(f, H, qk, vd, scale)
+    out["sdpa_causal_32k_fwdbwd_s"] = sdpa
+    for lname, par in layouts.items():
+        R_ = par.size
+        seg = segments_of(par)
+        sp = split_segments(seg, True)
+        idx = device_index(sp, "cuda")
+        keys = torch.as_tensor(seg.key_rows, device="cuda")
+        n = np.diff(seg.cu_q)
+        pairs = int(((np.diff(seg.cu_k) - n) * n + n * (n + 1) // 2).sum())
+        ins = [x[:R_].detach().requires_grad_() for x in qkv]
+        res = {"rows": R_, "pairs": pairs, "segments": seg.num_segments, "max_q": seg.max_q}
+        fns = {f"split_{n_}": (lambda kk=kk, ins=ins, sp=sp, idx=idx: split_attention(*ins, scale, sp, kernel=kk, idx=idx))
+               for n_, kk in kerns.items()}
+        fns["varlen_flash"] = lambda ins=ins, seg=seg, keys=keys: path_attention(*ins, scale, seg, kernel=flash_varlen,
+                                                                                  key_rows=keys)
+        if br is not None:
+            fns["graph_path"] = lambda ins=ins, seg=seg, keys=keys: path_attention(
+                *ins, scale, seg, kernel=cudnn_graph.varlen_fn(br), key_rows=keys)
+        for name, fn in fns.items():
+            try:
+                fn().backward(dO[:R_])  # warm-up: builds this layout's graphs
+                torch.cuda.synchronize()
+                with torch.no_grad():
+                    fwd = time_cuda(fn, repeats=5)
+                fb = time_cuda(lambda fn=fn, dR=dO[:R_]: fn().backward(dR), repeats=5)
+                t0 = time.perf_counter()
+                fn().backward(dO[:R_])
+                host = time.perf_counter() - t0  # launch time (the GPU may still be running)
+                torch.cuda.synchronize()
+                res[name] = {"fwd_s": fwd, "fwdbwd_s": fb, "per_pair_vs_sdpa": fb / pairs / per_pair_sdpa,
+                             "host_s": host}
+            except Exception as err:  # noqa: BLE001
+                res[name] = {"error": f"{type(err).__name__}: {err}"[:400]}
+        res["graph_builds"] = {n_: getattr(getattr(kk, "cache", None), "builds", None) for n_, kk in kerns.items()}
+        out[lname] = res
+        print(f"[attngraph] {lname}: {res}", flush=True)
+    return out
+
+
+def sec_attnbits():
+    """Can the tree's attention give the expanded baseline's bits? small-treestep (12k tree
+    rows, 16 trajectories, 38k expanded rows), bf16, 16 heads, qk 192 / v 128: each tree
+    row's output against the output of the same (trajectory, position) in the expanded
+    runs, per tree path x expanded path: fraction of bit-identical rows and the largest
+    difference. Tree paths: the per-segment dense cuDNN split (the default), the split on
+    cuDNN graphs, one bottom-right graph call over gathered root-to-row paths; expanded:
+    torch's cuDNN SDPA per trajectory (the baseline) and one top-left graph call over all
+    trajectories. Then the bottom-right graph path's speed without the deterministic flag."""
+    from harts.exec.backend import causal_attention
+    from harts.exec.gpu import cudnn_graph
+    from harts.exec.gpu.bench import time_cuda
+    from harts.exec.gpu.path_attention import path_attention, segments_of
+    from harts.exec.gpu.split_attention import (
+        cudnn_kernel,
+        device_index,
+        split_attention,
+        split_segments,
+    )
+    from harts.tree.workload import generate, preset
+
+    H, qk, vd = 16, 192, 128
+    scale = qk ** -0.5
+    f = generate(preset("small-treestep")).forest()
+    par = f.row_parent
+    L = par.size
+    isparent = np.zeros(L, bool)
+    isparent[par[par >= 0]] = True
+    paths = []
+    for leaf in np.flatnonzero(~isparent):
+        p, r = [], int(leaf)
+        while r >= 0:
+            p.append(r)
+            r = int(par[r])
+        paths.append(np.array(p[::-1], np.int64))
+    exp_rows = torch.as_tensor(np.concatenate(paths), device="cuda")
+    cu_e = np.r_[0, np.cumsum([p.size for p in paths])].astype(np.int64)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k = (torch.randn(L, H, qk, device="cuda", generator=g).bfloat16() for _ in range(2))
+    v = torch.randn(L, H, vd, device="cuda", generator=g).bfloat16()
+    out = {"tree_rows": L, "trajectories": len(paths), "expanded_rows": int(cu_e[-1])}
+    qe, ke, ve = (x.index_select(0, exp_rows) for x in (q, k, v))
+    exp = {}
+    br = cudnn_graph.check_bottom_right(cudnn_graph.setup(qk, vd, bottom_right=True, deterministic=False), qk, vd)
+    with torch.no_grad():
+        exp["sdpa_per_trajectory"] = torch.cat([causal_attention(*(x[a:b].transpose(0, 1) for x in (qe, ke, ve)),
+                                                                 scale).transpose(0, 1)
+                                                for a, b in zip(cu_e[:-1], cu_e[1:], strict=True)])
+        kern_tl = cudnn_kernel(qk, vd, "graph-nondet")
+        exp["graph_one_call"] = kern_tl.fwd(qe, ke, ve, cu_e, cu_e, int(np.diff(cu_e).max()),
+                                            int(np.diff(cu_e).max()), True, scale)[0]
+        seg = segments_of(par)
+        sp = split_segments(seg, True)
+        idx = device_index(sp, "cuda")
+        tree = {"split_dense": split_attention(q, k, v, scale, sp, kernel=cudnn_kernel(qk, vd), idx=idx),
+                "split_graph": split_attention(q, k, v, scale, sp, kernel=kern_tl, idx=idx),
+                "graph_path": path_attention(q, k, v, scale, seg, kernel=cudnn_graph.varlen_fn(br))}
+    for tn, t in tree.items():
+        te = t.index_select(0, exp_rows)
+        for en, e in exp.items():
+            same = (te == e).flatten(1).all(1)
+            out[f"{tn}_vs_{en}"] = {"rows_identical": float(same.float().mean()),
+                                    "max_abs_diff": float((te.float() - e.float()).abs().max())}
+    same = (exp["graph_one_call"] == exp["sdpa_per_trajectory"]).flatten(1).all(1)
+    out["expanded_graph_vs_sdpa"] = {"rows_identical": float(same.float().mean())}
+    print(f"[attnbits] {out}", flush=True)
+    # the bottom-right path without the deterministic flag, on the attention layouts
+    fsw = generate(preset("swe-treestep-1")).forest()
+    qkv, dO, sdpa, per_pair_sdpa, layouts = _attention_bench(fsw, H, qk, vd, scale)
+    for lname, lpar in layouts.items():
+        R_ = lpar.size
+        seg = segments_of(lpar)
+        keys = torch.as_tensor(seg.key_rows, device="cuda")
+        n = np.diff(seg.cu_q)
+        pairs = int(((np.diff(seg.cu_k) - n) * n + n * (n + 1) // 2).sum())
+        ins = [x[:R_].detach().requires_grad_() for x in qkv]
+        def fn(ins=ins, seg=seg, keys=keys):
+            return path_attention(*ins, scale, seg, kernel=cudnn_graph.varlen_fn(br), key_rows=keys)
+        try:
+            fn().backward(dO[:R_])
+            with torch.no_grad():
+                fwd = time_cuda(fn, repeats=5)
+            fb = time_cuda(lambda fn=fn, dR=dO[:R_]: fn().backward(dR), repeats=5)
+            out[f"graph_path_nondet_{lname}"] = {"fwd_s": fwd, "fwdbwd_s": fb, "per_pair_vs_sdpa": fb / pairs / per_pair_sdpa,
+                                                 "fwd_per_pair_vs_sdpa_fwdbwd": fwd / pairs / per_pair_sdpa}
+        except Exception as err:  # noqa: BLE001
+            out[f"graph_path_nondet_{lname}"] = {"error": f"{type(err).__name__}: {err}"[:400]}
+        print(f"[attnbits] {lname}: {out[f'graph_path_nondet_{lname}']}", flush=True)
+    # where the bushy layout's time goes: the graph split's forward+backward by kernel
+    lpar = layouts["small_treestep_tiled"]
+    seg = segments_of(lpar)
+    sp = split_segments(seg, True)
+    idx = device_index(sp, "cuda")
+    ins = [x[:lpar.size].detach().requires_grad_() for x in qkv]
+    from torch.profiler import ProfilerActivity, profile
+
+    for name, fn in (("split_graph", lambda: split_attention(*ins, scale, sp, kernel=kern_tl, idx=idx)),
+                     ("graph_path", lambda: path_attention(*ins, scale, seg, kernel=cudnn_graph.varlen_fn(br)))):
+        fn().backward(dO[:lpar.size])
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                fn().backward(dO[:lpar.size])
+            torch.cuda.synchronize()
+        rows = sorted(((e.key, e.device_time_total / 3e3, e.count // 3) for e in prof.key_averages()),
+                      key=lambda r: -r[1])[:14]
+        out[f"bushy_profile_{name}"] = [{"kernel": k_[:90], "ms": round(t, 3), "calls": c} for k_, t, c in rows]
+        print(f"[attnbits] bushy profile {name}: {out[f'bushy_profile_{name}']}", flush=True)
+    return out
+
+
+def sec_attnhybrid():
+    """The tree step's attention as the backend picks it (`FastTreeAttention`: with the cuDNN
+    frontend, forward one bottom-right graph call over root-to-row paths, backward the split
+    with the dense per-segment kernel on long segments and the graph's on short ones) against
+    the former default (HARTS_TREE_ATTENTION=cudnn: the per-segment dense split), on the
+    three attention layouts, forward+backward per attended pair against causal cuDNN SDPA."""
+    from harts.exec.backend import FastTreeAttention
+    from harts.exec.gpu.bench import time_cuda
+    from harts.exec.gpu.path_attention import segments_of
+    from harts.tree.workload import generate, preset
+
+    H, qk, vd = 16, 192, 128
+    scale = qk ** -0.5
+    f = generate(preset("swe-treestep-1")).forest()
+    qkv, dO, sdpa, per_pair_sdpa, layouts = _attention_bench(f, H, qk, vd, scale)
+    out = {"sdpa_causal_32k_fwdbwd_s": sdpa}
+    for lname, par in layouts.items():
+        R_ = par.size
+        seg = segments_of(par)
+        n = np.diff(seg.cu_q)
+        pairs = int(((np.diff(seg.cu_k) - n) * n + n * (n + 1) // 2).sum())
+        ins = [x[:R_].detach().requires_grad_() for x in qkv]
+        res = {"rows": R_, "pairs": pairs, "segments": seg.num_segments}
+        end = torch.zeros(R_, dtype=torch.int64, device="cuda")  # only its size is read (all rows query)
+        q_local = torch.arange(R_, device="cuda")
+        for name, env in (("cudnn_split", "cudnn"), ("graph_hybrid", "graph")):
+            os.environ["HARTS_TREE_ATTENTION"] = env
+            try:
+                att = FastTreeAttention(q_local, end, parent_L=par)
+                fn = lambda att=att, ins=ins: att(*ins, scale)  # noqa: E731
+                fn().backward(dO[:R_])
+                torch.cuda.synchronize()
+                with torch.no_grad():
+                    fwd = time_cuda(fn, repeats=5)
+                fb = time_cuda(lambda fn=fn, dR=dO[:R_]: fn().backward(dR), repeats=5)
+                res[name] = {"impl": str(att.impl(torch.bfloat16, qk, vd)), "fwd_s": fwd, "fwdbwd_s": fb,
+                             "per_pair_vs_sdpa": fb / pairs / per_pair_sdpa}
+            except Exception as err:  # noqa: BLE001
+                res[name] = {"error": f"{type(err).__name__}: {err}"[:400], "traceback": traceback.format_exc()[-1200:]}
+            finally:
+                os.environ.pop("HARTS_TREE_ATTENTION", None)
+        out[lname] = res
+        print(f"[attnhybrid] {lname}: {res}", flush=True)
+    return out
+
+
 def sec_attnvar():
     """The cuDNN split tree attention on contiguous copies ("dense", the default) against
     strided views ("dense-strided"): both self-checked, bf16 accuracy against float64 on a
@@ -1294,7 +1579,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     fns = {"attn": sec_attn, "env": sec_env, "kda": sec_kda, "flex": sec_flex, "verify": sec_verify, "ops": sec_ops,
            "step": lambda: sec_step(args), "fidelity": lambda: sec_fidelity(args),
-           "profile": lambda: sec_profile(args), "moe": sec_moe, "conv": sec_conv, "attnprobe": sec_attnprobe, "attnsplit": sec_attnsplit, "attnvar": sec_attnvar, "calib": sec_calib, "flexsweep": lambda: sec_flexsweep(args),
+           "profile": lambda: sec_profile(args), "moe": sec_moe, "conv": sec_conv, "attnprobe": sec_attnprobe, "attnsplit": sec_attnsplit, "attnvar": sec_attnvar, "attngraph": sec_attngraph, "attnbits": sec_attnbits, "attnhybrid": sec_attnhybrid, "calib": sec_calib, "flexsweep": lambda: sec_flexsweep(args),
            "syncs": lambda: sec_syncs(args), "opsites": lambda: sec_opsites(args), "divergence": lambda: sec_divergence(args), "dhubv": sec_dhubv, "fwdhbv": sec_fwdhbv, "convtiles": sec_convtiles, "kdaops": sec_kdaops}
     for s in args.sections:
         t0 = time.perf_counter()

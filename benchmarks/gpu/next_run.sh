@@ -178,5 +178,40 @@ case "$1" in
   # autotuning on every new shape); not yet measured
   s7e)     mkdir -p "$OUT/div"
            timeout 300 python3 benchmarks/gpu/h200_run.py divergence --no-autotune --out "$OUT/div" ;;
-  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c|s5d|s5e|s5f|s6a|s6b|s6c|s6d|s6e|s6f|s7a|s7b|s7c|s7d|s7e" >&2; exit 2 ;;
+  # eighth session, first call: tree attention on cuDNN's graph API (one call for all
+  # segments; needs the nvidia-cudnn-frontend 1.16.0 cp312 wheel in .whl/), then the
+  # op-by-op divergence (bf16 and float32 norms)
+  s8a)     mkdir -p "$OUT/attn" "$OUT/div"
+           timeout 200 python3 benchmarks/gpu/h200_run.py attngraph --out "$OUT/attn"
+           timeout 260 python3 benchmarks/gpu/h200_run.py divergence --no-autotune --out "$OUT/div" ;;
+  # eighth session, second call: can the tree's attention give the baseline's bits
+  s8b)     mkdir -p "$OUT/attn"
+           timeout 200 python3 benchmarks/gpu/h200_run.py attnbits --out "$OUT/attn" ;;
+  # eighth session, third call: the backend's new default tree attention (graph forward over
+  # root-to-row paths, split backward) against the former one; bf16 fidelity against the
+  # torch-SDPA baseline and against the graph baseline (HARTS_BASELINE_ATTENTION=graph);
+  # the treestep update step with the former attention (cudnn) and the new default
+  s8c)     mkdir -p "$OUT/attn" "$OUT/fid" "$OUT/fidg" "$OUT/step_cudnn" "$OUT/step"
+           timeout 60 python3 benchmarks/gpu/h200_run.py attnhybrid --out "$OUT/attn"
+           timeout 70 python3 benchmarks/gpu/h200_run.py fidelity --no-autotune --out "$OUT/fid"
+           HARTS_BASELINE_ATTENTION=graph timeout 70 python3 benchmarks/gpu/h200_run.py fidelity --no-autotune --out "$OUT/fidg"
+           HARTS_TREE_ATTENTION=cudnn timeout 165 python3 benchmarks/gpu/h200_run.py step --schemes treestep --steps 5 --no-autotune --out "$OUT/step_cudnn"
+           timeout 165 python3 benchmarks/gpu/h200_run.py step --schemes treestep --steps 5 --no-autotune --out "$OUT/step" ;;
+  # eighth session, fourth call: the graph path's fixes (self-checks without autograd),
+  # bf16 fidelity and the op-by-op divergence against the graph baseline, then the update
+  # step on both schemes with the new default tree attention
+  s8d)     mkdir -p "$OUT/attn" "$OUT/fid" "$OUT/fidg" "$OUT/div" "$OUT/step"
+           timeout 60 python3 benchmarks/gpu/h200_run.py attnhybrid --out "$OUT/attn"
+           timeout 70 python3 benchmarks/gpu/h200_run.py fidelity --no-autotune --out "$OUT/fid"
+           HARTS_BASELINE_ATTENTION=graph timeout 70 python3 benchmarks/gpu/h200_run.py fidelity --no-autotune --out "$OUT/fidg"
+           HARTS_BASELINE_ATTENTION=graph HARTS_DIVERGENCE_QUICK=1 timeout 60 python3 benchmarks/gpu/h200_run.py divergence --no-autotune --out "$OUT/div"
+           timeout 280 python3 benchmarks/gpu/h200_run.py step --steps 5 --no-autotune --out "$OUT/step" ;;
+  # eighth session, last call: the treestep update step in one machine three ways: the
+  # former tree attention (cudnn), the new default (graph), and the new default against
+  # the graph baseline (HARTS_BASELINE_ATTENTION=graph: what the bit-exact fidelity uses)
+  s8e)     mkdir -p "$OUT/step_cudnn" "$OUT/step" "$OUT/step_expgraph"
+           HARTS_TREE_ATTENTION=cudnn timeout 150 python3 benchmarks/gpu/h200_run.py step --schemes treestep --steps 3 --no-autotune --out "$OUT/step_cudnn"
+           timeout 150 python3 benchmarks/gpu/h200_run.py step --schemes treestep --steps 3 --no-autotune --out "$OUT/step"
+           HARTS_BASELINE_ATTENTION=graph timeout 150 python3 benchmarks/gpu/h200_run.py step --schemes treestep --steps 3 --no-autotune --out "$OUT/step_expgraph" ;;
+  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c|s5d|s5e|s5f|s6a|s6b|s6c|s6d|s6e|s6f|s7a|s7b|s7c|s7d|s7e|s8a|s8b|s8c|s8d|s8e" >&2; exit 2 ;;
 esac

@@ -2,10 +2,13 @@
 
 One registry per op family, keyed by `Impl`: the reference (`harts.exec.ops`, dense masks;
 runs anywhere, every dtype) and the GPU paths (`harts.exec.gpu`: fla-core KDA with our
-boundary-state kernel; ancestor attention in bf16/fp16 as cuDNN calls merged by
-log-sum-exp where the layout's query segments are long, one varlen flash call over
-root-to-row paths where they are short, FlexAttention over DFS-interval block masks in
-fp32; `HARTS_TREE_ATTENTION=cudnn|varlen|flex` forces one). A fast path is chosen when the tensors are on CUDA, the
+boundary-state kernel; ancestor attention in bf16/fp16 with cuDNN's graph API where
+nvidia-cudnn-frontend is installed (forward one bottom-right call over root-to-row paths,
+backward the split's two parts), else cuDNN calls per segment merged by log-sum-exp where
+the layout's query segments are long and one varlen flash call over root-to-row paths where
+they are short; FlexAttention over DFS-interval block masks in fp32;
+`HARTS_TREE_ATTENTION=graph|cudnn|varlen|flex` forces one, `HARTS_BASELINE_ATTENTION=graph|flash`
+picks the expanded baseline's). A fast path is chosen when the tensors are on CUDA, the
 dtype is one it computes (fp32/bf16/fp16, never fp64) and its library imports; `HARTS_FORCE_REFERENCE=1` forces the references everywhere (the
 A/B switch for equivalence and speed comparisons). MoE experts: torch's `grouped_mm` over
 expert-sorted rows on CUDA bf16, the per-expert loop otherwise. Short conv: our fused
@@ -27,7 +30,12 @@ from torch import Tensor
 from harts.exec.transfer import to_device
 
 FORCE_ENV = "HARTS_FORCE_REFERENCE"
-TREE_ATTENTION_ENV = "HARTS_TREE_ATTENTION"  # "flex" | "varlen" | "cudnn": force one bf16 path
+TREE_ATTENTION_ENV = "HARTS_TREE_ATTENTION"  # "flex" | "varlen" | "cudnn" | "graph": force one bf16 path
+# The expanded baseline's attention: torch's cuDNN SDPA per sequence (default, the faster
+# baseline); "flash": the flash kernel with values padded to the qk dim; "graph": one cuDNN
+# graph call over a microbatch's sequences, the kernel the tree's graph path runs forward,
+# so each row gets the same bits in both modes (the bit-exact fidelity comparison)
+BASELINE_ATTENTION_ENV = "HARTS_BASELINE_ATTENTION"
 CONV_ENV = "HARTS_CONV"  # "reference": the gather-form short conv instead of the fused kernels
 FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -38,6 +46,7 @@ class Impl(StrEnum):
     FLEX = "flex"  # FlexAttention with a block mask from DFS intervals
     VARLEN = "varlen"  # ancestor attention as one varlen flash call over root-to-row paths
     CUDNN = "cudnn"  # ancestor attention as cuDNN calls per query segment merged by log-sum-exp
+    GRAPH = "graph"  # cuDNN graph: forward one bottom-right call over root-to-row paths, backward the split
     GROUPED = "grouped"  # MoE experts as grouped matrix products (torch grouped_mm)
     TRITON = "triton"  # our fused Triton kernels (short conv)
 
@@ -128,10 +137,19 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, **kwargs
     return reference(q, k, v, g, beta, **kwargs)
 
 
+def baseline_attention() -> str:
+    """HARTS_BASELINE_ATTENTION: "" (torch's cuDNN SDPA per sequence), "flash" or "graph";
+    raises on anything else rather than silently running the default."""
+    choice = os.environ.get(BASELINE_ATTENTION_ENV, "").strip()
+    if choice not in ("", "cudnn", "flash", "graph"):
+        raise ValueError(f"{BASELINE_ATTENTION_ENV}={choice!r}: expected cudnn (default), flash or graph")
+    return choice
+
+
 def _cudnn_sdpa_ok() -> bool:
     """cuDNN SDPA for the baseline unless HARTS_BASELINE_ATTENTION=flash (the padded flash
     path the first two sessions' H200 numbers were measured with)."""
-    return os.environ.get("HARTS_BASELINE_ATTENTION", "").strip() != "flash"
+    return baseline_attention() != "flash"
 
 
 # Rows per query segment from which the cuDNN split path (one dense call per segment and
@@ -166,10 +184,42 @@ def _cudnn_split_ok(qk_dim: int, v_dim: int) -> bool:
     return _CUDNN_SPLIT_STATE[key]
 
 
+# Segments longer than this take the dense per-segment cuDNN backward rather than the
+# graph's deterministic one, whose workspace grows with the padded sequence lengths (on the
+# H200 it asked for 361 GiB on swe-treestep-1's 27k x 51k ancestor part; fine at 4.4k).
+GRAPH_BACKWARD_MAX_ROWS = 8192
+
+_GRAPH_STATE: dict = {}
+
+
+def graph_kernels(qk_dim: int, v_dim: int):
+    """(bottom-right forward kernel, deterministic split kernel) on cuDNN's graph API, each
+    self-checked against the float64 reference at these head dims (once per process), or
+    None where the frontend is missing or a check fails (reported once)."""
+    key = (qk_dim, v_dim)
+    if key not in _GRAPH_STATE:
+        from harts.exec.gpu import cudnn_graph
+
+        _GRAPH_STATE[key] = None
+        if cudnn_graph.available():
+            from harts.exec.gpu.split_attention import cudnn_kernel
+
+            try:
+                fwd = cudnn_graph.check_bottom_right(cudnn_graph.setup(qk_dim, v_dim, bottom_right=True), qk_dim, v_dim)
+                _GRAPH_STATE[key] = (fwd, cudnn_kernel(qk_dim, v_dim, "graph"))
+            except Exception as err:  # noqa: BLE001 - any failure means: do not use it
+                warnings.warn(f"cuDNN graph tree attention unavailable ({err}); using the per-segment paths",
+                              stacklevel=2)
+    return _GRAPH_STATE[key]
+
+
 class FastTreeAttention:
     """Ancestor attention for one layout: queries `q_local_C` attend keys by `end_L`.
 
-    bf16/fp16: cuDNN's SDPA, two calls per query segment merged by log-sum-exp
+    bf16/fp16 with the cuDNN frontend: forward one cuDNN graph call over the segments'
+    root-to-row paths (bottom-right causal: each query's keys are its trajectory's prefix,
+    so its bits are the expanded baseline's under HARTS_BASELINE_ATTENTION=graph), backward
+    the split below from that forward's o and lse. Without it: cuDNN's SDPA, two calls per query segment merged by log-sum-exp
     (`harts.exec.gpu.split_attention`) where segments are long, or one causal varlen flash
     call over the segments' root-to-row paths (`harts.exec.gpu.path_attention`) where they
     are short (see `impl`); every attended pair is computed once either way. Otherwise
@@ -184,23 +234,31 @@ class FastTreeAttention:
         self._mask = None
         self._segments = None
         self._split = None
+        self._identity = None  # whether the root-to-row paths are the rows in order
 
     def impl(self, dtype: torch.dtype, qk_dim: int = 0, v_dim: int = 0) -> Impl:
-        """FLEX (fp32, no parents, or forced), else CUDNN where the layout's segments are long
-        enough and cuDNN passes its self-check at these head dims, else VARLEN;
-        HARTS_TREE_ATTENTION=flex|varlen|cudnn forces one."""
+        """FLEX (fp32, no parents, or forced), else GRAPH where cuDNN's graph kernels passed
+        their self-checks at these head dims, else CUDNN where the layout's segments are long
+        enough and cuDNN passes its self-check, else VARLEN;
+        HARTS_TREE_ATTENTION=graph|cudnn|varlen|flex forces one."""
         from harts.exec.gpu.path_attention import flash_varlen_available
 
         choice = os.environ.get(TREE_ATTENTION_ENV, "").strip()
+        if choice not in ("", "graph", "cudnn", "varlen", "flex"):
+            raise ValueError(f"{TREE_ATTENTION_ENV}={choice!r}: expected graph, cudnn, varlen or flex")
         if choice == "flex":
             return Impl.FLEX
         if self.parent_L is None or dtype not in (torch.bfloat16, torch.float16):
             return Impl.FLEX
         if choice == "cudnn":
             return Impl.CUDNN
+        if choice == "graph":
+            return Impl.GRAPH
         varlen = Impl.VARLEN if flash_varlen_available() else Impl.FLEX
         if choice == "varlen" or not self.q_local_C.is_cuda:
             return varlen
+        if qk_dim > 0 and graph_kernels(qk_dim, v_dim) is not None:
+            return Impl.GRAPH
         seg = self._segments_for(self.q_local_C.device)[0]
         if qk_dim > 0 and prefer_cudnn_split(int(seg.cu_q[-1]), seg.num_segments) and _cudnn_split_ok(qk_dim, v_dim):
             return Impl.CUDNN
@@ -222,29 +280,45 @@ class FastTreeAttention:
         if self.parent_L is None or not self.q_local_C.is_cuda:
             return
         seg, _, full = self._segments_for(self.q_local_C.device)
-        if self._split is None and prefer_cudnn_split(int(seg.cu_q[-1]), seg.num_segments):
+        if self._split is None and (prefer_cudnn_split(int(seg.cu_q[-1]), seg.num_segments)
+                                    or os.environ.get(TREE_ATTENTION_ENV, "").strip() in ("", "graph")):
+            self._split_for(self.q_local_C.device)
+
+    def _split_for(self, device):
+        if self._split is None:
             from harts.exec.gpu.split_attention import device_index, split_segments
 
+            seg, _, full = self._segments_for(device)
             sp = split_segments(seg, full)
-            self._split = (sp, device_index(sp, self.q_local_C.device))
+            self._split = (sp, device_index(sp, device))
+        return self._split
 
     def __call__(self, q_CHD: Tensor, k_LHD: Tensor, v_LHE: Tensor, scale: float) -> Tensor:
         impl = self.impl(q_CHD.dtype, q_CHD.shape[-1], v_LHE.shape[-1])
+        if impl is Impl.GRAPH:
+            from harts.exec.gpu.split_attention import cudnn_kernel, path_split_attention
+
+            D, E = q_CHD.shape[-1], v_LHE.shape[-1]
+            kernels = graph_kernels(D, E)
+            if kernels is None:
+                raise RuntimeError("HARTS_TREE_ATTENTION=graph: cuDNN's graph attention is unavailable "
+                                   "(needs CUDA and nvidia-cudnn-frontend, and its self-check)")
+            seg, key_rows, _ = self._segments_for(q_CHD.device)
+            sp, idx = self._split_for(q_CHD.device)
+            if self._identity is None:
+                from harts.exec.gpu.split_attention import identity_keys
+
+                self._identity = identity_keys(seg, k_LHD.shape[0])
+            long = prefer_cudnn_split(int(seg.cu_q[-1]), seg.num_segments) or seg.max_q > GRAPH_BACKWARD_MAX_ROWS
+            bwd = cudnn_kernel(D, E) if long and _cudnn_split_ok(D, E) else kernels[1]
+            return path_split_attention(q_CHD, k_LHD, v_LHE, scale, seg, sp, kernels[0], bwd,
+                                        key_rows=None if self._identity else key_rows, idx=idx)
         if impl is Impl.CUDNN:
-            from harts.exec.gpu.split_attention import (
-                cudnn_kernel,
-                device_index,
-                split_attention,
-                split_segments,
-            )
+            from harts.exec.gpu.split_attention import cudnn_kernel, split_attention
 
             # raises (rather than training on wrong numbers) if cuDNN fails its self-check
             kernel = cudnn_kernel(q_CHD.shape[-1], v_LHE.shape[-1])
-            if self._split is None:
-                seg, _, full = self._segments_for(q_CHD.device)
-                sp = split_segments(seg, full)
-                self._split = (sp, device_index(sp, q_CHD.device))
-            sp, idx = self._split
+            sp, idx = self._split_for(q_CHD.device)
             return split_attention(q_CHD, k_LHD, v_LHE, scale, sp, kernel=kernel, idx=idx)
         if impl is Impl.VARLEN:
             from harts.exec.gpu.path_attention import flash_varlen, path_attention
@@ -266,6 +340,30 @@ def tree_attention(q_local_C: Tensor, end_L: Tensor, device: torch.device,
     if tree_attention_impl(device) is Impl.REFERENCE:
         return None
     return FastTreeAttention(q_local_C, end_L, parent_L)
+
+
+def expanded_graph_attention() -> bool:
+    """Whether the expanded baseline runs its attention on cuDNN's graph (HARTS_BASELINE_ATTENTION=graph)."""
+    return baseline_attention() == "graph"
+
+
+def packed_causal_attention(q_THD: Tensor, k_THD: Tensor, v_THE: Tensor, cu_seqlens: list[int],
+                            scale: float) -> Tensor:
+    """Causal attention over packed sequences as one cuDNN graph call (HARTS_BASELINE_ATTENTION=graph):
+    the kernel the tree's graph path runs forward, so a row's output has the same bits in
+    both modes. Its backward runs without the deterministic flag (long sequences; see
+    GRAPH_BACKWARD_MAX_ROWS). Raises where the graph kernel is unavailable."""
+    import numpy as np
+
+    from harts.exec.gpu import cudnn_graph
+    from harts.exec.gpu.split_attention import cudnn_kernel
+
+    if not (q_THD.is_cuda and cudnn_graph.available()):
+        raise RuntimeError("HARTS_BASELINE_ATTENTION=graph needs CUDA and nvidia-cudnn-frontend")
+    cu = np.asarray(cu_seqlens, np.int64)
+    kern = cudnn_kernel(q_THD.shape[-1], v_THE.shape[-1], "graph-nondet")
+    n = int(np.diff(cu).max())
+    return cudnn_graph.varlen_fn(kern)(q_THD, k_THD, v_THE, cu, cu, n, n, scale)
 
 
 def causal_attention(q_HLD: Tensor, k_HLD: Tensor, v_HLE: Tensor, scale: float) -> Tensor:

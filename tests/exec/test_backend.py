@@ -2,6 +2,7 @@
 against float64 references in tests/exec/gpu and on the device)."""
 
 import numpy as np
+import pytest
 import torch
 
 from harts.exec import backend
@@ -41,3 +42,24 @@ def test_the_switch_forces_a_path_and_fp32_takes_flex(monkeypatch):
     monkeypatch.delenv(backend.TREE_ATTENTION_ENV)
     # off CUDA nothing probes cuDNN: the varlen path (or Flex where torch lacks varlen)
     assert att.impl(torch.bfloat16) in (Impl.VARLEN, Impl.FLEX)
+    monkeypatch.setenv(backend.TREE_ATTENTION_ENV, "graph")
+    assert att.impl(torch.bfloat16) is Impl.GRAPH
+
+
+def test_unknown_switch_values_raise(monkeypatch):
+    # a typo must not silently run the default path
+    att = _layout(2, 3)
+    monkeypatch.setenv(backend.TREE_ATTENTION_ENV, "grpah")
+    with pytest.raises(ValueError, match="HARTS_TREE_ATTENTION"):
+        att.impl(torch.bfloat16)
+    monkeypatch.setenv(backend.BASELINE_ATTENTION_ENV, "cudnn-graph")
+    with pytest.raises(ValueError, match="HARTS_BASELINE_ATTENTION"):
+        backend.baseline_attention()
+    monkeypatch.setenv(backend.BASELINE_ATTENTION_ENV, "graph")
+    assert backend.expanded_graph_attention()
+
+
+def test_graph_kernels_are_none_without_cuda():
+    # CPU-only machines never build cuDNN graphs; the backend falls back quietly
+    if not torch.cuda.is_available():
+        assert backend.graph_kernels(192, 128) is None

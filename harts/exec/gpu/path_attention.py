@@ -181,12 +181,14 @@ def path_attention(q_CHD: Tensor, k_LHD: Tensor, v_LHE: Tensor, scale: float, se
                    kernel=reference_varlen, key_rows: Tensor | None = None) -> Tensor:
     """o_CHE: each query row attends its ancestors and itself (queries in ascending local order).
 
-    Values are zero-padded to the qk dim when smaller (flash needs one head dim; the
-    padding columns of the output are exactly zero and dropped)."""
+    Values are zero-padded to the qk dim when smaller and the kernel needs it (flash needs
+    one head dim; the padding columns of the output are exactly zero and dropped; a kernel
+    with `pads_values = False`, cuDNN's graph, takes them as they are)."""
     D, E = q_CHD.shape[-1], v_LHE.shape[-1]
     if key_rows is None:
         key_rows = to_device(segments.key_rows, q_CHD.device)
-    v_pad = F.pad(v_LHE, (0, D - E)) if E < D else v_LHE
+    pad = getattr(kernel, "pads_values", True) and E < D
+    v_pad = F.pad(v_LHE, (0, D - E)) if pad else v_LHE
     k_g = _GatherRows.apply(k_LHD, key_rows)
     v_g = _GatherRows.apply(v_pad, key_rows)
     o = kernel(q_CHD, k_g, v_g, segments.cu_q, segments.cu_k, segments.max_q, segments.max_k, scale)

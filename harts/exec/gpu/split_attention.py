@@ -23,6 +23,11 @@ the probabilities exp(s - lse) and the row term rowsum(dO * o) are those of the 
 ancestor keys are gathered (for swe-treestep-1: 280k rows instead of the 361k a gather of
 whole paths takes).
 
+`path_split_attention` keeps this backward but takes the forward from one bottom-right
+call over the segments' root-to-row paths (`path_attention`'s layout), whose per-row bits
+are the expanded baseline's when both run cuDNN's graph kernel (`cudnn_graph`): the
+backward needs only the union's o and lse, whichever forward produced them.
+
 Kernels (`VarlenKernel`): `REFERENCE` (float64-capable, any device: dense math per
 sequence, forward and the explicit backward formulas) is how CPU tests check the merge
 against the dense ancestor mask. `cudnn_kernel()` (default variant "dense-strided") runs
@@ -102,16 +107,27 @@ class VarlenKernel:
     def bwd(self, do, q, k, v, o, lse, aux, cu_q, cu_k, max_q, max_k, causal, scale):
         raise NotImplementedError
 
+    def aux_for(self, cu_q, cu_k, heads: int, device):
+        """The `aux` that `bwd` needs when the forward ran elsewhere (o and lse from another
+        kernel: `path_split_attention`); None where `bwd` needs none."""
+        return None
+
 
 class _Reference(VarlenKernel):
-    name = "reference"
+    """Dense math per sequence. Causal masks are aligned top-left (the split's parts are
+    squares, where the alignments coincide) or, with `bottom_right`, to the bottom right (a
+    sequence's queries are its last keys: the whole-path layout of `path_attention`)."""
 
-    @staticmethod
-    def _probs(q, k, lse, causal, scale):
+    def __init__(self, bottom_right: bool = False):
+        self.bottom_right = bottom_right
+        self.name = "reference-br" if bottom_right else "reference"
+
+    def _probs(self, q, k, lse, causal, scale):
         s = torch.einsum("nhd,mhd->hnm", q, k) * scale
-        if causal:  # square sequences only (part B)
-            n = q.shape[0]
-            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+        if causal:
+            n, m = q.shape[0], k.shape[0]
+            shift = m - n if self.bottom_right else 0
+            s = s.masked_fill(torch.ones(n, m, dtype=torch.bool, device=q.device).triu(1 + shift), float("-inf"))
         if lse is None:
             lse = torch.logsumexp(s, dim=-1).transpose(0, 1)  # [n, H]
         return torch.exp(s - lse.transpose(0, 1)[..., None]), lse
@@ -144,6 +160,7 @@ class _Reference(VarlenKernel):
 
 
 REFERENCE = _Reference()
+REFERENCE_BOTTOM_RIGHT = _Reference(bottom_right=True)
 
 
 class _CuDNN(VarlenKernel):
@@ -216,6 +233,18 @@ class _CuDNNDense(VarlenKernel):
             aux.append((native.shape, native.dtype, r[2], r[3], r[4], r[5], r[6], r[7]))
         return torch.cat(outs), torch.cat(lses), aux
 
+    def aux_for(self, cu_q, cu_k, heads: int, device):
+        # what the forward would have kept per sequence: None below MIN_CUDNN_ROWS (the
+        # reference's math), else the native log-sum-exp's shape and dtype and the
+        # arguments torch's dense forward returns (dropout is off: its seed and offset
+        # and the cumulative lengths are not read); `_dense_setup` records them
+        cq, ck, seed, offset, dtype = self.forward_extras
+        aux = []
+        for s in range(cu_q.size - 1):
+            n, m = int(cu_q[s + 1] - cu_q[s]), int(cu_k[s + 1] - cu_k[s])
+            aux.append(None if min(n, m) < MIN_CUDNN_ROWS else ((1, heads, n, 1), dtype, cq, ck, n, m, seed, offset))
+        return aux
+
     def bwd(self, do, q, k, v, o, lse, aux, cu_q, cu_k, max_q, max_k, causal, scale):
         dqs, dks, dvs = [], [], []
         for s in range(cu_q.size - 1):
@@ -267,7 +296,9 @@ def _case(qk_dim, v_dim, n, m, seed):
 @functools.cache
 def cudnn_kernel(qk_dim: int, v_dim: int, variant: str = "dense-strided") -> VarlenKernel:
     """A cuDNN kernel ("dense": one dense call per sequence on contiguous copies;
-    "dense-strided": the same on strided views; "ragged": torch's varlen entry),
+    "dense-strided": the same on strided views; "graph": one call for all sequences on
+    cuDNN's graph API (`cudnn_graph`, needs nvidia-cudnn-frontend), "graph-nondet" its
+    backward without the deterministic flag; "ragged": torch's varlen entry),
     self-checked against the float64 reference on causal square and non-causal
     rectangular cases, short and long (outputs, the log-sum-exp's layout and base, every
     gradient); raises if anything does not match. On the H200 (torch 2.11) the ragged
@@ -279,8 +310,12 @@ def cudnn_kernel(qk_dim: int, v_dim: int, variant: str = "dense-strided") -> Var
         raise RuntimeError("cuDNN attention needs CUDA")
     if variant in ("dense", "dense-strided"):
         return _check(_dense_setup(qk_dim, v_dim, variant == "dense-strided"), qk_dim, v_dim)
+    if variant in ("graph", "graph-nondet"):
+        from harts.exec.gpu import cudnn_graph
+
+        return _check(cudnn_graph.setup(qk_dim, v_dim, deterministic=variant == "graph"), qk_dim, v_dim)
     if variant != "ragged":
-        raise ValueError(f"unknown cuDNN variant {variant!r}; known: dense, dense-strided, ragged")
+        raise ValueError(f"unknown cuDNN variant {variant!r}; known: dense, dense-strided, graph, graph-nondet, ragged")
     kern = _CuDNN()
     scale = qk_dim ** -0.5
     # 1. find the log-sum-exp's layout and base on a causal square case
@@ -328,9 +363,11 @@ def _dense_setup(qk_dim: int, v_dim: int, strided: bool = False) -> _CuDNNDense:
     q, k, v, _, cu, _ = _case(qk_dim, v_dim, n, n, 0)
     scale = qk_dim ** -0.5
     _, lse_ref, _ = REFERENCE.fwd(*(x.double() for x in (q, k, v)), cu, cu, 37, 37, True, scale)
-    native = torch.ops.aten._scaled_dot_product_cudnn_attention(
-        kern._bhsd(q), kern._bhsd(k), kern._bhsd(v), None, True, 0.0, True, False, scale=scale)[1]
-    if native.numel() != q.shape[0] * q.shape[1]:
+    r = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        kern._bhsd(q), kern._bhsd(k), kern._bhsd(v), None, True, 0.0, True, False, scale=scale)
+    native = r[1]
+    kern.forward_extras = (r[2], r[3], r[6], r[7], native.dtype)
+    if native.numel() != q.shape[0] * q.shape[1] or tuple(native.shape) != (1, q.shape[1], 37, 1):
         raise RuntimeError(f"cuDNN log-sum-exp layout not recognised (shape {tuple(native.shape)})")
     for factor in (1.0, math.log(2.0)):
         got = native.double().reshape(q.shape[1], 37).transpose(0, 1) * factor
@@ -341,6 +378,7 @@ def _dense_setup(qk_dim: int, v_dim: int, strided: bool = False) -> _CuDNNDense:
     raise RuntimeError("cuDNN log-sum-exp base not recognised")
 
 
+@torch.no_grad()
 def _check(kern: VarlenKernel, qk_dim: int, v_dim: int) -> VarlenKernel:
     scale = qk_dim ** -0.5
     n = [5, 19, 40]
@@ -390,44 +428,56 @@ class _SplitAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        sp, kernel, idx, scale = ctx.sp, ctx.kernel, ctx.idx, ctx.scale
-        auxB, auxA = ctx.aux
-        own = idx.get("own")
-        kB = k if own is None else k.index_select(0, own)
-        vB = v if own is None else v.index_select(0, own)
-        dqB, dkB, dvB = kernel.bwd(do, q, kB, vB, o, lse, auxB, sp.cu_q, sp.cu_q, sp.max_q, sp.max_q, True, scale)
-        wide = torch.promote_types(q.dtype, torch.float32)
-        if own is None and not sp.has_ancestors:
-            return dqB, dkB, dvB, None, None, None, None
-        if sp.has_ancestors:
-            qa, anc = idx["qa"], idx["anc"]
-            qA, kA, vA = q.index_select(0, qa), k.index_select(0, anc), v.index_select(0, anc)
-            dqA, dkA, dvA = kernel.bwd(do.index_select(0, qa), qA, kA, vA, o.index_select(0, qa),
-                                       lse.index_select(0, qa), auxA, sp.cu_qa, sp.cu_ka, sp.max_qa, sp.max_ka,
-                                       False, scale)
-            if own is None and idx.get("gather_add", q.is_cuda) and q.dtype != torch.float64:
-                # the ancestors' shares summed onto their rows by gathers (fixed order, bf16
-                # read as it is; `segment_sum`), not by index_add_ on float32 copies
-                from harts.exec.gpu import segment_sum
+        return (*split_backward(do, q, k, v, o, lse, ctx.scale, ctx.sp, ctx.kernel, ctx.idx, ctx.aux),
+                None, None, None, None)
 
-                inv_q, inv_k = _inverses(idx, q.shape[0], k.shape[0])
-                return (segment_sum.gather_add(dqB, dqA, inv_q, dtype=q.dtype),
-                        segment_sum.gather_add(dkB, dkA, inv_k, dtype=k.dtype),
-                        segment_sum.gather_add(dvB, dvA, inv_k, dtype=v.dtype), None, None, None, None)
-        dk = torch.zeros(k.shape, dtype=wide, device=k.device)
-        dv = torch.zeros(v.shape, dtype=wide, device=v.device)
-        if own is None:
-            dk += dkB
-            dv += dvB
-        else:
-            dk.index_add_(0, own, dkB.to(wide))
-            dv.index_add_(0, own, dvB.to(wide))
-        dq = dqB
-        if sp.has_ancestors:
-            dq = dqB.to(wide).index_add_(0, qa, dqA.to(wide)).to(q.dtype)
-            dk.index_add_(0, anc, dkA.to(wide))
-            dv.index_add_(0, anc, dvA.to(wide))
-        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+
+def split_backward(do, q, k, v, o, lse, scale, sp: SplitSegments, kernel: VarlenKernel, idx: dict, aux=None):
+    """dq, dk, dv of ancestor attention from the union's o and lse, as the two parts' shares
+    (each part's kernel given the merged o and lse returns its exact share: see the module
+    docstring). `aux` = the parts' forward aux (auxB, auxA), or None when o and lse came
+    from another forward (`path_split_attention`): then the kernel's `aux_for`."""
+    if aux is None:
+        H = q.shape[1]
+        aux = (kernel.aux_for(sp.cu_q, sp.cu_q, H, q.device),
+               kernel.aux_for(sp.cu_qa, sp.cu_ka, H, q.device) if sp.has_ancestors else None)
+    auxB, auxA = aux
+    own = idx.get("own")
+    kB = k if own is None else k.index_select(0, own)
+    vB = v if own is None else v.index_select(0, own)
+    dqB, dkB, dvB = kernel.bwd(do, q, kB, vB, o, lse, auxB, sp.cu_q, sp.cu_q, sp.max_q, sp.max_q, True, scale)
+    wide = torch.promote_types(q.dtype, torch.float32)
+    if own is None and not sp.has_ancestors:
+        return dqB, dkB, dvB
+    if sp.has_ancestors:
+        qa, anc = idx["qa"], idx["anc"]
+        qA, kA, vA = q.index_select(0, qa), k.index_select(0, anc), v.index_select(0, anc)
+        dqA, dkA, dvA = kernel.bwd(do.index_select(0, qa), qA, kA, vA, o.index_select(0, qa),
+                                   lse.index_select(0, qa), auxA, sp.cu_qa, sp.cu_ka, sp.max_qa, sp.max_ka,
+                                   False, scale)
+        if own is None and idx.get("gather_add", q.is_cuda) and q.dtype != torch.float64:
+            # the ancestors' shares summed onto their rows by gathers (fixed order, bf16
+            # read as it is; `segment_sum`), not by index_add_ on float32 copies
+            from harts.exec.gpu import segment_sum
+
+            inv_q, inv_k = _inverses(idx, q.shape[0], k.shape[0])
+            return (segment_sum.gather_add(dqB, dqA, inv_q, dtype=q.dtype),
+                    segment_sum.gather_add(dkB, dkA, inv_k, dtype=k.dtype),
+                    segment_sum.gather_add(dvB, dvA, inv_k, dtype=v.dtype))
+    dk = torch.zeros(k.shape, dtype=wide, device=k.device)
+    dv = torch.zeros(v.shape, dtype=wide, device=v.device)
+    if own is None:
+        dk += dkB
+        dv += dvB
+    else:
+        dk.index_add_(0, own, dkB.to(wide))
+        dv.index_add_(0, own, dvB.to(wide))
+    dq = dqB
+    if sp.has_ancestors:
+        dq = dqB.to(wide).index_add_(0, qa, dqA.to(wide)).to(q.dtype)
+        dk.index_add_(0, anc, dkA.to(wide))
+        dv.index_add_(0, anc, dvA.to(wide))
+    return dq, dk.to(k.dtype), dv.to(v.dtype)
 
 
 def _inverses(idx: dict, queries: int, rows: int):
@@ -456,3 +506,57 @@ def split_attention(q_CHD: Tensor, k_LHD: Tensor, v_LHE: Tensor, scale: float, s
     if idx is None:
         idx = device_index(sp, q_CHD.device)
     return _SplitAttention.apply(q_CHD, k_LHD, v_LHE, scale, sp, kernel, idx)
+
+
+class _PathSplitAttention(torch.autograd.Function):
+    """Forward: one bottom-right call over the gathered root-to-row paths (`path_attention`'s
+    layout: each query's keys are its trajectory's prefix, in its order, from position 0);
+    backward: the split's two parts from that forward's o and lse (`split_backward`)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, seg: PathSegments, key_rows, fwd_kernel: VarlenKernel, sp: SplitSegments,
+                kernel: VarlenKernel, idx: dict):
+        if key_rows is None:  # the paths are the rows as they are (one chain, all rows queried)
+            kg, vg = k, v
+        else:
+            kg, vg = k.index_select(0, key_rows), v.index_select(0, key_rows)
+        o, lse, _ = fwd_kernel.fwd(q, kg, vg, seg.cu_q, seg.cu_k, seg.max_q, seg.max_k, True, scale)
+        del kg, vg
+        ctx.scale, ctx.sp, ctx.kernel, ctx.idx = scale, sp, kernel, idx
+        ctx.save_for_backward(q, k, v, o, lse)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        return (*split_backward(do, q, k, v, o, lse, ctx.scale, ctx.sp, ctx.kernel, ctx.idx),
+                None, None, None, None, None, None, None)
+
+
+def identity_keys(seg: PathSegments, rows: int) -> bool:
+    """Whether the gathered paths are the local rows in order (one chain, every row a query):
+    the forward then reads k and v as they are."""
+    return seg.key_rows.size == rows and bool((seg.key_rows == np.arange(rows)).all())
+
+
+def path_split_attention(q_CHD: Tensor, k_LHD: Tensor, v_LHE: Tensor, scale: float, seg: PathSegments,
+                         sp: SplitSegments, fwd_kernel: VarlenKernel, kernel: VarlenKernel,
+                         key_rows: Tensor | None = None, idx: dict | None = None) -> Tensor:
+    """o_CHE: ancestor attention whose forward is one bottom-right varlen call over root-to-row
+    paths (`fwd_kernel`, e.g. cuDNN's graph: `cudnn_graph.setup(..., bottom_right=True)`)
+    and whose backward is the split's (`kernel` for both parts).
+
+    Why: a query's keys in that forward are exactly its trajectory's prefix, in order, from
+    position 0, so a kernel whose per-row arithmetic depends only on the key sequence gives
+    the bits the expanded baseline gets running the same kernel over the trajectory (on the
+    H200: every row identical with cuDNN's graph kernel, benchmarks/results/h200_session8/),
+    while the split's merge of two partial softmaxes cannot. The backward needs no such
+    property (gradients of shared rows sum over branches in any case), and the split's is
+    the cheaper one where segments are long (no gathered-key gradients to scatter).
+    `key_rows` (the gathered key rows on the device) is built when None, unless the paths
+    are the rows themselves (`identity_keys`)."""
+    if key_rows is None and not identity_keys(seg, k_LHD.shape[0]):
+        key_rows = to_device(seg.key_rows, q_CHD.device)
+    if idx is None:
+        idx = device_index(sp, q_CHD.device)
+    return _PathSplitAttention.apply(q_CHD, k_LHD, v_LHE, scale, seg, key_rows, fwd_kernel, sp, kernel, idx)

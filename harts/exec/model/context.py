@@ -96,8 +96,14 @@ class PackedContext:
         return cached
 
     def attention(self, layer: int, q_THD: Tensor, k_THD: Tensor, v_THE: Tensor, scale: float) -> Tensor:
-        from harts.exec.backend import causal_attention
+        from harts.exec.backend import (
+            causal_attention,
+            expanded_graph_attention,
+            packed_causal_attention,
+        )
 
+        if expanded_graph_attention() and q_THD.dtype in (torch.bfloat16, torch.float16):
+            return packed_causal_attention(q_THD, k_THD, v_THE, self._bounds, scale)
         outs = []
         for start, end in zip(self._bounds[:-1], self._bounds[1:], strict=True):
             q, k, v = (x[start:end].transpose(0, 1) for x in (q_THD, k_THD, v_THE))

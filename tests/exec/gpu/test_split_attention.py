@@ -75,3 +75,77 @@ def test_dense_cudnn_kernel_takes_the_reference_for_short_sequences():
         want = REFERENCE.bwd(do, q, k, v, o_ref, lse_ref, None, cu_q, cu_k, max(n), max(m), causal, 0.3)
         for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
             assert_close(name, a, b, 1e-6)
+
+
+@settings(deadline=None)
+@given(trajs=trajectory_sets(max_groups=3, max_per_group=5, max_len=20), subset_seed=st.none() | st.integers(0, 99))
+def test_path_forward_split_backward_equals_dense_ancestor_attention(trajs, subset_seed):
+    # the forward as one bottom-right call over gathered root-to-row paths, the backward as
+    # the split's two parts from that forward's o and lse (no forward aux: `aux_for`)
+    from harts.exec.gpu.split_attention import REFERENCE_BOTTOM_RIGHT, path_split_attention
+
+    f = build_forest(trajs)
+    q_local = query_rows(f, subset_seed)
+    full = subset_seed is None
+    seg = segments_of(f.row_parent, None if full else q_local)
+    sp = split_segments(seg, full)
+    check_against_dense(f, q_local, lambda q, k, v, s: path_split_attention(
+        q, k, v, s, seg, sp, fwd_kernel=REFERENCE_BOTTOM_RIGHT, kernel=REFERENCE), zero_grad_atol=1e-12)
+
+
+def test_bottom_right_reference_equals_path_reference():
+    # REFERENCE_BOTTOM_RIGHT's forward against path_attention's reference_varlen, with the
+    # log-sum-exp against a direct logsumexp of the masked scores
+    from harts.exec.gpu.path_attention import reference_varlen
+    from harts.exec.gpu.split_attention import REFERENCE_BOTTOM_RIGHT
+
+    g = torch.Generator().manual_seed(2)
+    n, m = [3, 1, 6], [7, 1, 6]
+    cu_q, cu_k = np.r_[0, np.cumsum(n)], np.r_[0, np.cumsum(m)]
+    q = torch.randn(sum(n), 2, 5, generator=g, dtype=torch.float64)
+    k = torch.randn(sum(m), 2, 5, generator=g, dtype=torch.float64)
+    v = torch.randn(sum(m), 2, 3, generator=g, dtype=torch.float64)
+    o, lse, _ = REFERENCE_BOTTOM_RIGHT.fwd(q, k, v, cu_q, cu_k, max(n), max(m), True, 0.4)
+    assert_close("o", o, reference_varlen(q, k, v, cu_q, cu_k, max(n), max(m), 0.4), 1e-12)
+    for s in range(len(n)):
+        qs, ks = q[cu_q[s]:cu_q[s + 1]], k[cu_k[s]:cu_k[s + 1]]
+        sc = torch.einsum("nhd,mhd->hnm", qs, ks) * 0.4
+        allowed = torch.arange(m[s])[None, :] <= (m[s] - n[s] + torch.arange(n[s]))[:, None]
+        want = torch.logsumexp(sc.masked_fill(~allowed, float("-inf")), -1).transpose(0, 1)
+        assert_close("lse", lse[cu_q[s]:cu_q[s + 1]], want, 1e-12)
+
+
+def test_dense_kernel_aux_for_follows_the_forwards_rule():
+    # with o and lse from another forward, the dense kernel's per-sequence aux must say
+    # "reference math" exactly where its forward would have (a side under MIN_CUDNN_ROWS)
+    from harts.exec.gpu.split_attention import MIN_CUDNN_ROWS, _CuDNNDense
+
+    kern = _CuDNNDense()
+    kern.forward_extras = ("cq", "ck", "seed", "offset", torch.float32)
+    cu_q = np.array([0, 3, 3 + MIN_CUDNN_ROWS, 3 + 2 * MIN_CUDNN_ROWS + 5])
+    cu_k = np.array([0, 40, 40 + MIN_CUDNN_ROWS - 1, 40 + 2 * MIN_CUDNN_ROWS + 30])
+    aux = kern.aux_for(cu_q, cu_k, 4, "cpu")
+    assert aux[0] is None and aux[1] is None  # 3 queries; MIN_CUDNN_ROWS - 1 keys
+    n, m = MIN_CUDNN_ROWS + 5, MIN_CUDNN_ROWS + 31
+    assert aux[2] == ((1, 4, n, 1), torch.float32, "cq", "ck", n, m, "seed", "offset")
+
+
+def test_identity_keys_only_for_one_fully_queried_chain():
+    # one chain with every row a query: the paths are the rows in order (no gather); a fork
+    # or a query subset needs the gather
+    from harts.exec.gpu.split_attention import (
+        REFERENCE_BOTTOM_RIGHT,
+        identity_keys,
+        path_split_attention,
+    )
+    from harts.tree import Trajectory
+
+    chain = build_forest([Trajectory.make("a", "g", [1, 2, 3, 4, 5])])
+    seg = segments_of(chain.row_parent)
+    assert identity_keys(seg, chain.num_rows)
+    assert not identity_keys(segments_of(chain.row_parent, np.array([1, 3])), chain.num_rows)
+    forked = build_forest([Trajectory.make("a", "g", [1, 2, 3, 4]), Trajectory.make("b", "g", [1, 2, 7, 8])])
+    assert not identity_keys(segments_of(forked.row_parent), forked.num_rows)
+    sp = split_segments(seg, True)
+    check_against_dense(chain, np.arange(chain.num_rows), lambda q, k, v, s: path_split_attention(
+        q, k, v, s, seg, sp, fwd_kernel=REFERENCE_BOTTOM_RIGHT, kernel=REFERENCE), zero_grad_atol=1e-12)

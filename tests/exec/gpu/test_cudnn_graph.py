@@ -1,0 +1,45 @@
+"""Host-side pieces of the cuDNN graph attention (`harts.exec.gpu.cudnn_graph`): ragged
+offsets, padded-row maps and shape buckets. The kernel itself needs CUDA and the cuDNN
+frontend; it checks itself against the float64 reference before first use (on the GPU:
+benchmarks/gpu/h200_run.py attngraph / attnbits)."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from harts.exec.gpu import cudnn_graph
+
+
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=12), st.integers(1, 4096), st.integers(1, 2))
+def test_padded_rows_and_ragged_offsets(lengths, S_extra, token_stride):
+    cu = np.r_[0, np.cumsum(lengths)]
+    S = max(lengths) + S_extra - 1
+    rows = cudnn_graph.padded_rows(cu, S)
+    assert rows.size == cu[-1]
+    # row t of sequence b at position s lands at b * S + s: distinct, inside [0, B * S)
+    for b, n in enumerate(lengths):
+        np.testing.assert_array_equal(rows[cu[b]:cu[b + 1]], b * S + np.arange(n))
+    assert np.unique(rows).size == rows.size and (rows < len(lengths) * S).all()
+    off = cudnn_graph.ragged_metadata(cu, token_stride * 192)
+    assert off.dtype == np.int32
+    np.testing.assert_array_equal(off, cu * token_stride * 192)
+
+
+def test_ragged_offsets_refuse_int32_overflow():
+    with pytest.raises(ValueError, match="int32"):
+        cudnn_graph.ragged_metadata(np.array([0, 2 ** 22]), 16 * 192)
+
+
+@given(st.integers(0, 100_000))
+def test_round_up(n):
+    r = cudnn_graph.round_up(n)
+    assert r >= max(n, 1) and r % cudnn_graph.S_ROUND == 0 and r - max(n, 1) < cudnn_graph.S_ROUND
+
+
+def test_unavailable_without_cuda():
+    # CPU-only machines (CI) never reach the frontend
+    import torch
+
+    if not torch.cuda.is_available():
+        assert not cudnn_graph.available()

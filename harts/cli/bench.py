@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harts.cli.common import UserError, format_table
+from harts.cli.common import UserError, add_attention_args, apply_attention_args, format_table
 
 SCHEMES = {
     # the generator's SWE calibration, one prompt group (one GPU)
@@ -29,6 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=2, help="timed steps per mode (median reported)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--json", metavar="PATH", help="write {'runs': [...]} here")
+    add_attention_args(p)
     p.set_defaults(func=cmd_bench)
 
 
@@ -49,6 +50,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UserError(str(err)) from None
     if args.steps < 1 or args.microbatch_tokens < 1:
         raise UserError("--steps and --microbatch-tokens must be >= 1")
+    apply_attention_args(args)
     runs = []
     for scheme in args.schemes:
         name, over = SCHEMES[scheme]

@@ -79,3 +79,36 @@ def progress(items: Iterable[T], total: int | None, label: str, enabled: bool = 
             sys.stderr.flush()
     if show:
         sys.stderr.write("\n")
+
+
+TREE_ATTENTION_CHOICES = ("auto", "graph", "cudnn", "varlen", "flex")
+BASELINE_ATTENTION_CHOICES = ("cudnn", "flash", "graph")
+
+
+def add_attention_args(p) -> None:
+    """--tree-attention / --baseline-attention: the GPU attention paths of each mode
+    (`harts.exec.backend`'s HARTS_TREE_ATTENTION / HARTS_BASELINE_ATTENTION switches)."""
+    p.add_argument("--tree-attention", choices=TREE_ATTENTION_CHOICES, default=None,
+                   help="tree mode's bf16 attention on CUDA (default auto: cuDNN's graph path where "
+                   "nvidia-cudnn-frontend imports, else per-segment cuDNN / varlen flash)")
+    p.add_argument("--baseline-attention", choices=BASELINE_ATTENTION_CHOICES, default=None,
+                   help="expanded mode's attention on CUDA: cudnn (torch's SDPA per sequence, default), flash "
+                   "(values padded), graph (one cuDNN graph call per microbatch: the tree's forward kernel, "
+                   "so tree and expanded rows get the same bits)")
+
+
+def apply_attention_args(args) -> None:
+    """Set the backend's switches from --tree-attention / --baseline-attention (given ones only)."""
+    import os
+
+    from harts.exec.backend import BASELINE_ATTENTION_ENV, TREE_ATTENTION_ENV
+
+    tree = getattr(args, "tree_attention", None)
+    if tree is not None:
+        if tree == "auto":
+            os.environ.pop(TREE_ATTENTION_ENV, None)
+        else:
+            os.environ[TREE_ATTENTION_ENV] = tree
+    base = getattr(args, "baseline_attention", None)
+    if base is not None:
+        os.environ[BASELINE_ATTENTION_ENV] = "" if base == "cudnn" else base

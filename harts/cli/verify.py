@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from harts.cli.common import UserError, format_table, print_json
+from harts.cli.common import (
+    UserError,
+    add_attention_args,
+    apply_attention_args,
+    format_table,
+    print_json,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--old-logprobs", choices=["recompute", "input"], default="recompute",
                    help="recompute: on-policy ratios of 1 (every target carries gradient)")
     p.add_argument("--json", action="store_true")
+    add_attention_args(p)  # with --divergence --device cuda
     p.set_defaults(func=cmd_verify)
 
 
@@ -72,8 +79,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     if args.divergence is not None:
         return cmd_divergence(args, trajectories)
-    if args.norm_float32 or args.device != "cpu":
-        raise UserError("--norm-float32 and --device are for --divergence")
+    if args.norm_float32 or args.device != "cpu" or args.tree_attention or args.baseline_attention:
+        raise UserError("--norm-float32, --device and the attention switches are for --divergence")
     from harts.verify.equivalence import verify_step
 
     if args.dtype == "bfloat16":
@@ -134,6 +141,7 @@ def cmd_divergence(args: argparse.Namespace, trajectories: list) -> int:
         raise UserError(f"--device must be cpu or cuda[:N]; got {args.device!r}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device here")
+    apply_attention_args(args)
     dtype = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
              None: torch.bfloat16}[args.dtype]
     cfg = get_model_config(args.model)

@@ -989,8 +989,7 @@ def sec_attnsplit():
         sp = split_segments(seg, True)
         idx = device_index(sp, "cuda")
         keys = torch.as_tensor(seg.key_rows, device="cuda")
-        n = np.diff(seg.cu_q)
-        pairs = int(((np.diff(seg.cu_k) - n) * n + n * (n + 1) // 2).sum())
+        pairs = seg.attended_pairs
         ins = [x[:R_].detach().requires_grad_() for x in qkv]
         res = {"rows": R_, "pairs": pairs, "segments": seg.num_segments, "gathered_keys_varlen": int(seg.key_rows.size),
                "gathered_keys_split": int(sp.anc_rows.size)}
@@ -1100,8 +1099,7 @@ def sec_attngraph():
         sp = split_segments(seg, True)
         idx = device_index(sp, "cuda")
         keys = torch.as_tensor(seg.key_rows, device="cuda")
-        n = np.diff(seg.cu_q)
-        pairs = int(((np.diff(seg.cu_k) - n) * n + n * (n + 1) // 2).sum())
+        pairs = seg.attended_pairs
         ins = [x[:R_].detach().requires_grad_() for x in qkv]
         res = {"rows": R_, "pairs": pairs, "segments": seg.num_segments, "max_q": seg.max_q}
         fns = {f"split_{n_}": (lambda kk=kk, ins=ins, sp=sp, idx=idx: split_attention(*ins, scale, sp, kernel=kk, idx=idx))
@@ -1205,8 +1203,7 @@ def sec_attnbits():
         R_ = lpar.size
         seg = segments_of(lpar)
         keys = torch.as_tensor(seg.key_rows, device="cuda")
-        n = np.diff(seg.cu_q)
-        pairs = int(((np.diff(seg.cu_k) - n) * n + n * (n + 1) // 2).sum())
+        pairs = seg.attended_pairs
         ins = [x[:R_].detach().requires_grad_() for x in qkv]
         def fn(ins=ins, seg=seg, keys=keys):
             return path_attention(*ins, scale, seg, kernel=cudnn_graph.varlen_fn(br), key_rows=keys)
@@ -1262,8 +1259,7 @@ def sec_attnhybrid():
     for lname, par in layouts.items():
         R_ = par.size
         seg = segments_of(par)
-        n = np.diff(seg.cu_q)
-        pairs = int(((np.diff(seg.cu_k) - n) * n + n * (n + 1) // 2).sum())
+        pairs = seg.attended_pairs
         ins = [x[:R_].detach().requires_grad_() for x in qkv]
         res = {"rows": R_, "pairs": pairs, "segments": seg.num_segments}
         end = torch.zeros(R_, dtype=torch.int64, device="cuda")  # only its size is read (all rows query)
@@ -1389,8 +1385,7 @@ def sec_attnvar():
         seg = segments_of(par)
         sp = split_segments(seg, True)
         idx = device_index(sp, "cuda")
-        n = np.diff(seg.cu_q)
-        pairs = int(((np.diff(seg.cu_k) - n) * n + n * (n + 1) // 2).sum())
+        pairs = seg.attended_pairs
         ins = [x[:par.size].detach().requires_grad_() for x in qkv]
         res = {"rows": int(par.size), "pairs": pairs, "segments": seg.num_segments}
         for variant, kern in kerns.items():

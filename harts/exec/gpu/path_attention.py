@@ -56,6 +56,13 @@ class PathSegments:
     def num_segments(self) -> int:
         return int(self.cu_q.size - 1)
 
+    @property
+    def attended_pairs(self) -> int:
+        """(query, key) pairs attended: each segment's n queries see its a = m - n ancestors
+        and a causal triangle of its own rows."""
+        n = np.diff(self.cu_q)
+        return int(((np.diff(self.cu_k) - n) * n + n * (n + 1) // 2).sum())
+
 
 def segments_of(parent_L: np.ndarray, q_local_C: np.ndarray | None = None) -> PathSegments:
     """The query segments and their gathered key rows (see the module docstring).

@@ -1285,6 +1285,56 @@ def sec_attnhybrid():
     return out
 
 
+def sec_graphbuild():
+    """What the graph kernels cost when layouts change, and whether padding a batch with
+    empty sequences is safe (the way to bucket B): first-call (graph build) and cached
+    times of the forward and backward at several sequence counts, then zero-length
+    sequences (causal, non-causal, bottom-right) against the float64 reference."""
+    from harts.exec.gpu import cudnn_graph
+    from harts.exec.gpu.split_attention import REFERENCE, REFERENCE_BOTTOM_RIGHT, _case
+
+    qk, vd = 192, 128
+    scale = qk ** -0.5
+    out = {"build": {}, "zero_length": {}}
+    for B in (3, 17, 39, 64):
+        kern = cudnn_graph.GraphKernel()
+        n = [100 + 37 * i for i in range(B)]
+        q, k, v, do, cu, _ = _case(qk, vd, n, n, 3)
+        row = {}
+        for rep in ("first", "cached"):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            o, lse, aux = kern.fwd(q, k, v, cu, cu, max(n), max(n), True, scale)
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            kern.bwd(do, q, k, v, o, lse, aux, cu, cu, max(n), max(n), True, scale)
+            torch.cuda.synchronize()
+            row[rep] = {"fwd_s": t1 - t0, "bwd_s": time.perf_counter() - t1}
+        row["graphs"] = kern.cache.builds
+        out["build"][B] = row
+        print(f"[graphbuild] B={B}: {row}", flush=True)
+    for name, causal, br, nq, nk in (("causal", True, False, [5, 0, 40, 0, 0], [5, 0, 40, 0, 0]),
+                                     ("rect", False, False, [5, 0, 30, 0], [9, 0, 41, 0]),
+                                     ("bottom_right", True, True, [3, 0, 20, 0], [9, 0, 41, 0]),
+                                     ("long_then_empty", True, False, [700, 0, 0, 0], [700, 0, 0, 0])):
+        try:
+            kern = cudnn_graph.GraphKernel(bottom_right=br)
+            ref_k = REFERENCE_BOTTOM_RIGHT if br else REFERENCE
+            q, k, v, do, cu_q, cu_k = _case(qk, vd, nq, nk, 4)
+            wide = [x.double() for x in (q, k, v)]
+            o_r, lse_r, _ = ref_k.fwd(*wide, cu_q, cu_k, max(nq), max(nk), causal, scale)
+            ref = ref_k.bwd(do.double(), *wide, o_r, lse_r, None, cu_q, cu_k, max(nq), max(nk), causal, scale)
+            o, lse, aux = kern.fwd(q, k, v, cu_q, cu_k, max(nq), max(nk), causal, scale)
+            got = kern.bwd(do, q, k, v, o, lse, aux, cu_q, cu_k, max(nq), max(nk), causal, scale)
+            torch.cuda.synchronize()
+            out["zero_length"][name] = {n_: rel(a, b) for n_, a, b in zip(("o", "lse", "dq", "dk", "dv"),
+                                                                       (o, lse, *got), (o_r, lse_r, *ref), strict=True)}
+        except Exception as err:  # noqa: BLE001
+            out["zero_length"][name] = {"error": f"{type(err).__name__}: {err}"[:400]}
+        print(f"[graphbuild] zero-length {name}: {out['zero_length'][name]}", flush=True)
+    return out
+
+
 def sec_attnvar():
     """The cuDNN split tree attention on contiguous copies ("dense", the default) against
     strided views ("dense-strided"): both self-checked, bf16 accuracy against float64 on a
@@ -1574,7 +1624,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     fns = {"attn": sec_attn, "env": sec_env, "kda": sec_kda, "flex": sec_flex, "verify": sec_verify, "ops": sec_ops,
            "step": lambda: sec_step(args), "fidelity": lambda: sec_fidelity(args),
-           "profile": lambda: sec_profile(args), "moe": sec_moe, "conv": sec_conv, "attnprobe": sec_attnprobe, "attnsplit": sec_attnsplit, "attnvar": sec_attnvar, "attngraph": sec_attngraph, "attnbits": sec_attnbits, "attnhybrid": sec_attnhybrid, "calib": sec_calib, "flexsweep": lambda: sec_flexsweep(args),
+           "profile": lambda: sec_profile(args), "moe": sec_moe, "conv": sec_conv, "attnprobe": sec_attnprobe, "attnsplit": sec_attnsplit, "attnvar": sec_attnvar, "attngraph": sec_attngraph, "attnbits": sec_attnbits, "attnhybrid": sec_attnhybrid, "graphbuild": sec_graphbuild, "calib": sec_calib, "flexsweep": lambda: sec_flexsweep(args),
            "syncs": lambda: sec_syncs(args), "opsites": lambda: sec_opsites(args), "divergence": lambda: sec_divergence(args), "dhubv": sec_dhubv, "fwdhbv": sec_fwdhbv, "convtiles": sec_convtiles, "kdaops": sec_kdaops}
     for s in args.sections:
         t0 = time.perf_counter()

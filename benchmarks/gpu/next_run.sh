@@ -213,5 +213,14 @@ case "$1" in
            HARTS_TREE_ATTENTION=cudnn timeout 150 python3 benchmarks/gpu/h200_run.py step --schemes treestep --steps 3 --no-autotune --out "$OUT/step_cudnn"
            timeout 150 python3 benchmarks/gpu/h200_run.py step --schemes treestep --steps 3 --no-autotune --out "$OUT/step"
            HARTS_BASELINE_ATTENTION=graph timeout 150 python3 benchmarks/gpu/h200_run.py step --schemes treestep --steps 3 --no-autotune --out "$OUT/step_expgraph" ;;
-  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c|s5d|s5e|s5f|s6a|s6b|s6c|s6d|s6e|s6f|s7a|s7b|s7c|s7d|s7e|s8a|s8b|s8c|s8d|s8e" >&2; exit 2 ;;
+  # eighth session, spare minutes: graph build cost by sequence count, and empty sequences
+  s8f)     mkdir -p "$OUT/attn"
+           timeout 120 python3 benchmarks/gpu/h200_run.py graphbuild --out "$OUT/attn" ;;
+  # eighth session, the last minutes: graphs bucketed by sequence count and length (empty
+  # sequences pad the batch): self-checks, attention per pair, the bit-exact fidelity
+  s8g)     mkdir -p "$OUT/attn" "$OUT/fidg" "$OUT/build"
+           timeout 60 python3 benchmarks/gpu/h200_run.py attnhybrid --out "$OUT/attn"
+           HARTS_BASELINE_ATTENTION=graph timeout 50 python3 benchmarks/gpu/h200_run.py fidelity --no-autotune --out "$OUT/fidg"
+           timeout 30 python3 benchmarks/gpu/h200_run.py graphbuild --out "$OUT/build" ;;
+  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c|s5d|s5e|s5f|s6a|s6b|s6c|s6d|s6e|s6f|s7a|s7b|s7c|s7d|s7e|s8a|s8b|s8c|s8d|s8e|s8f|s8g" >&2; exit 2 ;;
 esac

@@ -23,8 +23,9 @@ are), placed by ragged offsets `cu * ts`; a padding mask from the per-sequence l
 causal top-left (the split's parts need no other) or bottom-right; softmax statistics out
 as float32, either ragged ([T, H] token-major, read as the log-sum-exp directly) or padded
 ([B, S, H], rows gathered), whichever passes the self-check. Graphs are cached by shape:
-B exactly, S rounded up to a multiple of `S_ROUND` (the mask uses the true lengths), so a
-training run with changing layouts builds a graph per new (B, S) bucket, not per step.
+B and S rounded up into buckets (`bucket_batch`: empty sequences pad the batch;
+`bucket_len`: the mask uses the true lengths), so a training run with changing layouts
+builds a graph per new bucket, not per step (a backward graph takes ~1 s to build).
 
 Host-only pieces (`ragged_metadata`, `padded_rows`) are pure numpy and tested on CPU; the
 kernel itself is checked on the GPU against the float64 reference by
@@ -44,11 +45,43 @@ from torch import Tensor
 from harts.exec.gpu.split_attention import VarlenKernel
 from harts.exec.transfer import to_device
 
-S_ROUND = 256  # sequence-length bound granularity of the cached graphs
+S_ROUND = 256  # the smallest sequence-length bound of a cached graph (bounds are multiples of 64)
 
 
-def round_up(n: int, m: int = S_ROUND) -> int:
-    return max(m, -(-int(n) // m) * m)
+def bucket_len(n: int) -> int:
+    """A graph's sequence-length bound for sequences of at most n rows: the smallest
+    256 * 2^k * (1 + j/4) (j = 0..3) that holds n, so a training run's changing layouts
+    share graphs (four bounds per octave; at most 25% over n, the rows past a sequence's
+    length are masked). A new graph's backward takes ~1 s to build on the H200
+    (benchmarks/results/h200_session8/s8f), its forward ~50 ms."""
+    n = max(int(n), 1)
+    base = S_ROUND
+    while base * 2 < n:
+        base *= 2
+    for j in range(5):
+        b = base * (4 + j) // 4
+        if b >= n:
+            return b
+    return base * 2
+
+
+def bucket_batch(B: int) -> int:
+    """A graph's sequence count for B sequences: a multiple of 8 up to 64, then the next
+    of 64 * 2^k * {1, 1.5}; the batch is padded with empty sequences (zero rows: checked
+    against the reference on the H200, s8f, and in every kernel's self-check)."""
+    B = max(int(B), 1)
+    if B <= 64:
+        return -(-B // 8) * 8
+    base = 64
+    while base * 2 < B:
+        base *= 2
+    return base * 3 // 2 if base * 3 // 2 >= B else base * 2
+
+
+def pad_batch(cu: np.ndarray, B: int) -> np.ndarray:
+    """Cumulative lengths `cu` padded with empty sequences to B sequences."""
+    cu = np.asarray(cu, np.int64)
+    return np.concatenate([cu, np.full(B + 1 - cu.size, cu[-1], np.int64)]) if cu.size < B + 1 else cu
 
 
 def ragged_metadata(cu: np.ndarray, token_stride: int) -> np.ndarray:
@@ -263,11 +296,12 @@ class GraphKernel(VarlenKernel):
         q, k, v = _fit(q), _fit(k), _fit(v)
         T, H, D = q.shape
         E = v.shape[-1]
-        B = int(np.asarray(cu_q).size - 1)
         o = torch.empty(T, H, E, dtype=q.dtype, device=q.device)
-        if B == 0 or T == 0:
+        if np.asarray(cu_q).size < 2 or T == 0:
             return o, torch.empty(T, H, dtype=torch.float32, device=q.device), None
-        Sq, Sk = round_up(max_q), round_up(max_k)
+        B = bucket_batch(np.asarray(cu_q).size - 1)
+        cu_q, cu_k = pad_batch(cu_q, B), pad_batch(cu_k, B)
+        Sq, Sk = bucket_len(max_q), bucket_len(max_k)
         lq, lk, lv, lo = _layout(q), _layout(k), _layout(v), (H * E, E)
         handle = _handle(q.device)
         dt = _dtype(q.dtype)
@@ -297,18 +331,18 @@ class GraphKernel(VarlenKernel):
             o = o.contiguous()
         T, H, D = q.shape
         E = v.shape[-1]
-        B = int(np.asarray(cu_q).size - 1)
-        n_k = np.diff(np.asarray(cu_k))
-        # rows of k, v that no sequence reads keep a zero gradient (cuDNN writes only its rows)
-        full_k = int(np.asarray(cu_k)[-1]) == k.shape[0] if B else False
-        empty_q = bool((np.diff(np.asarray(cu_q)) == 0).any()) if B else True
+        n_q, n_k = np.diff(np.asarray(cu_q)), np.diff(np.asarray(cu_k))
+        # rows of k, v that no query reads keep a zero gradient (cuDNN writes only its rows)
+        full_k = n_k.size > 0 and int(np.asarray(cu_k)[-1]) == k.shape[0]
         dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-        make = torch.zeros if (not full_k or empty_q or (n_k == 0).any()) else torch.empty
+        make = torch.zeros if (not full_k or ((n_q == 0) & (n_k > 0)).any()) else torch.empty
         dk = make(k.shape, dtype=k.dtype, device=k.device)
         dv = make(v.shape, dtype=v.dtype, device=v.device)
-        if B == 0 or T == 0:
+        if n_q.size == 0 or T == 0:
             return dq.zero_(), dk.zero_(), dv.zero_()
-        Sq, Sk = aux if aux is not None else (round_up(max_q), round_up(max_k))
+        B = bucket_batch(n_q.size)
+        cu_q, cu_k = pad_batch(cu_q, B), pad_batch(cu_k, B)
+        Sq, Sk = aux if aux is not None else (bucket_len(max_q), bucket_len(max_k))
         lq, lk, lv, lo = _layout(q), _layout(k), _layout(v), _layout(o)
         handle = _handle(q.device)
         dt = _dtype(q.dtype)

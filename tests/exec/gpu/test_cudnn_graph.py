@@ -31,10 +31,30 @@ def test_ragged_offsets_refuse_int32_overflow():
         cudnn_graph.ragged_metadata(np.array([0, 2 ** 22]), 16 * 192)
 
 
-@given(st.integers(0, 100_000))
-def test_round_up(n):
-    r = cudnn_graph.round_up(n)
-    assert r >= max(n, 1) and r % cudnn_graph.S_ROUND == 0 and r - max(n, 1) < cudnn_graph.S_ROUND
+@given(st.integers(0, 1_000_000))
+def test_bucket_len_holds_n_within_a_quarter_and_few_values(n):
+    b = cudnn_graph.bucket_len(n)
+    assert b >= max(n, 1) and b % 64 == 0
+    assert b <= max(cudnn_graph.S_ROUND, 1.25 * n)
+    assert cudnn_graph.bucket_len(b) == b  # a bucket is its own bucket
+
+
+def test_bucket_len_values_per_octave():
+    # four bounds per octave: a run's layouts share few graphs
+    values = {cudnn_graph.bucket_len(n) for n in range(1, 65_537)}
+    assert len(values) == 4 * 8 + 1  # 256..65536
+
+
+@given(st.integers(1, 5000))
+def test_bucket_batch_and_padding(B):
+    b = cudnn_graph.bucket_batch(B)
+    assert b >= B and (b % 8 == 0) and (b - B < 8 if B <= 64 else b <= 1.5 * B)
+    assert cudnn_graph.bucket_batch(b) == b
+    cu = np.r_[0, np.cumsum(np.arange(B) % 5)]
+    padded = cudnn_graph.pad_batch(cu, b)
+    assert padded.size == b + 1
+    np.testing.assert_array_equal(padded[:cu.size], cu)
+    assert (np.diff(padded)[B:] == 0).all()  # empty sequences after the real ones
 
 
 def test_unavailable_without_cuda():

@@ -24,7 +24,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--divergence", metavar="A:B", nargs="?", const="expanded:replay", default=None,
                    help="instead: where run B's bits part from run A's, op by op (modes expanded, replay, "
                    "node; default expanded:replay), one forward over whole trees per microbatch")
-    p.add_argument("--device", default="cpu", help="with --divergence: where to run (cpu, cuda)")
+    p.add_argument("--fidelity", action="store_true",
+                   help="instead: the bf16 fidelity report (Table 7 / Figure 5 analogues): full-vocabulary "
+                   "logit cosine, symmetric KL, target-NLL and loss differences of tree replay, no replay, "
+                   "a baseline rerun and a repacked baseline, each against the expanded baseline, by fork depth")
+    p.add_argument("--device", default="cpu", help="with --divergence or --fidelity: where to run (cpu, cuda)")
     p.add_argument("--norm-float32", action="store_true",
                    help="with --divergence: the model's RMSNorms in float32 inside (ModelConfig.norm_float32)")
     p.add_argument("--seed", type=int, default=0, help="model init (and workload) seed")
@@ -77,10 +81,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
         raise UserError("--microbatch-tokens must be >= 1")
     import torch
 
+    if args.divergence is not None and args.fidelity:
+        raise UserError("--divergence and --fidelity are separate reports: pick one")
     if args.divergence is not None:
         return cmd_divergence(args, trajectories)
+    if args.fidelity:
+        return cmd_fidelity(args, trajectories)
     if args.norm_float32 or args.device != "cpu" or args.tree_attention or args.baseline_attention:
-        raise UserError("--norm-float32, --device and the attention switches are for --divergence")
+        raise UserError("--norm-float32, --device and the attention switches are for --divergence or --fidelity")
     from harts.verify.equivalence import verify_step
 
     if args.dtype == "bfloat16":
@@ -122,9 +130,62 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _device_and_dtype(args: argparse.Namespace, flag: str):
+    import torch
+
+    if args.planner is not None:
+        raise UserError(f"{flag} runs whole trees per microbatch; --planner does not apply")
+    if args.device != "cpu" and not args.device.startswith("cuda"):
+        raise UserError(f"--device must be cpu or cuda[:N]; got {args.device!r}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device here")
+    apply_attention_args(args)
+    return {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
+            None: torch.bfloat16}[args.dtype]
+
+
+def cmd_fidelity(args: argparse.Namespace, trajectories: list) -> int:
+    """`harts verify --fidelity`: `harts.verify.fidelity.fidelity` as a table or JSON."""
+    import dataclasses
+
+    from harts.config.models import get_model_config
+    from harts.verify.fidelity import fidelity
+
+    dtype = _device_and_dtype(args, "--fidelity")
+    cfg = get_model_config(args.model)
+    if args.norm_float32:
+        cfg = dataclasses.replace(cfg, norm_float32=True)
+    report = fidelity(trajectories, model=cfg, dtype=dtype, device=args.device, seed=args.seed,
+                      microbatch_tokens=args.microbatch_tokens)
+    report.update(device=args.device)
+    if args.json:
+        print_json(report)
+        return 0
+    print(f"{report['trajectories']} trajectories, {report['model']}, {report['dtype']} on {args.device}; "
+          "each run against the expanded baseline (logits of every target, full vocabulary)")
+    names = (("baseline rerun", "expanded_rerun"), ("baseline repacked", "expanded_repacked"),
+             ("tree (replay)", "tree_replay"), ("no replay", "tree_no_replay"))
+    rows = []
+    for label, key in names:
+        r = report[f"{key}_vs_expanded"]
+        rows.append((label, f"{r['cosine']:.8f}", f"{r['cosine_min']:.8f}", r["sym_kl"], r["nll_diff_mean"],
+                     r["nll_diff_max"], r["loss_diff"]))
+    print(format_table(["run", "cosine", "min cosine", "sym KL", "NLL diff", "max NLL diff", "loss diff"], rows))
+    depths = sorted({d for _, key in names[2:] for d in report[f"{key}_vs_expanded"]["by_handoff_depth"]}, key=int)
+    rows = []
+    for d in depths:
+        row = [d]
+        for _, key in names[2:]:
+            r = report[f"{key}_vs_expanded"]["by_handoff_depth"].get(d, {})
+            row += [r.get("positions", 0), f"{r.get('cosine', float('nan')):.8f}", r.get("sym_kl", float("nan"))]
+        rows.append(row[:2] + row[2:4] + row[5:7])
+    print(format_table(["fork depth", "positions", "replay cosine", "replay sym KL", "no-replay cosine",
+                        "no-replay sym KL"], rows))
+    return 0
+
+
 def cmd_divergence(args: argparse.Namespace, trajectories: list) -> int:
     """`harts verify --divergence A:B`: `harts.verify.divergence.compare_runs`."""
-    import torch
 
     from harts.config.models import get_model_config
     from harts.exec.model.model import build_model
@@ -135,15 +196,7 @@ def cmd_divergence(args: argparse.Namespace, trajectories: list) -> int:
     modes = args.divergence.split(":")
     if len(modes) != 2 or any(m not in MODES for m in modes):
         raise UserError(f"--divergence takes A:B with A and B among {', '.join(MODES)}; got {args.divergence!r}")
-    if args.planner is not None:
-        raise UserError("--divergence runs whole trees per microbatch; --planner does not apply")
-    if args.device != "cpu" and not args.device.startswith("cuda"):
-        raise UserError(f"--device must be cpu or cuda[:N]; got {args.device!r}")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA device here")
-    apply_attention_args(args)
-    dtype = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
-             None: torch.bfloat16}[args.dtype]
+    dtype = _device_and_dtype(args, "--divergence")
     cfg = get_model_config(args.model)
     if args.norm_float32:
         import dataclasses

@@ -27,7 +27,8 @@ B and S rounded up into buckets (`bucket_batch`: empty sequences pad the batch;
 `bucket_len`: the mask uses the true lengths), so a training run with changing layouts
 builds a graph per new bucket, not per step (a backward graph takes ~1 s to build).
 
-Host-only pieces (`ragged_metadata`, `padded_rows`) are pure numpy and tested on CPU; the
+Host-only pieces (`ragged_metadata`, `padded_rows`, `bucket_len`, `bucket_batch`,
+`pad_batch`) are pure numpy and tested on CPU; the
 kernel itself is checked on the GPU against the float64 reference by
 `split_attention.cudnn_kernel(variant="graph")` before first use.
 """

@@ -185,7 +185,7 @@ def _meta(g, uid, name, B):
     return g.tensor(name=name, dim=[B, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT32, uid=uid)
 
 
-def _stats_attrs(B, H, S, ragged: bool):
+def _stats_attrs(B, H, S):
     # token-major within a sequence: row s of head h at s * H + h (ragged: sequence b at cu[b] * H)
     return [B, H, S, 1], [S * H, 1, H, 1]
 
@@ -223,7 +223,7 @@ def _build_fwd(handle, dt, B, H, Sq, Sk, D, E, lq, lk, lv, scale, causal, bottom
     o, st = g.sdpa(name="sdpa", q=q, k=k, v=v, generate_stats=True, attn_scale=scale, use_padding_mask=True,
                    seq_len_q=sq, seq_len_kv=sk, **_mask_args(causal, bottom_right))
     o.set_output(True).set_dim([B, H, Sq, E]).set_stride([Sq * H * E, E, H * E, 1]).set_ragged_offset(ro)
-    dims, strides = _stats_attrs(B, H, Sq, stats_ragged)
+    dims, strides = _stats_attrs(B, H, Sq)
     st.set_output(True).set_data_type(cudnn.data_type.FLOAT).set_dim(dims).set_stride(strides).set_uid(STATS)
     if stats_ragged:
         st.set_ragged_offset(_meta(g, R_STATS, "rs", B + 1))
@@ -244,7 +244,7 @@ def _build_bwd(handle, dt, B, H, Sq, Sk, D, E, lq, lk, lv, lo, scale, causal, bo
     v = _tensor(g, V, "v", B, H, Sk, E, *lv, dt, rv)
     o = _tensor(g, O, "o", B, H, Sq, E, *lo, dt, ro)
     do = _tensor(g, DO, "do", B, H, Sq, E, *lo, dt, ro)
-    dims, strides = _stats_attrs(B, H, Sq, stats_ragged)
+    dims, strides = _stats_attrs(B, H, Sq)
     st = g.tensor(name="stats", dim=dims, stride=strides, data_type=cudnn.data_type.FLOAT, uid=STATS)
     if stats_ragged:
         st.set_ragged_offset(_meta(g, R_STATS, "rs", B + 1))

@@ -926,6 +926,20 @@ def _attention_bench(f, H: int, qk: int, vd: int, scale: float):
     return qkv, do, sdpa, sdpa / (R32 * (R32 + 1) // 2), layouts
 
 
+def _layout_case(par: np.ndarray, qkv, device="cuda"):
+    """One attention layout's pieces for the speed sections: (rows, query segments, their
+    split, its device index, gathered key rows, attended pairs, fresh leaf q/k/v of the
+    layout's rows)."""
+    from harts.exec.gpu.path_attention import segments_of
+    from harts.exec.gpu.split_attention import device_index, split_segments
+
+    seg = segments_of(par)
+    sp = split_segments(seg, True)
+    ins = [x[:par.size].detach().requires_grad_() for x in qkv]
+    return (int(par.size), seg, sp, device_index(sp, device), torch.as_tensor(seg.key_rows, device=device),
+            seg.attended_pairs, ins)
+
+
 def sec_attnsplit():
     """The cuDNN split tree attention (harts.exec.gpu.split_attention): its self-check, bf16
     accuracy against float64 on a real layout (all rows and a query subset) next to the
@@ -940,7 +954,6 @@ def sec_attnsplit():
     )
     from harts.exec.gpu.split_attention import (
         cudnn_kernel,
-        device_index,
         split_attention,
         split_segments,
     )
@@ -984,13 +997,7 @@ def sec_attnsplit():
     qkv, do, sdpa, per_pair_sdpa, layouts = _attention_bench(f, H, qk, vd, scale)
     out["sdpa_causal_32k_fwdbwd_s"] = sdpa
     for lname, par in layouts.items():
-        R_ = par.size
-        seg = segments_of(par)
-        sp = split_segments(seg, True)
-        idx = device_index(sp, "cuda")
-        keys = torch.as_tensor(seg.key_rows, device="cuda")
-        pairs = seg.attended_pairs
-        ins = [x[:R_].detach().requires_grad_() for x in qkv]
+        R_, seg, sp, idx, keys, pairs, ins = _layout_case(par, qkv)
         res = {"rows": R_, "pairs": pairs, "segments": seg.num_segments, "gathered_keys_varlen": int(seg.key_rows.size),
                "gathered_keys_split": int(sp.anc_rows.size)}
         def split_fn(ins=ins, sp=sp, idx=idx):
@@ -1029,7 +1036,6 @@ def sec_attngraph():
     )
     from harts.exec.gpu.split_attention import (
         cudnn_kernel,
-        device_index,
         split_attention,
         split_segments,
     )
@@ -1094,13 +1100,7 @@ def sec_attngraph():
     qkv, dO, sdpa, per_pair_sdpa, layouts = _attention_bench(f, H, qk, vd, scale)
     out["sdpa_causal_32k_fwdbwd_s"] = sdpa
     for lname, par in layouts.items():
-        R_ = par.size
-        seg = segments_of(par)
-        sp = split_segments(seg, True)
-        idx = device_index(sp, "cuda")
-        keys = torch.as_tensor(seg.key_rows, device="cuda")
-        pairs = seg.attended_pairs
-        ins = [x[:R_].detach().requires_grad_() for x in qkv]
+        R_, seg, sp, idx, keys, pairs, ins = _layout_case(par, qkv)
         res = {"rows": R_, "pairs": pairs, "segments": seg.num_segments, "max_q": seg.max_q}
         fns = {f"split_{n_}": (lambda kk=kk, ins=ins, sp=sp, idx=idx: split_attention(*ins, scale, sp, kernel=kk, idx=idx))
                for n_, kk in kerns.items()}
@@ -1200,11 +1200,7 @@ def sec_attnbits():
     fsw = generate(preset("swe-treestep-1")).forest()
     qkv, dO, sdpa, per_pair_sdpa, layouts = _attention_bench(fsw, H, qk, vd, scale)
     for lname, lpar in layouts.items():
-        R_ = lpar.size
-        seg = segments_of(lpar)
-        keys = torch.as_tensor(seg.key_rows, device="cuda")
-        pairs = seg.attended_pairs
-        ins = [x[:R_].detach().requires_grad_() for x in qkv]
+        R_, seg, _, _, keys, pairs, ins = _layout_case(lpar, qkv)
         def fn(ins=ins, seg=seg, keys=keys):
             return path_attention(*ins, scale, seg, kernel=cudnn_graph.varlen_fn(br), key_rows=keys)
         try:
@@ -1248,7 +1244,6 @@ def sec_attnhybrid():
     three attention layouts, forward+backward per attended pair against causal cuDNN SDPA."""
     from harts.exec.backend import FastTreeAttention
     from harts.exec.gpu.bench import time_cuda
-    from harts.exec.gpu.path_attention import segments_of
     from harts.tree.workload import generate, preset
 
     H, qk, vd = 16, 192, 128
@@ -1257,10 +1252,7 @@ def sec_attnhybrid():
     qkv, dO, sdpa, per_pair_sdpa, layouts = _attention_bench(f, H, qk, vd, scale)
     out = {"sdpa_causal_32k_fwdbwd_s": sdpa}
     for lname, par in layouts.items():
-        R_ = par.size
-        seg = segments_of(par)
-        pairs = seg.attended_pairs
-        ins = [x[:R_].detach().requires_grad_() for x in qkv]
+        R_, seg, _, _, _, pairs, ins = _layout_case(par, qkv)
         res = {"rows": R_, "pairs": pairs, "segments": seg.num_segments}
         end = torch.zeros(R_, dtype=torch.int64, device="cuda")  # only its size is read (all rows query)
         q_local = torch.arange(R_, device="cuda")
@@ -1356,7 +1348,6 @@ def sec_attnvar():
         _read_lse,
         _write_lse,
         cudnn_kernel,
-        device_index,
         split_attention,
         split_segments,
     )
@@ -1432,11 +1423,7 @@ def sec_attnvar():
     qkv, dO, sdpa, per_pair_sdpa, layouts = _attention_bench(f, H, qk, vd, scale)
     out["sdpa_causal_32k_fwdbwd_s"] = sdpa
     for lname, par in layouts.items():
-        seg = segments_of(par)
-        sp = split_segments(seg, True)
-        idx = device_index(sp, "cuda")
-        pairs = seg.attended_pairs
-        ins = [x[:par.size].detach().requires_grad_() for x in qkv]
+        _, seg, sp, idx, _, pairs, ins = _layout_case(par, qkv)
         res = {"rows": int(par.size), "pairs": pairs, "segments": seg.num_segments}
         for variant, kern in kerns.items():
             def fn(ins=ins, sp=sp, idx=idx, kern=kern):

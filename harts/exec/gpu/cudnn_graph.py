@@ -27,6 +27,11 @@ B and S rounded up into buckets (`bucket_batch`: empty sequences pad the batch;
 `bucket_len`: the mask uses the true lengths), so a training run with changing layouts
 builds a graph per new bucket, not per step (a backward graph takes ~1 s to build).
 
+`GraphKernel.fwd_call` / `bwd_call` build (or fetch) a graph and its variant pack without
+running it (`GraphCall.run`); with `all_plans` every plan cuDNN offers is built, and
+`plan_table` times each (on the H200 the heuristic's choice was the fastest forward within
+3%, and the backward has a single plan: benchmarks/results/h200_session9/s9a).
+
 Host-only pieces (`ragged_metadata`, `padded_rows`, `bucket_len`, `bucket_batch`,
 `pad_batch`) are pure numpy and tested on CPU; the
 kernel itself is checked on the GPU against the float64 reference by
@@ -199,18 +204,29 @@ def _mask_args(causal: bool, bottom_right: bool):
             cudnn.diagonal_alignment.TOP_LEFT, "diagonal_band_right_bound": 0}
 
 
-def _finish(g):
+def _finish(g, all_plans: bool = False):
+    """Validate and build `g`: the heuristic's first supported plan (cuDNN's choice, the
+    one torch's SDPA takes too), or with `all_plans` every plan heuristics A, B and the
+    fallback list (for `plan_table`: run one by index with `execute_plan`)."""
     import cudnn
 
     g.validate()
     g.build_operation_graph()
-    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    modes = [cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK]
+    if all_plans:
+        try:
+            g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.B, cudnn.heur_mode.FALLBACK])
+        except Exception:  # noqa: BLE001 - heuristic B is not offered for every graph
+            g.create_execution_plans(modes)
+    else:
+        g.create_execution_plans(modes)
     g.check_support()
-    g.build_plans()
+    g.build_plans(cudnn.build_plan_policy.ALL if all_plans else cudnn.build_plan_policy.HEURISTICS_CHOICE)
     return g, int(g.get_workspace_size())
 
 
-def _build_fwd(handle, dt, B, H, Sq, Sk, D, E, lq, lk, lv, scale, causal, bottom_right, stats_ragged):
+def _build_fwd(handle, dt, B, H, Sq, Sk, D, E, lq, lk, lv, scale, causal, bottom_right, stats_ragged,
+               all_plans=False):
     import cudnn
 
     g = cudnn.pygraph(io_data_type=dt, intermediate_data_type=cudnn.data_type.FLOAT,
@@ -228,11 +244,11 @@ def _build_fwd(handle, dt, B, H, Sq, Sk, D, E, lq, lk, lv, scale, causal, bottom
     if stats_ragged:
         st.set_ragged_offset(_meta(g, R_STATS, "rs", B + 1))
     o.set_uid(O)
-    return _finish(g)
+    return _finish(g, all_plans)
 
 
 def _build_bwd(handle, dt, B, H, Sq, Sk, D, E, lq, lk, lv, lo, scale, causal, bottom_right, stats_ragged,
-               deterministic):
+               deterministic, all_plans=False):
     import cudnn
 
     g = cudnn.pygraph(io_data_type=dt, intermediate_data_type=cudnn.data_type.FLOAT,
@@ -255,7 +271,7 @@ def _build_bwd(handle, dt, B, H, Sq, Sk, D, E, lq, lk, lv, lo, scale, causal, bo
     dq.set_output(True).set_dim([B, H, Sq, D]).set_stride([Sq * H * D, D, H * D, 1]).set_ragged_offset(rdq).set_uid(DQ)
     dk.set_output(True).set_dim([B, H, Sk, D]).set_stride([Sk * H * D, D, H * D, 1]).set_ragged_offset(rdk).set_uid(DK)
     dv.set_output(True).set_dim([B, H, Sk, E]).set_stride([Sk * H * E, E, H * E, 1]).set_ragged_offset(rdv).set_uid(DV)
-    return _finish(g)
+    return _finish(g, all_plans)
 
 
 class GraphKernel(VarlenKernel):
@@ -294,38 +310,53 @@ class GraphKernel(VarlenKernel):
         return m
 
     def fwd(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+        call = self.fwd_call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale)
+        if call.graph is not None:
+            call.run()
+        o, stats, aux, rows = call.outputs
+        lse = stats if rows is None else stats.index_select(0, rows)
+        if self.factor != 1.0:
+            lse = lse * self.factor
+        return o, lse, aux
+
+    def fwd_call(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, all_plans: bool = False) -> GraphCall:
+        """The forward's graph and variant pack, not run: outputs (o, stats, aux, padded
+        rows or None). `all_plans`: a fresh, uncached graph with every plan built."""
         q, k, v = _fit(q), _fit(k), _fit(v)
         T, H, D = q.shape
         E = v.shape[-1]
         o = torch.empty(T, H, E, dtype=q.dtype, device=q.device)
         if np.asarray(cu_q).size < 2 or T == 0:
-            return o, torch.empty(T, H, dtype=torch.float32, device=q.device), None
+            return GraphCall(None, 0, {}, 0, (o, torch.empty(T, H, dtype=torch.float32, device=q.device), None, None))
         B = bucket_batch(np.asarray(cu_q).size - 1)
         cu_q, cu_k = pad_batch(cu_q, B), pad_batch(cu_k, B)
         Sq, Sk = bucket_len(max_q), bucket_len(max_k)
         lq, lk, lv, lo = _layout(q), _layout(k), _layout(v), (H * E, E)
         handle = _handle(q.device)
         dt = _dtype(q.dtype)
-        g, ws = self.cache.get(("fwd", q.dtype, B, H, Sq, Sk, D, E, lq, lk, lv, float(scale), bool(causal)),
-                               lambda: _build_fwd(handle, dt, B, H, Sq, Sk, D, E, lq, lk, lv, float(scale),
-                                                  bool(causal), self.bottom_right, self.stats_ragged))
+        build = lambda: _build_fwd(handle, dt, B, H, Sq, Sk, D, E, lq, lk, lv, float(scale),  # noqa: E731
+                                   bool(causal), self.bottom_right, self.stats_ragged, all_plans)
+        g, ws = build() if all_plans else self.cache.get(
+            ("fwd", q.dtype, B, H, Sq, Sk, D, E, lq, lk, lv, float(scale), bool(causal)), build)
         meta = self._device_meta(cu_q, cu_k, Sq, (lq, lk, lv, lo, H), q.device)
         stats = torch.empty(T if self.stats_ragged else B * Sq, H, dtype=torch.float32, device=q.device)
-        work = torch.empty(max(ws, 1), dtype=torch.uint8, device=q.device)
         pack = {Q: q.data_ptr(), K: k.data_ptr(), V: v.data_ptr(), O: o.data_ptr(), STATS: stats.data_ptr()}
         pack.update({u: meta[u].data_ptr() for u in (SEQ_Q, SEQ_K, R_Q, R_K, R_V, R_O)})
         if self.stats_ragged:
             pack[R_STATS] = meta[R_STATS].data_ptr()
-        import cudnn
-
-        cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(q.device).cuda_stream)
-        g._execute(pack, work.data_ptr(), handle)
-        lse = stats if self.stats_ragged else stats.index_select(0, meta["rows"])
-        if self.factor != 1.0:
-            lse = lse * self.factor
-        return o, lse, (Sq, Sk)
+        # the inputs are kept alive with the pack (their pointers are in it)
+        return GraphCall(g, ws, pack, handle, (o, stats, (Sq, Sk), None if self.stats_ragged else meta["rows"]),
+                         keep=(q, k, v, meta))
 
     def bwd(self, do, q, k, v, o, lse, aux, cu_q, cu_k, max_q, max_k, causal, scale):
+        call = self.bwd_call(do, q, k, v, o, lse, aux, cu_q, cu_k, max_q, max_k, causal, scale)
+        if call.graph is not None:
+            call.run()
+        return call.outputs
+
+    def bwd_call(self, do, q, k, v, o, lse, aux, cu_q, cu_k, max_q, max_k, causal, scale,
+                 all_plans: bool = False) -> GraphCall:
+        """The backward's graph and variant pack, not run: outputs (dq, dk, dv)."""
         q, k, v, o, do = _fit(q), _fit(k), _fit(v), _fit(o), _fit(do)
         if _layout(do) != _layout(o):
             do = do.contiguous()
@@ -340,18 +371,17 @@ class GraphKernel(VarlenKernel):
         dk = make(k.shape, dtype=k.dtype, device=k.device)
         dv = make(v.shape, dtype=v.dtype, device=v.device)
         if n_q.size == 0 or T == 0:
-            return dq.zero_(), dk.zero_(), dv.zero_()
+            return GraphCall(None, 0, {}, 0, (dq.zero_(), dk.zero_(), dv.zero_()))
         B = bucket_batch(n_q.size)
         cu_q, cu_k = pad_batch(cu_q, B), pad_batch(cu_k, B)
         Sq, Sk = aux if aux is not None else (bucket_len(max_q), bucket_len(max_k))
         lq, lk, lv, lo = _layout(q), _layout(k), _layout(v), _layout(o)
         handle = _handle(q.device)
         dt = _dtype(q.dtype)
-        g, ws = self.cache.get(("bwd", q.dtype, B, H, Sq, Sk, D, E, lq, lk, lv, lo, float(scale), bool(causal),
-                                self.deterministic),
-                               lambda: _build_bwd(handle, dt, B, H, Sq, Sk, D, E, lq, lk, lv, lo, float(scale),
-                                                  bool(causal), self.bottom_right, self.stats_ragged,
-                                                  self.deterministic))
+        build = lambda: _build_bwd(handle, dt, B, H, Sq, Sk, D, E, lq, lk, lv, lo, float(scale),  # noqa: E731
+                                   bool(causal), self.bottom_right, self.stats_ragged, self.deterministic, all_plans)
+        g, ws = build() if all_plans else self.cache.get(
+            ("bwd", q.dtype, B, H, Sq, Sk, D, E, lq, lk, lv, lo, float(scale), bool(causal), self.deterministic), build)
         meta = self._device_meta(cu_q, cu_k, Sq, (lq, lk, lv, lo, H), q.device)
         packed = self._device_meta(cu_q, cu_k, Sq, ((H * D, D), (H * D, D), (H * E, E), lo, H), q.device)
         st = (lse.float() / self.factor) if self.factor != 1.0 else lse.float()
@@ -359,18 +389,62 @@ class GraphKernel(VarlenKernel):
             st = st.contiguous()
         else:
             st = torch.zeros(B * Sq, H, dtype=torch.float32, device=q.device).index_copy_(0, meta["rows"], st)
-        work = torch.empty(max(ws, 1), dtype=torch.uint8, device=q.device)
         pack = {Q: q.data_ptr(), K: k.data_ptr(), V: v.data_ptr(), O: o.data_ptr(), DO: do.data_ptr(),
                 STATS: st.data_ptr(), DQ: dq.data_ptr(), DK: dk.data_ptr(), DV: dv.data_ptr()}
         pack.update({u: meta[u].data_ptr() for u in (SEQ_Q, SEQ_K, R_Q, R_K, R_V, R_O)})
         pack.update({R_DQ: packed[R_Q].data_ptr(), R_DK: packed[R_K].data_ptr(), R_DV: packed[R_V].data_ptr()})
         if self.stats_ragged:
             pack[R_STATS] = meta[R_STATS].data_ptr()
+        return GraphCall(g, ws, pack, handle, (dq, dk, dv), keep=(q, k, v, o, do, st, meta, packed))
+
+
+class GraphCall:
+    """A built graph with its variant pack (tensor pointers by uid) and outputs, ready to
+    run: `run()` the graph's chosen plan, `run(index=i)` plan i of a graph built with
+    `all_plans` (`plan_table`). `keep` holds the tensors whose pointers the pack has."""
+
+    def __init__(self, graph, ws: int, pack: dict, handle, outputs, keep=()):
+        self.graph, self.ws, self.pack, self.handle, self.outputs, self.keep = graph, ws, pack, handle, outputs, keep
+
+    def run(self, index: int | None = None) -> None:
         import cudnn
 
-        cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(q.device).cuda_stream)
-        g._execute(pack, work.data_ptr(), handle)
-        return dq, dk, dv
+        dev = self.outputs[0].device  # o or dq
+        cudnn.set_stream(handle=self.handle, stream=torch.cuda.current_stream(dev).cuda_stream)
+        ws = self.ws if index is None else int(self.graph.get_workspace_size_plan_at_index(index))
+        work = torch.empty(max(ws, 1), dtype=torch.uint8, device=dev)
+        if index is None:
+            self.graph._execute(self.pack, work.data_ptr(), self.handle)
+        else:
+            self.graph._execute_plan_at_index(self.pack, work.data_ptr(), int(index), self.handle)
+
+
+def plan_table(call: GraphCall, time_fn) -> list[dict]:
+    """Every plan of a graph built with `all_plans`: its index, name, workspace bytes,
+    seconds per run (`time_fn(fn)`), and the largest relative difference of its outputs
+    from plan 0's (the heuristic's first choice); a plan that fails to run records its error."""
+    g = call.graph
+    out, ref = [], None
+    for i in range(int(g.get_execution_plan_count())):
+        row = {"index": i}
+        try:
+            row["name"] = str(g.get_plan_name_at_index(i))
+            row["workspace_bytes"] = int(g.get_workspace_size_plan_at_index(i))
+            outs = [x for x in call.outputs if isinstance(x, Tensor) and x.is_floating_point()]
+            for x in outs:
+                x.zero_()
+            call.run(i)
+            torch.cuda.synchronize()
+            got = [x.detach().double().clone() for x in outs]
+            if ref is None:
+                ref = got
+            row["max_rel_diff_vs_plan0"] = max(float((a - b).norm() / b.norm().clamp_min(1e-30))
+                                               for a, b in zip(got, ref, strict=True))
+            row["s"] = time_fn(lambda i=i: call.run(i))
+        except Exception as err:  # noqa: BLE001 - record and try the next plan
+            row["error"] = f"{type(err).__name__}: {err}"[:300]
+        out.append(row)
+    return out
 
 
 @torch.no_grad()

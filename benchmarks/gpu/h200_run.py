@@ -43,6 +43,17 @@ def parents_from_ends(end_np: np.ndarray) -> np.ndarray:
     return parent
 
 
+def ends_from_parents(par: np.ndarray) -> np.ndarray:
+    """The last row of each row's subtree (DFS order), from the parents (inverse of
+    `parents_from_ends`)."""
+    end = np.arange(par.size, dtype=np.int64)
+    for r in range(par.size - 1, 0, -1):
+        p = par[r]
+        if p >= 0 and end[r] > end[p]:
+            end[p] = end[r]
+    return end
+
+
 def rel(a, b) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30)) if torch.isfinite(a).all() else float("inf")
@@ -1241,7 +1252,9 @@ def sec_attnhybrid():
     frontend, forward one bottom-right graph call over root-to-row paths, backward the split
     with the dense per-segment kernel on long segments and the graph's on short ones) against
     the former default (HARTS_TREE_ATTENTION=cudnn: the per-segment dense split), on the
-    three attention layouts, forward+backward per attended pair against causal cuDNN SDPA."""
+    three attention layouts and swe-treestep-32's sparsest (27% density: with FlexAttention
+    too, the issue's easy path) and median 32k windows, forward+backward per attended pair
+    against causal cuDNN SDPA."""
     from harts.exec.backend import FastTreeAttention
     from harts.exec.gpu.bench import time_cuda
     from harts.tree.workload import generate, preset
@@ -1250,13 +1263,15 @@ def sec_attnhybrid():
     scale = qk ** -0.5
     f = generate(preset("swe-treestep-1")).forest()
     qkv, dO, sdpa, per_pair_sdpa, layouts = _attention_bench(f, H, qk, vd, scale)
+    layouts.update({n: p for n, (p, _) in _swe32_windows(32768).items()})
     out = {"sdpa_causal_32k_fwdbwd_s": sdpa}
     for lname, par in layouts.items():
         R_, seg, _, _, _, pairs, ins = _layout_case(par, qkv)
-        res = {"rows": R_, "pairs": pairs, "segments": seg.num_segments}
-        end = torch.zeros(R_, dtype=torch.int64, device="cuda")  # only its size is read (all rows query)
+        res = {"rows": R_, "pairs": pairs, "density": pairs / R_ ** 2, "segments": seg.num_segments}
+        end = torch.as_tensor(ends_from_parents(par), device="cuda")  # Flex's block mask reads it
         q_local = torch.arange(R_, device="cuda")
-        for name, env in (("cudnn_split", "cudnn"), ("graph_hybrid", "graph")):
+        variants = (("cudnn_split", "cudnn"), ("graph_hybrid", "graph"), ("flex", "flex"))
+        for name, env in variants[:3 if lname == "swe32_sparsest" else 2]:
             os.environ["HARTS_TREE_ATTENTION"] = env
             try:
                 att = FastTreeAttention(q_local, end, parent_L=par)
@@ -1274,6 +1289,315 @@ def sec_attnhybrid():
                 os.environ.pop("HARTS_TREE_ATTENTION", None)
         out[lname] = res
         print(f"[attnhybrid] {lname}: {res}", flush=True)
+    return out
+
+
+def _swe32_windows(R: int = 32768) -> dict:
+    """The first R rows (a DFS prefix: itself a tree layout) of each swe-treestep-32 tree
+    that has R rows, by density (attended pairs / R^2; causal = 0.5): the sparsest (tree 10:
+    0.266, the issue's "27% density" tree mask) and the median one. The Flash presets cap
+    contexts at 32k, so these are the generator's own 32k-row trees, not tuned layouts."""
+    from harts.tree.workload import generate, preset
+
+    f = generate(preset("swe-treestep-32")).forest()
+    par, end = f.row_parent, f.row_end
+    rows = []
+    for r in np.flatnonzero(par < 0):
+        if r + R > f.num_rows:
+            continue
+        e = np.minimum(end[r:r + R] - r, R - 1)
+        rows.append((float((e - np.arange(R) + 1).sum()) / R ** 2, int(r), e))
+    rows.sort(key=lambda x: x[0])
+    pick = {"swe32_sparsest": rows[0], "swe32_median": rows[len(rows) // 2]}
+    return {n: (parents_from_ends(e), d) for n, (d, _, e) in pick.items()}
+
+
+def sec_attnplans():
+    """The bushy layout's gap and the issue's 27%-density case. (1) causal cuDNN SDPA on 32k
+    rows by kernel (its tile shapes); (2) per attended pair against it, forward+backward:
+    the default tree attention and FlexAttention (the issue's easy path) on the bushy
+    layout and on two swe-treestep-32 windows (the sparsest: 27% density; the median);
+    (3) every cuDNN plan (heuristics A, B, fallback) of the default path's three graphs on
+    the bushy layout and the 27% window (bottom-right forward over paths; the split
+    backward's causal own-segment part and non-causal ancestor part): name, workspace,
+    time, difference from the heuristic's choice; and the engines' knobs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from harts.exec.backend import FastTreeAttention, causal_attention, graph_kernels
+    from harts.exec.gpu import cudnn_graph
+    from harts.exec.gpu.bench import time_cuda
+    from harts.tree.workload import generate, preset
+
+    H, qk, vd = 16, 192, 128
+    scale = qk ** -0.5
+    f = generate(preset("swe-treestep-1")).forest()
+    qkv, dO, sdpa, per_pair_sdpa, layouts = _attention_bench(f, H, qk, vd, scale)
+    out = {"sdpa_causal_32k_fwdbwd_s": sdpa}
+    R32 = 32768
+    hf = [x[:R32].detach().transpose(0, 1).requires_grad_() for x in qkv]
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(2):
+            causal_attention(*hf, scale).backward(dO[:R32].transpose(0, 1))
+        torch.cuda.synchronize()
+    out["sdpa_kernels"] = [{"kernel": e.key[:110], "ms": round(e.device_time_total / 2e3, 3), "calls": e.count // 2}
+                           for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:8]]
+    print(f"[attnplans] sdpa kernels: {out['sdpa_kernels']}", flush=True)
+    cases = {"bushy": (layouts["small_treestep_tiled"], None)}
+    cases.update(_swe32_windows(R32))
+    fwd_k, split_k = graph_kernels(qk, vd)
+    for lname, (par, _) in cases.items():
+        R_, seg, sp, idx, keys, pairs, ins = _layout_case(par, qkv)
+        res = {"rows": R_, "pairs": pairs, "density": pairs / R_ ** 2, "segments": seg.num_segments,
+               "gathered_keys": int(seg.key_rows.size)}
+        end = torch.as_tensor(ends_from_parents(par), device="cuda")  # Flex's block mask reads it
+        q_local = torch.arange(R_, device="cuda")
+        for name, env in (("default", ""), ("flex", "flex"))[:2 if lname == "swe32_sparsest" else 1]:
+            if env:
+                os.environ["HARTS_TREE_ATTENTION"] = env
+            try:
+                att = FastTreeAttention(q_local, end, parent_L=par)
+                fn = lambda att=att, ins=ins: att(*ins, scale)  # noqa: E731
+                fn().backward(dO[:R_])
+                torch.cuda.synchronize()
+                with torch.no_grad():
+                    fwd = time_cuda(fn, repeats=5)
+                fb = time_cuda(lambda fn=fn, dR=dO[:R_]: fn().backward(dR), repeats=5)
+                res[name] = {"impl": str(att.impl(torch.bfloat16, qk, vd)), "fwd_s": fwd, "fwdbwd_s": fb,
+                             "per_pair_vs_sdpa": fb / pairs / per_pair_sdpa}
+            except Exception as err:  # noqa: BLE001
+                res[name] = {"error": f"{type(err).__name__}: {err}"[:400]}
+            finally:
+                os.environ.pop("HARTS_TREE_ATTENTION", None)
+        print(f"[attnplans] {lname}: {res}", flush=True)
+        # the default path's graphs, every plan
+        plans = {}
+        timer = lambda fn: time_cuda(fn, repeats=5, warmup=2)  # noqa: E731
+        try:
+            with torch.no_grad():
+                q, k, v = (x.detach() for x in ins)
+                do = dO[:R_]
+                kg, vg = k.index_select(0, keys), v.index_select(0, keys)
+                o, lse, _ = fwd_k.fwd(q, kg, vg, seg.cu_q, seg.cu_k, seg.max_q, seg.max_k, True, scale)
+                calls = {"fwd_path": fwd_k.fwd_call(q, kg, vg, seg.cu_q, seg.cu_k, seg.max_q, seg.max_k, True, scale,
+                                                    all_plans=True)}
+                if sp.max_q <= 8192:
+                    calls["bwd_own"] = split_k.bwd_call(do, q, k, v, o, lse, None, sp.cu_q, sp.cu_q, sp.max_q,
+                                                        sp.max_q, True, scale, all_plans=True)
+                if sp.has_ancestors and sp.max_qa <= 8192 and sp.max_ka <= 8192:
+                    qa, anc = idx["qa"], idx["anc"]
+                    calls["bwd_anc"] = split_k.bwd_call(do.index_select(0, qa), q.index_select(0, qa),
+                                                        k.index_select(0, anc), v.index_select(0, anc),
+                                                        o.index_select(0, qa), lse.index_select(0, qa), None,
+                                                        sp.cu_qa, sp.cu_ka, sp.max_qa, sp.max_ka, False, scale,
+                                                        all_plans=True)
+                for cname, call in calls.items():
+                    plans[cname] = cudnn_graph.plan_table(call, timer)
+                    print(f"[attnplans] {lname} {cname}: {plans[cname]}", flush=True)
+                    if lname == "bushy":
+                        g = call.graph
+                        try:
+                            plans[f"{cname}_engines"] = {e: str(g.get_knobs_for_engine(e))[:1500]
+                                                         for e in range(int(g.get_engine_count()))}
+                        except Exception as err:  # noqa: BLE001
+                            plans[f"{cname}_engines"] = f"{type(err).__name__}: {err}"[:300]
+                        print(f"[attnplans] {cname} engines: {plans[f'{cname}_engines']}", flush=True)
+                del calls
+        except Exception as err:  # noqa: BLE001
+            plans["error"] = f"{type(err).__name__}: {err}"[:400]
+            plans["traceback"] = traceback.format_exc()[-1500:]
+            print(f"[attnplans] {lname} plans: {plans['error']}", flush=True)
+        res["plans"] = plans
+        out[lname] = res
+        torch.cuda.empty_cache()
+    return out
+
+
+def sec_attnpieces():
+    """The split backward with part A grouped by key piece (`split_attention.piece_segments`)
+    against by query segment (the default), on the bushy layout, swe-treestep-32's sparsest
+    32k window (27% density) and its median one: forward+backward per attended pair against
+    causal cuDNN SDPA, for part-B x part-A kernel pairs (graph deterministic where its
+    workspace, B*H*Sq*Sk*2 bytes, allows; graph non-deterministic; torch's dense cuDNN per
+    sequence), the peak memory over the inputs, and a check of each backward against the
+    default's gradients (relative difference). Forward: the default bottom-right graph call."""
+    from harts.exec.backend import GRAPH_BACKWARD_MAX_ROWS, graph_kernels
+    from harts.exec.gpu import cudnn_graph
+    from harts.exec.gpu.bench import time_cuda
+    from harts.exec.gpu.split_attention import (
+        cudnn_kernel,
+        device_index,
+        path_split_attention,
+        piece_segments,
+    )
+    from harts.tree.workload import generate, preset
+
+    H, qk, vd = 16, 192, 128
+    scale = qk ** -0.5
+    f = generate(preset("swe-treestep-1")).forest()
+    qkv, dO, sdpa, per_pair_sdpa, layouts = _attention_bench(f, H, qk, vd, scale)
+    out = {"sdpa_causal_32k_fwdbwd_s": sdpa}
+    fwd_k, det = graph_kernels(qk, vd)
+    kern = {"det": det, "nondet": cudnn_kernel(qk, vd, "graph-nondet"), "dense": cudnn_kernel(qk, vd)}
+
+    def ws_gib(B, nq, nk):  # the deterministic graph backward's workspace
+        return cudnn_graph.bucket_batch(B) * H * cudnn_graph.bucket_len(nq) * cudnn_graph.bucket_len(nk) * 2 / 2 ** 30
+
+    cases = {"bushy": layouts["small_treestep_tiled"], "swe1_all": layouts["swe_treestep_1_all"]}
+    cases.update({n: p for n, (p, _) in _swe32_windows(32768).items()})
+    for lname, par in cases.items():
+        R_, seg, spq, idxq, keys, pairs, ins = _layout_case(par, qkv)
+        spp = piece_segments(seg, True)
+        idxp = device_index(spp, "cuda")
+        dR = dO[:R_]
+        res = {"rows": R_, "pairs": pairs, "density": pairs / R_ ** 2, "segments": seg.num_segments}
+        for nm, sp in (("query", spq), ("piece", spp)):
+            res[f"{nm}_split"] = {"pieces": int(sp.cu_qa.size - 1), "qa_rows": int(sp.qa_index.size),
+                                  "anc_rows": int(sp.anc_rows.size), "max_qa": sp.max_qa, "max_ka": sp.max_ka,
+                                  "ws_det_A_gib": ws_gib(sp.cu_qa.size - 1, sp.max_qa, sp.max_ka)}
+        wsB = ws_gib(seg.num_segments, seg.max_q, seg.max_q)
+        b_default = "det" if seg.max_q <= GRAPH_BACKWARD_MAX_ROWS else "dense"
+        combos = [("query", b_default, b_default), ("piece", b_default, b_default), ("piece", b_default, "nondet"),
+                  ("piece", b_default, "dense"), ("piece", "nondet", "nondet"), ("query", "nondet", "nondet"),
+                  ("piece", "dense", "dense")]
+        ref = None
+        for split, kb, ka in combos:
+            name = f"{split}_{kb}_{ka}"
+            sp, idx = (spq, idxq) if split == "query" else (spp, idxp)
+            if (kb == "det" and wsB > 20) or (ka == "det" and res[f"{split}_split"]["ws_det_A_gib"] > 20):
+                res[name] = {"skipped": "deterministic workspace over 20 GiB"}
+                continue
+            try:
+                fn = lambda sp=sp, idx=idx, kb=kb, ka=ka, ins=ins, seg=seg, keys=keys: path_split_attention(  # noqa: E731
+                    *ins, scale, seg, sp, fwd_k, (kern[kb], kern[ka]), key_rows=keys, idx=idx)
+                for x in ins:
+                    x.grad = None
+                fn().backward(dR)
+                grads = [x.grad.detach().clone() for x in ins]
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                fn().backward(dR)
+                torch.cuda.synchronize()
+                peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+                fb = time_cuda(lambda fn=fn, dR=dR: fn().backward(dR), repeats=5)
+                row = {"fwdbwd_s": fb, "per_pair_vs_sdpa": fb / pairs / per_pair_sdpa, "peak_over_inputs_gib": peak}
+                if ref is None:
+                    ref = grads
+                else:
+                    row["grad_rel_diff_vs_first"] = [rel(a, b) for a, b in zip(grads, ref, strict=True)]
+                res[name] = row
+            except Exception as err:  # noqa: BLE001
+                res[name] = {"error": f"{type(err).__name__}: {err}"[:400]}
+            print(f"[attnpieces] {lname} {name}: {res[name]}", flush=True)
+            torch.cuda.empty_cache()
+        for x in ins:
+            x.grad = None
+        out[lname] = res
+        print(f"[attnpieces] {lname}: {res}", flush=True)
+    return out
+
+
+def sec_attndet():
+    """The graph path's backward with part A by key piece (the default) against by query
+    segment: bf16 gradients against float64 (the same decomposition's reference kernels,
+    on the GPU) on small-treestep (12k rows, 16 heads, qk 192 / v 128), each kernel pair the
+    backend picks; then run-to-run bit identity of the gradients (two runs, same inputs)
+    for torch's causal SDPA on 32k rows (the baseline), the default tree attention on the
+    bushy layout and on the 27% window, and each split kernel alone."""
+    from harts.exec.backend import (
+        FastTreeAttention,
+        causal_attention,
+        graph_kernels,
+        split_part_kernel,
+    )
+    from harts.exec.gpu.split_attention import (
+        REFERENCE,
+        REFERENCE_BOTTOM_RIGHT,
+        cudnn_kernel,
+        device_index,
+        path_split_attention,
+        piece_segments,
+        split_segments,
+    )
+    from harts.tree.workload import generate, preset
+
+    H, qk, vd = 16, 192, 128
+    scale = qk ** -0.5
+    out = {"accuracy": {}, "bit_identical_reruns": {}}
+    par = generate(preset("small-treestep")).forest().row_parent
+    from harts.exec.gpu.path_attention import segments_of
+
+    seg = segments_of(par)
+    L = par.size
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q, k, do = (torch.randn(L, H, d, device="cuda", generator=g) for d in (qk, qk, vd))
+    v = torch.randn(L, H, vd, device="cuda", generator=g)
+    keys = torch.as_tensor(seg.key_rows, device="cuda")
+    fwd_k, det = graph_kernels(qk, vd)
+
+    def grads(x3, sp, fk, kern, dout):
+        ins = [x.detach().requires_grad_() for x in x3]
+        o = path_split_attention(*ins, scale, seg, sp, fk, kern, key_rows=keys, idx=device_index(sp, "cuda"))
+        return torch.autograd.grad(o, ins, dout)
+
+    for name, split in (("query", split_segments), ("piece", piece_segments)):
+        sp = split(seg, True)
+        ref = grads([x.double() for x in (q, k, v)], sp, REFERENCE_BOTTOM_RIGHT, REFERENCE, do.double())
+        picks = {"default": (split_part_kernel(qk, vd, H, L, seg.num_segments, sp.max_q, sp.max_q),
+                             split_part_kernel(qk, vd, H, int(sp.qa_index.size), int(sp.cu_qa.size - 1), sp.max_qa,
+                                               sp.max_ka)),
+                 "dense": cudnn_kernel(qk, vd), "nondet": cudnn_kernel(qk, vd, "graph-nondet"), "det": det}
+        for kn, kern in picks.items():
+            try:
+                got = grads([x.bfloat16() for x in (q, k, v)], sp, fwd_k, kern, do.bfloat16())
+                out["accuracy"][f"{name}_{kn}"] = {n_: rel(a, b) for n_, a, b in zip(("dq", "dk", "dv"), got, ref,
+                                                                                      strict=True)}
+                if kn == "default":
+                    out["accuracy"][f"{name}_{kn}"]["kernels"] = [getattr(x, "name", type(x).__name__) for x in kern]
+            except Exception as err:  # noqa: BLE001
+                out["accuracy"][f"{name}_{kn}"] = {"error": f"{type(err).__name__}: {err}"[:300]}
+            print(f"[attndet] accuracy {name}_{kn}: {out['accuracy'][f'{name}_{kn}']}", flush=True)
+        del ref
+    # run-to-run bit identity of the gradients
+    fsw = generate(preset("swe-treestep-1")).forest()
+    qkv, dO, _, _, layouts = _attention_bench(fsw, H, qk, vd, scale)
+
+    def same_twice(fn):
+        a = [t.clone() for t in fn()]
+        b = fn()
+        return all(bool(torch.equal(x, y)) for x, y in zip(a, b, strict=True))
+
+    R32 = 32768
+    hf = [x[:R32].detach().transpose(0, 1) for x in qkv]
+
+    def sdpa_grads():
+        ins = [x.requires_grad_() for x in (t.detach() for t in hf)]
+        return torch.autograd.grad(causal_attention(*ins, scale), ins, dO[:R32].transpose(0, 1))
+
+    out["bit_identical_reruns"]["torch_sdpa_causal_32k"] = same_twice(sdpa_grads)
+    cases = {"bushy": layouts["small_treestep_tiled"], "swe32_sparsest": _swe32_windows(R32)["swe32_sparsest"][0]}
+    for lname, lpar in cases.items():
+        R_ = lpar.size
+        att = FastTreeAttention(torch.arange(R_, device="cuda"), torch.as_tensor(ends_from_parents(lpar), device="cuda"),
+                                parent_L=lpar)
+
+        def tree_grads(att=att, R_=R_):
+            ins = [x[:R_].detach().requires_grad_() for x in qkv]
+            return torch.autograd.grad(att(*ins, scale), ins, dO[:R_])
+
+        out["bit_identical_reruns"][f"tree_default_{lname}"] = same_twice(tree_grads)
+        segl = segments_of(lpar)
+        sp = piece_segments(segl, True)
+        keysl = torch.as_tensor(segl.key_rows, device="cuda")
+        for kn, kern in (("dense", cudnn_kernel(qk, vd)), ("nondet", cudnn_kernel(qk, vd, "graph-nondet"))):
+            def part_grads(kern=kern, R_=R_, segl=segl, sp=sp, keysl=keysl):
+                ins = [x[:R_].detach().requires_grad_() for x in qkv]
+                o = path_split_attention(*ins, scale, segl, sp, fwd_k, kern, key_rows=keysl,
+                                         idx=device_index(sp, "cuda"))
+                return torch.autograd.grad(o, ins, dO[:R_])
+
+            out["bit_identical_reruns"][f"piece_{kn}_{lname}"] = same_twice(part_grads)
+        print(f"[attndet] reruns: {out['bit_identical_reruns']}", flush=True)
     return out
 
 
@@ -1611,7 +1935,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     fns = {"attn": sec_attn, "env": sec_env, "kda": sec_kda, "flex": sec_flex, "verify": sec_verify, "ops": sec_ops,
            "step": lambda: sec_step(args), "fidelity": lambda: sec_fidelity(args),
-           "profile": lambda: sec_profile(args), "moe": sec_moe, "conv": sec_conv, "attnprobe": sec_attnprobe, "attnsplit": sec_attnsplit, "attnvar": sec_attnvar, "attngraph": sec_attngraph, "attnbits": sec_attnbits, "attnhybrid": sec_attnhybrid, "graphbuild": sec_graphbuild, "calib": sec_calib, "flexsweep": lambda: sec_flexsweep(args),
+           "profile": lambda: sec_profile(args), "moe": sec_moe, "conv": sec_conv, "attnprobe": sec_attnprobe, "attnsplit": sec_attnsplit, "attnvar": sec_attnvar, "attngraph": sec_attngraph, "attnbits": sec_attnbits, "attnhybrid": sec_attnhybrid, "graphbuild": sec_graphbuild, "attnplans": sec_attnplans, "attnpieces": sec_attnpieces, "attndet": sec_attndet, "calib": sec_calib, "flexsweep": lambda: sec_flexsweep(args),
            "syncs": lambda: sec_syncs(args), "opsites": lambda: sec_opsites(args), "divergence": lambda: sec_divergence(args), "dhubv": sec_dhubv, "fwdhbv": sec_fwdhbv, "convtiles": sec_convtiles, "kdaops": sec_kdaops}
     for s in args.sections:
         t0 = time.perf_counter()

@@ -222,5 +222,25 @@ case "$1" in
            timeout 60 python3 benchmarks/gpu/h200_run.py attnhybrid --out "$OUT/attn"
            HARTS_BASELINE_ATTENTION=graph timeout 50 python3 benchmarks/gpu/h200_run.py fidelity --no-autotune --out "$OUT/fidg"
            timeout 30 python3 benchmarks/gpu/h200_run.py graphbuild --out "$OUT/build" ;;
-  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c|s5d|s5e|s5f|s6a|s6b|s6c|s6d|s6e|s6f|s7a|s7b|s7c|s7d|s7e|s8a|s8b|s8c|s8d|s8e|s8f|s8g" >&2; exit 2 ;;
+  # ninth session, first call: causal SDPA's kernels, the default tree attention and Flex
+  # per pair on the bushy layout and swe-treestep-32's 27%-density window, and every cuDNN
+  # plan of the default path's graphs there (is there a faster backward plan?)
+  s9a)     mkdir -p "$OUT/attn"
+           timeout 540 python3 benchmarks/gpu/h200_run.py attnplans --out "$OUT/attn" ;;
+  # ninth session, second call: the split backward with part A by key piece against by
+  # query segment, kernel pairs per part, on four layouts (bushy, SWE tree, 27% window, median)
+  s9b)     mkdir -p "$OUT/attn"
+           timeout 540 python3 benchmarks/gpu/h200_run.py attnpieces --out "$OUT/attn" ;;
+  # ninth session, third call: the default with part A by key piece: per pair on five
+  # layouts (former: cudnn split), accuracy vs float64 and run-to-run bits, the step
+  s9c)     mkdir -p "$OUT/attn" "$OUT/det" "$OUT/step"
+           timeout 100 python3 benchmarks/gpu/h200_run.py attnhybrid --out "$OUT/attn"
+           timeout 120 python3 benchmarks/gpu/h200_run.py attndet --out "$OUT/det"
+           timeout 300 python3 benchmarks/gpu/h200_run.py step --schemes treestep stepwise --steps 3 --no-autotune --out "$OUT/step" ;;
+  # ninth session, headline: per pair on five layouts (Flex too on the 27% window) and the
+  # step on both schemes, 5 timed steps each way (benchmarks/results/h200.json)
+  s9d)     mkdir -p "$OUT/attn" "$OUT/step"
+           timeout 150 python3 benchmarks/gpu/h200_run.py attnhybrid --out "$OUT/attn"
+           timeout 420 python3 benchmarks/gpu/h200_run.py step --steps 5 --no-autotune --out "$OUT/step" ;;
+  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c|s5d|s5e|s5f|s6a|s6b|s6c|s6d|s6e|s6f|s7a|s7b|s7c|s7d|s7e|s8a|s8b|s8c|s8d|s8e|s8f|s8g|s9a|s9b|s9c|s9d" >&2; exit 2 ;;
 esac

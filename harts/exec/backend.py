@@ -188,6 +188,38 @@ def _cudnn_split_ok(qk_dim: int, v_dim: int) -> bool:
 # graph's deterministic one, whose workspace grows with the padded sequence lengths (on the
 # H200 it asked for 361 GiB on swe-treestep-1's 27k x 51k ancestor part; fine at 4.4k).
 GRAPH_BACKWARD_MAX_ROWS = 8192
+# The deterministic graph backward's workspace is 2 bytes per padded score, B x H x Sq x Sk
+# (measured on the H200, benchmarks/results/h200_session9/s9a: 31 GiB for 39 segments of up
+# to 4.4k rows); past this it runs without the deterministic flag (as torch's SDPA backward
+# does unless torch.use_deterministic_algorithms is on; then the dense per-segment kernel).
+GRAPH_DETERMINISTIC_WORKSPACE_MAX = 4 * 2 ** 30
+
+
+def deterministic_graph_workspace(sequences: int, heads: int, max_q: int, max_k: int) -> int:
+    """Bytes of workspace cuDNN's deterministic graph backward takes for one call."""
+    from harts.exec.gpu.cudnn_graph import bucket_batch, bucket_len
+
+    return bucket_batch(sequences) * heads * bucket_len(max_q) * bucket_len(max_k) * 2
+
+
+def split_part_kernel(qk_dim: int, v_dim: int, heads: int, query_rows: int, sequences: int, max_q: int,
+                      max_k: int):
+    """The backward kernel for one part of the split (`split_attention.split_backward`) on
+    the graph path: torch's dense cuDNN per sequence where sequences are long (few calls,
+    each near SDPA's speed), else one graph call, deterministic where its workspace is at
+    most GRAPH_DETERMINISTIC_WORKSPACE_MAX, else without the flag (or dense per sequence
+    under torch.use_deterministic_algorithms)."""
+    from harts.exec.gpu.split_attention import cudnn_kernel
+
+    dense_ok = _cudnn_split_ok(qk_dim, v_dim)
+    if dense_ok and (prefer_cudnn_split(query_rows, sequences) or max(max_q, max_k) > GRAPH_BACKWARD_MAX_ROWS):
+        return cudnn_kernel(qk_dim, v_dim)
+    if deterministic_graph_workspace(sequences, heads, max_q, max_k) <= GRAPH_DETERMINISTIC_WORKSPACE_MAX:
+        return graph_kernels(qk_dim, v_dim)[1]
+    if torch.are_deterministic_algorithms_enabled() and dense_ok:
+        return cudnn_kernel(qk_dim, v_dim)
+    return cudnn_kernel(qk_dim, v_dim, "graph-nondet")
+
 
 _GRAPH_STATE: dict = {}
 
@@ -219,7 +251,8 @@ class FastTreeAttention:
     bf16/fp16 with the cuDNN frontend: forward one cuDNN graph call over the segments'
     root-to-row paths (bottom-right causal: each query's keys are its trajectory's prefix,
     so its bits are the expanded baseline's under HARTS_BASELINE_ATTENTION=graph), backward
-    the split below from that forward's o and lse. Without it: cuDNN's SDPA, two calls per query segment merged by log-sum-exp
+    the split below from that forward's o and lse, its ancestor part grouped by key piece
+    (`split_attention.piece_segments`), each part on the kernel `split_part_kernel` picks. Without it: cuDNN's SDPA, two calls per query segment merged by log-sum-exp
     (`harts.exec.gpu.split_attention`) where segments are long, or one causal varlen flash
     call over the segments' root-to-row paths (`harts.exec.gpu.path_attention`) where they
     are short (see `impl`); every attended pair is computed once either way. Otherwise
@@ -280,18 +313,24 @@ class FastTreeAttention:
         if self.parent_L is None or not self.q_local_C.is_cuda:
             return
         seg, _, full = self._segments_for(self.q_local_C.device)
-        if self._split is None and (prefer_cudnn_split(int(seg.cu_q[-1]), seg.num_segments)
-                                    or os.environ.get(TREE_ATTENTION_ENV, "").strip() in ("", "graph")):
+        choice = os.environ.get(TREE_ATTENTION_ENV, "").strip()
+        if choice in ("", "graph"):
+            self._split_for(self.q_local_C.device, pieces=True)
+        if choice == "cudnn" or (choice == "" and prefer_cudnn_split(int(seg.cu_q[-1]), seg.num_segments)):
             self._split_for(self.q_local_C.device)
 
-    def _split_for(self, device):
+    def _split_for(self, device, pieces: bool = False):
+        """The split (`split_segments`; with `pieces`, part A by key piece for the graph
+        path's backward: `piece_segments`) and its device index, built once."""
         if self._split is None:
-            from harts.exec.gpu.split_attention import device_index, split_segments
+            self._split = {}
+        if pieces not in self._split:
+            from harts.exec.gpu.split_attention import device_index, piece_segments, split_segments
 
             seg, _, full = self._segments_for(device)
-            sp = split_segments(seg, full)
-            self._split = (sp, device_index(sp, device))
-        return self._split
+            sp = (piece_segments if pieces else split_segments)(seg, full)
+            self._split[pieces] = (sp, device_index(sp, device))
+        return self._split[pieces]
 
     def __call__(self, q_CHD: Tensor, k_LHD: Tensor, v_LHE: Tensor, scale: float) -> Tensor:
         impl = self.impl(q_CHD.dtype, q_CHD.shape[-1], v_LHE.shape[-1])
@@ -304,14 +343,17 @@ class FastTreeAttention:
                 raise RuntimeError("HARTS_TREE_ATTENTION=graph: cuDNN's graph attention is unavailable "
                                    "(needs CUDA and nvidia-cudnn-frontend, and its self-check)")
             seg, key_rows, _ = self._segments_for(q_CHD.device)
-            sp, idx = self._split_for(q_CHD.device)
+            sp, idx = self._split_for(q_CHD.device, pieces=True)
             if self._identity is None:
                 from harts.exec.gpu.split_attention import identity_keys
 
                 self._identity = identity_keys(seg, k_LHD.shape[0])
-            long = prefer_cudnn_split(int(seg.cu_q[-1]), seg.num_segments) or seg.max_q > GRAPH_BACKWARD_MAX_ROWS
-            bwd = cudnn_kernel(D, E) if long and _cudnn_split_ok(D, E) else kernels[1]
-            return path_split_attention(q_CHD, k_LHD, v_LHE, scale, seg, sp, kernels[0], bwd,
+            H = q_CHD.shape[1]
+            bwd = (split_part_kernel(D, E, H, int(sp.cu_q[-1]), seg.num_segments, sp.max_q, sp.max_q),
+                   split_part_kernel(D, E, H, int(sp.qa_index.size), int(sp.cu_qa.size - 1), sp.max_qa, sp.max_ka)
+                   if sp.has_ancestors else None)
+            return path_split_attention(q_CHD, k_LHD, v_LHE, scale, seg, sp, kernels[0],
+                                        bwd if bwd[1] is not None else bwd[0],
                                         key_rows=None if self._identity else key_rows, idx=idx)
         if impl is Impl.CUDNN:
             from harts.exec.gpu.split_attention import cudnn_kernel, split_attention

@@ -63,3 +63,23 @@ def test_graph_kernels_are_none_without_cuda():
     # CPU-only machines never build cuDNN graphs; the backend falls back quietly
     if not torch.cuda.is_available():
         assert backend.graph_kernels(192, 128) is None
+
+
+def test_split_part_kernel_follows_length_workspace_and_determinism(monkeypatch):
+    # the graph path's backward kernel per part of the split: dense per sequence where they
+    # are long, the deterministic graph where its workspace (B x H x Sq x Sk x 2 bytes,
+    # bucketed) fits, else the graph without the flag, or dense under deterministic mode
+    from harts.exec.gpu import split_attention
+
+    monkeypatch.setattr(backend, "_cudnn_split_ok", lambda D, E: True)
+    monkeypatch.setattr(backend, "graph_kernels", lambda D, E: ("fwd", "graph-det"))
+    monkeypatch.setattr(split_attention, "cudnn_kernel", lambda D, E, variant="dense-strided": variant)
+    pick = lambda *a: backend.split_part_kernel(192, 128, 16, *a)  # noqa: E731
+    assert pick(32_768, 1, 32_768, 32_768) == "dense-strided"  # one long chain
+    assert pick(12_000, 30, 500, 9_000) == "dense-strided"  # a long key side
+    assert pick(8_000, 20, 1_000, 1_000) == "graph-det"  # 24 x 16 x 1024^2 x 2 bytes
+    # 39 segments of up to 4.4k rows: 40 x 16 x 5120^2 x 2 bytes = 31.25 GiB
+    assert backend.deterministic_graph_workspace(39, 16, 4383, 4383) == 40 * 16 * 5120 * 5120 * 2
+    assert pick(32_768, 39, 4_383, 4_383) == "graph-nondet"
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    assert pick(32_768, 39, 4_383, 4_383) == "dense-strided"

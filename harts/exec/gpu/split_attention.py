@@ -26,7 +26,11 @@ whole paths takes).
 `path_split_attention` keeps this backward but takes the forward from one bottom-right
 call over the segments' root-to-row paths (`path_attention`'s layout), whose per-row bits
 are the expanded baseline's when both run cuDNN's graph kernel (`cudnn_graph`): the
-backward needs only the union's o and lse, whichever forward produced them.
+backward needs only the union's o and lse, whichever forward produced them. Because
+part A's pairs only need partitioning, not a per-query merge, the backward may group them
+by key instead (`piece_segments`: one rectangle per run of rows the same segments attend),
+which makes cuDNN's backward, parallel over key blocks, efficient where short branches
+share a long prompt.
 
 Kernels (`VarlenKernel`): `REFERENCE` (float64-capable, any device: dense math per
 sequence, forward and the explicit backward formulas) is how CPU tests check the merge
@@ -46,6 +50,7 @@ rather than train on wrong numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -71,6 +76,9 @@ class SplitSegments:
     cu_ka: np.ndarray
     max_qa: int
     max_ka: int
+    # False where part A's rectangles share query rows (`piece_segments`): valid for the
+    # backward only (each part's share is per pair; the forward's merge needs each query once)
+    qa_unique: bool = True
 
     @property
     def has_ancestors(self) -> bool:
@@ -92,6 +100,54 @@ def split_segments(seg: PathSegments, all_rows_are_queries: bool) -> SplitSegmen
         qa_index=cat(qa), cu_qa=np.r_[0, np.cumsum(n[with_anc])].astype(np.int64), anc_rows=cat(anc),
         cu_ka=np.r_[0, np.cumsum(a[with_anc])].astype(np.int64),
         max_qa=int(n[with_anc].max()) if with_anc.size else 0, max_ka=int(a[with_anc].max()) if with_anc.size else 0)
+
+
+def piece_segments(seg: PathSegments, all_rows_are_queries: bool) -> SplitSegments:
+    """The split with part A grouped by *key piece* rather than by query segment, for the
+    backward only (`path_split_attention`).
+
+    Part A's pairs are (query, ancestor key) pairs. `split_segments` groups them by query
+    segment: each segment's n queries x its whole ancestor path. Where segments are short
+    and paths long (branches off a long prompt) those rectangles are short and wide, and
+    cuDNN's backward, which gives each block of 64 keys to one program looping over the
+    query tiles, runs many programs of a few tiles each (on the H200, ~1.5x causal SDPA's
+    time per pair). Here the pairs are grouped by key instead: a piece is a maximal run of
+    consecutive key rows attended by the same segments, and in the DFS layout those
+    segments are consecutive (the queries in a row's subtree past its own segment), so a
+    piece's rectangle is (those segments' queries) x (its rows): tall where a prompt is
+    shared, each key row in one rectangle (for swe-treestep-1: 75k gathered keys instead
+    of 280k, 61k gathered queries instead of 43k). Query rows then repeat across
+    rectangles (`qa_unique` False): the backward's shares sum over them like the keys'.
+    Part B (each segment's causal square) is `split_segments`'s. Falls back to it if a
+    key's segments are not consecutive (not a DFS layout)."""
+    base = split_segments(seg, all_rows_are_queries)
+    if not base.has_ancestors:
+        return base
+    n = np.diff(seg.cu_q)
+    a = np.diff(seg.cu_k) - n
+    with_anc = np.flatnonzero(a > 0)
+    seg_id = np.repeat(with_anc, a[with_anc])  # the segment of each ancestor entry (base.anc_rows order)
+    rows = int(base.anc_rows.max()) + 1
+    lo = np.full(rows, np.iinfo(np.int64).max, np.int64)
+    hi = np.full(rows, -1, np.int64)
+    np.minimum.at(lo, base.anc_rows, seg_id)
+    np.maximum.at(hi, base.anc_rows, seg_id)
+    count = np.bincount(base.anc_rows, minlength=rows)
+    keys = np.flatnonzero(count)
+    lo, hi, count = lo[keys], hi[keys], count[keys]
+    if not (count == hi - lo + 1).all():
+        return base
+    # pieces: runs of consecutive rows with the same (first, last) attending segment
+    new = np.r_[True, (np.diff(keys) != 1) | (np.diff(lo) != 0) | (np.diff(hi) != 0)]
+    start = np.flatnonzero(new)
+    size = np.diff(np.r_[start, keys.size])
+    q0, q1 = seg.cu_q[lo[start]], seg.cu_q[hi[start] + 1]
+    nq = q1 - q0
+    qa = np.repeat(q0 - np.cumsum(np.r_[0, nq])[:-1], nq) + np.arange(int(nq.sum()), dtype=np.int64)
+    return dataclasses.replace(
+        base, qa_index=qa, cu_qa=np.r_[0, np.cumsum(nq)].astype(np.int64), anc_rows=keys,
+        cu_ka=np.r_[0, np.cumsum(size)].astype(np.int64), max_qa=int(nq.max()), max_ka=int(size.max()),
+        qa_unique=False)
 
 
 class VarlenKernel:
@@ -403,6 +459,9 @@ def _check(kern: VarlenKernel, qk_dim: int, v_dim: int) -> VarlenKernel:
 class _SplitAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, scale, sp: SplitSegments, kernel: VarlenKernel, idx: dict):
+        if not sp.qa_unique:
+            raise ValueError("split_attention's forward needs each query once in part A (split_segments, "
+                             "not piece_segments)")
         own = idx.get("own")
         kB = k if own is None else k.index_select(0, own)
         vB = v if own is None else v.index_select(0, own)
@@ -436,23 +495,25 @@ def split_backward(do, q, k, v, o, lse, scale, sp: SplitSegments, kernel: Varlen
     """dq, dk, dv of ancestor attention from the union's o and lse, as the two parts' shares
     (each part's kernel given the merged o and lse returns its exact share: see the module
     docstring). `aux` = the parts' forward aux (auxB, auxA), or None when o and lse came
-    from another forward (`path_split_attention`): then the kernel's `aux_for`."""
+    from another forward (`path_split_attention`): then the kernel's `aux_for`. `kernel` may
+    be a pair (part B's, part A's)."""
+    kernB, kernA = kernel if isinstance(kernel, tuple) else (kernel, kernel)
     if aux is None:
         H = q.shape[1]
-        aux = (kernel.aux_for(sp.cu_q, sp.cu_q, H, q.device),
-               kernel.aux_for(sp.cu_qa, sp.cu_ka, H, q.device) if sp.has_ancestors else None)
+        aux = (kernB.aux_for(sp.cu_q, sp.cu_q, H, q.device),
+               kernA.aux_for(sp.cu_qa, sp.cu_ka, H, q.device) if sp.has_ancestors else None)
     auxB, auxA = aux
     own = idx.get("own")
     kB = k if own is None else k.index_select(0, own)
     vB = v if own is None else v.index_select(0, own)
-    dqB, dkB, dvB = kernel.bwd(do, q, kB, vB, o, lse, auxB, sp.cu_q, sp.cu_q, sp.max_q, sp.max_q, True, scale)
+    dqB, dkB, dvB = kernB.bwd(do, q, kB, vB, o, lse, auxB, sp.cu_q, sp.cu_q, sp.max_q, sp.max_q, True, scale)
     wide = torch.promote_types(q.dtype, torch.float32)
     if own is None and not sp.has_ancestors:
         return dqB, dkB, dvB
     if sp.has_ancestors:
         qa, anc = idx["qa"], idx["anc"]
         qA, kA, vA = q.index_select(0, qa), k.index_select(0, anc), v.index_select(0, anc)
-        dqA, dkA, dvA = kernel.bwd(do.index_select(0, qa), qA, kA, vA, o.index_select(0, qa),
+        dqA, dkA, dvA = kernA.bwd(do.index_select(0, qa), qA, kA, vA, o.index_select(0, qa),
                                    lse.index_select(0, qa), auxA, sp.cu_qa, sp.cu_ka, sp.max_qa, sp.max_ka,
                                    False, scale)
         if own is None and idx.get("gather_add", q.is_cuda) and q.dtype != torch.float64:

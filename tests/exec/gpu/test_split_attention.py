@@ -5,6 +5,7 @@ query rows. The cuDNN kernel checks itself against the same reference on first u
 the GPU: benchmarks/gpu/h200_run.py attnsplit)."""
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -149,3 +150,54 @@ def test_identity_keys_only_for_one_fully_queried_chain():
     sp = split_segments(seg, True)
     check_against_dense(chain, np.arange(chain.num_rows), lambda q, k, v, s: path_split_attention(
         q, k, v, s, seg, sp, fwd_kernel=REFERENCE_BOTTOM_RIGHT, kernel=REFERENCE), zero_grad_atol=1e-12)
+
+
+@settings(deadline=None)
+@given(trajs=trajectory_sets(max_groups=3, max_per_group=5, max_len=20), subset_seed=st.none() | st.integers(0, 99))
+def test_piece_backward_equals_dense_ancestor_attention(trajs, subset_seed):
+    # part A grouped by key piece (query rows repeat across rectangles): every attended
+    # pair exactly once, each key row in one rectangle, each rectangle's queries attending
+    # all its keys; the path forward with this backward against the dense mask in float64
+    from harts.exec.gpu.split_attention import (
+        REFERENCE_BOTTOM_RIGHT,
+        path_split_attention,
+        piece_segments,
+    )
+
+    f = build_forest(trajs)
+    q_local = query_rows(f, subset_seed)
+    full = subset_seed is None
+    seg = segments_of(f.row_parent, None if full else q_local)
+    sp = piece_segments(seg, full)
+    n_b = np.diff(sp.cu_q)
+    nq, nk = np.diff(sp.cu_qa), np.diff(sp.cu_ka)
+    assert int((n_b * (n_b + 1) // 2).sum() + (nq * nk).sum()) == allowed_pairs(f, q_local)
+    assert np.unique(sp.anc_rows).size == sp.anc_rows.size
+    end = f.row_end
+    for j in range(nq.size):
+        qs = q_local[sp.qa_index[sp.cu_qa[j]:sp.cu_qa[j + 1]]]
+        ks = sp.anc_rows[sp.cu_ka[j]:sp.cu_ka[j + 1]]
+        assert ((ks[None, :] < qs[:, None]) & (qs[:, None] <= end[ks][None, :])).all()
+    check_against_dense(f, q_local, lambda q, k, v, s: path_split_attention(
+        q, k, v, s, seg, sp, fwd_kernel=REFERENCE_BOTTOM_RIGHT, kernel=REFERENCE), zero_grad_atol=1e-12)
+
+
+def test_pieces_of_branches_off_a_shared_prompt():
+    # a 4-row prompt, a 3-row branch continuing it, and two more branches forking at rows 1
+    # and 3: the prompt rows 0-1 are attended by both other branches (one rectangle, their
+    # queries stacked), rows 2-3 by the branch forking at 3 only; the forward refuses it
+    from harts.exec.gpu.split_attention import piece_segments
+    from harts.tree import Trajectory
+
+    f = build_forest([Trajectory.make("a", "g", [1, 2, 3, 4, 5, 6, 7]), Trajectory.make("b", "g", [1, 2, 3, 4, 8, 9]),
+                      Trajectory.make("c", "g", [1, 2, 10, 11])])
+    seg = segments_of(f.row_parent)
+    sp = piece_segments(seg, True)
+    rects = [(sp.qa_index[sp.cu_qa[j]:sp.cu_qa[j + 1]].tolist(), sp.anc_rows[sp.cu_ka[j]:sp.cu_ka[j + 1]].tolist())
+             for j in range(sp.cu_qa.size - 1)]
+    assert f.row_parent.tolist() == [-1, 0, 1, 2, 3, 4, 5, 3, 7, 1, 9]
+    assert rects == [([7, 8, 9, 10], [0, 1]), ([7, 8], [2, 3])]
+    assert not sp.qa_unique and split_segments(seg, True).qa_unique
+    q = torch.zeros(f.num_rows, 1, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="each query once"):
+        split_attention(q, q, q, 0.5, sp, kernel=REFERENCE)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The device runs the open GPU targets need next (issue 8), as four calls of the device
 # tool (each under its 10-minute limit; ~25 minutes of device time in all). Needs the
-# fla-core 0.6.0 and einops 0.8.2 wheels in .whl/ (see .library/device/README.md: pip
+# fla-core 0.6.0 and einops 0.8.2 wheels in .whl/ (since session 8 also nvidia-cudnn-frontend
+# 1.16.0; since s9e ortools 9.15.6755, immutabledict and protobuf 6.33.6 for the planners) (see .library/device/README.md: pip
 # download ... -d .whl fla-core==0.6.0 einops==0.8.2), carried with the call.
 #
 #   bash benchmarks/gpu/next_run.sh check   # fp32 correctness: sparse KDA states (dh0 of
@@ -242,5 +243,14 @@ case "$1" in
   s9d)     mkdir -p "$OUT/attn" "$OUT/step"
            timeout 150 python3 benchmarks/gpu/h200_run.py attnhybrid --out "$OUT/attn"
            timeout 420 python3 benchmarks/gpu/h200_run.py step --steps 5 --no-autotune --out "$OUT/step" ;;
-  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c|s5d|s5e|s5f|s6a|s6b|s6c|s6d|s6e|s6f|s7a|s7b|s7c|s7d|s7e|s8a|s8b|s8c|s8d|s8e|s8f|s8g|s9a|s9b|s9c|s9d" >&2; exit 2 ;;
+  # ninth session: sharing windows on the GPU in bf16 (`harts verify --dtype bfloat16 --device
+  # cuda --planner l1l2`): the plan's step (consumers reading stashed K/V) against the
+  # expanded baseline, next to the baseline's rerun and repacking; torch-SDPA and graph baselines
+  s9e)     mkdir -p "$OUT/win"
+           V="python3 benchmarks/gpu/noautotune.py verify --dtype bfloat16 --device cuda --model tiny-h200 --planner l1l2 --json"
+           timeout 75 $V --workload small-treestep --microbatch-tokens 8192 > "$OUT/win/small_8192.json"; tail -c 300 "$OUT/win/small_8192.json"
+           timeout 60 $V --workload small-treestep --microbatch-tokens 8192 --baseline-attention graph > "$OUT/win/small_8192_graph.json"; tail -c 300 "$OUT/win/small_8192_graph.json"
+           python3 -m harts workload generate --workload swe-treestep-1 --set vocab_size=32768 --out /tmp/swe1.jsonl
+           timeout 100 $V --input /tmp/swe1.jsonl --microbatch-tokens 65536 > "$OUT/win/swe1_65536.json"; tail -c 300 "$OUT/win/swe1_65536.json" ;;
+  *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c|s5d|s5e|s5f|s6a|s6b|s6c|s6d|s6e|s6f|s7a|s7b|s7c|s7d|s7e|s8a|s8b|s8c|s8d|s8e|s8f|s8g|s9a|s9b|s9c|s9d|s9e" >&2; exit 2 ;;
 esac

@@ -20,7 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--workload", metavar="PRESET", help="generated workload preset (default tiny-treestep)")
     p.add_argument("--model", default="tiny-cpu", help="model config (CPU-sized)")
     p.add_argument("--dtype", choices=["float64", "float32", "bfloat16"], default=None,
-                   help="float64 (default) or float32; with --divergence also bfloat16 (its default)")
+                   help="float64 (default), float32 or bfloat16 (then also the baseline against a rerun "
+                   "and a repacking of itself; the default of --divergence and --fidelity)")
     p.add_argument("--divergence", metavar="A:B", nargs="?", const="expanded:replay", default=None,
                    help="instead: where run B's bits part from run A's, op by op (modes expanded, replay, "
                    "node; default expanded:replay), one forward over whole trees per microbatch")
@@ -28,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="instead: the bf16 fidelity report (Table 7 / Figure 5 analogues): full-vocabulary "
                    "logit cosine, symmetric KL, target-NLL and loss differences of tree replay, no replay, "
                    "a baseline rerun and a repacked baseline, each against the expanded baseline, by fork depth")
-    p.add_argument("--device", default="cpu", help="with --divergence or --fidelity: where to run (cpu, cuda)")
+    p.add_argument("--device", default="cpu", help="where to run (cpu, cuda)")
     p.add_argument("--norm-float32", action="store_true",
                    help="with --divergence: the model's RMSNorms in float32 inside (ModelConfig.norm_float32)")
     p.add_argument("--seed", type=int, default=0, help="model init (and workload) seed")
@@ -87,13 +88,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return cmd_divergence(args, trajectories)
     if args.fidelity:
         return cmd_fidelity(args, trajectories)
-    if args.norm_float32 or args.device != "cpu" or args.tree_attention or args.baseline_attention:
-        raise UserError("--norm-float32, --device and the attention switches are for --divergence or --fidelity")
+    if args.norm_float32:
+        raise UserError("--norm-float32 is for --divergence")
+    if (args.tree_attention or args.baseline_attention) and args.device == "cpu":
+        # on the CPU every op runs its reference: the switches would be silently ignored
+        raise UserError("the attention switches pick CUDA kernels: add --device cuda (or use --divergence / --fidelity)")
     from harts.verify.equivalence import verify_step
 
-    if args.dtype == "bfloat16":
-        raise UserError("--dtype bfloat16 is for --divergence; the equivalence check runs in float64 or float32")
-    dtype = {"float64": torch.float64, "float32": torch.float32, None: torch.float64}[args.dtype]
+    dtype = _device_and_dtype(args, "", default=torch.float64)
     if args.planner is not None:
         from harts.plan.planners import known_planners
 
@@ -102,7 +104,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     try:
         report = verify_step(trajectories, model=args.model, dtype=dtype, seed=args.seed,
                              microbatch_tokens=args.microbatch_tokens, planner=args.planner,
-                             recompute_old_logprobs=args.old_logprobs == "recompute")
+                             recompute_old_logprobs=args.old_logprobs == "recompute", device=args.device,
+                             baseline_variation=dtype == torch.bfloat16)
     except ValueError as err:
         # planners refuse budgets that a trajectory does not fit, with advice
         raise UserError(str(err)) from None
@@ -112,28 +115,41 @@ def cmd_verify(args: argparse.Namespace) -> int:
     print(f"{report['num_trajectories']} trajectories, {report['num_targets']} targets, "
           f"{report['expanded_tokens']} expanded -> {report['compact_tokens']} compact tokens, "
           f"{report['microbatches']} microbatch(es), {report['sharing_windows']} sharing window(s), "
-          f"{report['dtype']}" + (f", planner {report['planner']}" if report["planner"] else ""))
+          f"{report['dtype']} on {args.device}" + (f", planner {report['planner']}" if report["planner"] else ""))
     nr = report["no_replay"]
+    # in bf16, the baseline against itself (rerun; repacked) is the scale to read the tree against
+    extra = [(label, report[key]) for label, key in (("baseline rerun", "expanded_rerun"),
+                                                     ("baseline repacked", "expanded_repacked"))
+             if key in report]
+    blank = lambda r, key: "-" if r is None else r[key]  # noqa: E731
     rows = [
-        ("KDA rounds (most in a microbatch)", report["rounds"], nr["rounds"]),
-        ("replay tokens", report["replay_tokens"], nr["replay_tokens"]),
+        ("KDA rounds (most in a microbatch)", report["rounds"], nr["rounds"], *("-" for _ in extra)),
+        ("replay tokens", report["replay_tokens"], nr["replay_tokens"], *("-" for _ in extra)),
     ]
     for key in ("max_rel_logprob_err", "rms_rel_logprob_err", "max_rel_entropy_err", "max_rel_grad_err",
                 "rms_rel_grad_err", "max_rel_expert_load_err"):
-        rows.append((key.replace("_", " "), report[key], nr[key]))
-    rows.append(("loss abs err", report["loss_abs_err"]["loss"], nr["loss_abs_err"]["loss"]))
+        rows.append((key.replace("_", " "), report[key], nr[key], *(blank(r, key) for _, r in extra)))
+    rows.append(("loss abs err", report["loss_abs_err"]["loss"], nr["loss_abs_err"]["loss"],
+                 *("-" if r is None else r["loss_abs_err"]["loss"] for _, r in extra)))
     kda = report["kda_layer"]
     if kda:
-        rows.append(("KDA layer bit-identical", str(kda["replay"]["bit_identical"]), str(kda["node"]["bit_identical"])))
-        rows.append(("KDA layer max abs err", kda["replay"]["max_abs_err"], kda["node"]["max_abs_err"]))
-    print(format_table(["vs expanded", "tree (replay)", "no replay"], rows))
+        rows.append(("KDA layer bit-identical", str(kda["replay"]["bit_identical"]), str(kda["node"]["bit_identical"]),
+                     *("-" for _ in extra)))
+        rows.append(("KDA layer max abs err", kda["replay"]["max_abs_err"], kda["node"]["max_abs_err"],
+                     *("-" for _ in extra)))
+    print(format_table(["vs expanded", "tree (replay)", "no replay", *(label for label, _ in extra)], rows))
+    if any(r is None for _, r in extra):
+        print("baseline repacked: not run (the MoE aux loss is per microbatch here, so repacking changes it; "
+              "a --planner runs the global scope)")
     return 0
 
 
-def _device_and_dtype(args: argparse.Namespace, flag: str):
+def _device_and_dtype(args: argparse.Namespace, flag: str, default=None):
+    """The run's dtype (`default`, else bf16) after checking --device and applying the
+    attention switches; `flag` (the report's) refuses --planner, "" accepts it."""
     import torch
 
-    if args.planner is not None:
+    if flag and args.planner is not None:
         raise UserError(f"{flag} runs whole trees per microbatch; --planner does not apply")
     if args.device != "cpu" and not args.device.startswith("cuda"):
         raise UserError(f"--device must be cpu or cuda[:N]; got {args.device!r}")
@@ -141,7 +157,7 @@ def _device_and_dtype(args: argparse.Namespace, flag: str):
         raise UserError("--device cuda: no CUDA device here")
     apply_attention_args(args)
     return {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
-            None: torch.bfloat16}[args.dtype]
+            None: default or torch.bfloat16}[args.dtype]
 
 
 def cmd_fidelity(args: argparse.Namespace, trajectories: list) -> int:

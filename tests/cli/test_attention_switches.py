@@ -29,7 +29,7 @@ def test_flags_set_and_clear_the_backend_switches(monkeypatch):
         p.parse_args(["--tree-attention", "grpah"])
 
 
-def test_verify_refuses_attention_switches_without_divergence(capsys):
-    # the float64 equivalence check runs the references: the GPU switches would be ignored
+def test_verify_refuses_attention_switches_on_the_cpu(capsys):
+    # on the CPU the equivalence check runs the references: the GPU switches would be ignored
     assert main(["verify", "--baseline-attention", "graph"]) == 2
-    assert "--divergence" in capsys.readouterr().err
+    assert "--device cuda" in capsys.readouterr().err

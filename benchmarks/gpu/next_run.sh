@@ -245,12 +245,14 @@ case "$1" in
            timeout 420 python3 benchmarks/gpu/h200_run.py step --steps 5 --no-autotune --out "$OUT/step" ;;
   # ninth session: sharing windows on the GPU in bf16 (`harts verify --dtype bfloat16 --device
   # cuda --planner l1l2`): the plan's step (consumers reading stashed K/V) against the
-  # expanded baseline, next to the baseline's rerun and repacking; torch-SDPA and graph baselines
+  # expanded baseline, next to the baseline's rerun and repacking; torch-SDPA and graph baselines.
+  # Not yet measured: in session 9 every run hit its limit (since fixed: models initialised on
+  # the host once per run, gradients compared in host numpy); stderr is kept in $OUT/win/*.err
   s9e)     mkdir -p "$OUT/win"
            V="python3 benchmarks/gpu/noautotune.py verify --dtype bfloat16 --device cuda --model tiny-h200 --planner l1l2 --json"
-           timeout 75 $V --workload small-treestep --microbatch-tokens 8192 > "$OUT/win/small_8192.json"; tail -c 300 "$OUT/win/small_8192.json"
-           timeout 60 $V --workload small-treestep --microbatch-tokens 8192 --baseline-attention graph > "$OUT/win/small_8192_graph.json"; tail -c 300 "$OUT/win/small_8192_graph.json"
+           timeout 200 $V --workload small-treestep --microbatch-tokens 8192 > "$OUT/win/small_8192.json" 2> "$OUT/win/small_8192.err"; tail -c 300 "$OUT/win/small_8192.json"
+           timeout 150 $V --workload small-treestep --microbatch-tokens 8192 --baseline-attention graph > "$OUT/win/small_8192_graph.json" 2> "$OUT/win/small_8192_graph.err"; tail -c 300 "$OUT/win/small_8192_graph.json"
            python3 -m harts workload generate --workload swe-treestep-1 --set vocab_size=32768 --out /tmp/swe1.jsonl
-           timeout 100 $V --input /tmp/swe1.jsonl --microbatch-tokens 65536 > "$OUT/win/swe1_65536.json"; tail -c 300 "$OUT/win/swe1_65536.json" ;;
+           timeout 190 $V --input /tmp/swe1.jsonl --microbatch-tokens 65536 > "$OUT/win/swe1_65536.json" 2> "$OUT/win/swe1_65536.err"; tail -c 300 "$OUT/win/swe1_65536.json" ;;
   *) echo "usage: $0 check|kernels|step|calib|first|second|third|fourth|s4a|s4b|s4c|s4d|s4e|s4f|s5a|s5b|s5c|s5d|s5e|s5f|s6a|s6b|s6c|s6d|s6e|s6f|s7a|s7b|s7c|s7d|s7e|s8a|s8b|s8c|s8d|s8e|s8f|s8g|s9a|s9b|s9c|s9d|s9e" >&2; exit 2 ;;
 esac

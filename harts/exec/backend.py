@@ -252,7 +252,8 @@ class FastTreeAttention:
     root-to-row paths (bottom-right causal: each query's keys are its trajectory's prefix,
     so its bits are the expanded baseline's under HARTS_BASELINE_ATTENTION=graph), backward
     the split below from that forward's o and lse, its ancestor part grouped by key piece
-    (`split_attention.piece_segments`), each part on the kernel `split_part_kernel` picks. Without it: cuDNN's SDPA, two calls per query segment merged by log-sum-exp
+    (`split_attention.piece_segments`), each part on the kernel `split_part_kernel` picks.
+    Without it: cuDNN's SDPA, two calls per query segment merged by log-sum-exp
     (`harts.exec.gpu.split_attention`) where segments are long, or one causal varlen flash
     call over the segments' root-to-row paths (`harts.exec.gpu.path_attention`) where they
     are short (see `impl`); every attended pair is computed once either way. Otherwise

@@ -17,10 +17,9 @@ per-trajectory chunkwise path to see whether they agree bit for bit.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 from typing import Any
-
-import math
 
 import numpy as np
 import torch
@@ -57,23 +56,20 @@ def _flat(result: StepResult, field: str) -> np.ndarray:
 
 
 def _max_rel_t(a: torch.Tensor, b: torch.Tensor) -> float:
-    """`max_rel` on tensors, where they are (float64)."""
-    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
-        return float("inf")
+    """`max_rel` on finite tensors, where they are (float64)."""
     scale = float(b.abs().max()) if b.numel() else 0.0
     diff = float((a - b).abs().max()) if a.numel() else 0.0
     return diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))
 
 
 def _grad_errors(ref_model: HybridModel, got_model: HybridModel) -> tuple[dict[str, float], float]:
-    """Per-parameter max relative error of got's gradients against ref's, and the rms
-    relative error over all of them, one parameter at a time in float64 on the models'
-    device: no host copy of a model's gradients (a 1.3B-parameter model's were 10 GB of
-    float64 per copy, minutes of numpy per comparison)."""
+    """Per-parameter max relative error of got's gradients against ref's (`max_rel`), and
+    the relative error of all of them as one vector (`rms_rel`), one parameter at a time in
+    float64 on the models' device: no host copy of a model's gradients (a 1.3B-parameter
+    model's were 10 GB of float64 per copy, minutes of numpy per comparison)."""
     got = dict(got_model.named_parameters())
     per_param: dict[str, float] = {}
-    num = torch.zeros((), dtype=torch.float64)
-    den = torch.zeros((), dtype=torch.float64)
+    num = den = 0.0
     finite = True
     for name, p in ref_model.named_parameters():
         q = got[name]
@@ -81,11 +77,13 @@ def _grad_errors(ref_model: HybridModel, got_model: HybridModel) -> tuple[dict[s
                                                                             device=p.device)
         a = q.grad.detach().double() if q.grad is not None else torch.zeros(q.shape, dtype=torch.float64,
                                                                             device=q.device)
-        per_param[name] = _max_rel_t(a, b)
-        finite = finite and math.isfinite(per_param[name])
-        num += float(((a - b) ** 2).sum())
-        den += float((b ** 2).sum())
-    nd, nb = math.sqrt(float(num)), math.sqrt(float(den))
+        ok = bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())
+        finite = finite and ok
+        per_param[name] = _max_rel_t(a, b) if ok else float("inf")
+        if ok:
+            num += float(((a - b) ** 2).sum())
+            den += float((b ** 2).sum())
+    nd, nb = math.sqrt(num), math.sqrt(den)
     rms = float("inf") if not finite else (nd / nb if nb > 0 else (0.0 if nd == 0 else float("inf")))
     return per_param, rms
 

@@ -207,7 +207,7 @@ def _mask_args(causal: bool, bottom_right: bool):
 def _finish(g, all_plans: bool = False):
     """Validate and build `g`: the heuristic's first supported plan (cuDNN's choice, the
     one torch's SDPA takes too), or with `all_plans` every plan heuristics A, B and the
-    fallback list (for `plan_table`: run one by index with `execute_plan`)."""
+    fallback list (for `plan_table`: `GraphCall.run(index=i)` runs plan i)."""
     import cudnn
 
     g.validate()

@@ -1247,6 +1247,35 @@ def sec_attnbits():
     return out
 
 
+def _time_tree_attention(par, ins, dO, scale: float, env: str, pairs: int, per_pair_sdpa: float, qk: int,
+                         vd: int) -> dict:
+    """Forward and forward+backward seconds of `FastTreeAttention` on one layout (all rows
+    query) with HARTS_TREE_ATTENTION=env ("" = the default), and per attended pair against
+    causal SDPA; an error is recorded, not raised."""
+    from harts.exec.backend import FastTreeAttention
+    from harts.exec.gpu.bench import time_cuda
+
+    R_ = par.size
+    end = torch.as_tensor(ends_from_parents(par), device="cuda")  # Flex's block mask reads it
+    q_local = torch.arange(R_, device="cuda")
+    if env:
+        os.environ["HARTS_TREE_ATTENTION"] = env
+    try:
+        att = FastTreeAttention(q_local, end, parent_L=par)
+        fn = lambda: att(*ins, scale)  # noqa: E731
+        fn().backward(dO[:R_])
+        torch.cuda.synchronize()
+        with torch.no_grad():
+            fwd = time_cuda(fn, repeats=5)
+        fb = time_cuda(lambda: fn().backward(dO[:R_]), repeats=5)
+        return {"impl": str(att.impl(torch.bfloat16, qk, vd)), "fwd_s": fwd, "fwdbwd_s": fb,
+                "per_pair_vs_sdpa": fb / pairs / per_pair_sdpa}
+    except Exception as err:  # noqa: BLE001
+        return {"error": f"{type(err).__name__}: {err}"[:400], "traceback": traceback.format_exc()[-1200:]}
+    finally:
+        os.environ.pop("HARTS_TREE_ATTENTION", None)
+
+
 def sec_attnhybrid():
     """The tree step's attention as the backend picks it (`FastTreeAttention`: with the cuDNN
     frontend, forward one bottom-right graph call over root-to-row paths, backward the split
@@ -1255,8 +1284,6 @@ def sec_attnhybrid():
     three attention layouts and swe-treestep-32's sparsest (27% density: with FlexAttention
     too, the issue's easy path) and median 32k windows, forward+backward per attended pair
     against causal cuDNN SDPA."""
-    from harts.exec.backend import FastTreeAttention
-    from harts.exec.gpu.bench import time_cuda
     from harts.tree.workload import generate, preset
 
     H, qk, vd = 16, 192, 128
@@ -1268,25 +1295,9 @@ def sec_attnhybrid():
     for lname, par in layouts.items():
         R_, seg, _, _, _, pairs, ins = _layout_case(par, qkv)
         res = {"rows": R_, "pairs": pairs, "density": pairs / R_ ** 2, "segments": seg.num_segments}
-        end = torch.as_tensor(ends_from_parents(par), device="cuda")  # Flex's block mask reads it
-        q_local = torch.arange(R_, device="cuda")
         variants = (("cudnn_split", "cudnn"), ("graph_hybrid", "graph"), ("flex", "flex"))
         for name, env in variants[:3 if lname == "swe32_sparsest" else 2]:
-            os.environ["HARTS_TREE_ATTENTION"] = env
-            try:
-                att = FastTreeAttention(q_local, end, parent_L=par)
-                fn = lambda att=att, ins=ins: att(*ins, scale)  # noqa: E731
-                fn().backward(dO[:R_])
-                torch.cuda.synchronize()
-                with torch.no_grad():
-                    fwd = time_cuda(fn, repeats=5)
-                fb = time_cuda(lambda fn=fn, dR=dO[:R_]: fn().backward(dR), repeats=5)
-                res[name] = {"impl": str(att.impl(torch.bfloat16, qk, vd)), "fwd_s": fwd, "fwdbwd_s": fb,
-                             "per_pair_vs_sdpa": fb / pairs / per_pair_sdpa}
-            except Exception as err:  # noqa: BLE001
-                res[name] = {"error": f"{type(err).__name__}: {err}"[:400], "traceback": traceback.format_exc()[-1200:]}
-            finally:
-                os.environ.pop("HARTS_TREE_ATTENTION", None)
+            res[name] = _time_tree_attention(par, ins, dO, scale, env, pairs, per_pair_sdpa, qk, vd)
         out[lname] = res
         print(f"[attnhybrid] {lname}: {res}", flush=True)
     return out
@@ -1323,7 +1334,7 @@ def sec_attnplans():
     time, difference from the heuristic's choice; and the engines' knobs."""
     from torch.profiler import ProfilerActivity, profile
 
-    from harts.exec.backend import FastTreeAttention, causal_attention, graph_kernels
+    from harts.exec.backend import causal_attention, graph_kernels
     from harts.exec.gpu import cudnn_graph
     from harts.exec.gpu.bench import time_cuda
     from harts.tree.workload import generate, preset
@@ -1349,25 +1360,8 @@ def sec_attnplans():
         R_, seg, sp, idx, keys, pairs, ins = _layout_case(par, qkv)
         res = {"rows": R_, "pairs": pairs, "density": pairs / R_ ** 2, "segments": seg.num_segments,
                "gathered_keys": int(seg.key_rows.size)}
-        end = torch.as_tensor(ends_from_parents(par), device="cuda")  # Flex's block mask reads it
-        q_local = torch.arange(R_, device="cuda")
         for name, env in (("default", ""), ("flex", "flex"))[:2 if lname == "swe32_sparsest" else 1]:
-            if env:
-                os.environ["HARTS_TREE_ATTENTION"] = env
-            try:
-                att = FastTreeAttention(q_local, end, parent_L=par)
-                fn = lambda att=att, ins=ins: att(*ins, scale)  # noqa: E731
-                fn().backward(dO[:R_])
-                torch.cuda.synchronize()
-                with torch.no_grad():
-                    fwd = time_cuda(fn, repeats=5)
-                fb = time_cuda(lambda fn=fn, dR=dO[:R_]: fn().backward(dR), repeats=5)
-                res[name] = {"impl": str(att.impl(torch.bfloat16, qk, vd)), "fwd_s": fwd, "fwdbwd_s": fb,
-                             "per_pair_vs_sdpa": fb / pairs / per_pair_sdpa}
-            except Exception as err:  # noqa: BLE001
-                res[name] = {"error": f"{type(err).__name__}: {err}"[:400]}
-            finally:
-                os.environ.pop("HARTS_TREE_ATTENTION", None)
+            res[name] = _time_tree_attention(par, ins, dO, scale, env, pairs, per_pair_sdpa, qk, vd)
         print(f"[attnplans] {lname}: {res}", flush=True)
         # the default path's graphs, every plan
         plans = {}

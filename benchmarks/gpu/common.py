@@ -53,18 +53,21 @@ KERNEL_ENV = {
 
 @contextmanager
 def kernel_env(**choices: str | None) -> Iterator[None]:
-    """A block running with the given kernel choices (keys of KERNEL_ENV; None or "" = the
-    library's default), restoring the previous settings after. Unknown keys fail loudly."""
+    """A block running with the given kernel choices (keys of KERNEL_ENV; a value sets the
+    choice, "" or "default" runs the library's default, None leaves the setting as it is),
+    restoring the previous settings after. Unknown keys fail loudly."""
     unknown = sorted(set(choices) - set(KERNEL_ENV))
     if unknown:
         raise KeyError(f"unknown kernel choice(s) {unknown}; known: {sorted(KERNEL_ENV)}")
     saved = {KERNEL_ENV[k]: os.environ.get(KERNEL_ENV[k]) for k in choices}
     try:
         for k, v in choices.items():
-            if v:
-                os.environ[KERNEL_ENV[k]] = v
-            else:
+            if v is None:
+                continue
+            if v in ("", "default"):
                 os.environ.pop(KERNEL_ENV[k], None)
+            else:
+                os.environ[KERNEL_ENV[k]] = v
         yield
     finally:
         for name, v in saved.items():

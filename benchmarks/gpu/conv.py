@@ -86,7 +86,7 @@ def sec_tiles(args):
     out = {"rows": T, "channels": D}
     ref = None
     for c in configs:
-        with kernel_env(conv_bwd_tiles=None if c == "default" else c):
+        with kernel_env(conv_bwd_tiles=c):
             try:
                 y = short_conv_fused(x, w, b, window_TW=win)
                 grads = torch.autograd.grad(y, (x, w, b), dy, retain_graph=True)

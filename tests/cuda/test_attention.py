@@ -102,8 +102,9 @@ def test_varlen_flash_path_attention_matches_float64(queries):
     _assert_all(got, _reference(seg, q, k, v, do), TOL_BF16)
 
 
-@pytest.mark.parametrize("variant", ["dense", "dense-strided", "graph", "graph-nondet"])
-@pytest.mark.parametrize("queries", ["all", "subset"])
+@pytest.mark.parametrize(("variant", "queries"), [("dense", "all"), ("dense", "subset"), ("dense-strided", "all"),
+                                                  ("dense-strided", "subset"), ("graph", "all"),
+                                                  ("graph-nondet", "all")])
 def test_cudnn_split_attention_matches_float64(variant, queries):
     # "subset": a consumer's queries, the rows from R/2 on (their ancestors above are context)
     par = forked_parents()
@@ -150,8 +151,8 @@ def test_path_split_backward_matches_float64(split, kernels):
     sp = (split_segments if split == "query" else piece_segments)(seg, True)
     assert graph_kernels(QK, VD) is not None, "the cuDNN graph kernels failed their self-checks (or no frontend)"
     fwd_k, det = graph_kernels(QK, VD)
-    picks = {"default": (split_part_kernel(QK, VD, 16, L, seg.num_segments, sp.max_q, sp.max_q),
-                         split_part_kernel(QK, VD, 16, int(sp.qa_index.size), int(sp.cu_qa.size - 1), sp.max_qa,
+    picks = {"default": (split_part_kernel(QK, VD, H, L, seg.num_segments, sp.max_q, sp.max_q),
+                         split_part_kernel(QK, VD, H, int(sp.qa_index.size), int(sp.cu_qa.size - 1), sp.max_qa,
                                            sp.max_ka)),
              "dense": cudnn_kernel(QK, VD), "nondet": cudnn_kernel(QK, VD, "graph-nondet"), "det": det}
     keys = torch.as_tensor(seg.key_rows, device="cuda")

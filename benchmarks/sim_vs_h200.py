@@ -2,12 +2,12 @@
 
     python benchmarks/sim_vs_h200.py [--cost-model roofline] [--hardware h200|h200-harts] [--json]
     python benchmarks/sim_vs_h200.py --cost-model calibrated \
-        --calibration benchmarks/results/h200_session4/calib_profile_merged.json \
+        --calibration benchmarks/results/calibration/2026-11-29-05c3a9b-calib_profile_merged.json \
         --fit-elementwise expanded --fit-kda expanded      # then: tree, tree
 
-Measured (default `--profile`): `benchmarks/results/h200_session5/s5f/prof/profile.json`
+Measured (default `--profile`): `benchmarks/results/profile/2026-11-29-4a66155-profile.json`
 (torch.profiler over one update step of swe-treestep-1 on tiny-h200, bf16, after a warm-up
-step, its data side prepared ahead, the fifth session's final code: cuDNN split tree
+step, its data side prepared ahead, code of 2026-11-29 (revision 4a66155): cuDNN split tree
 attention on views, one-gather KDA rounds; CUDA kernel time summed by kernel name, every kernel
 kept, grouped here into categories by kernel name (`kernel_category`; GPU-side user
 ranges such as `Optimizer.step#AdamW.step` span other kernels and are not counted), and
@@ -28,13 +28,13 @@ same MODE for a clean hold-out.
 
 This is where the simulator's "within 15% of measured" target stands, and which op
 families it misprices. Older inputs still reproduce: `--profile
-benchmarks/results/h200_session5/s5a/prof/profile.json` (the fourth session's final code,
+benchmarks/results/profile/2026-11-29-46fd948-profile.json` (revision 46fd948,
 every kernel kept), `--profile
-benchmarks/results/h200_session4/s4e/prof/profile.json` (fourth session, top 40 kernels,
+benchmarks/results/profile/2026-11-29-05c3a9b-profile.json` (revision 05c3a9b, top 40 kernels,
 the tail counted as "other") with `--calibration
-benchmarks/results/h200_session4/calibration_kernels.json`, and `--profile
-benchmarks/results/h200_session3/profile_step.json` (varlen tree attention, host-bound
-tree step) with `--calibration benchmarks/results/h200_session3/calibration_kernels.json`.
+benchmarks/results/calibration/2026-11-29-05c3a9b-calibration_kernels.json`, and `--profile
+benchmarks/results/profile/2026-11-29-9006abf-profile_step.json` (varlen tree attention, host-bound
+tree step) with `--calibration benchmarks/results/calibration/2026-11-29-b6c4e7c-calibration_kernels.json`.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PROFILE = ROOT / "benchmarks/results/h200_session5/s5f/prof/profile.json"
+PROFILE = ROOT / "benchmarks/results/profile/2026-11-29-4a66155-profile.json"
 CATEGORIES = ("attention", "kda", "gemm", "moe_experts", "optimizer", "other")
 
 
@@ -139,10 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cost-model", default="roofline", help="roofline or calibrated (with --calibration)")
     ap.add_argument("--profile", default=str(PROFILE),
-                    help="measured step profile (h200_run.py profile); the third session's: "
-                         "benchmarks/results/h200_session3/profile_step.json")
+                    help="measured step profile (benchmarks/gpu/profile.py profile); the varlen tree attention's: "
+                         "benchmarks/results/profile/2026-11-29-9006abf-profile_step.json")
     ap.add_argument("--calibration", help="harts sim fit output, or a profile of calib rows (harts.sim.profile/v1: "
-                                          "fitted here), e.g. h200_session4/calib_profile_merged.json")
+                                          "fitted here), e.g. calibration/2026-11-29-05c3a9b-calib_profile_merged.json")
     ap.add_argument("--fit-elementwise", choices=("tree", "expanded"),
                     help="with --cost-model calibrated: fit the calibration's elementwise_scale to this "
                          "mode's measured elementwise share, then predict the other mode (hold-out)")

@@ -1,5 +1,5 @@
 """Run a `harts` command with each Triton kernel's first autotune config (no tuning: saves
-minutes of device time on correctness runs, as `h200_run.py --no-autotune` does).
+minutes on correctness runs, as the suites' `--no-autotune` does).
 
     python3 benchmarks/gpu/noautotune.py verify --dtype bfloat16 --device cuda ...
 """

@@ -18,13 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harts.plan.plan import Plan, PlanMode
-from harts.plan.planners.common import (
-    ForestIndex,
-    PlanConfig,
-    TreeMB,
-    finalize_tree,
-    place_sorted,
-)
+from harts.plan.planners import PlanConfig
+from harts.plan.planners.common import ForestIndex, TreeMB, finalize_tree, place_sorted
 from harts.plan.planners.registry import PlannerFn
 from harts.registry import Registry
 from harts.tree.forest import RolloutForest

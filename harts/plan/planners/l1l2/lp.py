@@ -56,7 +56,8 @@ def _highs(lp: LinearProgram) -> np.ndarray | None:
     if down.any():
         a_ub = vstack([a_ub, -a[down]]).tocsr() if issparse(a) else np.vstack([a_ub, -a[down]])
         b_ub = np.concatenate([b_ub, -lo[down]])
-    bounds = [(float(x), None if np.isposinf(y) else float(y)) for x, y in zip(lp.lower, lp.upper, strict=True)]
+    bounds = [(float(x), None if np.isposinf(y) else float(y))
+              for x, y in zip(lp.lower, lp.upper, strict=True)]
     res = linprog(lp.objective, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
     return res.x if res.status == 0 else None
 

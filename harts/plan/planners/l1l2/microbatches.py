@@ -11,6 +11,8 @@ from harts.plan.planners.l1l2.cell import Cell, Item
 
 
 def to_microbatches(idx: ForestIndex, cells: list[list[Cell]]) -> list[TreeMB]:
+    """The microbatches of every replica's cells, placed (replica, slot, order) and each
+    consumer pointing at its cell's producer."""
     mbs: list[TreeMB] = []
     for r, row in enumerate(cells):
         slot0 = 0

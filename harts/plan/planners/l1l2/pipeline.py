@@ -40,6 +40,7 @@ STAGES: tuple[Stage, ...] = (
 
 
 def start(ctx: Context) -> State:
+    """The state before the first stage: no plan yet, L1's slot range."""
     return State(searched=range(ctx.lower, ctx.l1_slots + 1))
 
 

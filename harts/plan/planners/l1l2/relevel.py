@@ -35,7 +35,10 @@ def line_up(ctx: Context, state: State) -> State:
     cells = best.cells
     passes = 2 if state.refine else 1
     for _ in range(passes):
-        cells = relevel_windows(arrange(reshape(cells, solver), solver), solver) if passes > 1 else arrange(cells, solver)
+        if passes > 1:
+            cells = relevel_windows(arrange(reshape(cells, solver), solver), solver)
+        else:
+            cells = arrange(cells, solver)
         crit = critical_path(cells, solver)
         if not crit < best.crit * (1 - 1e-9):
             break

@@ -31,6 +31,9 @@ MAX_SHAVE = 0.95
 
 
 class CellSolver:
+    """Solves, re-cuts and prices cells of one forest under one config; memoises what
+    the stages ask for again (solved cells, chunk-grid cut costs, window ranges)."""
+
     def __init__(self, idx: ForestIndex, config: PlanConfig):
         self.idx = idx
         self.cm = config.cost_model

@@ -342,6 +342,37 @@ def tight_plan_configs(draw: st.DrawFn, forest):
     )
 
 
+
+# ---- l1l2's stages: any of the configurations above (budgets loose or tight, with or
+# without a pipeline), and small bounded linear programs for its LP back ends.
+
+
+def l1l2_plan_configs(forest):
+    return st.one_of(plan_configs(forest), tight_plan_configs(forest), pipeline_plan_configs(forest))
+
+
+@st.composite
+def bounded_linear_programs(draw: st.DrawFn, max_vars: int = 5, max_rows: int = 4):
+    """(objective, lower, upper, matrix, row_lo, row_hi) of a linear program over a box of
+    finite bounds, rows bounded on one side, the other or both (infinite: absent); dense
+    numpy arrays. Feasible or not, its optimum (if any) is finite."""
+    import numpy as np
+
+    n = draw(st.integers(1, max_vars))
+    m = draw(st.integers(0, max_rows))
+    coef = st.integers(-4, 4).map(float)
+    obj = np.array(draw(st.lists(coef, min_size=n, max_size=n)))
+    lower = np.array(draw(st.lists(st.integers(-5, 0).map(float), min_size=n, max_size=n)))
+    upper = lower + np.array(draw(st.lists(st.integers(0, 6).map(float), min_size=n, max_size=n)))
+    mat = np.array(draw(st.lists(st.lists(coef, min_size=n, max_size=n), min_size=m, max_size=m))).reshape(m, n)
+    row_lo, row_hi = [], []
+    for _ in range(m):
+        lo = draw(st.integers(-10, 10).map(float))
+        kind = draw(st.sampled_from(("le", "ge", "both")))
+        row_lo.append(-np.inf if kind == "le" else lo)
+        row_hi.append(np.inf if kind == "ge" else lo + draw(st.integers(0, 8)))
+    return obj, lower, upper, mat, np.array(row_lo, dtype=float), np.array(row_hi, dtype=float)
+
 # Row gathers (harts/exec/ops/gather.py): a source row count and an index into it, with
 # repeats (replayed rows) and, sometimes, every source row present (a permutation plus repeats).
 

@@ -1,10 +1,10 @@
 """l1l2's 1-slot windows as first-class cells: a tree over the budget whose producer and
 one consumer fit the budget (the consumer paying the producer's retention) is dealt to a
-cell of one slot by itself (`_CellSolver.alone`, `_assign_trees`), and a cell that cannot
+cell of one slot by itself (`CellSolver.alone`, `cells.assign_trees`), and a cell that cannot
 use all its slots (a one-node tree cannot be split over two) runs on fewer, the rest left
-empty (`_solve_cell`). Candidate plans keep every replica's slot count, validate and
+empty (`cells.solve_cell`). Candidate plans keep every replica's slot count, validate and
 compute every row once; l1l2 still never compresses worse than l1. On swe-treestep-64 at
-a 32k cap (most trees a little over the budget), DP 16 and DP 32 now get windows: the
+a 32k cap (most trees a little over the budget), DP 16 and DP 32 get windows: the
 forest's compression with fewer slots than l1 and a shorter (pipelined) critical path."""
 
 from __future__ import annotations
@@ -17,13 +17,9 @@ from hypothesis import strategies as st
 
 from harts.plan.planners import PlanConfig, make_plan
 from harts.plan.planners.common import ForestIndex, finalize_tree, pipelined_critical_path
-from harts.plan.planners.l1l2 import (
-    _assign_trees,
-    _build,
-    _CellSolver,
-    _group_options,
-    _to_microbatches,
-)
+from harts.plan.planners.l1l2 import CellSolver
+from harts.plan.planners.l1l2.cells import assign_trees, build, group_options
+from harts.plan.planners.l1l2.microbatches import to_microbatches
 from harts.tree.workload import generate, preset
 from tests.strategies import plan_forests, tight_plan_configs
 
@@ -34,7 +30,7 @@ forest_and_tight = plan_forests().flatmap(lambda f: st.tuples(st.just(f), tight_
 def test_alone_trees_fit_one_slot_with_every_row_once(forest_config):
     forest, config = forest_config
     idx = ForestIndex(forest, config.cost_model)
-    solver = _CellSolver(idx, config)
+    solver = CellSolver(idx, config)
     budget, rho = config.microbatch_tokens, config.producer_retention
     for t in idx.roots:
         c = solver.solved(1, [t])
@@ -56,11 +52,11 @@ def test_alone_trees_fit_one_slot_with_every_row_once(forest_config):
 def test_assigned_one_slot_cells_over_their_room_hold_one_alone_tree(forest_config):
     forest, config = forest_config
     idx = ForestIndex(forest, config.cost_model)
-    solver = _CellSolver(idx, config)
+    solver = CellSolver(idx, config)
     alone = solver.alone()
     sizes = [1, 2, 1, 1] * config.dp
     cap = [0.9 * k * config.microbatch_tokens for k in sizes]
-    cells = _assign_trees(idx, sizes, cap, {}, None, alone)
+    cells = assign_trees(idx, sizes, cap, {}, None, alone)
     if cells is None:
         return
     assert sorted(t for c in cells for t in c) == sorted(idx.roots)
@@ -74,11 +70,11 @@ def test_assigned_one_slot_cells_over_their_room_hold_one_alone_tree(forest_conf
 def test_candidates_keep_slot_counts_and_compute_every_row_once(forest_config):
     forest, config = forest_config
     idx = ForestIndex(forest, config.cost_model)
-    solver = _CellSolver(idx, config)
+    solver = CellSolver(idx, config)
     lower = max(1, math.ceil(forest.compact_tokens / (config.dp * config.microbatch_tokens)))
     for slots in range(lower, lower + 3):
-        for groups in _group_options(slots)[:4]:
-            cells = _build(idx, solver, config.dp, slots, groups, True)
+        for groups in group_options(slots)[:4]:
+            cells = build(idx, solver, config.dp, slots, groups, True)
             if cells is None:
                 continue
             assert [sum(c.k for c in row) for row in cells] == [slots] * config.dp
@@ -87,15 +83,15 @@ def test_candidates_keep_slot_counts_and_compute_every_row_once(forest_config):
                 for c in row:
                     assert len(c.bins) == c.k
                     if c.trees:
-                        assert solver._fits(c)
-            plan = finalize_tree(idx, _to_microbatches(idx, cells), config, "l1l2")
+                        assert solver.fits(c)
+            plan = finalize_tree(idx, to_microbatches(idx, cells), config, "l1l2")
             plan.validate(forest, cost_model=config.cost_model)
             assert plan.executed_tokens == forest.compact_tokens
     if not solver.alone():
         return
     # a 1-slot window is a cell of one slot whose one consumer reads a producer
     for slots in range(lower, lower + 3):
-        cells = _build(idx, solver, config.dp, slots, slots, True)
+        cells = build(idx, solver, config.dp, slots, slots, True)
         if cells is not None:
             for row in cells:
                 for c in row:
@@ -144,8 +140,8 @@ def _pipelined_critical_path(plan, config) -> float:
 @pytest.mark.parametrize(("dp", "pp"), [(16, 1), (16, 2), (16, 4), (32, 2)])
 def test_swe_treestep_64_at_32k_gets_windows_at_high_dp(dp, pp):
     """Four (DP 16) or two (DP 32) trees per replica, most a little over the 32k budget:
-    before 1-slot windows l1l2 found no windowed plan within l1's slots and returned l1's
-    (5.05x); now it computes every row once on fewer slots with a shorter critical path."""
+    with 1-slot windows l1l2 computes every row once on no more slots than l1 and with a
+    shorter (pipelined) critical path than l1's plan."""
     forest = generate(preset("swe-treestep-64", max_context=32768)).forest()
     config = PlanConfig(dp=dp, pp=pp, microbatch_tokens=32768)
     l1 = make_plan(forest, "l1", config)

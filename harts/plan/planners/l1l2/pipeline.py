@@ -1,0 +1,95 @@
+"""The planner's stages in their order, and the end that turns the state into a plan.
+
+`STAGES` runs left to right over a `State`; each stage is a no-op where it does not apply
+(the re-cutting stages run with pp = 1 off the ideal path, the window search only when
+asked for). `finish` lets L1's own plan compete on the same measure and builds the plan.
+`plan_with` runs any sequence of stages (a test runs the planner without one of them)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from harts.plan.plan import Plan
+from harts.plan.planners.common import (
+    PlanConfig,
+    finalize_tree,
+    pipeline_ends,
+    pipelined_critical_path,
+)
+from harts.plan.planners.l1 import place
+from harts.plan.planners.l1l2.anneal import anneal_windows
+from harts.plan.planners.l1l2.cells import fewest_microbatches
+from harts.plan.planners.l1l2.choose import choose_cells
+from harts.plan.planners.l1l2.merge import merge_single_trees
+from harts.plan.planners.l1l2.microbatches import to_microbatches
+from harts.plan.planners.l1l2.recut import recut_windows
+from harts.plan.planners.l1l2.relevel import line_up
+from harts.plan.planners.l1l2.state import Context, Stage, State
+from harts.plan.planners.l1l2.swap import swap_cells_trees
+from harts.plan.planners.registry import PlannerName, register_planner
+from harts.tree.forest import RolloutForest
+
+STAGES: tuple[Stage, ...] = (
+    choose_cells,  # slot count, cells, each cell solved and levelled
+    line_up,  # cells arranged; off ideal: windows re-cut, slots handed over
+    recut_windows,  # off ideal: every window re-cut together (one LP)
+    merge_single_trees,  # off ideal: single trees merged into windows, kept if better
+    swap_cells_trees,  # off ideal: single trees swapped between cells
+    anneal_windows,  # off ideal, opt-in: cells re-formed by a seeded search
+)
+
+
+def start(ctx: Context) -> State:
+    """The state before the first stage: no plan yet, L1's slot range."""
+    return State(searched=range(ctx.lower, ctx.l1_slots + 1))
+
+
+def run(ctx: Context, stages: Sequence[Stage] = STAGES, state: State | None = None) -> State:
+    """`stages` in order from `state` (default: the start state)."""
+    state = start(ctx) if state is None else state
+    for stage in stages:
+        state = stage(ctx, state)
+    return state
+
+
+def finish(ctx: Context, state: State) -> Plan:
+    """The plan: L1's microbatches (recomputed paths, no windows) when they have a shorter
+    critical path, or when there is no windowed plan; else the windowed plan's. A plan
+    that meets a pipeline's floor is only displaced by an L1 plan that does too."""
+    config, idx = ctx.config, ctx.idx
+    target = config.target_microbatches
+    best = state.best
+    l1_mbs, l1_slots = ctx.l1_mbs, ctx.l1_slots
+    place(l1_mbs, config.dp)
+    l1_loads = [[0.0] * l1_slots for _ in range(config.dp)]
+    for m in l1_mbs:
+        l1_loads[m.replica][m.slot] += config.cost_model.microbatch_overhead + m.cost
+    l1_ends = [pipeline_ends(row, config.cost_model.forward_fraction) for row in l1_loads]
+    l1_crit = pipelined_critical_path(l1_loads, config.pp, l1_ends)
+    pipe = {"pp": config.pp, "target_microbatches": target} if config.pp > 1 else {}
+    l1_floor = min(sum(1 for x in row if x > 0) for row in l1_loads) >= target
+    floor_met = best is not None and target > ctx.lower and fewest_microbatches(best.cells) >= target
+    if best is None or ((l1_floor or not floor_met) and l1_crit < best.crit * (1 - 1e-9)):
+        return finalize_tree(idx, l1_mbs, config, PlannerName.L1L2.value, {"chosen": "l1", **pipe})
+    mbs = to_microbatches(idx, best.cells)
+    info = {
+        "slots_considered": [state.searched.start, state.searched.stop - 1],
+        "cells_per_replica": best.groups,
+        "producers": len({m.producer for m in mbs if m.producer is not None}),
+        "producer_tokens": sum(c.p_tokens() for row in best.cells for c in row),
+        **pipe,
+    }
+    return finalize_tree(idx, mbs, config, PlannerName.L1L2.value, info)
+
+
+def plan_with(forest: RolloutForest, config: PlanConfig, stages: Sequence[Stage] = STAGES,
+              pin_miss: float | None = None) -> Plan:
+    """The l1l2 plan of `forest` with `stages` (default: all of them) and the joint
+    re-cut's repair threshold `pin_miss` (None: its default)."""
+    ctx = Context.of(forest, config, pin_miss)
+    return finish(ctx, run(ctx, stages))
+
+
+@register_planner(PlannerName.L1L2)
+def plan_l1l2(forest: RolloutForest, config: PlanConfig) -> Plan:
+    return plan_with(forest, config)

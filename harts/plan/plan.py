@@ -47,7 +47,7 @@ for every microbatch (0 outside windows), and `executed_tokens` for a producer i
 retained producer row costs relative to a row being computed.
 
 Cost. `Microbatch.cost` is the load of the microbatch under `Plan.cost_model` (a
-`harts.plan.cost` spec): `microbatch_overhead + sum of segment costs of its pieces`
+`harts.config.costs` load-model spec): `microbatch_overhead + sum of segment costs of its pieces`
 (expanded: one segment `[0, length)` per trajectory copy).
 
 Validation. `Plan.validate(forest, budget=None, cost_model=None)` raises ValueError
@@ -236,7 +236,7 @@ class Plan:
         """Raise ValueError naming the first broken invariant (see the module docstring).
 
         `budget` defaults to the plan's `microbatch_tokens`; `cost_model` (a
-        `harts.plan.cost.CostModel`), when given, re-prices every microbatch and checks
+        `harts.config.costs.LoadModel`), when given, re-prices every microbatch and checks
         the stored costs."""
         _validate(self, forest, self.microbatch_tokens if budget is None else budget, cost_model)
 

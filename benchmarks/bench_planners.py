@@ -21,9 +21,12 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from harts.config.plan import (
+    DEFAULT_PRODUCER_RETENTION,  # noqa: E402
+    PlanConfig,  # noqa: E402
+)
 from harts.plan.metrics import compute_metrics  # noqa: E402
-from harts.plan.plan import DEFAULT_PRODUCER_RETENTION  # noqa: E402
-from harts.plan.planners import PlanConfig, known_planners, make_plan  # noqa: E402
+from harts.plan.planners import known_planners, make_plan  # noqa: E402
 from harts.tree.workload import generate, preset  # noqa: E402
 
 

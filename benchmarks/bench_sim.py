@@ -22,7 +22,8 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from harts.config.models import get_model_config  # noqa: E402
-from harts.plan.planners import PlanConfig, make_plan  # noqa: E402
+from harts.config.plan import PlanConfig  # noqa: E402
+from harts.plan.planners import make_plan  # noqa: E402
 from harts.sim.adapter import step_from_plan  # noqa: E402
 from harts.sim.costs import make_cost_model  # noqa: E402
 from harts.sim.hardware import load_hardware  # noqa: E402

@@ -83,7 +83,8 @@ def op_category(op) -> str:
 
 def _cost_and_step(planner: str, cost_model: str, hardware: str = "h200", calibration=None):
     from harts.config.models import get_model_config
-    from harts.plan.planners import PlanConfig, make_plan
+    from harts.config.plan import PlanConfig
+    from harts.plan.planners import make_plan
     from harts.sim.adapter import step_from_plan
     from harts.sim.costs import make_cost_model
     from harts.sim.hardware import load_hardware

@@ -292,7 +292,7 @@ def plan_forests(draw: st.DrawFn, max_groups: int = 4, max_per_group: int = 6):
 
 @st.composite
 def plan_configs(draw: st.DrawFn, forest):
-    from harts.plan.planners import PlanConfig
+    from harts.config.plan import PlanConfig
 
     longest = int(forest.traj_length.max())
     budget = draw(st.one_of(st.just(longest), st.integers(longest, 4 * longest)))

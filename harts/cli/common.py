@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
+
+from harts.track.text import format_table  # noqa: F401  (the subcommands import it from here)
 
 T = TypeVar("T")
 
@@ -25,42 +27,6 @@ def _json_default(obj: Any) -> Any:
     if hasattr(obj, "tolist"):
         return obj.tolist()
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
-def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """A plain aligned text table: numbers right-aligned, text left-aligned."""
-    cells = [[_fmt(c) for c in row] for row in rows]
-    widths = [len(h) for h in headers]
-    for row in cells:
-        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
-    numeric = [all(_is_number(r[i]) for r in cells) if cells else False for i in range(len(headers))]
-
-    def line(row: Sequence[str]) -> str:
-        return "  ".join(
-            c.rjust(w) if num else c.ljust(w) for c, w, num in zip(row, widths, numeric, strict=True)
-        ).rstrip()
-
-    out = [line(list(headers)), "  ".join("-" * w for w in widths)]
-    out += [line(r) for r in cells]
-    return "\n".join(out)
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
-            return f"{value:.3e}"
-        return f"{value:,.4f}".rstrip("0").rstrip(".") if abs(value) < 1e4 else f"{value:,.1f}"
-    if isinstance(value, int) and not isinstance(value, bool):
-        return f"{value:,}"
-    return str(value)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text.replace(",", "").rstrip("x%"))
-    except ValueError:
-        return False
-    return True
 
 
 def progress(items: Iterable[T], total: int | None, label: str, enabled: bool = True) -> Iterator[T]:

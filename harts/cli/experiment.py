@@ -5,7 +5,7 @@
     harts experiment all --tracking-uri http://127.0.0.1:5000
     harts experiment list
 
-Studies live in the top-level `experiments` package (experiments/<study>/); runs go to the
+Studies live in `harts.experiments` (harts/experiments/<study>/); runs go to the
 embedded store ./harts-runs/mlflow.db unless --tracking-uri or $MLFLOW_TRACKING_URI says
 otherwise. `harts report` renders the latest run of every study as one HTML page.
 """
@@ -15,29 +15,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from harts.cli.common import UserError, format_table, print_json
 
 
 def load_registry() -> Any:
-    """`experiments.registry`, from the installed package or, failing that, from the
-    checkout this `harts` was imported from (an editable install made before the
-    experiments package existed does not map it)."""
-    try:
-        import experiments.registry as registry
-    except ModuleNotFoundError as err:
-        if err.name not in ("experiments", "experiments.registry"):
-            raise
-        import harts
+    """`harts.experiments.registry` (cheap to import: no study loads until it runs)."""
+    import harts.experiments.registry as registry
 
-        root = Path(harts.__file__).resolve().parents[1]
-        if not (root / "experiments" / "__init__.py").is_file():
-            raise UserError("the experiments package is not available: run from a HARTS checkout "
-                            "(bash scripts/bootstrap.sh installs it)") from None
-        sys.path.insert(0, str(root))
-        import experiments.registry as registry
     return registry
 
 
@@ -140,13 +126,13 @@ def _list(registry: Any, args: argparse.Namespace) -> int:
 
 
 def _run_one(registry: Any, name: str, args: argparse.Namespace, uri: str | None) -> dict[str, Any]:
-    from experiments.common import Progress
+    from harts.experiments.common import Progress
 
     display = _Display(name, enabled=not args.quiet)
     result = registry.run_study(name, args.config, Progress(display))
     out = {"study": name, "config_name": args.config, "seconds": result.seconds, **result.summary()}
     if uri is not None:
-        from experiments.common import experiment_name, log_study
+        from harts.experiments.common import experiment_name, log_study
 
         out["run_id"] = log_study(result, uri)
         out["tracking_uri"] = uri

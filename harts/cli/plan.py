@@ -99,8 +99,7 @@ def _forest(args: argparse.Namespace):
 
 
 def _config(args: argparse.Namespace):
-    from harts.plan.plan import DEFAULT_MICROBATCH_TOKENS, DEFAULT_PRODUCER_RETENTION
-    from harts.plan.planners import PlanConfig
+    from harts.config.plan import DEFAULT_MICROBATCH_TOKENS, DEFAULT_PRODUCER_RETENTION, PlanConfig
 
     tokens = args.microbatch_tokens
     if tokens is None:  # the preset's own budget, else the planners' default
@@ -111,21 +110,19 @@ def _config(args: argparse.Namespace):
             tokens = workload_config(args.workload, args.seed, args.set).microbatch_tokens
     retention = DEFAULT_PRODUCER_RETENTION if args.producer_retention is None else args.producer_retention
     extra = {} if args.microbatches_per_stage is None else {"min_microbatches_per_stage": args.microbatches_per_stage}
-    cfg = PlanConfig(
-        dp=args.dp,
-        pp=args.pp,
-        **extra,
-        microbatch_tokens=tokens,
-        producer_retention=retention,
-        seed=args.plan_seed,
-        time_limit=args.time_limit,
-        search_evaluations=args.search_evaluations,
-    )
-    try:
-        cfg.validate()
+    try:  # PlanConfig checks its fields when built
+        return PlanConfig(
+            dp=args.dp,
+            pp=args.pp,
+            **extra,
+            microbatch_tokens=tokens,
+            producer_retention=retention,
+            seed=args.plan_seed,
+            time_limit=args.time_limit,
+            search_evaluations=args.search_evaluations,
+        )
     except ValueError as err:
         raise UserError(str(err)) from None
-    return cfg
 
 
 def _run(forest, name: str, cfg):

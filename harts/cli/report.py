@@ -62,12 +62,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _study_order(runs: dict[str, Any]) -> list[str]:
-    try:
-        from harts.cli.experiment import load_registry
+    from harts.experiments.registry import known_studies
 
-        known = load_registry().known_studies()
-    except (UserError, ImportError):
-        known = []
+    known = known_studies()
     return known + sorted(s for s in runs if s not in known)
 
 

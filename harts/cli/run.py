@@ -110,11 +110,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _simulate(args: argparse.Namespace) -> dict:
     from harts.config.models import get_model_config
-    from harts.plan.planners import PlanConfig, make_plan
+    from harts.config.parallel import ParallelConfig
+    from harts.config.plan import PlanConfig
+    from harts.plan.planners import make_plan
     from harts.sim.adapter import step_from_plan
     from harts.sim.costs import make_cost_model
     from harts.sim.hardware import load_hardware
-    from harts.sim.parallel import ParallelConfig, default_ep, default_parallel
+    from harts.sim.parallel import default_ep, default_parallel
     from harts.sim.schedule import build_schedule
     from harts.sim.simulate import simulate_step
     from harts.tree.workload import generate, preset

@@ -72,8 +72,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 class _Setup:
     def __init__(self, args: argparse.Namespace):
         from harts.config.models import ConfigError, get_model_config
+        from harts.config.parallel import ParallelConfig
         from harts.sim.hardware import load_hardware
-        from harts.sim.parallel import ParallelConfig, default_ep, default_parallel
+        from harts.sim.parallel import default_ep, default_parallel
 
         try:
             self.model = get_model_config(args.model)
@@ -120,7 +121,8 @@ class _Setup:
         return self._forests[workload]
 
     def step(self, workload: str, planner: str) -> tuple[Any, Any]:
-        from harts.plan.planners import PlanConfig, make_plan
+        from harts.config.plan import PlanConfig
+        from harts.plan.planners import make_plan
         from harts.sim.adapter import step_from_plan
 
         forest = self.forest(workload)

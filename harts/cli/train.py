@@ -87,9 +87,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     import torch
 
+    from harts.config.optimizer import OptimizerConfig
     from harts.exec.loss import PolicyLossConfig
     from harts.exec.model import build_model
-    from harts.exec.trainer import ExpandedTrainer, OptimizerConfig, run_steps
+    from harts.exec.trainer import ExpandedTrainer, run_steps
     from harts.exec.tree_trainer import TreeTrainer
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -108,8 +109,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.planner is not None:
         if args.mode != "tree":
             raise UserError("--planner needs --mode tree")
+        from harts.config.plan import PlanConfig
         from harts.exec.window import PlanTrainer
-        from harts.plan.planners import PlanConfig, known_planners, make_plan
+        from harts.plan.planners import known_planners, make_plan
         from harts.tree import build_forest
 
         if args.planner not in known_planners():

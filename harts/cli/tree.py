@@ -46,7 +46,8 @@ def add_workload_args(parser: Any, required: bool) -> None:
 
 
 def workload_config(name: str, seed: int | None, sets: list[str]):
-    from harts.tree.workload import WorkloadConfig, preset
+    from harts.config.workload import WorkloadConfig
+    from harts.tree.workload import preset
 
     fields = {f.name: f for f in dataclasses.fields(WorkloadConfig)}
     overrides: dict[str, Any] = {}
@@ -70,7 +71,7 @@ def workload_config(name: str, seed: int | None, sets: list[str]):
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    from harts.tree.workload import PRESETS
+    from harts.config.workload import PRESETS
 
     rows = [
         (name, c.scheme.value, c.num_groups, c.rollouts_per_group, f"{c.prompt_tokens[0]}-{c.prompt_tokens[1]}",

@@ -1,1 +1,15 @@
-"""Configurations as data (no torch): the simulator, the planner and the executor share them."""
+"""Configurations as data (no torch), the bottom layer the simulator, the planners and the
+executor share: it imports nothing from `harts.tree`, `plan`, `sim` or `exec`.
+
+- `models`: `ModelConfig` and the registered model configs (`ModelName`).
+- `plan`: `PlanConfig`, what every step planner reads, and the planning defaults.
+- `costs`: the planners' load models (`LoadModelName`) and the simulator's cost-model names
+  (`CostModelName`; the models themselves live in `harts.sim.costs`).
+- `parallel`: `ParallelConfig` (DP x PP, EP inside DP).
+- `workload`: `WorkloadConfig` and the workload presets (`WorkloadPreset`).
+- `optimizer`: `OptimizerConfig`.
+- `registry`: the one `Registry` mechanism (StrEnum keys; unknown and duplicate names fail
+  loudly).
+
+Every config checks its fields when built and names the bad field in its ValueError.
+"""

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
-from harts.registry import Registry
+from harts.config.registry import Registry
 
 
 class ConfigError(ValueError):

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
+from harts.config.optimizer import OptimizerConfig
 from harts.exec.loss import (
     LossDenominators,
     PolicyLossConfig,
@@ -51,15 +52,6 @@ from harts.exec.model.model import HybridModel
 from harts.exec.model.moe import MoEGlobalStats, set_moe_global
 from harts.exec.transfer import to_device
 from harts.tree.trajectory import Trajectory
-
-
-@dataclass(frozen=True)
-class OptimizerConfig:
-    lr: float = 1e-4
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    weight_decay: float = 0.0  # applied to matrices only (not norms, biases, A_log, dt_bias)
-    grad_clip: float | None = 1.0  # max global L2 norm; None = no clipping
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from harts.config.optimizer import OptimizerConfig
 from harts.exec.loss import PolicyLossConfig, TargetTable
 from harts.exec.model.model import HybridModel
-from harts.exec.trainer import ExpandedTrainer, Microbatch, OptimizerConfig, pack_microbatches
+from harts.exec.trainer import ExpandedTrainer, Microbatch, pack_microbatches
 from harts.exec.transfer import to_device
 from harts.exec.tree import TreeContext
 from harts.tree import Targets, Trajectory, build_forest

@@ -36,9 +36,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from harts.config.optimizer import OptimizerConfig
 from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.model import HybridModel
-from harts.exec.trainer import ExpandedTrainer, Microbatch, OptimizerConfig
+from harts.exec.trainer import ExpandedTrainer, Microbatch
 from harts.exec.tree import (
     LocalLayout,
     Stash,

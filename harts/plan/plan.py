@@ -47,7 +47,7 @@ for every microbatch (0 outside windows), and `executed_tokens` for a producer i
 retained producer row costs relative to a row being computed.
 
 Cost. `Microbatch.cost` is the load of the microbatch under `Plan.cost_model` (a
-`harts.plan.cost` spec): `microbatch_overhead + sum of segment costs of its pieces`
+`harts.config.costs` load-model spec): `microbatch_overhead + sum of segment costs of its pieces`
 (expanded: one segment `[0, length)` per trajectory copy).
 
 Validation. `Plan.validate(forest, budget=None, cost_model=None)` raises ValueError
@@ -75,22 +75,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from harts.config.plan import DEFAULT_PRODUCER_RETENTION
 from harts.tree.forest import RolloutForest
 
 FORMAT = "harts-plan/1"
-
-# Every trajectory of the SWE workloads must fit one microbatch (contexts reach 131072
-# tokens), and with full activation recomputation the Tiny model keeps ~75 KB of layer
-# inputs per token plus one layer's working set (~0.1-0.15 MB per token), ~30 GB at 128k
-# tokens: comfortable on a 141 GB H200 next to its sharded weights and optimizer state.
-DEFAULT_MICROBATCH_TOKENS = 131_072
-
-# What a producer row keeps alive during its window, relative to the per-token budget
-# above: under full recomputation it holds its layer inputs (24 x 1536 bf16, ~74 KB)
-# and the MLA latents consumers attend to (6 x 576 bf16, ~7 KB), ~81 KB, against ~230 KB
-# per computed token (those inputs plus one layer's activations and gradients). 1.0 is
-# the conservative bound (every activation kept).
-DEFAULT_PRODUCER_RETENTION = 0.35
 
 
 class PlanMode(StrEnum):
@@ -248,7 +236,7 @@ class Plan:
         """Raise ValueError naming the first broken invariant (see the module docstring).
 
         `budget` defaults to the plan's `microbatch_tokens`; `cost_model` (a
-        `harts.plan.cost.CostModel`), when given, re-prices every microbatch and checks
+        `harts.config.costs.LoadModel`), when given, re-prices every microbatch and checks
         the stored costs."""
         _validate(self, forest, self.microbatch_tokens if budget is None else budget, cost_model)
 

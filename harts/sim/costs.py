@@ -10,22 +10,24 @@ One interface (`CostModel`), two pricings of the same counted ops (`ops.py`):
   (`profile.py`); op kinds the profile does not cover fall back to the roofline price and
   are listed in `fallback_keys`.
 
-Registry: `COST_MODELS`, keyed by `CostModelName`; unknown or duplicate names fail loudly.
+Registry: `COST_MODELS`, keyed by `CostModelName` (`harts.config.costs`); unknown or duplicate
+names fail loudly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from functools import lru_cache
 from typing import Protocol
 
+from harts.config.costs import CostModelName
 from harts.config.models import ModelConfig
-from harts.registry import Registry
+from harts.config.parallel import ParallelConfig
+from harts.config.registry import Registry
 from harts.sim.hardware import HardwareProfile
 from harts.sim.ops import OpCall, OpKind, Phase, StageCounter
-from harts.sim.parallel import ParallelConfig, stage_layers
+from harts.sim.parallel import stage_layers
 from harts.sim.profile import Calibration, op_features, op_key
 from harts.sim.work import MicrobatchWork
 
@@ -167,11 +169,6 @@ class CostModel:
 
     def transient_bytes(self, stage: int, works: Sequence[MicrobatchWork], phase: Phase = Phase.FWD) -> float:
         return self.stages[stage].transient_bytes(works, phase)
-
-
-class CostModelName(StrEnum):
-    ROOFLINE = "roofline"
-    CALIBRATED = "calibrated"
 
 
 CostModelFactory = Callable[..., CostModel]

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from harts.config.models import ModelConfig, kda_layer_params, mla_layer_params
-from harts.sim.parallel import ParallelConfig, StageLayers
+from harts.config.parallel import ParallelConfig
+from harts.sim.parallel import StageLayers
 from harts.sim.work import MicrobatchWork
 
 __all__ = [

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from harts.registry import Registry
+from harts.config.registry import Registry
 from harts.sim.work import StepWork, Window
 
 __all__ = [

@@ -184,8 +184,9 @@ def verify_step(
     and the MoE aux loss switches to the step-global scope on both sides, the one scope
     under which the aux term does not depend on the split.
     """
+    from harts.config.plan import PlanConfig
     from harts.exec.window import PlanTrainer
-    from harts.plan.planners import PlanConfig, make_plan
+    from harts.plan.planners import make_plan
 
     if loss is None:
         has_ref = all(t.ref_logprobs is not None for t in trajectories)

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 from harts.cli.main import main
 from harts.config.models import get_model_config
+from harts.config.optimizer import OptimizerConfig
 from harts.exec.loss import PolicyLossConfig, policy_loss
 from harts.exec.model import PackedContext, build_model
 from harts.exec.trainer import (
     ExpandedTrainer,
-    OptimizerConfig,
     pack_microbatches,
     step_denominators,
     trajectory_targets,

@@ -11,12 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harts.config.models import get_model_config
+from harts.config.plan import PlanConfig
 from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.model import build_model
 from harts.exec.trainer import ExpandedTrainer
 from harts.exec.tree_trainer import TreeTrainer
 from harts.exec.window import PlanTrainer
-from harts.plan.planners import PlanConfig, make_plan
+from harts.plan.planners import make_plan
 from harts.tree import build_forest
 from harts.tree.workload import generate_trajectories
 from harts.verify.equivalence import compare_steps

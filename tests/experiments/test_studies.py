@@ -8,8 +8,14 @@ import math
 
 import pytest
 
-from experiments.common import experiment_name, log_study
-from experiments.registry import StudyName, get_study, known_studies, register_study, run_study
+from harts.experiments.common import experiment_name, log_study
+from harts.experiments.registry import (
+    StudyName,
+    get_study,
+    known_studies,
+    register_study,
+    run_study,
+)
 from harts.track import read_run
 from harts.track.params import flatten_params
 

@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harts.cli.main import main
-from harts.plan.planners import PlanConfig, PlannerName, make_plan
+from harts.config.plan import PlanConfig
+from harts.plan.planners import PlannerName, make_plan
 from harts.plan.planners.common import pipeline_ends, pipelined_critical_path
 from harts.tree.workload import generate, preset
 from tests.strategies import pipeline_plan_configs, plan_forests

@@ -11,14 +11,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harts.plan.cost import (
+from harts.config.costs import (
     TINY_PAIR_WEIGHT,
-    CostModelName,
+    LoadModelName,
     TokenCost,
     TokenPairCost,
-    known_cost_models,
-    make_cost_model,
-    register_cost_model,
+    known_load_models,
+    make_load_model,
+    register_load_model,
 )
 from harts.plan.metrics import compute_metrics, per_slot_balance, slot_loads
 from harts.plan.plan import Microbatch, Piece, Plan, PlanMode, Role, forest_digest
@@ -269,11 +269,11 @@ def test_pair_weight_derived_from_the_tiny_model():
 
 
 def test_cost_model_registry():
-    assert known_cost_models() == ["token-pair", "tokens"]
+    assert known_load_models() == ["token-pair", "tokens"]
     cm = TokenPairCost(pair_weight=2e-5, microbatch_overhead=3.0)
-    assert make_cost_model(**cm.spec()) == cm
-    assert make_cost_model("tokens") == TokenCost()
+    assert make_load_model(**cm.spec()) == cm
+    assert make_load_model("tokens") == TokenCost()
     with pytest.raises(ValueError, match="unknown cost model 'flops'; known: token-pair, tokens"):
-        make_cost_model("flops")
+        make_load_model("flops")
     with pytest.raises(ValueError, match="registered twice"):
-        register_cost_model(CostModelName.TOKENS, TokenCost)
+        register_load_model(LoadModelName.TOKENS, TokenCost)

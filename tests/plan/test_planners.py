@@ -11,10 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harts.plan.cost import TokenCost
+from harts.config.costs import TokenCost
+from harts.config.plan import PlanConfig
 from harts.plan.metrics import compute_metrics
 from harts.plan.plan import PlanMode
-from harts.plan.planners import PlanConfig, PlannerName, get_planner, known_planners, make_plan
+from harts.plan.planners import PlannerName, get_planner, known_planners, make_plan
 from harts.plan.planners.common import ForestIndex, first_fit_decreasing, lpt_balanced, tree_units
 from harts.plan.planners.registry import register_planner
 from harts.tree.workload import generate, preset

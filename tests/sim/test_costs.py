@@ -7,6 +7,7 @@ import math
 import pytest
 
 from harts.config.models import get_model_config, parameter_counts
+from harts.config.parallel import ParallelConfig
 from harts.sim.costs import (
     COST_MODELS,
     CostModelName,
@@ -16,7 +17,7 @@ from harts.sim.costs import (
 )
 from harts.sim.hardware import load_hardware
 from harts.sim.ops import OpCall, OpKind, Phase
-from harts.sim.parallel import ParallelConfig, default_parallel, stage_layers
+from harts.sim.parallel import default_parallel, stage_layers
 from harts.sim.work import KDARound, MicrobatchWork, expanded_microbatch
 
 HW = load_hardware("h200")

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from harts.config.models import get_model_config
+from harts.config.parallel import ParallelConfig
 from harts.sim.costs import make_cost_model
 from harts.sim.hardware import load_hardware
-from harts.sim.parallel import ParallelConfig
 from harts.sim.profile import (
     fit_profile,
     load_calibration,

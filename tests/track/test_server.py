@@ -96,8 +96,8 @@ def mlflow_server(tmp_path, monkeypatch):
 
 
 def test_study_logged_to_a_real_tracking_server(mlflow_server):
-    from experiments.common import experiment_name, log_study
-    from experiments.registry import run_study
+    from harts.experiments.common import experiment_name, log_study
+    from harts.experiments.registry import run_study
     from harts.track import latest_runs, read_run
 
     result = run_study("compression", "tiny")  # computed while the server starts

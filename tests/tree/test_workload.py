@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harts.config.workload import FLASH_CONTEXT, FLASH_GPUS, PRESETS, Scheme
 from harts.tree import build_forest
-from harts.tree.workload import FLASH_CONTEXT, FLASH_GPUS, PRESETS, Scheme, generate, preset
+from harts.tree.workload import generate, preset
 
 
 def _same_structure(a, b) -> None:

@@ -1,7 +1,7 @@
 """Step planners behind one registry (`PlannerName`): expanded-ffd, ortools-ffd, l1, l1l2."""
 
+from harts.config.plan import PlanConfig
 from harts.plan.planners import expanded, l1, l1l2, ortools_ffd  # noqa: F401  (registration)
-from harts.plan.planners.common import PlanConfig
 from harts.plan.planners.registry import (
     PlannerName,
     get_planner,

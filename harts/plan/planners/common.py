@@ -1,4 +1,4 @@
-"""Shared machinery of the step planners: configuration, a list-based forest index, tree
+"""Shared machinery of the step planners: a list-based forest index, tree
 partitioning into units, microbatch builders and replica/slot placement.
 
 Planners work on whole nodes and node pieces, never on tokens, so a 64-GPU step (hundreds
@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
-from harts.plan.cost import CostModel, default_cost_model
+from harts.config.costs import LoadModel
+from harts.config.plan import PlanConfig  # noqa: F401  (planner modules import it from here)
 from harts.plan.plan import (
-    DEFAULT_MICROBATCH_TOKENS,
-    DEFAULT_PRODUCER_RETENTION,
     Microbatch,
     Piece,
     Plan,
@@ -27,73 +26,11 @@ from harts.plan.plan import (
 )
 from harts.tree.forest import RolloutForest
 
-# Pipeline fill. With pp stages a 1F1B pipeline runs pp warm-up forwards on its first stage
-# before the first backward, so a replica needs at least pp microbatches for every stage to
-# be busy at once; with m microbatches the fill and drain leave (pp - 1) / (m + pp - 1) of
-# the step idle (GPipe, Huang et al. 2019; Megatron-LM, Narayanan et al. 2021: m >> pp).
-# m = pp (1 per stage) only just fills the pipeline and still idles (pp - 1) / (2 pp - 1),
-# nearly half the step; m = 2 pp is the smallest count at which the first stage has as many
-# steady-state 1F1B iterations as warm-up forwards, and bounds the bubble by 1/3 for any pp.
-# GPipe's rule of thumb for a negligible bubble (m >= 4 pp) is not forced: for a tree step
-# every extra microbatch is another sharing window or a smaller pass (a producer forward
-# and backward, per-pass weight reads and launches). Above the floor the planners search
-# as they do without a pipeline, and l1l2 scores its candidates (and L1's plan) by the
-# pipelined critical path (`pipelined_critical_path`).
-DEFAULT_MIN_MICROBATCHES_PER_STAGE = 2
-
-
-@dataclass(frozen=True)
-class PlanConfig:
-    """What every planner reads. `time_limit` is only used by search-based planners.
-
-    `pp` is the number of pipeline stages the step will run on (1: no pipeline). With
-    pp > 1 the planners aim for at least `min_microbatches_per_stage * pp` microbatches per
-    DP replica (see `target_microbatches`) where the step's work allows it, and l1l2 scores
-    its candidate plans by the pipelined critical path; with pp = 1 neither applies.
-
-    `search_evaluations` (l1l2, pp = 1): evaluations of a seeded (`seed`) search that
-    re-forms the final plan's windows (`l1l2._search_windows`); 0 (default) skips it."""
-
-    dp: int = 1
-    microbatch_tokens: int = DEFAULT_MICROBATCH_TOKENS
-    cost_model: CostModel = field(default_factory=default_cost_model)
-    producer_retention: float = DEFAULT_PRODUCER_RETENTION
-    seed: int = 0
-    time_limit: float = 2.0
-    chunk_size: int = 64
-    pp: int = 1
-    min_microbatches_per_stage: int = DEFAULT_MIN_MICROBATCHES_PER_STAGE
-    search_evaluations: int = 0
-
-    @property
-    def target_microbatches(self) -> int:
-        """Microbatches per DP replica the pipeline wants: `min_microbatches_per_stage * pp`
-        with a pipeline, 1 (no floor) without one."""
-        return self.min_microbatches_per_stage * self.pp if self.pp > 1 else 1
-
-    def validate(self) -> None:
-        if self.dp < 1:
-            raise ValueError(f"dp must be >= 1, got {self.dp}")
-        if self.pp < 1:
-            raise ValueError(f"pp must be >= 1, got {self.pp}")
-        if self.min_microbatches_per_stage < 1:
-            raise ValueError(f"min_microbatches_per_stage must be >= 1, got {self.min_microbatches_per_stage}")
-        if self.microbatch_tokens < 1:
-            raise ValueError(f"microbatch_tokens must be >= 1, got {self.microbatch_tokens}")
-        if not self.producer_retention >= 0:
-            raise ValueError(f"producer_retention must be >= 0, got {self.producer_retention}")
-        if not self.time_limit > 0:
-            raise ValueError(f"time_limit must be > 0, got {self.time_limit}")
-        if self.chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
-        if self.search_evaluations < 0:
-            raise ValueError(f"search_evaluations must be >= 0, got {self.search_evaluations}")
-
 
 class ForestIndex:
     """Per-node lists and per-subtree aggregates of a forest under a cost model."""
 
-    def __init__(self, forest: RolloutForest, cost: CostModel):
+    def __init__(self, forest: RolloutForest, cost: LoadModel):
         self.forest = forest
         self.cost_model = cost
         self.n = forest.num_nodes

@@ -9,14 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from harts.config.plan import PlanConfig
 from harts.plan.plan import Microbatch, Plan, PlanMode, forest_digest
-from harts.plan.planners.common import (
-    PlanConfig,
-    first_fit_decreasing,
-    lpt_balanced,
-    place_sorted,
-    round_up,
-)
+from harts.plan.planners.common import first_fit_decreasing, lpt_balanced, place_sorted, round_up
 from harts.plan.planners.registry import PlannerName, register_planner
 from harts.tree.forest import RolloutForest
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import math
 
+from harts.config.plan import PlanConfig
 from harts.plan.plan import Plan
 from harts.plan.planners.common import (
     ForestIndex,
-    PlanConfig,
     TreeMB,
     Unit,
     ffd_units,

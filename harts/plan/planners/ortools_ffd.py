@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from harts.config.plan import PlanConfig
 from harts.plan.plan import Plan
 from harts.plan.planners.common import (
     ForestIndex,
-    PlanConfig,
     TreeMB,
     ffd_units,
     finalize_tree,

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 from enum import StrEnum
 
+from harts.config.plan import PlanConfig
+from harts.config.registry import Registry
 from harts.plan.plan import Plan
-from harts.plan.planners.common import PlanConfig
-from harts.registry import Registry
 from harts.tree.forest import RolloutForest
 
 

@@ -14,10 +14,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from experiments.common import Column, Progress, StudyResult, Table, Variant, mean, png, pyplot
-from experiments.paper import TABLE6_PP
-from experiments.registry import Study, StudyName, register_study
-from experiments.steps import (
+from harts.experiments.common import (
+    Column,
+    Progress,
+    StudyResult,
+    Table,
+    Variant,
+    mean,
+    png,
+    pyplot,
+)
+from harts.experiments.paper import TABLE6_PP
+from harts.experiments.registry import Study, StudyName, register_study
+from harts.experiments.steps import (
     Case,
     make_step_plan,
     parallel_for,

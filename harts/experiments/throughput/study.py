@@ -17,10 +17,20 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from experiments.common import Column, Progress, StudyResult, Table, Variant, mean, png, pyplot
-from experiments.paper import FIGURE4_SPEEDUP_RANGE
-from experiments.registry import Study, StudyName, register_study
-from experiments.steps import (
+from harts.config.plan import DEFAULT_MICROBATCH_TOKENS
+from harts.experiments.common import (
+    Column,
+    Progress,
+    StudyResult,
+    Table,
+    Variant,
+    mean,
+    png,
+    pyplot,
+)
+from harts.experiments.paper import FIGURE4_SPEEDUP_RANGE
+from harts.experiments.registry import Study, StudyName, register_study
+from harts.experiments.steps import (
     Case,
     make_step_plan,
     parallel_for,
@@ -28,7 +38,6 @@ from experiments.steps import (
     simulate_work,
     step_forest,
 )
-from harts.plan.plan import DEFAULT_MICROBATCH_TOKENS
 
 DEFAULT_CASES = (
     Case("tiny", 8, "stepwise"),

@@ -3,14 +3,14 @@
 A study is a function from a config dataclass to a `StudyResult` (metrics, a table with
 the paper's numbers next to ours, plots, saved plans and schedules). Studies use the
 library's public APIs and never add branches to it. Each lives in
-``experiments/<study>/`` and registers itself under a `StudyName`; run one with
-``harts experiment NAME`` (or `experiments.registry.run_study`), and see the latest run of
+``harts/experiments/<study>/`` and registers itself under a `StudyName`; run one with
+``harts experiment NAME`` (or `harts.experiments.registry.run_study`), and see the latest run of
 every study with ``harts report``.
 
 This package imports nothing heavy: torch and mlflow load inside the studies that need
 them.
 """
 
-from experiments.registry import StudyName, get_study, known_studies, run_study
+from harts.experiments.registry import StudyName, get_study, known_studies, run_study
 
 __all__ = ["StudyName", "get_study", "known_studies", "run_study"]

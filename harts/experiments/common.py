@@ -48,7 +48,7 @@ class Table:
         return [[c.format(row.get(c.key)) for c in self.columns] for row in self.rows]
 
     def to_text(self) -> str:
-        from harts.cli.common import format_table
+        from harts.track.text import format_table
 
         out = [self.title, format_table([c.label for c in self.columns], self.cells())]
         if self.note:

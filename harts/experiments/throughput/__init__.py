@@ -1,5 +1,5 @@
 """Figure 4: simulated update-throughput speedups over the expanded baseline, per preset."""
 
-from experiments.throughput.study import STUDY, ThroughputConfig, run
+from harts.experiments.throughput.study import STUDY, ThroughputConfig, run
 
 __all__ = ["STUDY", "ThroughputConfig", "run"]

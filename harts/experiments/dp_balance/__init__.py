@@ -1,5 +1,5 @@
 """Table 5: DP load-balance distributions at DP 2/4/8 (slots, balance P5, step-total minimum)."""
 
-from experiments.dp_balance.study import STUDY, DPBalanceConfig, run
+from harts.experiments.dp_balance.study import STUDY, DPBalanceConfig, run
 
 __all__ = ["STUDY", "DPBalanceConfig", "run"]

@@ -1,7 +1,7 @@
 """The study registry: one `StrEnum` of names, one module per study, loaded on demand.
 
 Importing this module is cheap (no study is imported); `get_study` imports the study's
-module, which registers its `Study` once. An unknown name, a module that registers under
+module, which registers its `Study` once (in a `harts.config.registry.Registry`). An unknown name, a module that registers under
 another name, or a second registration of a name fails loudly.
 """
 
@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from harts.config.registry import Registry
+
 if TYPE_CHECKING:
-    from experiments.common import Progress, StudyResult
+    from harts.experiments.common import Progress, StudyResult
 
 
 class StudyName(StrEnum):
@@ -28,12 +30,12 @@ class StudyName(StrEnum):
 
 
 _MODULES: dict[StudyName, str] = {
-    StudyName.COMPRESSION: "experiments.compression",
-    StudyName.PLANNERS: "experiments.planners",
-    StudyName.DP_BALANCE: "experiments.dp_balance",
-    StudyName.PP_SCHEDULES: "experiments.pp_schedules",
-    StudyName.FIDELITY: "experiments.fidelity",
-    StudyName.THROUGHPUT: "experiments.throughput",
+    StudyName.COMPRESSION: "harts.experiments.compression",
+    StudyName.PLANNERS: "harts.experiments.planners",
+    StudyName.DP_BALANCE: "harts.experiments.dp_balance",
+    StudyName.PP_SCHEDULES: "harts.experiments.pp_schedules",
+    StudyName.FIDELITY: "harts.experiments.fidelity",
+    StudyName.THROUGHPUT: "harts.experiments.throughput",
 }
 
 CONFIG_NAMES = ("tiny", "default")
@@ -52,19 +54,14 @@ class Study:
         return self.configs[name]
 
 
-_REGISTRY: dict[StudyName, Study] = {}
+_STUDIES: Registry[StudyName, Study] = Registry("study", StudyName, ValueError, "known studies")
 
 
 def register_study(study: Study) -> Study:
-    if not isinstance(study.name, StudyName):
-        raise TypeError(f"study names are StudyName members, got {study.name!r}")
-    if study.name in _REGISTRY:
-        raise ValueError(f"study {study.name.value!r} registered twice")
     missing = [c for c in CONFIG_NAMES if c not in study.configs]
-    if missing:
+    if missing and isinstance(study.name, StudyName):
         raise ValueError(f"study {study.name.value!r} lacks configs {missing}")
-    _REGISTRY[study.name] = study
-    return study
+    return _STUDIES.register(study.name, study)
 
 
 def known_studies() -> list[str]:
@@ -76,18 +73,18 @@ def get_study(name: str) -> Study:
         key = StudyName(name)
     except ValueError:
         raise ValueError(f"unknown study {name!r}; known studies: {', '.join(known_studies())}") from None
-    if key not in _REGISTRY:
+    if key not in _STUDIES:
         importlib.import_module(_MODULES[key])
-        if key not in _REGISTRY:
+        if key not in _STUDIES:
             raise RuntimeError(f"module {_MODULES[key]} did not register study {key.value!r}")
-    return _REGISTRY[key]
+    return _STUDIES.get(key)
 
 
 def run_study(name: str, config: str | Any = "default", progress: Progress | None = None) -> StudyResult:
     """Run study `name` with a named config ("tiny", "default") or a config object."""
     from dataclasses import replace
 
-    from experiments.common import Progress
+    from harts.experiments.common import Progress
 
     study = get_study(name)
     config_name = config if isinstance(config, str) else "custom"

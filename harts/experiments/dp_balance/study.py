@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from experiments.common import Column, Progress, StudyResult, Table, Variant, png, pyplot
-from experiments.paper import TABLE5_DP_BALANCE
-from experiments.registry import Study, StudyName, register_study
-from experiments.steps import PLANNER_LABEL, make_step_plan, step_forest
-from harts.plan.plan import DEFAULT_MICROBATCH_TOKENS
+from harts.config.plan import DEFAULT_MICROBATCH_TOKENS
+from harts.experiments.common import Column, Progress, StudyResult, Table, Variant, png, pyplot
+from harts.experiments.paper import TABLE5_DP_BALANCE
+from harts.experiments.registry import Study, StudyName, register_study
+from harts.experiments.steps import PLANNER_LABEL, make_step_plan, step_forest
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,8 @@ class Case:
 
 
 def workload_config(scheme: str, gpus: int, step: int = 0, num_groups: int | None = None) -> Any:
-    from harts.tree.workload import PRESETS, preset
+    from harts.config.workload import PRESETS
+    from harts.tree.workload import preset
 
     name = f"swe-{scheme}-{gpus}"
     if name in PRESETS:
@@ -71,8 +72,8 @@ def parallel_for(model: str, gpus: int) -> Any:
 
 @lru_cache(maxsize=8)
 def cost_model_for(model: str) -> Any:
+    from harts.config.costs import TokenPairCost
     from harts.config.models import get_model_config, parameter_counts
-    from harts.plan.cost import TokenPairCost
 
     cfg = get_model_config(model)
     return TokenPairCost.for_model(cfg, parameter_counts(cfg).active)
@@ -83,8 +84,9 @@ def make_step_plan(forest: RolloutForest, planner: str, *, model: str, dp: int, 
     """(Plan, PlanMetrics) of one planner on one step; `pp` > 1 plans for a pipeline of that
     many stages (pass the simulated layout's pp when the plan is simulated)."""
     from harts.config.models import get_model_config
+    from harts.config.plan import PlanConfig
     from harts.plan.metrics import compute_metrics
-    from harts.plan.planners import PlanConfig, make_plan
+    from harts.plan.planners import make_plan
 
     cfg = PlanConfig(dp=dp, microbatch_tokens=microbatch_tokens, cost_model=cost_model_for(model), seed=seed,
                      time_limit=time_limit, chunk_size=get_model_config(model).chunk_size, pp=pp)

@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from experiments.common import Column, Progress, StudyResult, Table, Variant, png, pyplot
-from experiments.paper import TABLE7_FIDELITY
-from experiments.registry import Study, StudyName, register_study
+from harts.experiments.common import Column, Progress, StudyResult, Table, Variant, png, pyplot
+from harts.experiments.paper import TABLE7_FIDELITY
+from harts.experiments.registry import Study, StudyName, register_study
 
 DEEP_TREES = {"rollouts_per_group": 32, "num_groups": 1, "turns_median": 8.0, "turns_range": (6, 12),
               "max_context": 1500}

@@ -8,11 +8,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments.common import Column, Progress, StudyResult, Table, Variant, mean, png, pyplot
-from experiments.paper import TABLE4_PLANNERS
-from experiments.registry import Study, StudyName, register_study
-from experiments.steps import PLANNER_LABEL, Case, make_step_plan, parallel_for, step_forest
-from harts.plan.plan import DEFAULT_MICROBATCH_TOKENS
+from harts.config.plan import DEFAULT_MICROBATCH_TOKENS
+from harts.experiments.common import (
+    Column,
+    Progress,
+    StudyResult,
+    Table,
+    Variant,
+    mean,
+    png,
+    pyplot,
+)
+from harts.experiments.paper import TABLE4_PLANNERS
+from harts.experiments.registry import Study, StudyName, register_study
+from harts.experiments.steps import PLANNER_LABEL, Case, make_step_plan, parallel_for, step_forest
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,87 @@
+"""What every step planner reads (`PlanConfig`) and the planning defaults it starts from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harts.config.costs import LoadModel, default_load_model
+
+# Every trajectory of the SWE workloads must fit one microbatch (contexts reach 131072
+# tokens), and with full activation recomputation the Tiny model keeps ~75 KB of layer
+# inputs per token plus one layer's working set (~0.1-0.15 MB per token), ~30 GB at 128k
+# tokens: comfortable on a 141 GB H200 next to its sharded weights and optimizer state.
+DEFAULT_MICROBATCH_TOKENS = 131_072
+
+# What a producer row keeps alive during its window, relative to the per-token budget
+# above: under full recomputation it holds its layer inputs (24 x 1536 bf16, ~74 KB)
+# and the MLA latents consumers attend to (6 x 576 bf16, ~7 KB), ~81 KB, against ~230 KB
+# per computed token (those inputs plus one layer's activations and gradients). 1.0 is
+# the conservative bound (every activation kept).
+DEFAULT_PRODUCER_RETENTION = 0.35
+
+# Pipeline fill. With pp stages a 1F1B pipeline runs pp warm-up forwards on its first stage
+# before the first backward, so a replica needs at least pp microbatches for every stage to
+# be busy at once; with m microbatches the fill and drain leave (pp - 1) / (m + pp - 1) of
+# the step idle (GPipe, Huang et al. 2019; Megatron-LM, Narayanan et al. 2021: m >> pp).
+# m = pp (1 per stage) only just fills the pipeline and still idles (pp - 1) / (2 pp - 1),
+# nearly half the step; m = 2 pp is the smallest count at which the first stage has as many
+# steady-state 1F1B iterations as warm-up forwards, and bounds the bubble by 1/3 for any pp.
+# GPipe's rule of thumb for a negligible bubble (m >= 4 pp) is not forced: for a tree step
+# every extra microbatch is another sharing window or a smaller pass (a producer forward
+# and backward, per-pass weight reads and launches). Above the floor the planners search
+# as they do without a pipeline, and l1l2 scores its candidates (and L1's plan) by the
+# pipelined critical path (`pipelined_critical_path`).
+DEFAULT_MIN_MICROBATCHES_PER_STAGE = 2
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """What every planner reads. `time_limit` is only used by search-based planners.
+
+    `pp` is the number of pipeline stages the step will run on (1: no pipeline). With
+    pp > 1 the planners aim for at least `min_microbatches_per_stage * pp` microbatches per
+    DP replica (see `target_microbatches`) where the step's work allows it, and l1l2 scores
+    its candidate plans by the pipelined critical path; with pp = 1 neither applies.
+
+    `search_evaluations` (l1l2, pp = 1): evaluations of a seeded (`seed`) search that
+    re-forms the final plan's windows (`l1l2._search_windows`); 0 (default) skips it."""
+
+    dp: int = 1
+    microbatch_tokens: int = DEFAULT_MICROBATCH_TOKENS
+    cost_model: LoadModel = field(default_factory=default_load_model)
+    producer_retention: float = DEFAULT_PRODUCER_RETENTION
+    seed: int = 0
+    time_limit: float = 2.0
+    chunk_size: int = 64
+    pp: int = 1
+    min_microbatches_per_stage: int = DEFAULT_MIN_MICROBATCHES_PER_STAGE
+    search_evaluations: int = 0
+
+    @property
+    def target_microbatches(self) -> int:
+        """Microbatches per DP replica the pipeline wants: `min_microbatches_per_stage * pp`
+        with a pipeline, 1 (no floor) without one."""
+        return self.min_microbatches_per_stage * self.pp if self.pp > 1 else 1
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if self.dp < 1:
+            raise ValueError(f"PlanConfig.dp must be >= 1, got {self.dp}")
+        if self.pp < 1:
+            raise ValueError(f"PlanConfig.pp must be >= 1, got {self.pp}")
+        if self.min_microbatches_per_stage < 1:
+            raise ValueError(f"PlanConfig.min_microbatches_per_stage must be >= 1, got {self.min_microbatches_per_stage}")
+        if self.microbatch_tokens < 1:
+            raise ValueError(f"PlanConfig.microbatch_tokens must be >= 1, got {self.microbatch_tokens}")
+        if not self.producer_retention >= 0:
+            raise ValueError(f"PlanConfig.producer_retention must be >= 0, got {self.producer_retention}")
+        if not self.time_limit > 0:
+            raise ValueError(f"PlanConfig.time_limit must be > 0, got {self.time_limit}")
+        if self.chunk_size < 1:
+            raise ValueError(f"PlanConfig.chunk_size must be >= 1, got {self.chunk_size}")
+        if self.search_evaluations < 0:
+            raise ValueError(f"PlanConfig.search_evaluations must be >= 0, got {self.search_evaluations}")
+        if not isinstance(self.cost_model, LoadModel):
+            raise ValueError(f"PlanConfig.cost_model must be a load model, got {self.cost_model!r}")

@@ -225,3 +225,97 @@ def test_the_executor_runs_a_simulator_schedule():
     assert sorted(order_from_schedule(sched)) == sorted(m.id for m in plan.microbatches)
     with pytest.raises(ValueError, match="not both"):
         PlanTrainer(build_model(_config(8), dtype=torch.float64), plan, order=[0], schedule=sched)
+
+
+# ---- the default aux scope ("microbatch"): each microbatch's aux loss weighs by its share
+# of the step's expanded tokens, so the executor's per-microbatch `expanded_tokens` is part
+# of the step (every test above forces the global scope, where it is not).
+
+PLANNERS = ("l1l2", "l1", "ortools-ffd", "expanded-ffd")
+
+
+def _microbatch_scope(chunk: int):
+    cfg = get_model_config("tiny-cpu").replace(chunk_size=chunk)
+    assert cfg.aux_scope == "microbatch" and cfg.aux_loss_coef > 0 and cfg.num_moe_layers
+    return cfg
+
+
+def _recording(trainer):
+    """Keep every `Microbatch` the trainer's step yields (the microbatch scope runs the
+    generator once per step)."""
+    seen = []
+    inner = trainer._microbatches
+
+    def recorded(*args, **kw):
+        for mb in inner(*args, **kw):
+            seen.append(mb)
+            yield mb
+
+    trainer._microbatches = recorded
+    return seen
+
+
+def _plan_step_under_microbatch_scope(trajs, plan, chunk):
+    """The plan's step under the microbatch scope; with no windows also TreeTrainer's step on
+    the plan's partition, and the two compared: same rows per microbatch, so the same
+    expert statistics and the same share of the step's tokens. The only difference is row
+    order within a microbatch (GEMM and reduction order), a float64 rounding of ~1e-15
+    relative; TOL = 1e-10 is this file's tolerance for equal steps, far below the effect of
+    a wrong share (a microbatch's aux term scaled by compact / expanded tokens, tens of
+    percent on these forests)."""
+    forest = build_forest(trajs)
+    cfg = _microbatch_scope(chunk)
+    model = build_model(cfg, seed=3, dtype=torch.float64)
+    trainer = PlanTrainer(model, plan, loss=LOSS)
+    seen = _recording(trainer)
+    got = trainer.forward_backward(trajs, 1 << 20)
+    assert len(seen) == len(plan.microbatches)
+    # every expanded token is counted once, whichever microbatch computes its row
+    assert sum(mb.expanded_tokens for mb in seen) == forest.expanded_tokens
+    if not plan.consumers():
+        plan_tokens = {tuple(m.trajectories): m.expanded_tokens for m in plan.microbatches}
+        assert [mb.expanded_tokens for mb in seen] == [plan_tokens[tuple(mb.members)] for mb in seen]
+        ref_model = build_model(cfg, seed=3, dtype=torch.float64)
+        partition = trainer.partition(trajs, 1 << 20)
+        ref = TreeTrainer(ref_model, loss=LOSS).forward_backward(trajs, 1 << 20, partition)
+        assert got.losses["aux_loss"] != 0
+        _check(ref, ref_model, got, model)
+    return plan
+
+
+def test_windowless_plans_under_the_microbatch_scope_equal_the_tree_trainer():
+    """Whole trees per microbatch (budget = the biggest tree: several microbatches, except
+    for l1l2, which splits a tree into a window there and so gets the whole forest as one
+    microbatch), on trees that share rows, so a microbatch's compact rows are fewer than
+    its expanded tokens."""
+    trajs = generate_trajectories("tiny-treestep", seed=1)
+    forest = build_forest(trajs)
+    trees = [build_forest([t for t in trajs if t.group == g]) for g in sorted({t.group for t in trajs})]
+    biggest = max(f.compact_tokens for f in trees)
+    assert biggest < forest.compact_tokens and forest.compact_tokens < forest.expanded_tokens
+    for planner in PLANNERS:
+        budget = forest.compact_tokens if planner == "l1l2" else biggest
+        plan = _windowed(trajs, 8, planner, budget)
+        assert not plan.consumers(), planner
+        assert len(plan.microbatches) >= (1 if planner == "l1l2" else 2), planner
+        _plan_step_under_microbatch_scope(trajs, plan, 8)
+
+
+def test_window_plans_under_the_microbatch_scope_count_every_expanded_token_once():
+    trajs = generate_trajectories("tiny-treestep", seed=1)
+    forest = build_forest(trajs)
+    for planner in PLANNERS:
+        plan = _windowed(trajs, 8, planner, _tight_budget(forest))
+        if planner == "l1l2":
+            assert plan.consumers(), "the budget must force a sharing window"
+        _plan_step_under_microbatch_scope(trajs, plan, 8)
+
+
+@settings(max_examples=8)
+@given(trajectory_sets(max_groups=2, max_per_group=5, max_len=24, alphabet=2, with_ref=True),
+       st.sampled_from(PLANNERS), st.sampled_from([2, 4, 8]), st.floats(0.3, 1.0))
+def test_drawn_plans_under_the_microbatch_scope(trajs, planner, chunk, frac):
+    forest = build_forest(trajs)
+    budget = max(int(forest.traj_length.max()), int(forest.compact_tokens * frac))
+    config = PlanConfig(microbatch_tokens=budget, chunk_size=chunk, time_limit=0.05)
+    _plan_step_under_microbatch_scope(trajs, make_plan(forest, planner, config), chunk)

@@ -52,12 +52,13 @@ def run(cfg: RolloutStudyConfig, progress: Progress) -> StudyResult:
         vals = [s.speedup[p] for s in summaries if p in s.speedup]
         tput = [r.throughput_tokens_per_s for r in runs if r.policy == p and r.baseline_mp == wl.baseline_mp]
         metrics[f"{p}.speedup_mean"] = mean(vals)
-        rows.append({"policy": p, "tput": mean(tput), "speedup": mean(vals), "min": min(vals, default=None),
+        rows.append({"policy": p, "paper": 2.5 if p == "heddle" else None, "tput": mean(tput), "speedup": mean(vals), "min": min(vals, default=None),
                      "max": max(vals, default=None), "per_seed": " ".join(f"{v:.2f}" for v in vals)})
     metrics["speedup_cap_mean"] = mean([s.speedup_cap for s in summaries])
     table = Table(
         f"Rollout scheduling: {cfg.workload} on {cfg.gpus} GPUs, speedup over the best step-centric baseline",
-        (Column("policy", "policy", "key"), Column("tput", "tok/s (mean)", "ours", "{:,.0f}"),
+        (Column("policy", "policy", "key"), Column("paper", "paper (up to)", "paper", "{:.1f}x"),
+         Column("tput", "tok/s (mean)", "ours", "{:,.0f}"),
          Column("speedup", "speedup (mean)", "ours", "{:.2f}x"), Column("min", "min", "ours", "{:.2f}x"),
          Column("max", "max", "ours", "{:.2f}x"), Column("per_seed", "per seed", "ours")),
         tuple(rows),

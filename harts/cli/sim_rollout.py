@@ -63,7 +63,12 @@ def _gantt_path(args: argparse.Namespace, policy: str, many: bool) -> Path:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    from harts.sim.rollout import generate_trajectories, get_policy, known_policies, simulate_rollout
+    from harts.sim.rollout import (
+        generate_trajectories,
+        get_policy,
+        known_policies,
+        simulate_rollout,
+    )
 
     cfg = _config(args)
     names = known_policies() if args.compare else [args.policy]

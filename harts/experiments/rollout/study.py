@@ -6,7 +6,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harts.experiments.common import Column, Progress, StudyResult, Table, Variant, mean, png, pyplot
+from harts.experiments.common import (
+    Column,
+    Progress,
+    StudyResult,
+    Table,
+    Variant,
+    mean,
+    png,
+    pyplot,
+)
 from harts.experiments.registry import Study, StudyName, register_study
 
 

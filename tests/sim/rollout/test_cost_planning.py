@@ -11,7 +11,12 @@ from hypothesis import strategies as st
 
 from harts.config.rollout import RolloutWorkload
 from harts.sim.rollout.cost import make_rollout_cost
-from harts.sim.rollout.planning import dp_place, estimate_makespan, iteration_table, predict_remaining
+from harts.sim.rollout.planning import (
+    dp_place,
+    estimate_makespan,
+    iteration_table,
+    predict_remaining,
+)
 from harts.sim.rollout.types import TrajectorySpec, TurnSpec
 
 COST = make_rollout_cost(RolloutWorkload())

@@ -389,3 +389,34 @@ def gather_indices(draw: st.DrawFn, max_rows: int = 12, max_len: int = 30):
             out.insert(min(w, len(out)), r)
         idx = out
     return n, idx
+
+# Rollout simulator (harts/sim/rollout): small agentic workloads, long tails included,
+# sometimes with so little KV room (low usable HBM) that admission waits and evicts.
+
+
+@st.composite
+def rollout_workloads(draw: st.DrawFn, max_trajectories: int = 12):
+    from harts.config.rollout import RolloutWorkload
+
+    prompts = draw(st.integers(1, 3))
+    per = draw(st.integers(1, max(1, max_trajectories // prompts)))
+    return RolloutWorkload(
+        num_prompts=prompts,
+        rollouts_per_prompt=per,
+        prompt_tokens=(100, 600),
+        turns_median=draw(st.sampled_from((1.5, 3.0, 5.0))),
+        turns_sigma=draw(st.sampled_from((0.3, 1.0))),
+        turns_range=(1, 12),
+        action_median=draw(st.sampled_from((30.0, 120.0))),
+        action_range=(4, 1500),
+        obs_median=60.0,
+        obs_range=(4, 600),
+        tool_latency_median_s=draw(st.sampled_from((0.05, 0.5, 2.0))),
+        max_context=draw(st.sampled_from((4096, 16384))),
+        # 0.4125 / 0.415: about 0.7 / 2.2 GB of KV on an MP4 worker of the 124B model (a
+        # few of these sequences), 0.9: ample
+        hbm_utilization=draw(st.sampled_from((0.4125, 0.415, 0.9))),
+        max_batch=draw(st.sampled_from((2, 8, 256))),
+        anneal_iterations=10,
+        seed=draw(st.integers(0, 2**16)),
+    )

@@ -27,6 +27,7 @@ class StudyName(StrEnum):
     PP_SCHEDULES = "pp-schedules"
     FIDELITY = "fidelity"
     THROUGHPUT = "throughput"
+    ROLLOUT = "rollout"
 
 
 _MODULES: dict[StudyName, str] = {
@@ -36,6 +37,7 @@ _MODULES: dict[StudyName, str] = {
     StudyName.PP_SCHEDULES: "harts.experiments.pp_schedules",
     StudyName.FIDELITY: "harts.experiments.fidelity",
     StudyName.THROUGHPUT: "harts.experiments.throughput",
+    StudyName.ROLLOUT: "harts.experiments.rollout",
 }
 
 CONFIG_NAMES = ("tiny", "default")

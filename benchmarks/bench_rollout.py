@@ -1,0 +1,99 @@
+"""Rollout throughput of Heddle, its ablations and the step-centric baselines on a
+long-tail agentic workload, over 5 seeds (the issue's done-when table).
+
+    python benchmarks/bench_rollout.py [--workload agentic-longtail] [--gpus 32]
+        [--seeds 0,1,2,3,4] [--baseline-mps 4,8] [--json OUT.json]
+
+Every policy runs the same trajectories per seed (`harts.sim.rollout.compare`); the best
+baseline of a seed is the fastest of round-robin / least-loaded / cache-aware at any of
+the fixed degrees given. Heddle and its ablations start from the workload's baseline_mp.
+Markdown tables to stdout; --json writes every run, the per-seed summaries and
+provenance (git revision, command line, package versions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from harts.config.rollout import rollout_preset  # noqa: E402
+from harts.sim.rollout.compare import compare  # noqa: E402
+from harts.sim.rollout.policies import known_policies  # noqa: E402
+
+
+def provenance() -> dict:
+    import numpy
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True,
+                                    text=True, check=True).stdout.strip())
+    except (OSError, subprocess.CalledProcessError):
+        rev, dirty = "unknown", None
+    return {"git_rev": rev, "git_dirty": dirty, "command": " ".join([sys.executable, *sys.argv]),
+            "python": platform.python_version(), "numpy": numpy.__version__, "platform": platform.platform(),
+            "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workload", default="agentic-longtail")
+    ap.add_argument("--gpus", type=int, default=32)
+    ap.add_argument("--seeds", default="0,1,2,3,4")
+    ap.add_argument("--baseline-mps", default="4,8")
+    ap.add_argument("--json", help="write results + provenance here")
+    args = ap.parse_args()
+    cfg = rollout_preset(args.workload)
+    seeds = tuple(int(s) for s in args.seeds.split(","))
+    mps = tuple(int(s) for s in args.baseline_mps.split(","))
+    t0 = time.perf_counter()
+    runs, summaries = compare(cfg, args.gpus, seeds, tuple(known_policies()), mps,
+                              progress=lambda s: print(f"  {s}", file=sys.stderr, flush=True))
+    wall = time.perf_counter() - t0
+    print(f"## Rollout: {cfg.num_trajectories} trajectories ({args.workload}), {cfg.model} on {args.gpus} x "
+          f"{cfg.hardware}, seeds {list(seeds)}\n")
+    print("| seed | policy | MP | tok/s | makespan s | GPU util | migrations | layout |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in runs:
+        mp = "adaptive" if len(set(r.worker_degrees)) > 1 else r.worker_degrees[0]
+        print(f"| {r.seed} | {r.policy} | {mp} "
+              f"| {r.throughput_tokens_per_s:,.0f} | {r.makespan_s:.1f} | {r.gpu_utilization:.1%} | {r.migrations} "
+              f"| {'/'.join(map(str, r.worker_degrees))} |")
+    pols = [p for p in known_policies()]
+    print("\n## Speedup over the best step-centric baseline of each seed\n")
+    print("| policy | " + " | ".join(f"seed {s.seed}" for s in summaries) + " | mean |")
+    print("|---|" + "---|" * (len(summaries) + 1))
+    for p in pols:
+        vals = [s.speedup.get(p) for s in summaries]
+        ok = [v for v in vals if v is not None]
+        tail = f" | {sum(ok) / len(ok):.2f}x |" if ok else " | - |"
+        print(f"| {p} | " + " | ".join("-" if v is None else f"{v:.2f}x" for v in vals) + tail)
+    print("| best baseline | " + " | ".join(s.best_baseline for s in summaries) + " | |")
+    print("| cap on any policy (critical path) | " + " | ".join(f"{s.speedup_cap:.2f}x" for s in summaries)
+          + f" | {sum(s.speedup_cap for s in summaries) / len(summaries):.2f}x |")
+    print(f"\n{wall:.1f} s wall")
+    if args.json:
+        out = {"provenance": provenance(), "workload": args.workload, "gpus": args.gpus, "seeds": list(seeds),
+               "baseline_mps": list(mps), "wall_s": wall,
+               "runs": [r.__dict__ | {"worker_degrees": list(r.worker_degrees)} for r in runs],
+               "summaries": [{"seed": s.seed, "best_baseline": s.best_baseline,
+                              "best_baseline_throughput": s.best_baseline_throughput,
+                              "best_baseline_makespan_s": s.best_baseline_makespan_s,
+                              "bound_makespan_s": s.bound_makespan_s, "speedup_cap": s.speedup_cap,
+                              "speedup": s.speedup} for s in summaries]}
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""`harts sim rollout ...`: simulate a step's rollout phase (agentic trajectories with tool
+calls on inference workers) under a scheduling policy, optionally followed by its
+training phase.
+
+    harts sim rollout --policy heddle --workload agentic-longtail --gpus 32 --json
+    harts sim rollout --compare --workload agentic-longtail --gpus 32 --gantt rollout.png
+    harts sim rollout --policy cache-aware --end-to-end
+
+`add_rollout_parser(sim_subparsers)` adds the `rollout` action to `harts sim`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from harts.cli.common import UserError, format_table, print_json
+
+
+def add_rollout_parser(sim_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from harts.config.rollout import RolloutPreset
+    from harts.sim.rollout.policies import RolloutPolicyName
+
+    p = sim_subparsers.add_parser("rollout", help="simulate a step's rollout phase under a scheduling policy "
+                                  "(step-centric baselines, Heddle and its ablations)")
+    p.add_argument("--policy", default="heddle", help=f"rollout policy ({', '.join(n.value for n in RolloutPolicyName)})")
+    p.add_argument("--workload", default="agentic-longtail",
+                   help=f"rollout workload preset ({', '.join(n.value for n in RolloutPreset)})")
+    p.add_argument("--gpus", type=int, default=32, help="GPUs of the inference cluster")
+    p.add_argument("--seed", type=int, help="workload seed (default: the preset's)")
+    p.add_argument("--compare", action="store_true", help="every policy on the same trajectories")
+    p.add_argument("--end-to-end", action="store_true",
+                   help="also simulate the step's training phase (harts sim) and show where the time goes")
+    p.add_argument("--gantt", help="write a Gantt chart (PNG); with --compare one per policy, "
+                   "named <stem>-<policy>.png")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_rollout)
+    return p
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from harts.config.rollout import rollout_preset
+
+    if args.gpus < 1:
+        raise UserError("--gpus must be >= 1")
+    try:
+        cfg = rollout_preset(args.workload)
+    except KeyError as err:
+        raise UserError(str(err.args[0])) from None
+    if args.seed is not None:
+        import dataclasses
+
+        cfg = dataclasses.replace(cfg, seed=args.seed)
+    return cfg
+
+
+def _gantt_path(args: argparse.Namespace, policy: str, many: bool) -> Path:
+    p = Path(args.gantt)
+    if not p.parent.exists():
+        raise UserError(f"--gantt: directory {p.parent} does not exist")
+    return p.with_name(f"{p.stem}-{policy}{p.suffix or '.png'}") if many else p
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    from harts.sim.rollout import (
+        generate_trajectories,
+        get_policy,
+        known_policies,
+        simulate_rollout,
+    )
+
+    cfg = _config(args)
+    names = known_policies() if args.compare else [args.policy]
+    try:
+        for n in names:
+            get_policy(n)
+    except KeyError as err:
+        raise UserError(str(err.args[0])) from None
+    if args.gantt:
+        for n in names:
+            _gantt_path(args, n, args.compare)
+    specs = generate_trajectories(cfg)
+    rows = []
+    for n in names:
+        try:
+            if args.end_to_end:
+                from harts.sim.rollout.end_to_end import simulate_step_end_to_end
+
+                b = simulate_step_end_to_end(cfg, n, args.gpus, specs=specs)
+                res, row = b.rollout, {**res_json(b.rollout), **b.to_json()}
+            else:
+                res = simulate_rollout(cfg, n, args.gpus, specs=specs)
+                row = res_json(res)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        if args.gantt:
+            from harts.sim.rollout.gantt import plot_rollout_gantt
+
+            row["gantt"] = str(plot_rollout_gantt(res, _gantt_path(args, n, args.compare)))
+        rows.append(row)
+    best = max((r["throughput_tokens_per_s"] for r in rows if r["step_centric"]), default=0.0)
+    for r in rows:
+        r["speedup_vs_best_baseline"] = r["throughput_tokens_per_s"] / best if best > 0 else None
+    if args.json:
+        print_json(rows if args.compare else rows[0])
+        return 0
+    print(f"rollout: {cfg.num_trajectories} trajectories ({args.workload}, seed {cfg.seed}), model {cfg.model}, "
+          f"{args.gpus} x {cfg.hardware}")
+    head = ["policy", "tok/s", "makespan s", "p50 finish s", "GPU util", "migrations", "recomputed tok", "MP layout"]
+    if len(rows) > 1:
+        head.insert(2, "vs best baseline")
+    if args.end_to_end:
+        head += ["training s", "step s", "rollout share"]
+    cells = []
+    for r in rows:
+        c = [r["policy"], f"{r['throughput_tokens_per_s']:,.0f}", f"{r['makespan_s']:.1f}", f"{r['p50_finish_s']:.1f}",
+             f"{r['gpu_utilization']:.1%}", str(r["migrations"]), f"{r['recomputed_tokens']:,}",
+             _layout(r["worker_degrees"])]
+        if len(rows) > 1:
+            sp = r["speedup_vs_best_baseline"]
+            c.insert(2, "-" if sp is None else f"{sp:.2f}x")
+        if args.end_to_end:
+            c += [f"{r['training_s']:.1f}", f"{r['step_s']:.1f}", f"{r['rollout_fraction']:.0%}"]
+        cells.append(c)
+    print(format_table(head, cells))
+    for r in rows:
+        if "gantt" in r:
+            print(f"gantt: {r['gantt']}")
+    return 0
+
+
+def res_json(res: Any) -> dict[str, Any]:
+    from harts.sim.rollout import get_policy
+
+    return {**res.to_json(), "step_centric": get_policy(res.policy).step_centric}
+
+
+def _layout(degrees: list[int]) -> str:
+    from collections import Counter
+
+    return " + ".join(f"{n}xMP{d}" for d, n in sorted(Counter(degrees).items(), reverse=True))

@@ -1,0 +1,152 @@
+"""Rollout-phase workloads as data: the shape statistics a step's agentic trajectories are
+drawn from and the inference-cluster knobs the rollout simulator (`harts.sim.rollout`)
+prices them with (`RolloutWorkload`), plus named presets (`ROLLOUT_PRESETS`).
+
+A trajectory is a prompt followed by turns; a turn is an observation to prefill (the
+prompt on the first turn), an action to decode, then a tool call (none after the last
+turn). Turn counts, action and observation lengths and tool latencies are lognormal and
+clipped, like the training-side generator (`harts.config.workload.WorkloadConfig`), with
+one more long-tail source: every trajectory draws its own action-length scale
+(`action_traj_sigma`), since a trajectory that reasons long in one turn tends to in the
+next. The defaults of the `agentic-longtail` preset (the one the done-when benchmark
+uses) and where they come from (assumptions, every one overridable):
+
+- 32 prompts x 8 rollouts = 256 trajectories per step (GRPO group size 8).
+- prompt 1-4k tokens (system prompt + task), uniform.
+- turns: lognormal median 4, sigma 1.0, clipped to [1, 64]: most trajectories take 1-10
+  turns, a tail of a few percent runs past 25 (agentic search / coding agents with tool
+  budgets of 32-64 calls).
+- action: lognormal median 400 tokens, sigma 0.8, clipped to [16, 8192] (reasoning +
+  one tool call), times the trajectory's own scale exp(N(0, 0.6)).
+- observation: lognormal median 300, sigma 1.0, clipped to [8, 4096] (tool output).
+- tool latency: lognormal median 1.5 s, sigma 1.0, clipped to [0.05, 60] s (sandboxed
+  code runs, search calls).
+- contexts stop adding turns at 65536 tokens.
+- remaining-length predictor: it sees each trajectory's true turn count times
+  exp(N(0, 0.5)) (a learned run-length predictor with that error) and the mean action
+  length observed so far; it is updated after every turn.
+
+Cluster knobs: the model (a `harts.config.models` name; the default `flash` is the
+124B-parameter MoE, whose bf16 weights need at least 2 H200s), the hardware profile,
+bf16 weights and KV, the usable HBM fraction, the model-parallel efficiency per doubling
+of the degree, kernels launched per layer and decode step (CUDA graphs assumed, hence
+few), the continuous-batching limit per worker, the baselines' fixed degree and the
+degrees an adaptive layout may use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from harts.config.registry import Registry
+
+__all__ = ["ROLLOUT_PRESETS", "RolloutPreset", "RolloutWorkload", "rollout_preset"]
+
+
+@dataclass(frozen=True)
+class RolloutWorkload:
+    # trajectories
+    num_prompts: int = 32
+    rollouts_per_prompt: int = 8
+    prompt_tokens: tuple[int, int] = (1000, 4000)
+    turns_median: float = 4.0
+    turns_sigma: float = 1.0
+    turns_range: tuple[int, int] = (1, 64)
+    action_median: float = 400.0
+    action_sigma: float = 0.8
+    action_traj_sigma: float = 0.6  # per-trajectory action-length scale exp(N(0, this))
+    action_range: tuple[int, int] = (16, 8192)
+    obs_median: float = 300.0
+    obs_sigma: float = 1.0
+    obs_range: tuple[int, int] = (8, 4096)
+    tool_latency_median_s: float = 1.5
+    tool_latency_sigma: float = 1.0
+    tool_latency_range_s: tuple[float, float] = (0.05, 60.0)
+    max_context: int = 65536
+    predictor_sigma: float = 0.5  # error of the run-length hint, lognormal sigma
+    # cluster
+    model: str = "flash"
+    hardware: str = "h200"
+    bytes_per_param: int = 2
+    kv_bytes_per_value: int = 2
+    state_bytes_per_value: int = 4  # KDA recurrent state (fp32)
+    hbm_utilization: float = 0.9  # fraction of HBM usable for weights + KV
+    mp_efficiency: float = 0.9  # per-GPU efficiency kept per doubling of the degree
+    decode_kernels_per_layer: int = 4
+    max_batch: int = 256  # sequences decoded together on one worker
+    baseline_mp: int = 4  # the step-centric baselines' fixed degree
+    mp_degrees: tuple[int, ...] = (2, 4, 8)  # degrees an adaptive layout may use
+    anneal_iterations: int = 200
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def num_trajectories(self) -> int:
+        return self.num_prompts * self.rollouts_per_prompt
+
+    def validate(self) -> None:
+        def bad(msg: str) -> None:
+            raise ValueError(f"rollout workload: {msg}")
+
+        for name in ("num_prompts", "rollouts_per_prompt", "max_batch", "anneal_iterations",
+                     "bytes_per_param", "kv_bytes_per_value", "state_bytes_per_value",
+                     "decode_kernels_per_layer"):
+            if getattr(self, name) < 1:
+                bad(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("prompt_tokens", "turns_range", "action_range", "obs_range"):
+            lo, hi = getattr(self, name)
+            if not 1 <= lo <= hi:
+                bad(f"{name} must satisfy 1 <= low <= high, got {(lo, hi)}")
+        lo, hi = self.tool_latency_range_s
+        if not 0 <= lo <= hi:
+            bad(f"tool_latency_range_s must satisfy 0 <= low <= high, got {(lo, hi)}")
+        for name in ("turns_median", "action_median", "obs_median", "tool_latency_median_s"):
+            if getattr(self, name) <= 0:
+                bad(f"{name} must be > 0")
+        for name in ("turns_sigma", "action_sigma", "action_traj_sigma", "obs_sigma",
+                     "tool_latency_sigma", "predictor_sigma"):
+            if getattr(self, name) < 0:
+                bad(f"{name} must be >= 0")
+        if self.max_context <= self.prompt_tokens[1] + self.action_range[0]:
+            bad("max_context must exceed the largest prompt plus the shortest action")
+        if not 0 < self.hbm_utilization <= 1:
+            bad("hbm_utilization must be in (0, 1]")
+        if not 0 < self.mp_efficiency <= 1:
+            bad("mp_efficiency must be in (0, 1]")
+        degrees = (self.baseline_mp, *self.mp_degrees)
+        if not self.mp_degrees or any(d < 1 or d & (d - 1) for d in degrees):
+            bad(f"model-parallel degrees must be powers of two, got baseline {self.baseline_mp}, "
+                f"adaptive {self.mp_degrees}")
+        if tuple(sorted(set(self.mp_degrees))) != self.mp_degrees:
+            bad("mp_degrees must be strictly increasing")
+
+
+class RolloutPreset(StrEnum):
+    TINY = "tiny"
+    SMALL = "small"
+    AGENTIC_LONGTAIL = "agentic-longtail"
+
+
+ROLLOUT_PRESETS: Registry[RolloutPreset, RolloutWorkload] = Registry(
+    "rollout workload preset", RolloutPreset, KeyError, duplicate_error=ValueError)
+# a handful of short trajectories: tests and quick CLI runs
+ROLLOUT_PRESETS.register(RolloutPreset.TINY, RolloutWorkload(
+    num_prompts=2, rollouts_per_prompt=4, prompt_tokens=(200, 400), turns_median=3.0,
+    turns_range=(1, 8), action_median=60.0, action_range=(8, 400), obs_median=40.0,
+    obs_range=(4, 200), tool_latency_median_s=0.5, max_context=8192, anneal_iterations=40))
+ROLLOUT_PRESETS.register(RolloutPreset.SMALL, RolloutWorkload(
+    num_prompts=8, rollouts_per_prompt=4, turns_range=(1, 32), max_context=32768,
+    anneal_iterations=80))
+ROLLOUT_PRESETS.register(RolloutPreset.AGENTIC_LONGTAIL, RolloutWorkload())
+
+
+def rollout_preset(name: str, **overrides: Any) -> RolloutWorkload:
+    """The registered preset `name` with `overrides` applied (and checked); unknown names
+    fail listing the known ones."""
+    cfg = ROLLOUT_PRESETS.get(name)
+    return dataclasses.replace(cfg, **overrides) if overrides else cfg

@@ -1,0 +1,147 @@
+"""Roofline prices of one inference worker: a decode iteration of a batch, a prefill, a
+KV transfer, and the KV bytes a trajectory holds.
+
+Model: a `harts.config.models.ModelConfig` (hybrid KDA/MLA MoE) served tensor-parallel on
+`degree` GPUs of one node.
+
+- decode iteration (every running sequence emits one token): bytes read per GPU =
+  (dense weights + routed experts x the fraction a batch of b tokens touches, 1 - (1 -
+  k/E)^b with independent routing) / degree + KV read (MLA latent per context token, KDA
+  state per sequence) / degree; FLOPs = 2 x active parameters per token + MLA attention
+  over the context; time = max(bytes / HBM, FLOPs / matmul) / efficiency(degree) + kernel
+  launches + two all-reduces of the batch's hidden states per layer over NVLink
+  (latency + ring bytes / bus bandwidth). efficiency(degree) = mp_efficiency ^ log2(degree).
+- prefill of n new tokens after c cached ones: all weights read once, FLOPs 2 x active x n
+  + causal MLA attention, the same efficiency, launches and all-reduces of n tokens.
+- KV held by a trajectory with c context tokens: c x MLA layers x (c_kv + rope) values +
+  KDA layers x heads x K x V state values.
+- KV transfer: bytes over the point-to-point link (NVLink inside a node, InfiniBand across).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from harts.config.models import ModelConfig, get_model_config, parameter_counts
+from harts.config.rollout import RolloutWorkload
+from harts.sim.hardware import HardwareProfile, load_hardware
+
+
+@dataclass(frozen=True)
+class RolloutCost:
+    dense_weight_bytes: float
+    routed_weight_bytes: float
+    active_params: float
+    experts: int
+    top_k: int
+    kv_bytes_per_token: float
+    state_bytes_per_seq: float
+    mla_flops_per_context_token: float  # decode: per sequence and context token
+    mla_prefill_flops_per_pair: float
+    num_layers: int
+    hidden_bytes_per_token: float
+    hbm_bytes_per_s: float
+    hbm_capacity_bytes: float
+    matmul_flops_per_s: float
+    kernel_launch_s: float
+    kernels_per_layer: int
+    nvlink_bus_bytes_per_s: float
+    nvlink_latency_s: float
+    nvlink_p2p_bytes_per_s: float
+    ib_p2p_bytes_per_s: float
+    ib_latency_s: float
+    gpus_per_node: int
+    mp_efficiency: float
+    hbm_utilization: float
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.dense_weight_bytes + self.routed_weight_bytes
+
+    def efficiency(self, degree: int) -> float:
+        return self.mp_efficiency ** math.log2(degree)
+
+    def kv_capacity(self, degree: int) -> float:
+        """HBM left for KV on a worker of `degree` GPUs (negative: the weights do not fit)."""
+        return degree * self.hbm_capacity_bytes * self.hbm_utilization - self.weight_bytes
+
+    def kv_bytes(self, context_tokens: int) -> float:
+        return context_tokens * self.kv_bytes_per_token + self.state_bytes_per_seq
+
+    def _allreduce(self, degree: int, tokens: float) -> float:
+        if degree == 1:
+            return 0.0
+        ring = 2.0 * (degree - 1) / degree * tokens * self.hidden_bytes_per_token / self.nvlink_bus_bytes_per_s
+        return self.num_layers * 2 * (self.nvlink_latency_s + ring)
+
+    def _overhead(self) -> float:
+        return self.num_layers * self.kernels_per_layer * self.kernel_launch_s
+
+    def touched_fraction(self, tokens: float) -> float:
+        if self.experts == 0:
+            return 0.0
+        return 1.0 - (1.0 - self.top_k / self.experts) ** tokens
+
+    def decode_step(self, batch: int, context_tokens: float, degree: int) -> float:
+        """Seconds of one decode iteration of `batch` sequences holding `context_tokens` in all."""
+        if batch <= 0:
+            return 0.0
+        weights = self.dense_weight_bytes + self.routed_weight_bytes * self.touched_fraction(batch)
+        kv = context_tokens * self.kv_bytes_per_token + batch * self.state_bytes_per_seq
+        flops = batch * 2.0 * self.active_params + context_tokens * self.mla_flops_per_context_token
+        roof = max((weights + kv) / degree / self.hbm_bytes_per_s, flops / degree / self.matmul_flops_per_s)
+        return roof / self.efficiency(degree) + self._overhead() + self._allreduce(degree, batch)
+
+    def prefill(self, new_tokens: float, pairs: float, degree: int) -> float:
+        """Seconds to prefill `new_tokens` whose causal attention spans `pairs` (query, key) pairs."""
+        if new_tokens <= 0:
+            return 0.0
+        flops = 2.0 * self.active_params * new_tokens + pairs * self.mla_prefill_flops_per_pair
+        roof = max(self.weight_bytes / degree / self.hbm_bytes_per_s, flops / degree / self.matmul_flops_per_s)
+        return roof / self.efficiency(degree) + self._overhead() + self._allreduce(degree, new_tokens)
+
+    def transfer(self, nbytes: float, same_node: bool) -> float:
+        if same_node:
+            return self.nvlink_latency_s + nbytes / self.nvlink_p2p_bytes_per_s
+        return self.ib_latency_s + nbytes / self.ib_p2p_bytes_per_s
+
+
+def make_rollout_cost(cfg: RolloutWorkload, model: ModelConfig | None = None,
+                      hardware: HardwareProfile | None = None) -> RolloutCost:
+    m = model or get_model_config(cfg.model)
+    hw = hardware or load_hardware(cfg.hardware)
+    pc = parameter_counts(m)
+    routed = pc.by_component.get("routed_experts", 0)
+    mla, kda = m.num_mla_layers, m.num_kda_layers
+    kv_values = mla * (m.kv_lora_rank + m.qk_rope_head_dim)
+    state_values = kda * m.kda_num_heads * m.kda_head_dim * m.kda_head_v_dim
+    # absorbed MLA decode: scores over the latent + rope part, values over the latent
+    decode_attn = mla * 2.0 * m.mla_num_heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+    prefill_attn = mla * 2.0 * m.mla_num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+    return RolloutCost(
+        dense_weight_bytes=float((pc.total - routed) * cfg.bytes_per_param),
+        routed_weight_bytes=float(routed * cfg.bytes_per_param),
+        active_params=float(pc.active),
+        experts=m.num_experts if routed else 0,
+        top_k=m.top_k,
+        kv_bytes_per_token=float(kv_values * cfg.kv_bytes_per_value),
+        state_bytes_per_seq=float(state_values * cfg.state_bytes_per_value),
+        mla_flops_per_context_token=decode_attn,
+        mla_prefill_flops_per_pair=prefill_attn,
+        num_layers=m.num_layers,
+        hidden_bytes_per_token=float(m.d_model * 2),
+        hbm_bytes_per_s=hw.hbm_bytes_per_s,
+        hbm_capacity_bytes=float(hw.hbm_capacity_bytes),
+        matmul_flops_per_s=hw.matmul_flops_per_s,
+        kernel_launch_s=hw.kernel_launch_s,
+        kernels_per_layer=cfg.decode_kernels_per_layer,
+        nvlink_bus_bytes_per_s=hw.intra_node.bus_bytes_per_s,
+        nvlink_latency_s=hw.intra_node.latency_s,
+        nvlink_p2p_bytes_per_s=hw.intra_node.p2p_bytes_per_s,
+        ib_p2p_bytes_per_s=hw.inter_node.p2p_bytes_per_s,
+        ib_latency_s=hw.inter_node.latency_s,
+        gpus_per_node=hw.gpus_per_node,
+        mp_efficiency=cfg.mp_efficiency,
+        hbm_utilization=cfg.hbm_utilization,
+    )

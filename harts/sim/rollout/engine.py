@@ -1,0 +1,469 @@
+"""The discrete-event rollout simulator: trajectories x workers under one policy.
+
+Events: a turn becomes ready (step start, or a tool call returns), a worker's batch
+reaches its next boundary, a KV migration lands. A worker runs continuous batching in
+chunks: it admits queued turns (policy order, while the batch limit and the KV capacity
+allow; least-recently-used KV of trajectories waiting on tools is evicted to make room),
+prefills what they bring (the tool output, or the whole context where the KV was lost),
+then decodes k iterations at the batch's price, k = the fewest tokens any running turn
+has left. A turn arriving mid-chunk joins at the next iteration boundary (the chunk is
+cut there). Each chunk is priced at its middle context. Everything random was drawn into
+the `TrajectorySpec`s, so a run is deterministic.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from harts.config.rollout import RolloutWorkload
+from harts.sim.rollout.cost import RolloutCost, make_rollout_cost
+from harts.sim.rollout.planning import (
+    anneal_layout,
+    dp_place,
+    estimate_makespan,
+    greedy_place,
+    iteration_table,
+    predict_remaining,
+    prior_action_mean,
+    prior_tool_mean,
+    worker_estimate,
+)
+from harts.sim.rollout.policies import RolloutPolicy, Router, get_policy
+from harts.sim.rollout.types import (
+    RolloutResult,
+    Segment,
+    SegmentKind,
+    TrajectorySpec,
+    TrajectoryTimeline,
+    Worker,
+)
+from harts.sim.rollout.workload import generate_trajectories
+
+READY, STEP_END, MIG_DONE = 0, 1, 2
+MIGRATION_MARGIN = 0.05  # a migration must cut the pair's drain estimate by this fraction
+
+
+@dataclass
+class _T:
+    spec: TrajectorySpec
+    turn: int = 0
+    context: int = 0  # tokens of the trajectory so far (what its KV holds when resident)
+    generated: int = 0
+    turn_start_generated: int = 0  # generated when the current turn began
+    remaining: int = 0  # action tokens left in the running turn
+    home: int = -1  # worker holding its KV, -1 none
+    assigned: int = -1  # Heddle's planned worker
+    ready_at: float = 0.0
+    queued_on: int = -1
+    migrating: bool = False
+    pending_ready: bool = False
+    done: bool = False
+    finish: float = 0.0
+    segs: list[Segment] = field(default_factory=list)
+
+
+@dataclass
+class _W:
+    info: Worker
+    kv: dict[int, float] = field(default_factory=dict)
+    used: float = 0.0
+    lru: dict[int, float] = field(default_factory=dict)  # evictable cached entries
+    running: list[int] = field(default_factory=list)
+    queue: list[int] = field(default_factory=list)
+    version: int = 0
+    active: bool = False
+    decode_start: float = 0.0
+    step: float = 0.0
+    k: int = 0
+    chunk_start: float = 0.0
+    busy: list[list[float]] = field(default_factory=list)
+    samples: list[tuple[float, float]] = field(default_factory=list)
+    peak: float = 0.0
+
+
+def make_workers(layout: list[int], cost: RolloutCost) -> tuple[Worker, ...]:
+    """Workers on contiguous GPUs, highest degree first (so none straddles a node)."""
+    out, g = [], 0
+    for wid, d in enumerate(sorted(layout, reverse=True)):
+        out.append(Worker(wid, d, tuple(range(g, g + d)), cost.kv_capacity(d)))
+        g += d
+    return tuple(out)
+
+
+def _valid_degrees(cfg: RolloutWorkload, cost: RolloutCost, degrees) -> list[int]:
+    need = cost.kv_bytes(cfg.max_context)
+    return [d for d in degrees if d <= cost.gpus_per_node and cost.kv_capacity(d) >= need]
+
+
+class _Sim:
+    def __init__(self, cfg: RolloutWorkload, policy: RolloutPolicy, gpus: int, specs, cost: RolloutCost):
+        self.cfg, self.policy, self.cost = cfg, policy, cost
+        self.gpus = gpus
+        self.tr = [_T(s) for s in specs]
+        self.action_prior = prior_action_mean(cfg)
+        self.tool_prior = prior_tool_mean(cfg)
+        t0 = time.perf_counter()
+        self.workers = self._plan()
+        self.plan_seconds = time.perf_counter() - t0
+        self.ws = [_W(w) for w in self.workers]
+        self.events: list[tuple] = []
+        self.seq = 0
+        self.rr = 0
+        self.migrations = 0
+        self.prefill_tokens = 0
+        self.recomputed = 0
+        n = len(self.tr)
+        mean_ctx = self._mean_context()
+        self.tables = {d: iteration_table(cost, d, n + 1, cfg.max_batch, mean_ctx)
+                       for d in {w.degree for w in self.workers}}
+
+    # ---- planning ---------------------------------------------------------------------
+
+    def _mean_context(self) -> float:
+        ctx = [sum(t.input_tokens + t.action_tokens for t in tr.spec.turns) / 2 for tr in self.tr]
+        return float(np.mean(ctx)) if ctx else 0.0
+
+    def _plan(self) -> tuple[Worker, ...]:
+        cfg, cost, p = self.cfg, self.cost, self.policy
+        base = cfg.baseline_mp
+        if base not in _valid_degrees(cfg, cost, [base]):
+            raise ValueError(f"baseline model-parallel degree {base} cannot hold the weights and one "
+                             f"{cfg.max_context}-token context on {cfg.hardware} (KV capacity "
+                             f"{cost.kv_capacity(base) / 1e9:.1f} GB)")
+        if self.gpus < base or self.gpus % base:
+            raise ValueError(f"gpus ({self.gpus}) must be a positive multiple of baseline_mp ({base})")
+        layout = [base] * (self.gpus // base)
+        n = len(self.tr)
+        preds = [predict_remaining(t.spec, 0, 0, self.action_prior) for t in self.tr]
+        lengths = np.array([x for x, _ in preds], dtype=float)
+        tools = np.array([(turns - 1.0) * self.tool_prior for _, turns in preds], dtype=float)
+        mean_ctx = self._mean_context()
+        tables: dict[int, np.ndarray] = {}
+
+        def table(d: int) -> np.ndarray:
+            if d not in tables:
+                tables[d] = iteration_table(cost, d, n + 1, cfg.max_batch, mean_ctx)
+            return tables[d]
+
+        def place(lay: list[int]) -> tuple[list[int], float]:
+            tabs = {d: table(d) for d in set(lay)}
+            if p.placement:
+                return dp_place(lengths, tools, lay, tabs)
+            a = greedy_place(n, lay)
+            return a, estimate_makespan(a, lengths, tools, lay, tabs)
+
+        if p.adaptive_mp:
+            allowed = _valid_degrees(cfg, cost, sorted(set(cfg.mp_degrees) | {base}))
+            rng = np.random.default_rng([cfg.seed, 7])
+            layout = anneal_layout(self.gpus, layout, allowed, lambda lay: place(lay)[1], cfg.anneal_iterations, rng)
+        workers = make_workers(layout, cost)
+        if p.router == Router.HOME:
+            assign, _ = place([w.degree for w in workers])
+            for t, a in zip(self.tr, assign, strict=True):
+                t.assigned = a
+        return workers
+
+    # ---- bookkeeping ------------------------------------------------------------------
+
+    def push(self, t: float, kind: int, a: int, b: int = 0) -> None:
+        heapq.heappush(self.events, (t, self.seq, kind, a, b))
+        self.seq += 1
+
+    def set_kv(self, w: _W, tid: int, nbytes: float, now: float) -> None:
+        w.used += nbytes - w.kv.get(tid, 0.0)
+        if nbytes > 0:
+            w.kv[tid] = nbytes
+        else:
+            w.kv.pop(tid, None)
+            w.lru.pop(tid, None)
+        if w.used > w.info.kv_capacity_bytes * (1 + 1e-9) + 1e-3:
+            raise AssertionError(f"worker {w.info.wid}: KV {w.used} exceeds capacity {w.info.kv_capacity_bytes}")
+        w.peak = max(w.peak, w.used)
+        w.samples.append((now, w.used))
+
+    def drop(self, t: _T, now: float) -> None:
+        """Free a trajectory's cached KV (it is re-routed elsewhere or finished)."""
+        if t.home >= 0:
+            self.set_kv(self.ws[t.home], t.spec.tid, 0.0, now)
+            t.home = -1
+
+    def seg(self, t: _T, kind: SegmentKind, start: float, end: float, worker: int, before: int, after: int,
+            **kw) -> None:
+        if kind == SegmentKind.DECODE and t.segs:
+            last = t.segs[-1]
+            if last.kind == kind and last.worker == worker and last.turn == t.turn and abs(last.end - start) < 1e-12:
+                t.segs[-1] = Segment(kind, last.start, end, worker, t.turn, last.tokens_before, after)
+                return
+        t.segs.append(Segment(kind, start, end, worker, t.turn, before, after, **kw))
+
+    def predicted(self, t: _T) -> tuple[float, float]:
+        """(remaining decode tokens, remaining tool seconds) the predictor expects; a running
+        turn counts as one of the remaining ones (its length is not known either)."""
+        if t.done:
+            return 0.0, 0.0
+        x, turns = predict_remaining(t.spec, t.turn, t.turn_start_generated, self.action_prior)
+        if t.remaining:
+            x = max(x - (t.generated - t.turn_start_generated), 1.0)
+        return x, max(turns - 1.0, 0.0) * self.tool_prior
+
+    # ---- routing ----------------------------------------------------------------------
+
+    def least_loaded(self) -> int:
+        return min(range(len(self.ws)),
+                   key=lambda i: ((len(self.ws[i].running) + len(self.ws[i].queue)) / self.ws[i].info.degree, i))
+
+    def route(self, t: _T) -> int:
+        r = self.policy.router
+        if r == Router.ROUND_ROBIN:
+            w = self.rr % len(self.ws)
+            self.rr += 1
+            return w
+        if r == Router.LEAST_LOADED:
+            return self.least_loaded()
+        if r == Router.CACHE_AWARE:
+            return t.home if t.home >= 0 else self.least_loaded()
+        return t.assigned
+
+    # ---- workers ----------------------------------------------------------------------
+
+    def admit_order(self, w: _W) -> list[int]:
+        if self.policy.priority:
+            return sorted(w.queue, key=lambda i: (-self.predicted(self.tr[i])[0], self.tr[i].ready_at, i))
+        return sorted(w.queue, key=lambda i: (self.tr[i].ready_at, i))
+
+    def start_chunk(self, w: _W, now: float) -> None:
+        cost, d = self.cost, w.info.degree
+        cap = w.info.kv_capacity_bytes
+        new_tokens, pairs, admitted = 0.0, 0.0, []
+        for tid in self.admit_order(w):
+            if len(w.running) >= self.cfg.max_batch:
+                break
+            t = self.tr[tid]
+            turn = t.spec.turns[t.turn]
+            need = cost.kv_bytes(t.context + turn.input_tokens + turn.action_tokens)
+            have = w.kv.get(tid, 0.0)
+            extra = need - have
+            if w.used + extra > cap:
+                evictable = [(ts, v) for v, ts in w.lru.items() if v != tid]
+                if w.used + extra - sum(w.kv[v] for _, v in evictable) > cap:
+                    break  # head of line waits
+                for _, v in sorted(evictable):
+                    if w.used + extra <= cap:
+                        break
+                    self.set_kv(w, v, 0.0, now)
+                    self.tr[v].home = -1
+            resident = have > 0
+            fresh = turn.input_tokens + (0 if resident else t.context)
+            if not resident and t.context:
+                self.recomputed += t.context
+            c0 = t.context - (0 if resident else t.context)
+            new_tokens += fresh
+            pairs += fresh * c0 + fresh * (fresh + 1) / 2
+            self.set_kv(w, tid, need, now)
+            w.lru.pop(tid, None)
+            t.home = w.info.wid
+            w.queue.remove(tid)
+            t.queued_on = -1
+            if now > t.ready_at:
+                self.seg(t, SegmentKind.QUEUE, t.ready_at, now, w.info.wid, t.generated, t.generated)
+            admitted.append((tid, not resident and t.context > 0))
+            t.context += turn.input_tokens
+            t.remaining = turn.action_tokens
+            w.running.append(tid)
+        self.prefill_tokens += int(new_tokens)
+        pre = cost.prefill(new_tokens, pairs, d) if admitted else 0.0
+        for tid, rec in admitted:
+            t = self.tr[tid]
+            self.seg(t, SegmentKind.PREFILL, now, now + pre, w.info.wid, t.generated, t.generated, recomputed=rec)
+        if not w.running:
+            w.active = False
+            return
+        k = min(self.tr[i].remaining for i in w.running)
+        b = len(w.running)
+        ctx = sum(self.tr[i].context for i in w.running) + b * k / 2
+        w.step = cost.decode_step(b, ctx, d)
+        w.k = k
+        w.chunk_start = now
+        w.decode_start = now + pre
+        w.active = True
+        w.version += 1
+        end = w.decode_start + k * w.step
+        if w.busy and abs(w.busy[-1][1] - now) < 1e-12:
+            w.busy[-1][1] = end
+        else:
+            w.busy.append([now, end])
+        self.push(end, STEP_END, w.info.wid, w.version)
+
+    def interrupt(self, w: _W, now: float) -> None:
+        """A turn arrived at a busy worker: cut the chunk at the next iteration boundary."""
+        if not w.active:
+            self.start_chunk(w, now)
+            return
+        done = 1 if now <= w.decode_start else math.ceil((now - w.decode_start) / w.step - 1e-9)
+        done = max(1, min(w.k, done))
+        if done < w.k:
+            w.k = done
+            w.version += 1
+            end = w.decode_start + done * w.step
+            w.busy[-1][1] = end
+            self.push(end, STEP_END, w.info.wid, w.version)
+
+    def step_end(self, w: _W, now: float) -> None:
+        k = w.k
+        still = []
+        for tid in w.running:
+            t = self.tr[tid]
+            before = t.generated
+            t.generated += k
+            t.context += k
+            t.remaining -= k
+            self.seg(t, SegmentKind.DECODE, w.decode_start, now, w.info.wid, before, t.generated)
+            if t.remaining > 0:
+                still.append(tid)
+                continue
+            turn = t.spec.turns[t.turn]
+            t.turn += 1
+            t.turn_start_generated = t.generated
+            if t.turn == len(t.spec.turns):
+                t.done, t.finish = True, now
+                self.drop(t, now)
+                continue
+            w.lru[tid] = now
+            self.seg(t, SegmentKind.TOOL, now, now + turn.tool_latency_s, w.info.wid, t.generated, t.generated)
+            self.push(now + turn.tool_latency_s, READY, tid)
+            if self.policy.migration:
+                self.maybe_migrate(t, now)
+        w.running = still
+        w.active = False
+        self.start_chunk(w, now)
+
+    # ---- migration --------------------------------------------------------------------
+
+    def loads(self) -> list[list[tuple[float, float]]]:
+        """Predicted (tokens, tool seconds) of the unfinished trajectories planned on each worker."""
+        out: list[list[tuple[float, float]]] = [[] for _ in self.ws]
+        for t in self.tr:
+            if not t.done:
+                out[t.assigned].append(self.predicted(t))
+        return out
+
+    def estimate(self, wid: int, xs: list[tuple[float, float]]) -> float:
+        if not xs:
+            return 0.0
+        arr = np.array(sorted(xs, key=lambda p: -p[0]), dtype=float)
+        return worker_estimate(arr[:, 0], arr[:, 1], self.tables[self.ws[wid].info.degree])
+
+    def maybe_migrate(self, t: _T, now: float) -> None:
+        src = t.home
+        tid = t.spec.tid
+        if src < 0 or t.assigned != src:
+            return
+        size = self.ws[src].kv[tid]
+        loads = self.loads()
+        mine = self.predicted(t)
+        rest = list(loads[src])
+        rest.remove(mine)
+        here, left = self.estimate(src, loads[src]), self.estimate(src, rest)
+        best, best_gain = -1, 0.0
+        for w in self.ws:
+            o = w.info.wid
+            if o == src or w.info.kv_capacity_bytes - w.used < size:
+                continue
+            there = self.estimate(o, loads[o])
+            before = max(here, there)
+            after = max(left, self.estimate(o, loads[o] + [mine]))
+            gain = before - after
+            if gain > MIGRATION_MARGIN * before and gain > best_gain:
+                best, best_gain = o, gain
+        if best < 0:
+            return
+        same = self.ws[src].info.gpus[0] // self.cost.gpus_per_node == self.ws[best].info.gpus[0] // self.cost.gpus_per_node
+        dur = self.cost.transfer(size, same)
+        if dur > self.tool_prior:
+            return
+        dst = self.ws[best]
+        self.ws[src].lru.pop(tid, None)  # pinned while it moves
+        self.set_kv(dst, tid, size, now)
+        t.migrating = True
+        t.assigned = best
+        self.migrations += 1
+        self.seg(t, SegmentKind.MIGRATE, now, now + dur, src, t.generated, t.generated, to_worker=best)
+        self.push(now + dur, MIG_DONE, tid, src)
+
+    def mig_done(self, t: _T, src: int, now: float) -> None:
+        tid = t.spec.tid
+        self.set_kv(self.ws[src], tid, 0.0, now)
+        t.home = t.assigned
+        self.ws[t.home].lru[tid] = now
+        t.migrating = False
+        if t.pending_ready:
+            t.pending_ready = False
+            self.ready(t, now)
+        w = self.ws[src]
+        if not w.active and w.queue:
+            self.start_chunk(w, now)
+
+    # ---- main loop --------------------------------------------------------------------
+
+    def ready(self, t: _T, now: float) -> None:
+        if t.migrating:
+            t.pending_ready = True
+            return
+        w = self.route(t)
+        if t.home >= 0 and t.home != w:
+            self.drop(t, now)
+        t.ready_at = now
+        t.queued_on = w
+        self.ws[w].queue.append(t.spec.tid)
+        self.interrupt(self.ws[w], now)
+
+    def run(self) -> RolloutResult:
+        for t in self.tr:
+            self.push(0.0, READY, t.spec.tid)
+        while self.events:
+            now, _, kind, a, b = heapq.heappop(self.events)
+            if kind == READY:
+                self.ready(self.tr[a], now)
+            elif kind == STEP_END:
+                w = self.ws[a]
+                if b == w.version and w.active:
+                    self.step_end(w, now)
+            else:
+                self.mig_done(self.tr[a], b, now)
+        lost = [t.spec.tid for t in self.tr if not t.done]
+        if lost:
+            raise RuntimeError(f"rollout simulation stalled with trajectories {lost[:10]} unfinished")
+        makespan = max((t.finish for t in self.tr), default=0.0)
+        return RolloutResult(
+            policy=self.policy.name.value,
+            gpus=self.gpus,
+            workers=self.workers,
+            makespan_s=makespan,
+            generated_tokens=sum(t.generated for t in self.tr),
+            prefill_tokens=self.prefill_tokens,
+            recomputed_tokens=self.recomputed,
+            migrations=self.migrations,
+            timelines=tuple(TrajectoryTimeline(t.spec.tid, tuple(t.segs), t.finish, t.generated) for t in self.tr),
+            busy=tuple(tuple((s, e) for s, e in w.busy) for w in self.ws),
+            kv_peak_bytes=tuple(w.peak for w in self.ws),
+            kv_samples=tuple(tuple(w.samples) for w in self.ws),
+            plan_seconds=self.plan_seconds,
+        )
+
+
+def simulate_rollout(cfg: RolloutWorkload, policy: str | RolloutPolicy, gpus: int,
+                     specs: tuple[TrajectorySpec, ...] | None = None,
+                     cost: RolloutCost | None = None) -> RolloutResult:
+    """One rollout phase: the step's trajectories (drawn from `cfg` unless given) on `gpus`
+    GPUs under `policy` (a registered name or a `RolloutPolicy`)."""
+    pol = get_policy(policy) if isinstance(policy, str) else policy
+    cost = cost or make_rollout_cost(cfg)
+    specs = generate_trajectories(cfg) if specs is None else specs
+    if not specs:
+        raise ValueError("rollout: no trajectories")
+    return _Sim(cfg, pol, gpus, specs, cost).run()

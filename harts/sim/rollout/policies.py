@@ -1,0 +1,98 @@
+"""Rollout scheduling policies, one registry keyed by `RolloutPolicyName`.
+
+A policy is data (`RolloutPolicy`): a router for ready turns plus Heddle's four switches.
+What each does in `harts.sim.rollout.engine`:
+
+Step-centric baselines (every turn is a request routed on its own; a worker admits its
+queue first come first served; all workers have the workload's fixed `baseline_mp`):
+- `round-robin`: turns go to workers in rotation. A turn that lands away from the worker
+  holding its trajectory's KV prefills its whole context again (the stale copy is freed).
+- `least-loaded`: turns go to the worker with the fewest running + queued sequences;
+  the same recomputation rule.
+- `cache-aware`: a turn goes to the worker holding its KV (prefix-cache pinning); a turn
+  whose KV was evicted, and every first turn, goes to the least-loaded worker.
+
+Every policy shares the same engine: continuous batching up to `max_batch`, admission
+while the KV fits (least-recently-used cached KV of trajectories waiting on tools is
+evicted first, and those trajectories recompute on return), head-of-line blocking, the
+same roofline prices. Heddle keeps cache-aware pinning (a trajectory's turns go to its
+home worker) and adds, each switchable:
+- `priority`: a worker admits the trajectory with the longest predicted remaining length
+  first (progressive priority; the predictor is updated after every turn);
+- `placement`: homes by presorted dynamic programming over the predicted lengths
+  (longest on the fastest workers), instead of least-loaded by count;
+- `migration`: when a trajectory starts a tool call, its KV may move to a worker whose
+  predicted drain time it lowers, priced as a KV transfer over NVLink / InfiniBand;
+- `adaptive_mp`: the cluster's layout of model-parallel degrees (under the GPU budget) is
+  chosen by simulated annealing on the predicted drain time, instead of all `baseline_mp`.
+
+With every switch off Heddle is `cache-aware`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from harts.config.registry import Registry
+
+
+class Router(StrEnum):
+    ROUND_ROBIN = "round-robin"
+    LEAST_LOADED = "least-loaded"
+    CACHE_AWARE = "cache-aware"
+    HOME = "home"  # Heddle: the trajectory's planned (or migrated-to) worker
+
+
+class RolloutPolicyName(StrEnum):
+    ROUND_ROBIN = "round-robin"
+    LEAST_LOADED = "least-loaded"
+    CACHE_AWARE = "cache-aware"
+    HEDDLE = "heddle"
+    HEDDLE_NO_PRIORITY = "heddle-no-priority"
+    HEDDLE_NO_PLACEMENT = "heddle-no-placement"
+    HEDDLE_NO_MIGRATION = "heddle-no-migration"
+    HEDDLE_NO_ADAPTIVE_MP = "heddle-no-adaptive-mp"
+
+
+@dataclass(frozen=True)
+class RolloutPolicy:
+    name: RolloutPolicyName
+    router: Router
+    priority: bool = False
+    placement: bool = False
+    migration: bool = False
+    adaptive_mp: bool = False
+    description: str = ""
+
+    @property
+    def step_centric(self) -> bool:
+        return self.router != Router.HOME
+
+
+POLICIES: Registry[RolloutPolicyName, RolloutPolicy] = Registry(
+    "rollout policy", RolloutPolicyName, KeyError, duplicate_error=ValueError)
+
+for _p in (
+    RolloutPolicy(RolloutPolicyName.ROUND_ROBIN, Router.ROUND_ROBIN, description="turns in rotation"),
+    RolloutPolicy(RolloutPolicyName.LEAST_LOADED, Router.LEAST_LOADED, description="turns to the least-loaded worker"),
+    RolloutPolicy(RolloutPolicyName.CACHE_AWARE, Router.CACHE_AWARE, description="turns pinned to their KV"),
+    RolloutPolicy(RolloutPolicyName.HEDDLE, Router.HOME, True, True, True, True, "every mechanism"),
+    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_PRIORITY, Router.HOME, False, True, True, True, "without priority"),
+    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_PLACEMENT, Router.HOME, True, False, True, True, "without DP placement"),
+    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_MIGRATION, Router.HOME, True, True, False, True, "without migration"),
+    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_ADAPTIVE_MP, Router.HOME, True, True, True, False,
+                  "without adaptive MP"),
+):
+    POLICIES.register(_p.name, _p)
+del _p
+
+BASELINES = tuple(n for n, p in POLICIES.items() if p.step_centric)
+
+
+def get_policy(name: str) -> RolloutPolicy:
+    return POLICIES.get(name)
+
+
+def known_policies() -> list[str]:
+    return POLICIES.known()

@@ -1,0 +1,53 @@
+"""`harts sim rollout` (the parser `add_rollout_parser` adds): JSON shape, compare table,
+Gantt files, one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from harts.cli.common import UserError
+from harts.cli.sim_rollout import add_rollout_parser
+
+
+def run(argv):
+    p = argparse.ArgumentParser()
+    add_rollout_parser(p.add_subparsers())
+    args = p.parse_args(["rollout", *argv])
+    return args.func(args)
+
+
+def test_json_shape(capsys):
+    assert run(["--policy", "heddle", "--workload", "tiny", "--gpus", "8", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["policy"] == "heddle"
+    assert d["throughput_tokens_per_s"] > 0 and d["makespan_s"] > 0
+    assert d["throughput_tokens_per_s"] == pytest.approx(d["generated_tokens"] / d["makespan_s"])
+    assert sum(d["worker_degrees"]) == 8 and d["trajectories"] == 8
+
+
+def test_compare_gantt_and_end_to_end(capsys, tmp_path):
+    assert run(["--compare", "--workload", "tiny", "--gpus", "8", "--seed", "2", "--gantt",
+                str(tmp_path / "g.png"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in rows][:4] == ["round-robin", "least-loaded", "cache-aware", "heddle"]
+    assert max(r["speedup_vs_best_baseline"] for r in rows if r["step_centric"]) == pytest.approx(1.0)
+    for r in rows:
+        assert (tmp_path / f"g-{r['policy']}.png").stat().st_size > 1000
+    assert run(["--policy", "cache-aware", "--workload", "tiny", "--gpus", "8", "--end-to-end"]) == 0
+    out = capsys.readouterr().out
+    assert "training s" in out and "rollout share" in out
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--policy", "fifo"], "unknown rollout policy 'fifo'"),
+    (["--workload", "nope"], "unknown rollout workload preset"),
+    (["--gpus", "6", "--workload", "tiny"], "multiple of baseline_mp"),
+    (["--gpus", "0"], "--gpus must be >= 1"),
+    (["--gantt", "/nonexistent-dir/x.png", "--workload", "tiny", "--gpus", "8"], "does not exist"),
+])
+def test_bad_input_is_a_user_error(argv, msg):
+    with pytest.raises(UserError, match=msg):
+        run(argv)

@@ -1,0 +1,71 @@
+"""Roofline prices of a worker and Heddle's planners (DP placement against brute force)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harts.config.rollout import RolloutWorkload
+from harts.sim.rollout.cost import make_rollout_cost
+from harts.sim.rollout.planning import (
+    dp_place,
+    estimate_makespan,
+    iteration_table,
+    predict_remaining,
+)
+from harts.sim.rollout.types import TrajectorySpec, TurnSpec
+
+COST = make_rollout_cost(RolloutWorkload())
+
+
+def test_decode_prices_grow_with_batch_and_context_and_shrink_with_degree():
+    for d in (2, 4, 8):
+        by_batch = [COST.decode_step(b, b * 8000, d) for b in (1, 4, 16, 64, 256)]
+        assert by_batch == sorted(by_batch)
+        by_ctx = [COST.decode_step(8, c, d) for c in (0, 10_000, 100_000, 1_000_000)]
+        assert by_ctx == sorted(by_ctx) and by_ctx[0] < by_ctx[-1]
+    lone = [COST.decode_step(1, 30_000, d) for d in (2, 4, 8)]
+    assert lone == sorted(lone, reverse=True)
+    # efficiency < 1: eight GPUs are less than 4x faster than two on the same batch
+    assert COST.decode_step(64, 64 * 8000, 2) / COST.decode_step(64, 64 * 8000, 8) < 4.0
+
+
+def test_kv_capacity_is_hbm_minus_weights():
+    assert COST.kv_capacity(1) < 0  # 124B parameters in bf16 do not fit one H200
+    assert COST.kv_capacity(4) == pytest.approx(4 * COST.hbm_capacity_bytes * 0.9 - COST.weight_bytes)
+    assert COST.kv_bytes(1000) - COST.kv_bytes(0) == pytest.approx(1000 * COST.kv_bytes_per_token)
+    assert COST.transfer(1e9, True) < COST.transfer(1e9, False)
+
+
+def test_predictor_never_reads_the_truth_and_updates_per_turn():
+    a = TrajectorySpec(0, 0, tuple(TurnSpec(10, 100, 1.0) for _ in range(3)), hint_turns=6.0)
+    b = TrajectorySpec(1, 0, tuple(TurnSpec(10, 100, 1.0) for _ in range(9)), hint_turns=6.0)
+    assert predict_remaining(a, 0, 0, 50.0) == predict_remaining(b, 0, 0, 50.0) == (300.0, 6.0)
+    assert predict_remaining(a, 2, 400, 50.0) == (800.0, 4.0)  # observed 200 tokens per turn
+    assert predict_remaining(a, 8, 800, 50.0) == (200.0, 2.0)  # outlived its hint
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 5000), min_size=1, max_size=6), st.lists(st.sampled_from((2, 4, 8)), min_size=1,
+                                                                       max_size=3))
+def test_dp_placement_is_the_best_contiguous_split(lengths, degrees):
+    x = np.array(lengths, dtype=float)
+    tools = np.array([float(v % 7) for v in lengths])
+    tables = {d: iteration_table(COST, d, len(x) + 1, 256, 4000.0) for d in set(degrees)}
+    assign, best = dp_place(x, tools, degrees, tables)
+    assert best == pytest.approx(estimate_makespan(assign, x, tools, degrees, tables), rel=1e-9)
+    order = np.argsort(-x, kind="stable")
+    wo = sorted(range(len(degrees)), key=lambda w: (-degrees[w], w))
+    brute = float("inf")
+    for cuts in itertools.combinations_with_replacement(range(len(x) + 1), len(degrees) - 1):
+        bounds = (0, *cuts, len(x))
+        a = [0] * len(x)
+        for j in range(len(degrees)):
+            for i in order[bounds[j]:bounds[j + 1]]:
+                a[i] = wo[j]
+        brute = min(brute, estimate_makespan(a, x, tools, degrees, tables))
+    assert best <= brute * (1 + 1e-3) + 1e-12

@@ -1,0 +1,143 @@
+"""Rollout simulator properties: conservation, KV capacity, migration continuity,
+determinism, GPU-count monotonicity of the baselines, Heddle-with-everything-off =
+cache-aware."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from harts.config.rollout import RolloutWorkload, rollout_preset
+from harts.sim.rollout import (
+    BASELINES,
+    RolloutPolicy,
+    RolloutPolicyName,
+    Router,
+    SegmentKind,
+    generate_trajectories,
+    get_policy,
+    known_policies,
+    simulate_rollout,
+)
+from tests.strategies import rollout_workloads
+
+FAST = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _check_conservation(cfg: RolloutWorkload, res) -> None:
+    specs = generate_trajectories(cfg)
+    assert sorted(t.tid for t in res.timelines) == [s.tid for s in specs]  # none lost, none twice
+    for tl, spec in zip(sorted(res.timelines, key=lambda t: t.tid), specs, strict=True):
+        assert tl.generated_tokens == spec.generated_tokens
+        per_turn = [0] * len(spec.turns)
+        prev_end = 0.0
+        for s in tl.segments:
+            if s.kind == SegmentKind.MIGRATE:  # a KV move runs during the tool call it follows
+                assert s.start == tl.segments[tl.segments.index(s) - 1].start
+                continue
+            assert s.start >= prev_end - 1e-9, "a trajectory's segments overlap in time"
+            prev_end = s.end
+            if s.kind == SegmentKind.DECODE:
+                per_turn[s.turn] += s.tokens_after - s.tokens_before
+        assert per_turn == [t.action_tokens for t in spec.turns]  # each turn decoded exactly once
+        assert tl.finish_s <= res.makespan_s + 1e-9
+    assert res.generated_tokens == sum(s.generated_tokens for s in specs)
+
+
+@FAST
+@given(rollout_workloads())
+def test_every_trajectory_runs_once_and_kv_fits(cfg):
+    for name in known_policies():
+        res = simulate_rollout(cfg, name, 8)
+        _check_conservation(cfg, res)
+        for w, samples in zip(res.workers, res.kv_samples, strict=True):
+            assert all(used <= w.kv_capacity_bytes * (1 + 1e-9) for _, used in samples)
+            if samples:
+                assert samples[-1][1] == pytest.approx(0.0, abs=1.0)  # everything freed at the end
+        assert sum(w.degree for w in res.workers) == 8
+
+
+def test_tight_memory_evicts_and_recomputes_but_never_overflows():
+    cfg = rollout_preset("tiny", hbm_utilization=0.4125, num_prompts=8, tool_latency_median_s=2.0)
+    res = simulate_rollout(cfg, "cache-aware", 8)
+    _check_conservation(cfg, res)
+    assert res.recomputed_tokens > 0  # the KV budget binds: evicted caches are rebuilt
+    assert max(p / w.kv_capacity_bytes for p, w in zip(res.kv_peak_bytes, res.workers, strict=True)) <= 1.0
+
+
+def test_migrated_trajectory_resumes_where_it_stopped():
+    cfg = rollout_preset("small", seed=3)
+    res = simulate_rollout(cfg, "heddle", 16)
+    assert res.migrations > 0
+    seen = 0
+    for tl in res.timelines:
+        segs = tl.segments
+        for i, s in enumerate(segs):
+            if s.kind != SegmentKind.MIGRATE:
+                continue
+            seen += 1
+            assert s.tokens_after == s.tokens_before
+            later = [x for x in segs[i + 1:] if x.kind in (SegmentKind.PREFILL, SegmentKind.DECODE)]
+            assert later, "a trajectory migrated after its last turn"
+            assert later[0].tokens_before == s.tokens_after  # no token lost or redone
+            assert later[0].worker == s.to_worker
+            assert later[0].start >= s.end - 1e-9  # it resumes once its KV has landed
+    assert seen == res.migrations
+
+
+@FAST
+@given(rollout_workloads(max_trajectories=8))
+def test_baseline_throughput_monotone_in_gpus(cfg):
+    # round-robin is left out on purpose: with more workers a trajectory's turns land on
+    # workers without its KV more often, and the recomputation can outweigh the extra GPUs
+    # (one trajectory on one MP4 worker keeps its cache; on two it prefills every other turn)
+    specs = generate_trajectories(cfg)
+    for name in [b for b in BASELINES if b != RolloutPolicyName.ROUND_ROBIN]:
+        tputs = [simulate_rollout(cfg, name, g, specs=specs).throughput_tokens_per_s for g in (4, 8, 16)]
+        assert tputs == sorted(tputs), (name, tputs)
+
+
+def test_deterministic_per_seed():
+    cfg = rollout_preset("tiny", seed=5)
+    for name in ("round-robin", "heddle"):
+        a, b = simulate_rollout(cfg, name, 8), simulate_rollout(cfg, name, 8)
+        assert a.timelines == b.timelines and a.busy == b.busy
+        assert {k: v for k, v in a.to_json().items() if k != "plan_seconds"} == \
+               {k: v for k, v in b.to_json().items() if k != "plan_seconds"}
+    other = simulate_rollout(dataclasses.replace(cfg, seed=6), "round-robin", 8)
+    assert other.timelines != simulate_rollout(cfg, "round-robin", 8).timelines
+
+
+def test_heddle_with_every_mechanism_off_is_cache_aware():
+    cfg = rollout_preset("small")
+    off = RolloutPolicy(RolloutPolicyName.HEDDLE, Router.HOME)
+    a, b = simulate_rollout(cfg, off, 16), simulate_rollout(cfg, "cache-aware", 16)
+    assert a.recomputed_tokens == b.recomputed_tokens == 0
+    assert a.makespan_s == pytest.approx(b.makespan_s, rel=1e-12)
+    assert a.generated_tokens == b.generated_tokens
+
+
+def test_registry_names_and_errors():
+    assert known_policies() == ["round-robin", "least-loaded", "cache-aware", "heddle", "heddle-no-priority",
+                                "heddle-no-placement", "heddle-no-migration", "heddle-no-adaptive-mp"]
+    h = get_policy("heddle")
+    assert h.priority and h.placement and h.migration and h.adaptive_mp
+    for name, flag in (("heddle-no-priority", "priority"), ("heddle-no-placement", "placement"),
+                       ("heddle-no-migration", "migration"), ("heddle-no-adaptive-mp", "adaptive_mp")):
+        p = get_policy(name)
+        assert not getattr(p, flag)
+        assert sum(getattr(p, f) for f in ("priority", "placement", "migration", "adaptive_mp")) == 3
+    with pytest.raises(KeyError, match="known: round-robin"):
+        get_policy("fifo")
+
+
+def test_bad_cluster_fails_loudly():
+    cfg = rollout_preset("tiny")
+    with pytest.raises(ValueError, match="multiple of baseline_mp"):
+        simulate_rollout(cfg, "round-robin", 6)
+    with pytest.raises(ValueError, match="cannot hold the weights"):
+        simulate_rollout(dataclasses.replace(cfg, baseline_mp=1), "round-robin", 8)
+    with pytest.raises(ValueError, match="powers of two"):
+        RolloutWorkload(baseline_mp=3)

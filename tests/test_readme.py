@@ -46,25 +46,35 @@ def _harts(command: str, cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
-def test_every_command_line_command_runs_as_written(tmp_path):
+def test_every_command_line_command_runs_as_written(tmp_path, monkeypatch, capsys):
+    """In process (one torch import for all of them), from an empty folder, in order."""
+    import torch
+
+    from harts.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the GPU lines must refuse
     commands = _commands()
     assert len(commands) >= 15 and not any("|" in shlex.split(c, comments=True) for c in commands)
     for command in commands:
-        res = _harts(command, tmp_path)
+        argv = shlex.split(command, comments=True)
+        assert argv[0] == "harts", command
+        code = main(argv[1:])
+        res = capsys.readouterr()
         if "# GPU:" in command:
-            assert res.returncode == 2, (command, res.stderr)
-            assert res.stderr.count("\n") == 1 and "CUDA" in res.stderr, (command, res.stderr)
+            assert code == 2, (command, res.err)
+            assert res.err.count("\n") == 1 and "CUDA" in res.err, (command, res.err)
             continue
-        assert res.returncode == 0, (command, res.stdout[-2000:], res.stderr[-2000:])
+        assert code == 0, (command, res.out[-2000:], res.err[-2000:])
         if "--json" in command:
-            json.loads(res.stdout)
+            json.loads(res.out)
         if command.startswith("harts verify"):
-            verdict = json.loads(res.stdout)["verdict"] if "--json" in command else res.stdout.splitlines()[-1]
+            verdict = json.loads(res.out)["verdict"] if "--json" in command else res.out.splitlines()[-1]
             assert verdict.startswith("PASS: tree == expanded within 1e-10 relative"), command
     for name in ("rollouts.jsonl", "plan.json", "harts-runs/mlflow.db", "harts-runs/report.html",
                  "sweep-swe-treestep-8-consumer-1f1b.png"):
         assert (tmp_path / name).is_file(), name
-
 
 
 def test_python_example_prints_the_losses_of_harts_train(tmp_path):

@@ -1,12 +1,22 @@
 """`harts bench`: update-step throughput, tree vs expanded, on a CUDA device (prints a table,
-writes JSON in the `benchmarks/results/h200.json` run schema)."""
+or with --json the runs as JSON; --out writes them in the `benchmarks/results/h200.json` run
+schema)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from harts.cli.common import UserError, add_attention_args, apply_attention_args, format_table
+from harts.cli.common import (
+    UserError,
+    add_attention_args,
+    apply_attention_args,
+    check_output_path,
+    format_table,
+    print_json,
+    say_wrote,
+    write_output,
+)
 
 SCHEMES = {
     # the generator's SWE calibration, one prompt group (one GPU)
@@ -28,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--microbatch-tokens", type=int, default=131072)
     p.add_argument("--steps", type=int, default=2, help="timed steps per mode (median reported)")
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--json", metavar="PATH", help="write {'runs': [...]} here")
+    p.add_argument("--out", metavar="PATH", help="write {'runs': [...]} here (its folder must exist)")
+    p.add_argument("--json", action="store_true", help="print {'runs': [...]} on stdout instead of the table")
     add_attention_args(p)
     p.set_defaults(func=cmd_bench)
 
@@ -42,6 +53,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from harts.exec.gpu.bench import step_benchmark
     from harts.tree.workload import generate, preset
 
+    if args.out:
+        check_output_path(args.out, "--out")
     if not torch.cuda.is_available():
         raise UserError("harts bench needs a CUDA device")
     try:
@@ -69,11 +82,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
              f"{r['speedup_over_limit']:.2f}", f"{r['speedup_inline']:.2f}",
              f"{r['tree']['prepare_seconds']:.3f}", f"{r['expanded_peak_bytes'] / 2**30:.1f}",
              f"{r['tree_peak_bytes'] / 2**30:.1f}") for r in runs]
+    if args.out:
+        write_output(args.out, "--out", json.dumps({"runs": runs}, indent=1))
+    if args.json:
+        print_json({"runs": runs})
+        if args.out:
+            say_wrote(args.out, True)
+        return 0
     print(format_table(["scheme", "expanded tok", "compact", "token limit", "FLOP limit", "exp s", "tree s", "speedup",
                         "of limit", "speedup inline", "tree prep s", "exp GiB", "tree GiB"], rows))
     print("step times with each step's data side (partition, layouts) prepared one step ahead in a background "
           "thread, both modes; 'speedup inline' prepares it on the critical path")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"runs": runs}, fh, indent=1)
+    if args.out:
+        say_wrote(args.out, False)
     return 0

@@ -1,11 +1,21 @@
-"""Helpers shared by the subcommands: errors, JSON output, tables and progress."""
+"""Helpers shared by the subcommands: errors, output files, JSON output, tables and progress.
+
+Output files follow one rule for every command: the target's folder must exist and the
+target must not be a directory (else a one-line `UserError`, exit code 2, before any work
+is done), and the file is written atomically (a temporary file in the same folder,
+fsynced, then renamed over the target), so a failed write leaves nothing behind.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 from harts.track.text import format_table  # noqa: F401  (the subcommands import it from here)
@@ -14,7 +24,81 @@ T = TypeVar("T")
 
 
 class UserError(Exception):
-    """A problem with the user's input or options: printed as one line, exit code 2."""
+    """A problem with the user's input or options: printed as one line, exit code 2.
+
+    `file`, `line` (1-based) and `field` say where, when the input came from a file;
+    under --json the error is printed as `{"error", "file", "line", "field"}`."""
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
+                 field: str | None = None):
+        super().__init__(message)
+        self.file = file
+        self.line = line
+        self.field = field
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": str(self), "file": self.file, "line": self.line, "field": self.field}
+
+
+def rollout_error(err: Any) -> UserError:
+    """A `harts.tree.io.RolloutFormatError` as a UserError carrying its file, line and field."""
+    return UserError(str(err), file=getattr(err, "file", None), line=getattr(err, "line", None) or None,
+                     field=getattr(err, "field", None))
+
+
+def check_output_path(path: str | os.PathLike[str], flag: str) -> Path:
+    """`path` as an output file of option `flag`: its folder must exist and it must not be a
+    directory. Commands call this before doing their work, so a bad path fails at once."""
+    target = Path(path)
+    if str(path) == "" or target.is_dir():
+        raise UserError(f"{flag} {str(path)!r}: is a directory; give a file name", field=flag)
+    parent = target.parent
+    if not parent.exists():
+        raise UserError(f"{flag} {path}: folder {parent} does not exist (create it first)", field=flag)
+    if not parent.is_dir():
+        raise UserError(f"{flag} {path}: {parent} is not a folder", field=flag)
+    return target
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike[str], flag: str) -> Iterator[Path]:
+    """Yield a temporary path in the target's folder (same suffix, so writers that go by the
+    extension still work); on success it is fsynced and renamed over `path`, on any failure
+    it is removed. OS errors become one-line UserErrors."""
+    target = check_output_path(path, flag)
+    try:
+        fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=f".tmp{target.suffix}")
+    except OSError as err:
+        raise UserError(f"{flag} {path}: cannot write there ({err.strerror})", field=flag) from None
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"{flag} {path}: cannot write ({err.strerror or err})", field=flag) from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_output(path: str | os.PathLike[str], flag: str, content: str | bytes) -> Path:
+    """Write `content` to `path` under the output rule (see `atomic_output`)."""
+    with atomic_output(path, flag) as tmp:
+        if isinstance(content, str):
+            tmp.write_text(content, encoding="utf-8")
+        else:
+            tmp.write_bytes(content)
+    return Path(path)
+
+
+def say_wrote(path: str | os.PathLike[str], json_mode: bool, detail: str = "") -> None:
+    """`wrote PATH [detail]`: on stdout for people, on stderr under --json (stdout stays JSON)."""
+    print(f"wrote {os.fspath(path)}" + (f" ({detail})" if detail else ""),
+          file=sys.stderr if json_mode else sys.stdout)
 
 
 def print_json(obj: Any) -> None:

@@ -16,7 +16,14 @@ import argparse
 import sys
 from typing import Any
 
-from harts.cli.common import UserError, format_table, print_json
+from harts.cli.common import (
+    UserError,
+    check_output_path,
+    format_table,
+    print_json,
+    say_wrote,
+    write_output,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -50,6 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     va.set_defaults(func=cmd_validate)
 
     ls = pl_sub.add_parser("planners", help="list the registered planners")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.set_defaults(func=cmd_planners)
 
 
@@ -86,7 +94,7 @@ def _add_make_args(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--planner", required=required, metavar="NAME",
                    help="planner name (see `harts plan planners`)")
     _add_step_args(p)
-    p.add_argument("--out", required=required, metavar="FILE", help="where to write the plan JSON")
+    p.add_argument("--out", required=required, metavar="FILE", help="where to write the plan JSON (its folder must exist)")
     p.add_argument("--json", action="store_true", help="print the plan's metrics as JSON")
 
 
@@ -184,15 +192,16 @@ def cmd_make(args: argparse.Namespace) -> int:
     if args.plan_command is None and (not args.planner or not args.out):
         raise UserError("`harts plan` needs --planner NAME and --out FILE (or an action: "
                         "compare, make, validate, planners)")
+    check_output_path(args.out, "--out")
     forest = _forest(args)
     plan = _run(forest, args.planner, _config(args))
-    plan.save(args.out)
+    write_output(args.out, "--out", plan.to_json())
     result = _result(compute_metrics(plan, forest))
     if args.json:
-        print_json(result)
+        print_json({**result, "out": args.out})
     else:
         print(_table([result]))
-        print(f"wrote {plan.num_microbatches} microbatches to {args.out}", file=sys.stderr)
+    say_wrote(args.out, args.json, f"{plan.num_microbatches} microbatches")
     return 0
 
 
@@ -223,6 +232,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_planners(args: argparse.Namespace) -> int:
     from harts.plan.planners import known_planners
 
+    if args.json:
+        print_json({"planners": list(known_planners())})
+        return 0
     for n in known_planners():
         print(n)
     return 0

@@ -18,16 +18,16 @@ import html
 import json
 import re
 import sys
-from pathlib import Path
 from typing import Any
 
-from harts.cli.common import UserError, print_json
+from harts.cli.common import UserError, check_output_path, print_json, say_wrote, write_output
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="one static HTML page with the latest run of every study (tables and plots)")
-    p.add_argument("--out", default="harts-runs/report.html",
-                   help="HTML file to write (default: harts-runs/report.html, beside the embedded store)")
+    p.add_argument("--out", default=None,
+                   help="HTML file to write, its folder must exist (default: report.html beside a local store, "
+                   "harts-runs/report.html for the embedded one; ./report.html for a server)")
     p.add_argument("--tracking-uri", help="mlflow tracking URI (default: $MLFLOW_TRACKING_URI, else the "
                    "embedded store ./harts-runs/mlflow.db)")
     p.add_argument("--json", action="store_true", help="print what was rendered as JSON")
@@ -42,20 +42,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     store = local_store_dir(uri)
     if store is not None and not (store / "mlflow.db").exists() and uri.endswith("/mlflow.db"):
         raise UserError(f"no tracking store at {uri}: run a study first (harts experiment NAME)")
+    out = check_output_path(args.out or (store / "report.html" if store is not None else "report.html"), "--out")
     runs = latest_runs(uri, kind="study", group_by="harts.study",
                        artifacts=("tables.json", "table.json", "figures.json"), artifact_dirs=("plots",))
     order = _study_order(runs)
     page = render_html(runs, order, uri)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page, encoding="utf-8")
+    write_output(out, "--out", page)
     plots = sum(sum(1 for f in r.files if f.endswith(".png")) for r in runs.values())
     missing = [s for s in order if s not in runs]
     if args.json:
         print_json({"out": str(out), "tracking_uri": uri, "studies": {s: r.run_id for s, r in runs.items()},
                     "missing": missing, "plots": plots})
+        say_wrote(out, True)
     else:
-        print(f"wrote {out} ({len(runs)} studies, {plots} plots) from {uri}")
+        say_wrote(out, False, f"{len(runs)} studies, {plots} plots, from {uri}")
         if missing:
             print(f"no finished run yet for: {', '.join(missing)} (harts experiment NAME)", file=sys.stderr)
     return 0

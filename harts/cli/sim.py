@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from typing import Any
 
-from harts.cli.common import UserError, format_table, print_json
+from harts.cli.common import (
+    UserError,
+    atomic_output,
+    check_output_path,
+    format_table,
+    print_json,
+    say_wrote,
+    write_output,
+)
 
 SCHEDULE_NAMES = ("non-overlap", "overlap-bwd-first", "consumer-1f1b")
 PLANNER_NAMES = ("expanded-ffd", "ortools-ffd", "l1", "l1l2")
@@ -46,9 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_common(sim, sweep=False)
     sim.add_argument("--planner", default="l1l2", help=f"step planner ({', '.join(PLANNER_NAMES)})")
     sim.add_argument("--schedule", default="consumer-1f1b", help=f"pipeline schedule ({', '.join(SCHEDULE_NAMES)})")
-    sim.add_argument("--trace", help="write the execution trace (Chrome trace-event JSON)")
-    sim.add_argument("--gantt", help="write a Gantt chart (PNG)")
-    sim.add_argument("--schedule-out", help="write the schedule (text form)")
+    sim.add_argument("--trace", help="write the execution trace (Chrome trace-event JSON; its folder must exist)")
+    sim.add_argument("--gantt", help="write a Gantt chart (PNG; its folder must exist)")
+    sim.add_argument("--schedule-out", help="write the schedule (text form; its folder must exist)")
     sim.set_defaults(func=cmd_sim)
     ssub = sim.add_subparsers(dest="sim_command", metavar="ACTION")
     sw = ssub.add_parser("sweep", help="planners x schedules: Table-4/Table-6-style comparison")
@@ -57,12 +64,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     sw.add_argument("--schedules", default=",".join(SCHEDULE_NAMES))
     sw.add_argument("--schedule-planner", default="l1l2", help="planner of the schedule table")
     sw.add_argument("--gantt", help="Gantt charts of the schedule table, one PNG per workload and "
-                    "schedule, named <stem>-<workload>-<schedule>.png")
+                    "schedule, named <stem>-<workload>-<schedule>.png beside it (its folder must exist)")
     sw.set_defaults(func=cmd_sweep)
     fit = ssub.add_parser("fit", help="fit the calibrated cost model to a measured profile")
     fit.add_argument("--profile", required=True, help="profile JSON or CSV (harts.sim.profile/v1)")
-    fit.add_argument("--out", required=True, help="calibration JSON to write")
-    fit.add_argument("--json", action="store_true")
+    fit.add_argument("--out", required=True, help="calibration JSON to write (its folder must exist)")
+    fit.add_argument("--json", action="store_true", help="print the calibration as JSON")
     fit.set_defaults(func=cmd_fit)
 
 
@@ -171,6 +178,9 @@ def _row(workload: str, planner: str, plan: Any, res: Any) -> dict[str, Any]:
 def cmd_sim(args: argparse.Namespace) -> int:
     if not args.workload:
         raise UserError("harts sim needs --workload PRESET (or an action: sweep, fit)")
+    for flag, path in (("--trace", args.trace), ("--gantt", args.gantt), ("--schedule-out", args.schedule_out)):
+        if path:
+            check_output_path(path, flag)
     setup = _Setup(args)
     plan, step = setup.step(args.workload, args.planner)
     res = setup.simulate(step, args.schedule)
@@ -178,27 +188,64 @@ def cmd_sim(args: argparse.Namespace) -> int:
     out["model"] = setup.model.name
     out["gpus"] = args.gpus
     out["hardware"] = setup.hardware.name
+    written = []
     if args.trace:
-        from harts.sim.trace_io import save_trace
+        from harts.sim.trace_io import trace_to_chrome
 
-        save_trace(res.trace, args.trace, {k: out[k] for k in ("workload", "planner", "schedule", "model", "parallel")})
+        meta = {k: out[k] for k in ("workload", "planner", "schedule", "model", "parallel")}
+        written.append(write_output(args.trace, "--trace", json.dumps(trace_to_chrome(res.trace, meta))))
         out["trace"] = args.trace
     if args.gantt:
         from harts.sim.gantt import plot_gantt
 
-        plot_gantt(res.trace, args.gantt, title=_title(out))
+        with atomic_output(args.gantt, "--gantt") as tmp:
+            plot_gantt(res.trace, tmp, title=_title(out))
+        written.append(args.gantt)
         out["gantt"] = args.gantt
     if args.schedule_out:
-        with open(args.schedule_out, "w") as fh:
-            fh.write(res.schedule.to_text())
+        written.append(write_output(args.schedule_out, "--schedule-out", res.schedule.to_text()))
         out["schedule_file"] = args.schedule_out
     if args.json:
         print_json(out)
-        return 0
-    for k, v in out.items():
-        if k != "busy_seconds_by_kind":
-            print(f"{k:24s} {v}")
+    else:
+        for k, v in out.items():
+            if k not in ("busy_seconds_by_kind", "trace", "gantt", "schedule_file"):
+                print(f"{k.replace('_', ' '):24s} {human(k, v)}")
+    for path in written:
+        say_wrote(path, args.json)
     return 0
+
+
+def human(key: str, value: Any) -> str:
+    """A simulation result field as people read it: seconds and ratios to 3 significant
+    digits, throughput in k tok/s, memory in GiB, fractions in percent."""
+    if isinstance(value, list):
+        return ", ".join(human(key, v) for v in value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if key == "throughput":
+        return f"{_sig3(value / 1e3)} k tok/s"
+    if key.endswith("_bytes") or (key.endswith("_per_stage") and "memory" in key):
+        return f"{value / 2**30:,.1f} GiB"
+    if key.endswith("_seconds"):
+        return f"{_sig3(value)} s"
+    if key.endswith("_fraction"):
+        return f"{100 * value:.1f}%"
+    if key == "compression":
+        return f"{_sig3(value)}x"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return _sig3(value)
+
+
+def _sig3(x: float) -> str:
+    """`x` to 3 significant digits, without an exponent for the sizes seen here."""
+    import math
+
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    digits = max(0, 2 - math.floor(math.log10(abs(x))))
+    return f"{x:,.{digits}f}"
 
 
 def _title(row: dict[str, Any]) -> str:
@@ -208,6 +255,8 @@ def _title(row: dict[str, Any]) -> str:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    if args.gantt:
+        check_output_path(args.gantt, "--gantt")
     setup = _Setup(args)
     workloads = [w for w in args.workload.split(",") if w]
     planners = [p for p in args.planners.split(",") if p]
@@ -216,6 +265,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     default_schedule = "consumer-1f1b" if "consumer-1f1b" in schedules else schedules[0]
     rows: list[dict[str, Any]] = []
     sched_rows: list[dict[str, Any]] = []
+    gantts: list[Any] = []
     t0 = time.perf_counter()
     for wl in workloads:
         results: dict[str, dict[str, Any]] = {}
@@ -235,8 +285,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
                         p = Path(args.gantt)
                         name = p.with_name(f"{p.stem}-{wl}-{schedule}{p.suffix or '.png'}")
-                        plot_gantt(res.trace, name, title=_title({**row, "model": setup.model.name}))
+                        with atomic_output(name, "--gantt") as tmp:
+                            plot_gantt(res.trace, tmp, title=_title({**row, "model": setup.model.name}))
                         row["gantt"] = str(name)
+                        gantts.append(name)
         base = results.get(BASELINE)
         for planner in planners:
             row = results[planner]
@@ -247,6 +299,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             "sweep_seconds": time.perf_counter() - t0}
     if args.json:
         print_json({**meta, "planners": rows, "schedules": sched_rows})
+        for path in gantts:
+            say_wrote(path, True)
         return 0
     print(f"model {meta['model']}, {args.gpus} GPUs ({meta['parallel']}), {meta['hardware']}, "
           f"{meta['cost_model']} cost model, schedule {default_schedule}")
@@ -266,25 +320,31 @@ def cmd_sweep(args: argparse.Namespace) -> int:
           round(100 * r["bubble_fraction"], 1), round(r["peak_memory_bytes"] / 1e9, 1), str(r["ep_lockstep"])]
          for r in sched_rows],
     ))
+    if gantts:
+        print()
+    for path in gantts:
+        say_wrote(path, False)
     return 0
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from harts.sim.profile import fit_profile, load_profile
 
+    check_output_path(args.out, "--out")
     try:
         header, ms = load_profile(args.profile)
     except (OSError, ValueError, json.JSONDecodeError) as err:
         raise UserError(f"profile: {err}") from None
     cal = fit_profile(ms, device=str(header.get("device", "")))
-    cal.save(args.out)
+    write_output(args.out, "--out", json.dumps(cal.to_dict(), indent=1))
     if args.json:
         print_json(cal.to_dict())
+        say_wrote(args.out, True)
         return 0
     print(format_table(
         ["op", "rows", "rel rms", "coefficients"],
         [[k, f.rows, round(f.rel_rms, 4), ", ".join(f"{n}={c:.3e}" for n, c in zip(f.features, f.coefficients, strict=True))]
          for k, f in sorted(cal.fits.items())],
     ))
-    print(f"wrote {args.out}", file=sys.stderr)
+    say_wrote(args.out, False)
     return 0

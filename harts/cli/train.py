@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import itertools
 
-from harts.cli.common import UserError, format_table, print_json
+from harts.cli.common import UserError, format_table, print_json, rollout_error
 
 # Refuse to build models this large on a CPU: the Table 1 configs are for GPUs (and the
 # simulator), and allocating them here would only exhaust memory.
@@ -43,14 +43,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_train)
 
 
-def _load_trajectories(args: argparse.Namespace) -> list:
+def _load_trajectories(args: argparse.Namespace, vocab_size: int) -> list:
     if args.input is not None:
-        from harts.tree.io import load_jsonl
+        from harts.tree.io import RolloutFormatError, load_jsonl
 
         try:
-            return load_jsonl(args.input)
-        except (OSError, ValueError) as err:
-            raise UserError(f"--input {args.input}: {err}") from None
+            return load_jsonl(args.input, vocab_size=vocab_size)
+        except RolloutFormatError as err:
+            raise rollout_error(err) from None
     from harts.tree.workload import generate_trajectories
 
     name = args.workload or "tiny-treestep"
@@ -72,16 +72,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         config = get_model_config(args.model)
     except ConfigError as err:
         raise UserError(str(err)) from None
-    trajectories = _load_trajectories(args)
+    trajectories = _load_trajectories(args, config.vocab_size)
     if not trajectories:
         raise UserError("no trajectories to train on")
-    for t in trajectories:
-        top = int(t.tokens.max())
-        if top >= config.vocab_size:
-            raise UserError(
-                f"trajectory {t.id!r}: token id {top} is outside the vocabulary of "
-                f"{config.name} (size {config.vocab_size})"
-            )
+    from harts.cli.verify import check_vocab
+
+    check_vocab(trajectories, config.name)  # generated workloads (a file is checked as it loads)
     if args.kl_coef > 0 and any(t.ref_logprobs is None for t in trajectories):
         raise UserError("--kl-coef > 0 needs ref_logprobs in every trajectory")
 

@@ -5,11 +5,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import time
 from typing import Any
 
-from harts.cli.common import UserError, format_table, print_json
+from harts.cli.common import (
+    UserError,
+    atomic_output,
+    check_output_path,
+    format_table,
+    print_json,
+    rollout_error,
+    say_wrote,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,10 +24,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     wl_sub = wl.add_subparsers(dest="workload_command", metavar="ACTION", required=True)
     gen = wl_sub.add_parser("generate", help="write a workload preset as rollout JSONL")
     add_workload_args(gen, required=True)
-    gen.add_argument("--out", required=True, help="output JSONL path")
+    gen.add_argument("--out", required=True, help="output JSONL path (its folder must exist)")
+    gen.add_argument("--json", action="store_true", help="print what was written as JSON")
     gen.set_defaults(func=cmd_generate)
     ls = wl_sub.add_parser("presets", help="list workload presets")
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.set_defaults(func=cmd_presets)
 
     tr = sub.add_parser("tree", help="rollout-tree tools")
@@ -87,18 +95,23 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from harts.tree.io import save_jsonl
+    from harts.tree.io import write_jsonl
     from harts.tree.workload import generate
 
+    check_output_path(args.out, "--out")
     cfg = workload_config(args.workload, args.seed, args.set)
     wl = generate(cfg)
     try:
         trajs = wl.trajectories()
     except ValueError as err:
         raise UserError(str(err)) from None
-    save_jsonl(trajs, args.out)
-    print(f"wrote {len(trajs)} trajectories ({sum(len(t) for t in trajs):,} tokens) to {args.out}",
-          file=sys.stderr)
+    with atomic_output(args.out, "--out") as tmp, open(tmp, "w", encoding="utf-8") as fh:
+        write_jsonl(trajs, fh)
+    tokens = sum(len(t) for t in trajs)
+    if args.json:
+        print_json({"out": args.out, "workload": args.workload, "seed": cfg.seed, "trajectories": len(trajs),
+                    "tokens": tokens})
+    say_wrote(args.out, args.json, f"{len(trajs)} trajectories, {tokens:,} tokens")
     return 0
 
 
@@ -112,7 +125,7 @@ def load_forest(args: argparse.Namespace):
         try:
             trajs = load_jsonl(args.input)
         except RolloutFormatError as err:
-            raise UserError(str(err)) from None
+            raise rollout_error(err) from None
         return build_forest(trajs)
     cfg = workload_config(args.workload, args.seed, args.set)
     return generate(cfg).forest()

@@ -1,4 +1,11 @@
-"""`harts verify`: tree vs expanded on the same inputs, with the no-replay ablation."""
+"""`harts verify`: tree vs expanded on the same inputs, with the no-replay ablation.
+
+The step check ends with a verdict: the tree step passes when its worst relative log-prob
+error and its worst relative gradient error (and, with a planner, the worst gradient error
+against the same step as one microbatch) are within the tolerance, `--tolerance` or the
+dtype's default (`DEFAULT_TOLERANCE`); the exit code is 0 on a pass and 1 on a fail, so a
+script can gate on it.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +17,25 @@ from harts.cli.common import (
     apply_attention_args,
     format_table,
     print_json,
+    rollout_error,
 )
+
+# relative tolerances of the verdict by dtype: float64 is equality up to summation order;
+# float32 bounds rounding differences (about 25x the errors of the tiny configs on CPU; on
+# a GPU kernels round differently: set --tolerance for a gate). bfloat16 has no default:
+# its errors are read against the baseline's own rerun and repacking, and the worst
+# parameter's relative gradient error reaches 0.3 on tiny-treestep; --tolerance gives a gate.
+DEFAULT_TOLERANCE = {"float64": 1e-10, "float32": 1e-3}
+
+_EPILOG = ("exit code: 0 when the tree step equals the expanded one within the tolerance (the last line says PASS), "
+           "1 when it does not (FAIL), 2 for bad input or options. bfloat16 without --tolerance, --divergence "
+           "and --fidelity are reports without a verdict: exit code 0.")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("verify", help="check a tree step against the trajectory-expanded reference")
+    p = sub.add_parser("verify", help="check a tree step against the trajectory-expanded reference",
+                       description="Run one training step in tree and in expanded mode from the same weights and "
+                       "compare log-probs, losses and every gradient.", epilog=_EPILOG)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--input", metavar="FILE.jsonl", help="rollout JSONL file")
     src.add_argument("--workload", metavar="PRESET", help="generated workload preset (default tiny-treestep)")
@@ -40,19 +61,29 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "windows); default: whole trees per microbatch")
     p.add_argument("--old-logprobs", choices=["recompute", "input"], default="recompute",
                    help="recompute: on-policy ratios of 1 (every target carries gradient)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--tolerance", type=float, default=None, metavar="REL",
+                   help="relative tolerance of the verdict (default by dtype: "
+                   + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_TOLERANCE.items()) + "; bfloat16: none)")
+    p.add_argument("--json", action="store_true", help="machine-readable output (with 'passed' and 'tolerance')")
     add_attention_args(p)  # with --divergence --device cuda
     p.set_defaults(func=cmd_verify)
 
 
 def load_trajectories(args: argparse.Namespace, default: str = "tiny-treestep") -> list:
+    """--input (token ids checked against --model's vocabulary, by file and line) or the
+    generated --workload."""
     if args.input:
+        from harts.config.models import ConfigError, get_model_config
         from harts.tree.io import RolloutFormatError, load_jsonl
 
         try:
-            return load_jsonl(args.input)
-        except RolloutFormatError as err:
+            vocab = get_model_config(args.model).vocab_size
+        except ConfigError as err:
             raise UserError(str(err)) from None
+        try:
+            return load_jsonl(args.input, vocab_size=vocab)
+        except RolloutFormatError as err:
+            raise rollout_error(err) from None
     from harts.tree.workload import generate_trajectories
 
     try:
@@ -80,6 +111,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     check_vocab(trajectories, args.model)
     if args.microbatch_tokens < 1:
         raise UserError("--microbatch-tokens must be >= 1")
+    if args.tolerance is not None and not args.tolerance >= 0:
+        raise UserError(f"--tolerance must be >= 0, got {args.tolerance}", field="--tolerance")
     import torch
 
     if args.divergence is not None and args.fidelity:
@@ -109,9 +142,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     except ValueError as err:
         # planners refuse budgets that a trajectory does not fit, with advice
         raise UserError(str(err)) from None
+    tolerance = DEFAULT_TOLERANCE.get(report["dtype"]) if args.tolerance is None else args.tolerance
+    passed, verdict = _verdict(report, tolerance)
+    report.update(tolerance=tolerance, passed=passed, verdict=verdict)
     if args.json:
         print_json(report)
-        return 0
+        return 0 if passed is not False else 1
     print(f"{report['num_trajectories']} trajectories, {report['num_targets']} targets, "
           f"{report['expanded_tokens']} expanded -> {report['compact_tokens']} compact tokens, "
           f"{report['microbatches']} microbatch(es), {report['sharing_windows']} sharing window(s), "
@@ -141,7 +177,26 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if any(r is None for _, r in extra):
         print("baseline repacked: not run (the MoE aux loss is per microbatch here, so repacking changes it; "
               "a --planner runs the global scope)")
-    return 0
+    print(verdict)
+    return 0 if passed is not False else 1
+
+
+def _verdict(report: dict, tolerance: float | None) -> tuple[bool | None, str]:
+    """(passed, the verdict line): every checked error <= `tolerance` (NaN fails); without
+    a tolerance (bfloat16's default) passed is None and the line says so."""
+    checks = [("max_rel_logprob_err", report["max_rel_logprob_err"]),
+              ("max_rel_grad_err", report["max_rel_grad_err"])]
+    one = report.get("vs_single_microbatch")
+    if one is not None:
+        checks.append(("max_rel_grad_err vs one microbatch", one["max_rel_grad_err"]))
+    values = ", ".join(f"{name} {value:.3g}" for name, value in checks)
+    if tolerance is None:
+        return None, (f"NO VERDICT: {report['dtype']} has no default tolerance (give --tolerance); read the "
+                      f"tree against the baseline's own rerun/repacking ({values})")
+    passed = all(value <= tolerance for _, value in checks)
+    word = "PASS" if passed else "FAIL"
+    relation = "within" if passed else "NOT within"
+    return passed, f"{word}: tree == expanded {relation} {tolerance:g} relative ({values})"
 
 
 def _device_and_dtype(args: argparse.Namespace, flag: str, default=None):

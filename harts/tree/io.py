@@ -13,11 +13,14 @@ bad line raises `RolloutFormatError` naming the line and the field, and nothing 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import re
+import tempfile
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -28,20 +31,33 @@ KNOWN = (*REQUIRED, "ref_logprobs")
 
 
 class RolloutFormatError(ValueError):
-    """Bad rollout input; `line` is 1-based (0 for records given through the Python API)."""
+    """Bad rollout input. `line` is 1-based (0 for records given through the Python API or
+    a problem with the file as a whole); `file` is the file's path (None for records);
+    `field` is the record field the message names (its messages say `field 'NAME': ...`),
+    else None."""
 
-    def __init__(self, where: str, message: str, line: int = 0):
+    def __init__(self, where: str, message: str, line: int = 0, file: str | None = None):
         super().__init__(f"{where}: {message}")
         self.line = line
+        self.file = file
+        match = _FIELD.match(message)
+        self.field = match.group(1) if match else None
 
 
-def from_records(records: Iterable[Mapping[str, Any]], source: str = "record") -> list[Trajectory]:
-    """Validate records with the JSONL schema and return trajectories (all or nothing)."""
-    return _convert(((n, rec) for n, rec in enumerate(records, start=1)), lambda n: f"{source} {n}", source)
+_FIELD = re.compile(r"field '([^']+)'")
 
 
-def load_jsonl(path: str | os.PathLike[str]) -> list[Trajectory]:
-    """Load a JSONL rollout file; raises RolloutFormatError naming the line and field."""
+def from_records(records: Iterable[Mapping[str, Any]], source: str = "record",
+                 vocab_size: int | None = None) -> list[Trajectory]:
+    """Validate records with the JSONL schema and return trajectories (all or nothing);
+    with `vocab_size`, token ids must also be below it."""
+    return _convert(((n, rec) for n, rec in enumerate(records, start=1)), lambda n: f"{source} {n}", source,
+                    vocab_size)
+
+
+def load_jsonl(path: str | os.PathLike[str], vocab_size: int | None = None) -> list[Trajectory]:
+    """Load a JSONL rollout file; raises RolloutFormatError naming the file, line and field.
+    With `vocab_size`, a token id outside the vocabulary is such an error too."""
     name = os.fspath(path)
     records = []
     try:
@@ -52,20 +68,32 @@ def load_jsonl(path: str | os.PathLike[str]) -> list[Trajectory]:
                 try:
                     records.append((n, json.loads(text)))
                 except json.JSONDecodeError as err:
-                    raise RolloutFormatError(f"{name} line {n}", f"malformed JSON ({err})", n) from None
+                    # err's own text counts lines within this one line: name the column only
+                    raise RolloutFormatError(f"{name} line {n}", f"malformed JSON at column {err.colno}: {err.msg}",
+                                             n, file=name) from None
     except OSError as err:
-        raise RolloutFormatError(name, f"cannot read file ({err.strerror})") from None
+        raise RolloutFormatError(name, f"cannot read file ({err.strerror})", file=name) from None
     except UnicodeDecodeError as err:
-        raise RolloutFormatError(name, f"not UTF-8 text ({err.reason})") from None
-    return _convert(records, lambda n: f"{name} line {n}", name)
+        raise RolloutFormatError(name, f"not UTF-8 text ({err.reason})", file=name) from None
+    try:
+        return _convert(records, lambda n: f"{name} line {n}", name, vocab_size)
+    except RolloutFormatError as err:
+        err.file = name
+        raise
 
 
-def _convert(numbered: Iterable[tuple[int, Any]], where_of, source: str) -> list[Trajectory]:
+def _convert(numbered: Iterable[tuple[int, Any]], where_of, source: str,
+             vocab_size: int | None = None) -> list[Trajectory]:
     out: list[Trajectory] = []
     seen: dict[str, int] = {}
     for n, rec in numbered:
         where = where_of(n)
         traj = _record_to_trajectory(rec, where, n)
+        if vocab_size is not None and traj.tokens.size and int(traj.tokens.max()) >= vocab_size:
+            p = int(np.argmax(traj.tokens >= vocab_size))
+            raise RolloutFormatError(
+                where, f"field 'tokens': trajectory {traj.id!r}: token id {int(traj.tokens[p])} at position {p} "
+                f"is outside the vocabulary (size {vocab_size})", n)
         if traj.id in seen:
             raise RolloutFormatError(
                 where, f"field 'id': duplicate id {traj.id!r} (first at {where_of(seen[traj.id])})", n
@@ -78,12 +106,28 @@ def _convert(numbered: Iterable[tuple[int, Any]], where_of, source: str) -> list
 
 
 def save_jsonl(trajectories: Iterable[Trajectory], path: str | os.PathLike[str]) -> None:
-    tmp = os.fspath(path) + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for t in trajectories:
-            fh.write(json.dumps(to_record(t), separators=(",", ":")))
-            fh.write("\n")
-    os.replace(tmp, path)
+    """Write trajectories as JSONL, atomically: a temporary file in the target's folder,
+    fsynced and renamed over `path`; on any failure it is removed and `path` is untouched."""
+    target = os.fspath(path)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target) or ".", prefix=f".{os.path.basename(target)}.",
+                               suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            write_jsonl(trajectories, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_jsonl(trajectories: Iterable[Trajectory], fh: TextIO) -> None:
+    """Trajectories as JSONL records onto an open text file."""
+    for t in trajectories:
+        fh.write(json.dumps(to_record(t), separators=(",", ":")))
+        fh.write("\n")
 
 
 def to_record(t: Trajectory) -> dict[str, Any]:

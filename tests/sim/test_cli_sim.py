@@ -74,3 +74,20 @@ def test_user_errors(capsys, argv, msg):
     code, _, err = run(capsys, argv)
     assert code == 2
     assert msg in err
+
+
+def test_sim_table_has_units_and_rounding(capsys):
+    code, out, _ = run(capsys, ["sim", "--workload", "tiny-treestep", "--planner", "l1", "--model", "tiny",
+                                "--gpus", "1"])
+    assert code == 0
+    lines = {line[:24].strip(): line[24:].strip() for line in out.splitlines()}
+    assert lines["throughput"].endswith(" k tok/s") and lines["step seconds"].endswith(" s")
+    assert lines["peak memory bytes"].endswith(" GiB") and lines["bubble fraction"].endswith("%")
+    assert lines["compression"].endswith("x")
+    number = lines["step seconds"].removesuffix(" s")
+    assert len(number.replace(".", "").replace(",", "").lstrip("0")) == 3  # 3 significant digits
+    code, out, _ = run(capsys, ["sim", "--workload", "tiny-treestep", "--planner", "l1", "--model", "tiny",
+                                "--gpus", "1", "--json"])
+    d = json.loads(out)
+    assert f"{d['step_seconds']:.3g}" == f"{float(number):.3g}"
+    assert f"{d['peak_memory_bytes'] / 2**30:,.1f} GiB" == lines["peak memory bytes"]

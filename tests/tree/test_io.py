@@ -99,3 +99,37 @@ def test_python_api_uses_the_same_checks():
     assert len(from_records([_good(0), _good(1)])) == 2
     with pytest.raises(RolloutFormatError, match=r"record 2: field 'tokens': position 0 is negative"):
         from_records([_good(0), _good(1, tokens=[-1, 1, 2])])
+
+
+def test_errors_carry_file_line_and_field(tmp_path):
+    path = _write(tmp_path, [_good(0), _good(1, loss_mask=[0, 1])])
+    with pytest.raises(RolloutFormatError) as info:
+        load_jsonl(path)
+    assert (info.value.file, info.value.line, info.value.field) == (str(path), 2, "loss_mask")
+
+
+def test_malformed_json_names_one_line_number(tmp_path):
+    path = _write(tmp_path, [_good(0), _good(1), '{"id": "x", '])
+    with pytest.raises(RolloutFormatError) as info:
+        load_jsonl(path)
+    msg = str(info.value)
+    assert msg.startswith(f"{path} line 3: malformed JSON at column ") and msg.count("line") == 1
+    assert info.value.line == 3
+
+
+def test_out_of_vocabulary_token_by_file_line_and_trajectory(tmp_path):
+    path = _write(tmp_path, [_good(0), _good(1, tokens=[5, 99, 7])])
+    assert len(load_jsonl(path, vocab_size=100)) == 2
+    with pytest.raises(RolloutFormatError) as info:
+        load_jsonl(path, vocab_size=99)
+    assert str(info.value) == (f"{path} line 2: field 'tokens': trajectory 't1': token id 99 at position 1 "
+                               "is outside the vocabulary (size 99)")
+    assert (info.value.line, info.value.field) == (2, "tokens")
+
+
+def test_save_leaves_no_temporary_file(tmp_path):
+    save_jsonl(from_records([_good(0)]), tmp_path / "a.jsonl")
+    assert [p.name for p in tmp_path.iterdir()] == ["a.jsonl"]
+    with pytest.raises(IsADirectoryError):
+        save_jsonl(from_records([_good(0)]), tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["a.jsonl"]

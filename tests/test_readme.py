@@ -1,0 +1,105 @@
+"""The README's code blocks, run as written: the main job, every command of "Command line"
+(those needing a GPU must refuse cleanly without one), and the Python example, whose losses
+must be those of the `harts train` command the README names next to it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def _blocks(lang: str, section: str | None = None) -> list[str]:
+    text = README
+    if section is not None:
+        start = text.index(f"## {section}\n")
+        end = text.find("\n## ", start + 1)
+        text = text[start:end if end >= 0 else None]
+    return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
+
+
+def _commands() -> list[str]:
+    (block,) = _blocks("bash", "Command line")
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("MLFLOW_TRACKING_URI", None)  # the README's commands use the embedded ./harts-runs
+    env["CUDA_VISIBLE_DEVICES"] = ""  # the GPU commands are checked for their refusal
+    return env
+
+
+def _harts(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    argv = shlex.split(command, comments=True)
+    assert argv[0] == "harts", command
+    return subprocess.run([sys.executable, "-m", "harts", *argv[1:]], cwd=cwd, env=_env(),
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_every_command_line_command_runs_as_written(tmp_path, monkeypatch, capsys):
+    """In process (one torch import for all of them), from an empty folder, in order."""
+    import torch
+
+    from harts.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the GPU lines must refuse
+    commands = _commands()
+    assert len(commands) >= 15 and not any("|" in shlex.split(c, comments=True) for c in commands)
+    for command in commands:
+        argv = shlex.split(command, comments=True)
+        assert argv[0] == "harts", command
+        code = main(argv[1:])
+        res = capsys.readouterr()
+        if "# GPU:" in command:
+            assert code == 2, (command, res.err)
+            assert res.err.count("\n") == 1 and "CUDA" in res.err, (command, res.err)
+            continue
+        assert code == 0, (command, res.out[-2000:], res.err[-2000:])
+        if "--json" in command:
+            json.loads(res.out)
+        if command.startswith("harts verify"):
+            verdict = json.loads(res.out)["verdict"] if "--json" in command else res.out.splitlines()[-1]
+            assert verdict.startswith("PASS: tree == expanded within 1e-10 relative"), command
+    for name in ("rollouts.jsonl", "plan.json", "harts-runs/mlflow.db", "harts-runs/report.html",
+                 "sweep-swe-treestep-8-consumer-1f1b.png"):
+        assert (tmp_path / name).is_file(), name
+
+
+def test_python_example_prints_the_losses_of_harts_train(tmp_path):
+    assert _harts("harts workload generate --workload tiny-stepwise --out rollouts.jsonl", tmp_path).returncode == 0
+    (example,) = _blocks("python", "Rollout input format")
+    run = subprocess.run([sys.executable, "-c", example], cwd=tmp_path, env=_env(), capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    py_losses = [float(line.split()[1]) for line in run.stdout.splitlines()]
+    named = re.search(r"It prints the losses of `(harts train[^`]*)`", README.replace("\n", " "))
+    assert named is not None
+    cli = _harts(named.group(1) + " --json", tmp_path)
+    assert cli.returncode == 0, cli.stderr
+    cli_losses = [step["loss"] for step in json.loads(cli.stdout)["steps"]]
+    assert len(py_losses) == len(cli_losses) == 3
+    # the same steps in two processes: equal to the 6 printed digits
+    assert [f"{x:.6f}" for x in cli_losses] == [f"{x:.6f}" for x in py_losses]
+
+
+@pytest.mark.parametrize("line", [ln for ln in _blocks("bash")[0].splitlines() if "harts run" in ln])
+def test_main_job_runs_as_written(line, tmp_path):
+    command = line.split("&&", 1)[1].split("#")[0].strip()
+    assert command == "python3 -m harts run"
+    res = subprocess.run(shlex.split(command.replace("python3", sys.executable, 1)), cwd=tmp_path, env=_env(),
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "equivalent to expanded training within 1e-10: yes" in res.stdout
+    assert "mlflow ui --backend-store-uri" in res.stdout and (tmp_path / "harts-runs" / "mlflow.db").is_file()

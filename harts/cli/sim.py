@@ -22,6 +22,7 @@ from harts.cli.common import (
     say_wrote,
     write_output,
 )
+from harts.cli.sim_rollout import add_rollout_parser
 
 SCHEDULE_NAMES = ("non-overlap", "overlap-bwd-first", "consumer-1f1b")
 PLANNER_NAMES = ("expanded-ffd", "ortools-ffd", "l1", "l1l2")
@@ -71,6 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     fit.add_argument("--out", required=True, help="calibration JSON to write (its folder must exist)")
     fit.add_argument("--json", action="store_true", help="print the calibration as JSON")
     fit.set_defaults(func=cmd_fit)
+    add_rollout_parser(ssub)
 
 
 # ---- shared setup ---------------------------------------------------------------------

@@ -18,7 +18,6 @@ import os
 import sys
 import time
 import traceback
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -72,8 +71,8 @@ def sec_env():
 
 
 def sec_kda():
-    from harts.exec.gpu.kda import chunk_kda_fast, fwd_h_config
     from harts.exec.ops.kda import chunk_kda as ref_kda
+    from harts.exec.ops.kda.fla import chunk_kda_fast, fwd_h_config
 
     out = {}
     dev = "cuda"
@@ -144,7 +143,7 @@ def sec_kda():
 def sec_flex():
     import torch.nn.functional as F
 
-    from harts.exec.gpu.attention import tree_attention, tree_block_mask
+    from harts.exec.ops.attention.flex import tree_attention, tree_block_mask
     from harts.tree import build_forest
     from harts.tree.workload import generate_trajectories
 
@@ -168,7 +167,7 @@ def sec_flex():
         gr = torch.autograd.grad(orf, (qf, kf, vf), do.double())
         out[str(dtype)[6:]] = {"rows": R, "o": rel(o, orf), **{f"d{n}": rel(a, b) for n, a, b in zip("qkv", g, gr, strict=True)}}
         if dtype == torch.bfloat16:
-            from harts.exec.gpu.path_attention import flash_varlen, path_attention, segments_of
+            from harts.exec.ops.attention.varlen import flash_varlen, path_attention, segments_of
 
             seg = segments_of(f.row_parent)
             ov = path_attention(q, k, v, 0.07, seg, kernel=flash_varlen)
@@ -225,7 +224,7 @@ def sec_verify():
 
 
 def sec_attn():
-    from harts.exec.gpu.bench import attention_op_benchmark
+    from harts.exec.bench import attention_op_benchmark
     from harts.tree.workload import generate, preset
 
     f = generate(preset("swe-treestep-1")).forest()
@@ -238,7 +237,7 @@ def sec_attn():
 
 
 def sec_ops():
-    from harts.exec.gpu.bench import attention_op_benchmark, gemm_profile, kda_op_benchmark
+    from harts.exec.bench import attention_op_benchmark, gemm_profile, kda_op_benchmark
     from harts.tree.workload import generate, preset
 
     out, prof = {}, []
@@ -277,7 +276,7 @@ STEP_WORKLOADS = {
 
 def sec_step(args):
     from harts.config.models import get_model_config
-    from harts.exec.gpu.bench import step_benchmark
+    from harts.exec.bench import step_benchmark
     from harts.tree.workload import generate, preset
 
     vocab = get_model_config(args.model).vocab_size
@@ -297,16 +296,20 @@ def sec_step(args):
 
 
 def sec_fidelity(args):
-    from harts.exec import backend
+    from harts.config.kernels import KernelConfig
+    from harts.exec.ops.attention import tree as tree_attention
     from harts.tree.workload import generate, preset
     from harts.verify.fidelity import fidelity
 
     trajs = generate(preset("small-treestep", vocab_size=32768, seed=3)).trajectories()
-    out = fidelity(trajs, model=args.model, dtype=torch.bfloat16, device="cuda", microbatch_tokens=1 << 16)
+    kernels = KernelConfig.from_env()
+    out = fidelity(trajs, model=args.model, dtype=torch.bfloat16, device="cuda", microbatch_tokens=1 << 16,
+                   kernels=kernels)
+    out["kernels"] = kernels.to_dict()
     # which attention each mode ran (the tree's graph path needs its self-checks to pass)
-    out["tree_attention"] = os.environ.get(backend.TREE_ATTENTION_ENV) or (
-        "graph" if any(v is not None for v in backend._GRAPH_STATE.values()) else "per-segment (no graph kernels)")
-    out["expanded_attention"] = "graph" if backend.expanded_graph_attention() else "torch cuDNN SDPA per sequence"
+    out["tree_attention"] = kernels.tree_attention if kernels.tree_attention != "auto" else (
+        "graph" if any(v is not None for v in tree_attention._GRAPH_STATE.values()) else "per-segment (no graph kernels)")
+    out["expanded_attention"] = "graph" if kernels.baseline_attention == "graph" else "torch cuDNN SDPA per sequence"
     return out
 
 
@@ -558,7 +561,7 @@ def sec_syncs(args):
 def sec_kdaops():
     """fla chunk_kda vs the tree path's replay call (all boundary states, and a sparse
     request) on the same packed tokens, forward+backward, with autotuning (both sides)."""
-    from harts.exec.gpu.bench import kda_op_benchmark
+    from harts.exec.bench import kda_op_benchmark
 
     out = {}
     for n in (16, 64):
@@ -574,7 +577,7 @@ def sec_kdaops():
 def sec_moe():
     """One MoE layer of tiny-h200 (D 1536, 64 experts top-8, F 512) forward+backward on
     82k rows: the per-expert loop vs grouped_mm; plus the grouped output vs the loop."""
-    from harts.exec.gpu.bench import time_cuda
+    from harts.exec.bench import time_cuda
     from harts.exec.model.moe import experts_grouped, experts_loop
 
     T, D, E, k, F_ = 81920, 1536, 64, 8, 512
@@ -613,9 +616,9 @@ def sec_flexsweep(args):
     """FlexAttention kernel options on the issue's shape (32k rows, 16 heads, qk 192 / v 128)
     over two real tree layouts (a chain-like and a bushy one), each vs causal SDPA per
     attended pair. Each variant compiles its own kernels; a failing one is recorded."""
-    from harts.exec.backend import causal_attention
-    from harts.exec.gpu.attention import attended_pairs, tree_attention, tree_block_mask
-    from harts.exec.gpu.bench import time_cuda
+    from harts.exec.bench import time_cuda
+    from harts.exec.ops.attention.causal import causal_attention
+    from harts.exec.ops.attention.flex import attended_pairs, tree_attention, tree_block_mask
     from harts.tree.workload import generate, preset
 
     R, H, qk, vd = 32768, 16, 192, 128
@@ -643,7 +646,7 @@ def sec_flexsweep(args):
         bm = tree_block_mask(end)
         pairs = attended_pairs(end)
         res = {"pairs": pairs, "density": pairs / R / R}
-        from harts.exec.gpu.path_attention import flash_varlen, path_attention, segments_of
+        from harts.exec.ops.attention.varlen import flash_varlen, path_attention, segments_of
 
         seg = segments_of(parents_from_ends(end_np))
         keys = torch.as_tensor(seg.key_rows, device="cuda")
@@ -692,9 +695,9 @@ def sec_conv():
     real tree layout, bf16, forward+backward: gather-form reference vs the fused Triton
     kernels (the default on CUDA); the fused output and every gradient against the
     reference in fp32; the fused backward run twice (bit-identical: no atomics)."""
-    from harts.exec.gpu.bench import time_cuda
-    from harts.exec.gpu.conv import short_conv_fused
+    from harts.exec.bench import time_cuda
     from harts.exec.ops.conv import short_conv
+    from harts.exec.ops.conv.triton import short_conv_fused
 
     win, x, w, b, dy = _conv_inputs()
     T, D = x.shape
@@ -719,26 +722,14 @@ def sec_conv():
     return out
 
 
-@contextmanager
-def _restoring_env(name: str):
-    """A block that may set os.environ[name] (a kernel-config switch) and leaves it as it was."""
-    saved = os.environ.get(name)
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = saved
-
-
 def sec_convtiles():
     """The fused conv's backward (82k tree rows x 2048 channels, window 4, bf16, with bias)
     under tile overrides (HARTS_CONV_BWD_TILES = BD, BT_g, NSUB, warps_g, BT_dx, warps_dx):
     ms per backward, and dx / dW against the default's (dx's per-row order does not depend
     on the tiles: equal bits expected)."""
-    from harts.exec.gpu.bench import time_cuda
-    from harts.exec.gpu.conv import BWD_TILES_ENV, short_conv_fused
+    from harts.config.kernels import parse_ints
+    from harts.exec.bench import time_cuda
+    from harts.exec.ops.conv.triton import short_conv_fused
 
     win, x, w, b, dy = _conv_inputs()
     T, D = x.shape
@@ -748,24 +739,20 @@ def sec_convtiles():
                "256,32,8,4,32,8", "64,16,16,2,16,2"]
     out = {"rows": T, "channels": D}
     ref = None
-    with _restoring_env(BWD_TILES_ENV):
-        for c in configs:
-            if c == "default":
-                os.environ.pop(BWD_TILES_ENV, None)
-            else:
-                os.environ[BWD_TILES_ENV] = c
-            try:
-                y = short_conv_fused(x, w, b, window_TW=win)
-                grads = torch.autograd.grad(y, (x, w, b), dy, retain_graph=True)
-                if ref is None:
-                    ref = grads
-                res = {"bwd_ms": 1e3 * time_cuda(lambda y=y: torch.autograd.grad(y, (x, w, b), dy, retain_graph=True),
-                                                 repeats=10),
-                       "dx_equal": bool(torch.equal(grads[0], ref[0])), "dw_rel": rel(grads[1], ref[1])}
-            except Exception as e:  # noqa: BLE001
-                res = {"error": f"{type(e).__name__}: {e}"[:300]}
-            out[c] = res
-            print(f"[convtiles] {c}: {res}", flush=True)
+    for c in configs:
+        tiles = None if c == "default" else parse_ints(c, 6, "conv_bwd_tiles")
+        try:
+            y = short_conv_fused(x, w, b, window_TW=win, bwd_tiles=tiles)
+            grads = torch.autograd.grad(y, (x, w, b), dy, retain_graph=True)
+            if ref is None:
+                ref = grads
+            res = {"bwd_ms": 1e3 * time_cuda(lambda y=y: torch.autograd.grad(y, (x, w, b), dy, retain_graph=True),
+                                             repeats=10),
+                   "dx_equal": bool(torch.equal(grads[0], ref[0])), "dw_rel": rel(grads[1], ref[1])}
+        except Exception as e:  # noqa: BLE001
+            res = {"error": f"{type(e).__name__}: {e}"[:300]}
+        out[c] = res
+        print(f"[convtiles] {c}: {res}", flush=True)
     return out
 
 
@@ -773,12 +760,13 @@ def sec_fwdhbv():
     """fla's forward state kernel (chunk_gated_delta_rule_fwd_kernel_h_blockdim64, fp32
     state history as the tree path writes it) at the shapes of a tree's rounds (1-3 long
     sequences) and of packed batches (16), with fla's own launch (the first config under
-    --no-autotune) and explicit configs BV x warps x stages through `harts.exec.gpu.kda._fwd_h`
+    --no-autotune) and explicit configs BV x warps x stages through `harts.exec.ops.kda.fla._fwd_h`
     (HARTS_FWD_H); outputs compared with fla's launch (16 heads, K = V = 128, bf16, chunk 64)."""
     from fla.ops.utils import prepare_chunk_offsets
 
-    from harts.exec.gpu.bench import time_cuda
-    from harts.exec.gpu.kda import FWD_H_ENV, _fla, _fwd_h, fwd_h_config
+    from harts.config.kernels import KernelConfig
+    from harts.exec.bench import time_cuda
+    from harts.exec.ops.kda.fla import _fla, _fwd_h, fwd_h_config
 
     f = _fla()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -786,32 +774,31 @@ def sec_fwdhbv():
     H, K, V, B = 16, 128, 128, 64
     g = torch.Generator(device="cuda").manual_seed(0)
     configs = ["fla"] + [f"{bv},{nw},{ns}" for bv in (16, 32, 64) for nw in (2, 4) for ns in (2, 3)]
-    with _restoring_env(FWD_H_ENV):
-        for lens in ([38727], [32524, 10020], [26845, 9078, 672], [2048] * 16):
-            T = sum(lens)
-            cu = torch.tensor([0, *np.cumsum(lens).tolist()], device="cuda", dtype=torch.int64)
-            offs = prepare_chunk_offsets(cu, B)
-            NT = int(offs[-1])
-            mk = lambda *shape: (torch.randn(*shape, device="cuda", generator=g) * 0.1).bfloat16()  # noqa: E731
-            kg, w, u = mk(1, T, H, K), mk(1, T, H, K), mk(1, T, H, V)
-            gk = -(torch.rand(1, T, H, K, device="cuda", generator=g) * 0.02).cumsum(1).float()
-            h0 = torch.randn(len(lens), H, K, V, device="cuda", generator=g) * 0.1
-            res = {"tokens": T, "sequences": len(lens), "default_rule": str(fwd_h_config(len(lens), H, V, sms))}
-            ref = None
-            for c in configs:
-                os.environ[FWD_H_ENV] = c
-                run = lambda: _fwd_h(f, kg, w, u, gk, h0, cu, offs, NT, B, h_dtype=torch.float32,  # noqa: E731, B023
-                                     with_final=True)
-                try:
-                    o = run()
-                    if ref is None:
-                        ref = o
-                    err = max(rel(a, r) for a, r in zip(o, ref, strict=True))
-                    res[c] = {"ms": 1e3 * time_cuda(run, repeats=10), "rel_vs_fla": err}
-                except Exception as e:  # noqa: BLE001
-                    res[c] = {"error": f"{type(e).__name__}: {e}"[:300]}
-            out["x".join(map(str, lens)) if len(set(lens)) > 1 else f"{len(lens)}x{lens[0]}"] = res
-            print(f"[fwdhbv] {lens}: {res}", flush=True)
+    for lens in ([38727], [32524, 10020], [26845, 9078, 672], [2048] * 16):
+        T = sum(lens)
+        cu = torch.tensor([0, *np.cumsum(lens).tolist()], device="cuda", dtype=torch.int64)
+        offs = prepare_chunk_offsets(cu, B)
+        NT = int(offs[-1])
+        mk = lambda *shape: (torch.randn(*shape, device="cuda", generator=g) * 0.1).bfloat16()  # noqa: E731
+        kg, w, u = mk(1, T, H, K), mk(1, T, H, K), mk(1, T, H, V)
+        gk = -(torch.rand(1, T, H, K, device="cuda", generator=g) * 0.02).cumsum(1).float()
+        h0 = torch.randn(len(lens), H, K, V, device="cuda", generator=g) * 0.1
+        res = {"tokens": T, "sequences": len(lens), "default_rule": str(fwd_h_config(len(lens), H, V, sms))}
+        ref = None
+        for c in configs:
+            kernels = KernelConfig(kda_fwd_h=c)
+            run = lambda: _fwd_h(f, kg, w, u, gk, h0, cu, offs, NT, B, h_dtype=torch.float32,  # noqa: E731, B023
+                                 with_final=True, kernels=kernels)  # noqa: B023
+            try:
+                o = run()
+                if ref is None:
+                    ref = o
+                err = max(rel(a, r) for a, r in zip(o, ref, strict=True))
+                res[c] = {"ms": 1e3 * time_cuda(run, repeats=10), "rel_vs_fla": err}
+            except Exception as e:  # noqa: BLE001
+                res[c] = {"error": f"{type(e).__name__}: {e}"[:300]}
+        out["x".join(map(str, lens)) if len(set(lens)) > 1 else f"{len(lens)}x{lens[0]}"] = res
+        print(f"[fwdhbv] {lens}: {res}", flush=True)
     return out
 
 
@@ -824,8 +811,8 @@ def sec_attnprobe():
     (what the tree path needs), checked against the dense reference on a small case."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from harts.exec.gpu.bench import time_cuda
-    from harts.exec.gpu.path_attention import flash_varlen, reference_varlen
+    from harts.exec.bench import time_cuda
+    from harts.exec.ops.attention.varlen import flash_varlen, reference_varlen
 
     R, H, qk, vd = 32768, 16, 192, 128
     F = torch.nn.functional
@@ -917,8 +904,8 @@ def _attention_bench(f, H: int, qk: int, vd: int, scale: float):
     dO, causal cuDNN SDPA's forward+backward seconds on 32k rows (the issue's baseline) and
     per attended pair, and three layouts (parents): the first 32k rows of forest `f` (one
     chain), all of `f`, and small-treestep tiled to 32k rows (bushy)."""
-    from harts.exec.backend import causal_attention
-    from harts.exec.gpu.bench import time_cuda
+    from harts.exec.bench import time_cuda
+    from harts.exec.ops.attention.causal import causal_attention
     from harts.tree.workload import generate, preset
 
     R32 = 32768
@@ -941,8 +928,8 @@ def _layout_case(par: np.ndarray, qkv, device="cuda"):
     """One attention layout's pieces for the speed sections: (rows, query segments, their
     split, its device index, gathered key rows, attended pairs, fresh leaf q/k/v of the
     layout's rows)."""
-    from harts.exec.gpu.path_attention import segments_of
-    from harts.exec.gpu.split_attention import device_index, split_segments
+    from harts.exec.ops.attention.split import device_index, split_segments
+    from harts.exec.ops.attention.varlen import segments_of
 
     seg = segments_of(par)
     sp = split_segments(seg, True)
@@ -952,21 +939,21 @@ def _layout_case(par: np.ndarray, qkv, device="cuda"):
 
 
 def sec_attnsplit():
-    """The cuDNN split tree attention (harts.exec.gpu.split_attention): its self-check, bf16
+    """The cuDNN split tree attention (harts.exec.ops.attention.split): its self-check, bf16
     accuracy against float64 on a real layout (all rows and a query subset) next to the
     varlen flash path, and forward+backward time on three layouts at 16 heads, qk 192 / v
     128, per attended pair against causal cuDNN SDPA on 32k rows (the issue's baseline)."""
-    from harts.exec.gpu.bench import time_cuda
-    from harts.exec.gpu.path_attention import (
+    from harts.exec.bench import time_cuda
+    from harts.exec.ops.attention.split import (
+        cudnn_kernel,
+        split_attention,
+        split_segments,
+    )
+    from harts.exec.ops.attention.varlen import (
         flash_varlen,
         path_attention,
         reference_varlen,
         segments_of,
-    )
-    from harts.exec.gpu.split_attention import (
-        cudnn_kernel,
-        split_attention,
-        split_segments,
     )
     from harts.tree.workload import generate, preset
 
@@ -1031,24 +1018,24 @@ def sec_attnsplit():
 
 
 def sec_attngraph():
-    """Tree attention on cuDNN's graph API (`harts.exec.gpu.cudnn_graph`, one call for all
+    """Tree attention on cuDNN's graph API (`harts.exec.ops.attention.cudnn_graph`, one call for all
     segments each way): the kernels' self-checks (top-left for the split, bottom-right for
     the whole-path layout), bf16 accuracy against float64 on a forked 6000-row layout, and
     forward+backward per attended pair against causal cuDNN SDPA on 32k rows on the three
     layouts of `attnsplit`, next to the per-segment dense split (the current default) and
     varlen flash. Graph builds are counted and kept out of the timings (warm-up)."""
-    from harts.exec.gpu import cudnn_graph
-    from harts.exec.gpu.bench import time_cuda
-    from harts.exec.gpu.path_attention import (
+    from harts.exec.bench import time_cuda
+    from harts.exec.ops.attention import cudnn_graph
+    from harts.exec.ops.attention.split import (
+        cudnn_kernel,
+        split_attention,
+        split_segments,
+    )
+    from harts.exec.ops.attention.varlen import (
         flash_varlen,
         path_attention,
         reference_varlen,
         segments_of,
-    )
-    from harts.exec.gpu.split_attention import (
-        cudnn_kernel,
-        split_attention,
-        split_segments,
     )
     from harts.tree.workload import generate, preset
 
@@ -1150,16 +1137,16 @@ def sec_attnbits():
     cuDNN graphs, one bottom-right graph call over gathered root-to-row paths; expanded:
     torch's cuDNN SDPA per trajectory (the baseline) and one top-left graph call over all
     trajectories. Then the bottom-right graph path's speed without the deterministic flag."""
-    from harts.exec.backend import causal_attention
-    from harts.exec.gpu import cudnn_graph
-    from harts.exec.gpu.bench import time_cuda
-    from harts.exec.gpu.path_attention import path_attention, segments_of
-    from harts.exec.gpu.split_attention import (
+    from harts.exec.bench import time_cuda
+    from harts.exec.ops.attention import cudnn_graph
+    from harts.exec.ops.attention.causal import causal_attention
+    from harts.exec.ops.attention.split import (
         cudnn_kernel,
         device_index,
         split_attention,
         split_segments,
     )
+    from harts.exec.ops.attention.varlen import path_attention, segments_of
     from harts.tree.workload import generate, preset
 
     H, qk, vd = 16, 192, 128
@@ -1252,16 +1239,15 @@ def _time_tree_attention(par, ins, dO, scale: float, env: str, pairs: int, per_p
     """Forward and forward+backward seconds of `FastTreeAttention` on one layout (all rows
     query) with HARTS_TREE_ATTENTION=env ("" = the default), and per attended pair against
     causal SDPA; an error is recorded, not raised."""
-    from harts.exec.backend import FastTreeAttention
-    from harts.exec.gpu.bench import time_cuda
+    from harts.config.kernels import KernelConfig
+    from harts.exec.bench import time_cuda
+    from harts.exec.ops.attention.tree import FastTreeAttention
 
     R_ = par.size
     end = torch.as_tensor(ends_from_parents(par), device="cuda")  # Flex's block mask reads it
     q_local = torch.arange(R_, device="cuda")
-    if env:
-        os.environ["HARTS_TREE_ATTENTION"] = env
     try:
-        att = FastTreeAttention(q_local, end, parent_L=par)
+        att = FastTreeAttention(q_local, end, parent_L=par, kernels=KernelConfig(tree_attention=env or "auto"))
         fn = lambda: att(*ins, scale)  # noqa: E731
         fn().backward(dO[:R_])
         torch.cuda.synchronize()
@@ -1272,8 +1258,6 @@ def _time_tree_attention(par, ins, dO, scale: float, env: str, pairs: int, per_p
                 "per_pair_vs_sdpa": fb / pairs / per_pair_sdpa}
     except Exception as err:  # noqa: BLE001
         return {"error": f"{type(err).__name__}: {err}"[:400], "traceback": traceback.format_exc()[-1200:]}
-    finally:
-        os.environ.pop("HARTS_TREE_ATTENTION", None)
 
 
 def sec_attnhybrid():
@@ -1334,9 +1318,10 @@ def sec_attnplans():
     time, difference from the heuristic's choice; and the engines' knobs."""
     from torch.profiler import ProfilerActivity, profile
 
-    from harts.exec.backend import causal_attention, graph_kernels
-    from harts.exec.gpu import cudnn_graph
-    from harts.exec.gpu.bench import time_cuda
+    from harts.exec.bench import time_cuda
+    from harts.exec.ops.attention import cudnn_graph
+    from harts.exec.ops.attention.causal import causal_attention
+    from harts.exec.ops.attention.tree import graph_kernels
     from harts.tree.workload import generate, preset
 
     H, qk, vd = 16, 192, 128
@@ -1414,10 +1399,13 @@ def sec_attnpieces():
     workspace, B*H*Sq*Sk*2 bytes, allows; graph non-deterministic; torch's dense cuDNN per
     sequence), the peak memory over the inputs, and a check of each backward against the
     default's gradients (relative difference). Forward: the default bottom-right graph call."""
-    from harts.exec.backend import GRAPH_BACKWARD_MAX_ROWS, graph_kernels
-    from harts.exec.gpu import cudnn_graph
-    from harts.exec.gpu.bench import time_cuda
-    from harts.exec.gpu.split_attention import (
+    from harts.config.kernels import KernelConfig
+    from harts.exec.ops.attention.tree import graph_kernels
+
+    GRAPH_BACKWARD_MAX_ROWS = KernelConfig().graph_backward_max_rows
+    from harts.exec.bench import time_cuda
+    from harts.exec.ops.attention import cudnn_graph
+    from harts.exec.ops.attention.split import (
         cudnn_kernel,
         device_index,
         path_split_attention,
@@ -1498,13 +1486,8 @@ def sec_attndet():
     backend picks; then run-to-run bit identity of the gradients (two runs, same inputs)
     for torch's causal SDPA on 32k rows (the baseline), the default tree attention on the
     bushy layout and on the 27% window, and each split kernel alone."""
-    from harts.exec.backend import (
-        FastTreeAttention,
-        causal_attention,
-        graph_kernels,
-        split_part_kernel,
-    )
-    from harts.exec.gpu.split_attention import (
+    from harts.exec.ops.attention.causal import causal_attention
+    from harts.exec.ops.attention.split import (
         REFERENCE,
         REFERENCE_BOTTOM_RIGHT,
         cudnn_kernel,
@@ -1513,13 +1496,14 @@ def sec_attndet():
         piece_segments,
         split_segments,
     )
+    from harts.exec.ops.attention.tree import FastTreeAttention, graph_kernels, split_part_kernel
     from harts.tree.workload import generate, preset
 
     H, qk, vd = 16, 192, 128
     scale = qk ** -0.5
     out = {"accuracy": {}, "bit_identical_reruns": {}}
     par = generate(preset("small-treestep")).forest().row_parent
-    from harts.exec.gpu.path_attention import segments_of
+    from harts.exec.ops.attention.varlen import segments_of
 
     seg = segments_of(par)
     L = par.size
@@ -1600,8 +1584,8 @@ def sec_graphbuild():
     empty sequences is safe (the way to bucket B): first-call (graph build) and cached
     times of the forward and backward at several sequence counts, then zero-length
     sequences (causal, non-causal, bottom-right) against the float64 reference."""
-    from harts.exec.gpu import cudnn_graph
-    from harts.exec.gpu.split_attention import REFERENCE, REFERENCE_BOTTOM_RIGHT, _case
+    from harts.exec.ops.attention import cudnn_graph
+    from harts.exec.ops.attention.kernel import REFERENCE, REFERENCE_BOTTOM_RIGHT, _case
 
     qk, vd = 192, 128
     scale = qk ** -0.5
@@ -1657,9 +1641,8 @@ def sec_attnvar():
 
     from torch.profiler import ProfilerActivity, profile
 
-    from harts.exec.gpu.bench import time_cuda
-    from harts.exec.gpu.path_attention import path_attention, reference_varlen, segments_of
-    from harts.exec.gpu.split_attention import (
+    from harts.exec.bench import time_cuda
+    from harts.exec.ops.attention.split import (
         REFERENCE,
         _case,
         _CuDNN,
@@ -1669,6 +1652,7 @@ def sec_attnvar():
         split_attention,
         split_segments,
     )
+    from harts.exec.ops.attention.varlen import path_attention, reference_varlen, segments_of
     from harts.tree.workload import generate, preset
 
     out = {}
@@ -1792,8 +1776,8 @@ def sec_dhubv():
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_bwd_dhu
     from fla.ops.utils import prepare_chunk_offsets
 
-    from harts.exec.gpu.bench import time_cuda
-    from harts.exec.gpu.kda_dhu import bwd_dhu_inject
+    from harts.exec.bench import time_cuda
+    from harts.exec.ops.kda.dhu import bwd_dhu_inject
 
     out = {"sms": torch.cuda.get_device_properties(0).multi_processor_count}
     H, K, V, B = 16, 128, 128, 64
@@ -1832,10 +1816,11 @@ def sec_calib(varlen_tree: bool = False):
     token counts, device copies, and one fused AdamW step over tiny-h200's parameters.
     Written to calib_profile.json."""
     from harts.config.models import get_model_config
-    from harts.exec.backend import FastTreeAttention, causal_attention
-    from harts.exec.gpu.bench import gemm_profile, kda_op_benchmark, time_cuda
-    from harts.exec.gpu.path_attention import flash_varlen, path_attention, segments_of
+    from harts.exec.bench import gemm_profile, kda_op_benchmark, time_cuda
     from harts.exec.model.model import build_model
+    from harts.exec.ops.attention.causal import causal_attention
+    from harts.exec.ops.attention.tree import FastTreeAttention
+    from harts.exec.ops.attention.varlen import flash_varlen, path_attention, segments_of
     from harts.tree.workload import generate, preset
 
     rows = []

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harts.exec.gpu.path_attention import path_attention, reference_varlen, segments_of
+from harts.exec.ops.attention.varlen import path_attention, reference_varlen, segments_of
 from harts.testing import assert_close
 from harts.tree import build_forest
 from tests.strategies import trajectory_sets

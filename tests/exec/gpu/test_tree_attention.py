@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harts.exec.gpu.attention import (
+from harts.exec.ops.attention.flex import (
     attended_pairs,
     tree_attention,
     tree_block_mask,

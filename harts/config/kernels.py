@@ -162,9 +162,8 @@ class KernelConfig:
         kwargs: dict[str, Any] = {}
         if env.FORCE_REFERENCE in settings:
             kwargs["force_reference"] = settings[env.FORCE_REFERENCE] not in ("0", "false", "False")
-        for var, field in ((env.TREE_ATTENTION, "tree_attention"),
-                               (env.BASELINE_ATTENTION, "baseline_attention"),
-                               (env.CONV, "conv"), (env.FWD_H, "kda_fwd_h")):
+        for var, field in ((env.TREE_ATTENTION, "tree_attention"), (env.BASELINE_ATTENTION, "baseline_attention"),
+                           (env.CONV, "conv"), (env.FWD_H, "kda_fwd_h")):
             if var in settings:
                 kwargs[field] = settings[var]
         if env.CONV_BWD_TILES in settings:

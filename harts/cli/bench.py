@@ -10,9 +10,9 @@ import sys
 from harts.cli.common import (
     UserError,
     add_attention_args,
-    apply_attention_args,
     check_output_path,
     format_table,
+    kernel_config,
     print_json,
     say_wrote,
     write_output,
@@ -50,7 +50,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
     from harts.config.models import ConfigError, get_model_config
-    from harts.exec.gpu.bench import step_benchmark
+    from harts.exec.bench import step_benchmark
     from harts.tree.workload import generate, preset
 
     if args.out:
@@ -63,7 +63,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UserError(str(err)) from None
     if args.steps < 1 or args.microbatch_tokens < 1:
         raise UserError("--steps and --microbatch-tokens must be >= 1")
-    apply_attention_args(args)
+    kernels = kernel_config(args)
     runs = []
     for scheme in args.schemes:
         name, over = SCHEMES[scheme]
@@ -72,8 +72,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
               f"{args.warmup} warm-up + {args.steps} timed steps per mode, inline and prepared ahead",
               file=sys.stderr, flush=True)
         r = step_benchmark(trajs, model=args.model, microbatch_tokens=args.microbatch_tokens,
-                           steps=args.steps, warmup=args.warmup)
-        r.update(scheme=scheme, workload=name, overrides=over)
+                           steps=args.steps, warmup=args.warmup, kernels=kernels)
+        r.update(scheme=scheme, workload=name, overrides=over, kernels=kernels.to_dict())
         runs.append(r)
         print(f"[bench] {scheme}: speedup {r['speedup']:.2f}x ({r['speedup_over_limit']:.2f} of the FLOP limit)",
               file=sys.stderr, flush=True)

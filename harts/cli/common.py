@@ -137,7 +137,7 @@ BASELINE_ATTENTION_CHOICES = ("cudnn", "flash", "graph")
 
 def add_attention_args(p) -> None:
     """--tree-attention / --baseline-attention: the GPU attention paths of each mode
-    (`harts.exec.backend`'s HARTS_TREE_ATTENTION / HARTS_BASELINE_ATTENTION switches)."""
+    (`KernelConfig.tree_attention` / `baseline_attention`; `kernel_config` builds it)."""
     p.add_argument("--tree-attention", choices=TREE_ATTENTION_CHOICES, default=None,
                    help="tree mode's bf16 attention on CUDA (default auto: cuDNN's graph path where "
                    "nvidia-cudnn-frontend imports, else per-segment cuDNN / varlen flash)")
@@ -147,18 +147,17 @@ def add_attention_args(p) -> None:
                    "so tree and expanded rows get the same bits)")
 
 
-def apply_attention_args(args) -> None:
-    """Set the backend's switches from --tree-attention / --baseline-attention (given ones only)."""
-    import os
+def kernel_config(args):
+    """The run's `KernelConfig`: the HARTS_* environment's (`KernelConfig.from_env`), with
+    --tree-attention / --baseline-attention where given on top."""
+    from harts.config.kernels import KernelConfig
 
-    from harts.exec.backend import BASELINE_ATTENTION_ENV, TREE_ATTENTION_ENV
-
-    tree = getattr(args, "tree_attention", None)
-    if tree is not None:
-        if tree == "auto":
-            os.environ.pop(TREE_ATTENTION_ENV, None)
-        else:
-            os.environ[TREE_ATTENTION_ENV] = tree
-    base = getattr(args, "baseline_attention", None)
-    if base is not None:
-        os.environ[BASELINE_ATTENTION_ENV] = "" if base == "cudnn" else base
+    overrides = {}
+    if getattr(args, "tree_attention", None) is not None:
+        overrides["tree_attention"] = args.tree_attention
+    if getattr(args, "baseline_attention", None) is not None:
+        overrides["baseline_attention"] = args.baseline_attention
+    try:
+        return KernelConfig.from_env(**overrides)
+    except ValueError as err:
+        raise UserError(str(err)) from None

@@ -14,8 +14,8 @@ import argparse
 from harts.cli.common import (
     UserError,
     add_attention_args,
-    apply_attention_args,
     format_table,
+    kernel_config,
     print_json,
     rollout_error,
 )
@@ -129,6 +129,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from harts.verify.equivalence import verify_step
 
     dtype = _device_and_dtype(args, "", default=torch.float64)
+    kernels = kernel_config(args)
     if args.planner is not None:
         from harts.plan.planners import known_planners
 
@@ -138,13 +139,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
         report = verify_step(trajectories, model=args.model, dtype=dtype, seed=args.seed,
                              microbatch_tokens=args.microbatch_tokens, planner=args.planner,
                              recompute_old_logprobs=args.old_logprobs == "recompute", device=args.device,
-                             baseline_variation=dtype == torch.bfloat16)
+                             baseline_variation=dtype == torch.bfloat16, kernels=kernels)
     except ValueError as err:
         # planners refuse budgets that a trajectory does not fit, with advice
         raise UserError(str(err)) from None
     tolerance = DEFAULT_TOLERANCE.get(report["dtype"]) if args.tolerance is None else args.tolerance
     passed, verdict = _verdict(report, tolerance)
     report.update(tolerance=tolerance, passed=passed, verdict=verdict)
+    report["kernels"] = kernels.to_dict()
     if args.json:
         print_json(report)
         return 0 if passed is not False else 1
@@ -200,8 +202,8 @@ def _verdict(report: dict, tolerance: float | None) -> tuple[bool | None, str]:
 
 
 def _device_and_dtype(args: argparse.Namespace, flag: str, default=None):
-    """The run's dtype (`default`, else bf16) after checking --device and applying the
-    attention switches; `flag` (the report's) refuses --planner, "" accepts it."""
+    """The run's dtype (`default`, else bf16) after checking --device; `flag` (the
+    report's) refuses --planner, "" accepts it."""
     import torch
 
     if flag and args.planner is not None:
@@ -210,7 +212,6 @@ def _device_and_dtype(args: argparse.Namespace, flag: str, default=None):
         raise UserError(f"--device must be cpu or cuda[:N]; got {args.device!r}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device here")
-    apply_attention_args(args)
     return {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
             None: default or torch.bfloat16}[args.dtype]
 
@@ -223,12 +224,13 @@ def cmd_fidelity(args: argparse.Namespace, trajectories: list) -> int:
     from harts.verify.fidelity import fidelity
 
     dtype = _device_and_dtype(args, "--fidelity")
+    kernels = kernel_config(args)
     cfg = get_model_config(args.model)
     if args.norm_float32:
         cfg = dataclasses.replace(cfg, norm_float32=True)
     report = fidelity(trajectories, model=cfg, dtype=dtype, device=args.device, seed=args.seed,
-                      microbatch_tokens=args.microbatch_tokens)
-    report.update(device=args.device)
+                      microbatch_tokens=args.microbatch_tokens, kernels=kernels)
+    report.update(device=args.device, kernels=kernels.to_dict())
     if args.json:
         print_json(report)
         return 0
@@ -268,15 +270,17 @@ def cmd_divergence(args: argparse.Namespace, trajectories: list) -> int:
     if len(modes) != 2 or any(m not in MODES for m in modes):
         raise UserError(f"--divergence takes A:B with A and B among {', '.join(MODES)}; got {args.divergence!r}")
     dtype = _device_and_dtype(args, "--divergence")
+    kernels = kernel_config(args)
     cfg = get_model_config(args.model)
     if args.norm_float32:
         import dataclasses
 
         cfg = dataclasses.replace(cfg, norm_float32=True)
     net = build_model(cfg, seed=args.seed, dtype=dtype, device=args.device)
-    partition = TreeTrainer(net).partition(trajectories, args.microbatch_tokens)
-    report = compare_runs(net, trajectories, partition, modes[0], modes[1])
-    report.update(model=args.model, dtype=str(dtype).removeprefix("torch."), device=args.device)
+    partition = TreeTrainer(net, kernels=kernels).partition(trajectories, args.microbatch_tokens)
+    report = compare_runs(net, trajectories, partition, modes[0], modes[1], kernels=kernels)
+    report.update(model=args.model, dtype=str(dtype).removeprefix("torch."), device=args.device,
+                  kernels=kernels.to_dict())
     if args.json:
         print_json(report)
     else:

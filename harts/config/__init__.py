@@ -8,8 +8,15 @@ executor share: it imports nothing from `harts.tree`, `plan`, `sim` or `exec`.
 - `parallel`: `ParallelConfig` (DP x PP, EP inside DP).
 - `workload`: `WorkloadConfig` and the workload presets (`WorkloadPreset`).
 - `optimizer`: `OptimizerConfig`.
+- `kernels`: `KernelConfig`, which GPU path each op family runs (recorded with results).
+- `env`: the one module that reads the environment (`KernelConfig.from_env`, mlflow's
+  variables).
 - `registry`: the one `Registry` mechanism (StrEnum keys; unknown and duplicate names fail
   loudly).
 
 Every config checks its fields when built and names the bad field in its ValueError.
 """
+
+from harts.config.kernels import BaselineAttention, ConvKernel, Impl, KernelConfig, TreeAttention
+
+__all__ = ["BaselineAttention", "ConvKernel", "Impl", "KernelConfig", "TreeAttention"]

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
+from harts.config.kernels import KernelConfig
 from harts.config.optimizer import OptimizerConfig
 from harts.exec.loss import (
     LossDenominators,
@@ -50,6 +51,7 @@ from harts.exec.loss import (
 from harts.exec.model.context import PackedContext
 from harts.exec.model.model import HybridModel
 from harts.exec.model.moe import MoEGlobalStats, set_moe_global
+from harts.exec.ops.record import KernelRecord
 from harts.exec.transfer import to_device
 from harts.tree.trajectory import Trajectory
 
@@ -67,6 +69,8 @@ class StepResult:
     seconds: float = 0.0
     # per microbatch: rows executed, plus layout statistics (tree mode: KDA rounds, replay)
     layout: list[dict] = field(default_factory=list)
+    # the trainer's KernelConfig ("config") and what its ops ran so far ("ran", "fallbacks")
+    kernels: dict = field(default_factory=dict)
 
     @property
     def executed_rows(self) -> int:
@@ -195,9 +199,16 @@ class ExpandedTrainer:
         model: HybridModel,
         optimizer: OptimizerConfig | None = None,
         loss: PolicyLossConfig | None = None,
+        *,
+        kernels: KernelConfig | None = None,
     ):
+        """`kernels`: which kernels the step's ops run (default: `KernelConfig.from_env()`,
+        built here once); every microbatch's context gets it and records what ran into
+        `kernel_record`."""
         optimizer = optimizer or OptimizerConfig()
         loss = loss or PolicyLossConfig()
+        self.kernels = kernels if kernels is not None else KernelConfig.from_env()
+        self.kernel_record = KernelRecord()
         self.model = model
         self.optimizer_config = optimizer
         self.loss_config = loss.validate()
@@ -286,7 +297,8 @@ class ExpandedTrainer:
             sizes = [len(trajectories[j]) for j in members]
             offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
             ids_T = to_device(np.concatenate([trajectories[j].tokens for j in members]), device)
-            ctx = PackedContext(torch.from_numpy(offsets), chunk_size=model.config.chunk_size).to(device)
+            ctx = PackedContext(torch.from_numpy(offsets), chunk_size=model.config.chunk_size, kernels=self.kernels,
+                                kernel_record=self.kernel_record).to(device)
             table = trajectory_targets(trajectories, members, offsets[:-1].tolist()).to(device, dtype)
             yield Microbatch(members, ids_T, ctx, table, int(offsets[-1]))
 
@@ -379,7 +391,12 @@ class ExpandedTrainer:
             microbatches=bins,
             seconds=time.perf_counter() - start,
             layout=infos,
+            kernels=self.kernels_used(),
         )
+
+    def kernels_used(self) -> dict:
+        """{"config": the KernelConfig, "ran": {op: [impl]}, "fallbacks": [...]}: for results."""
+        return {"config": self.kernels.to_dict(), **self.kernel_record.to_dict()}
 
     def step(self, trajectories: Sequence[Trajectory], microbatch_tokens: int,
              partition: Sequence[Sequence[int]] | None = None, prepared: PreparedStep | None = None) -> StepResult:

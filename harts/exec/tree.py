@@ -7,7 +7,8 @@ The model runs token-wise work once per *computed* row; this context supplies th
 places where rows see each other, each restricted to a row's own root path:
 
 - full attention: the computed rows attend the local rows with the DFS interval mask
-  `k <= q <= end[k]` (ancestor-or-self). On CPU a dense boolean mask; a GPU fast path
+  `k <= q <= end[k]` (ancestor-or-self). On CPU a dense boolean mask
+  (`harts.exec.ops.attention.naive`); a GPU fast path (`harts.exec.ops.attention.tree`)
   plugs in behind `attention` with the same contract.
 - short convolution: a row's window is its previous W-1 rows along its path, gathered
   through parent pointers (so windows cross forks correctly).
@@ -41,10 +42,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from harts.config.kernels import Impl, KernelConfig
+from harts.exec.ops.attention import naive as naive_attention
 from harts.exec.ops.gather import RowGather
+from harts.exec.ops.record import KernelRecord, report, report_fallback
 from harts.exec.transfer import to_device
 from harts.plan.kda_calls import plan_kda_calls
 from harts.tree.forest import RolloutForest
@@ -501,11 +504,14 @@ class TreeContext:
                  device: torch.device | str = "cpu", layout: LocalLayout | None = None,
                  row_weight: np.ndarray | None = None, stash: Stash | None = None,
                  record: bool = False, schedule: KDASchedule | None = None,
-                 record_states: Sequence[tuple[int, int]] | None = None):
+                 record_states: Sequence[tuple[int, int]] | None = None,
+                 kernels: KernelConfig | None = None, kernel_record: KernelRecord | None = None):
         """`record`: record a `Stash` for consumers; `record_states` lists the states they
         will read, as (global row at depth a-1, a) (StashNeeds.states), so that only those
         (and those later rounds start from) are requested from the KDA calls. With `record`
-        and no `record_states`, every chunk-boundary state is kept."""
+        and no `record_states`, every chunk-boundary state is kept. `kernels`: which kernels
+        the calls run (default: `KernelConfig.from_env()`, built here); `kernel_record`:
+        where what they ran is recorded (default: a record of this context's own)."""
         if kda_mode not in ("replay", "node"):
             raise ValueError(f"kda_mode must be 'replay' or 'node', got {kda_mode!r}")
         layout = layout if layout is not None else LocalLayout.full(forest)
@@ -516,6 +522,8 @@ class TreeContext:
         self.forest = forest
         self.layout = layout
         self.chunk_size = chunk_size
+        self.kernels = kernels if kernels is not None else KernelConfig.from_env()
+        self.kernel_record = kernel_record if kernel_record is not None else KernelRecord()
         dev = torch.device(device)
         self.device = dev
         comp = layout.computed_index
@@ -527,17 +535,16 @@ class TreeContext:
         self.row_parent = to_device(layout.parent, dev, torch.int64)
         end = to_device(layout.end, dev, torch.int64)
         q_idx = self._computed
-        k_idx = torch.arange(layout.num_rows, device=dev)
         from harts.exec import backend
 
-        # GPU: varlen flash over root-to-row paths (bf16) or FlexAttention over the intervals'
-        # block mask (None = dense reference)
-        self._fast_attention = backend.tree_attention(q_idx, end, dev, parent_L=layout.parent)
+        # GPU: the fast paths of harts.exec.ops.attention.tree (None = dense reference)
+        self._fast_attention = backend.tree_attention(q_idx, end, dev, parent_L=layout.parent, kernels=self.kernels,
+                                                      record=self.kernel_record)
         if self._fast_attention is not None:
             self._fast_attention.prepare()
+        self._reference_reason = backend.reference_attention_reason(dev, self.kernels)
         # [C, L]: key k is an ancestor-or-self of computed query q
-        self.attn_mask = None if self._fast_attention is not None else (
-            (k_idx[None, :] <= q_idx[:, None]) & (q_idx[:, None] <= end[None, :]))
+        self.attn_mask = None if self._fast_attention is not None else naive_attention.ancestor_mask(q_idx, end)
         self.stash = stash
         self.record = Stash(layout.rows[comp], comp) if record else None
         # local order = context rows (stash order) then computed rows, put back in place
@@ -642,9 +649,12 @@ class TreeContext:
         k_LHD, v_LHE = self._local((layer, "attention"), k_THD, v_THE)
         if self._fast_attention is not None:
             return self._fast_attention(q_THD, k_LHD, v_LHE, scale)
-        q, k, v = (x.transpose(0, 1) for x in (q_THD, k_LHD, v_LHE))
-        o_HTE = F.scaled_dot_product_attention(q, k, v, attn_mask=self.attn_mask, scale=scale)
-        return o_HTE.transpose(0, 1)
+        if self._reference_reason is not None:
+            report_fallback(self.kernel_record, "tree_attention", self.kernels.tree_attention, Impl.REFERENCE,
+                            self._reference_reason)
+        else:
+            report(self.kernel_record, "tree_attention", Impl.REFERENCE)
+        return naive_attention.tree_attention(q_THD, k_LHD, v_LHE, scale, self.attn_mask)
 
     def short_conv(self, layer: int, name: str, x_TD: Tensor, weight_DW: Tensor, bias_D: Tensor | None) -> Tensor:
         from harts.exec.backend import short_conv
@@ -654,7 +664,8 @@ class TreeContext:
         # gather form: every row's sum runs in the same order whatever the layout, so a
         # row's output has the same bits as the token's in its trajectory (a dense conv1d
         # would round differently at different lengths: docs/LOG.md)
-        y_LD = short_conv(x_LD, weight_DW, bias_D, window_TW=self._window(W), activation="silu")
+        y_LD = short_conv(x_LD, weight_DW, bias_D, window_TW=self._window(W), activation="silu",
+                          kernels=self.kernels, record=self.kernel_record)
         return y_LD if self.stash is None else y_LD[self._computed]
 
     def kda(self, layer: int, q_THK: Tensor, k_THK: Tensor, v_THV: Tensor, g_THK: Tensor,
@@ -685,7 +696,8 @@ class TreeContext:
         f, beta = self._kda_in(gate_TR, beta_TH)
         g = gate(f)
         R, H, K = g.shape
-        q, k, v = (short_conv(x, w, None, window_TW=window_RW, activation="silu")
+        q, k, v = (short_conv(x, w, None, window_TW=window_RW, activation="silu", kernels=self.kernels,
+                              record=self.kernel_record)
                    for x, w in zip((q_TD, k_TD, v_TD), convs, strict=True))
         q, k = l2_norm(q.view(R, H, K)), l2_norm(k.view(R, H, K))
         return self._kda_rounds(layer, q, k, v.view(R, H, -1), g, beta, scale)
@@ -739,7 +751,7 @@ class TreeContext:
                 q_r, k_r, v_r, g_r, beta_r,
                 scale=scale, initial_state=h0, cu_seqlens=cu[0], cu_seqlens_cpu=cu[1], chunk_size=self.chunk_size,
                 output_final_state=not chunk, output_chunk_states=chunk,
-                chunk_state_index=state_index,
+                chunk_state_index=state_index, kernels=self.kernels, record=self.kernel_record,
             )
             handed.append(out.chunk_states if chunk else out.final_state)
             outputs.append(out.o)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from harts.config.kernels import KernelConfig
 from harts.config.optimizer import OptimizerConfig
 from harts.exec.loss import PolicyLossConfig, TargetTable
 from harts.exec.model.model import HybridModel
@@ -54,9 +55,10 @@ class TreeTrainer(ExpandedTrainer):
         loss: PolicyLossConfig | None = None,
         *,
         kda_mode: str = "replay",
+        kernels: KernelConfig | None = None,
     ):
         model.config.check_tree_mode()
-        super().__init__(model, optimizer, loss)
+        super().__init__(model, optimizer, loss, kernels=kernels)
         self.kda_mode = kda_mode
 
     def partition(self, trajectories: Sequence[Trajectory], microbatch_tokens: int) -> list[list[int]]:
@@ -78,7 +80,8 @@ class TreeTrainer(ExpandedTrainer):
             tg = forest.targets()
             global_traj = np.asarray(members, dtype=np.int64)[tg.traj]
             table = target_table(tg, traj=global_traj).to(device, dtype)
-            ctx = TreeContext(forest, chunk_size=model.config.chunk_size, kda_mode=self.kda_mode, device=device)
+            ctx = TreeContext(forest, chunk_size=model.config.chunk_size, kda_mode=self.kda_mode, device=device,
+                              kernels=self.kernels, kernel_record=self.kernel_record)
             ids_T = to_device(forest.token_ids, device)
             info = {"kda_rounds": ctx.kda_rounds, "replay_tokens": ctx.replay_tokens,
                     "compression": forest.compression}

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from harts.config.kernels import KernelConfig
 from harts.config.optimizer import OptimizerConfig
 from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.model import HybridModel
@@ -97,7 +98,7 @@ class PlanTrainer(ExpandedTrainer):
 
     def __init__(self, model: HybridModel, plan: Plan, optimizer: OptimizerConfig | None = None,
                  loss: PolicyLossConfig | None = None, *, order: Sequence[int] | None = None,
-                 schedule: Schedule | None = None):
+                 schedule: Schedule | None = None, kernels: KernelConfig | None = None):
         """`order`: the microbatch ids in execution order, as a pipeline schedule runs them
         (default: each replica's plan order, replicas one after another). Windows may
         overlap — a producer may run before the previous window's last consumer — as long
@@ -106,7 +107,7 @@ class PlanTrainer(ExpandedTrainer):
         of this plan instead of `order`: its first stage's forward order (`order_from_schedule`)."""
         if plan.mode == PlanMode.TREE:
             model.config.check_tree_mode()
-        super().__init__(model, optimizer, loss)
+        super().__init__(model, optimizer, loss, kernels=kernels)
         self.plan = plan
         if schedule is not None:
             if order is not None:
@@ -191,7 +192,8 @@ class PlanTrainer(ExpandedTrainer):
             # a producer's KDA rounds return only the states its consumers start from
             ctx = TreeContext(forest, chunk_size=B, device=device, layout=layout, row_weight=weights[m.id],
                               stash=stash, record=is_producer, schedule=schedules[m.id],
-                              record_states=windows[m.id].needs.states if is_producer else None)
+                              record_states=windows[m.id].needs.states if is_producer else None,
+                              kernels=self.kernels, kernel_record=self.kernel_record)
             # targets of owned trajectories; rows -> index into [computed hidden | context hidden]
             sel = owned[m.id]
             t_rows = targets.row[sel]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import getpass
 import logging
-import os
 import subprocess
 import tempfile
 import time
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harts.config import env
 from harts.track.params import clean_key, flatten_params
 from harts.track.store import artifact_location, prepare_store, resolve_tracking_uri
 
@@ -62,24 +62,19 @@ def git_state(path: str | Path | None = None) -> tuple[str | None, bool]:
 def _quiet() -> Iterator[None]:
     """No "View run at ..." lines on stdout (they would corrupt --json output) and no
     INFO chatter from mlflow's schema set-up."""
-    saved_env = os.environ.get("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT")
-    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
-    # importing mlflow configures its loggers; import first, then quieten them
-    import mlflow  # noqa: F401
+    with env.mlflow_url_printing_suppressed():
+        # importing mlflow configures its loggers; import first, then quieten them
+        import mlflow  # noqa: F401
 
-    loggers = [logging.getLogger(n) for n in ("mlflow", "alembic")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
-        if saved_env is None:
-            os.environ.pop("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", None)
-        else:
-            os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = saved_env
+        loggers = [logging.getLogger(n) for n in ("mlflow", "alembic")]
+        levels = [lg.level for lg in loggers]
+        for lg in loggers:
+            lg.setLevel(logging.WARNING)
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels, strict=True):
+                lg.setLevel(level)
 
 
 def client_for(tracking_uri: str | None = None) -> Any:

@@ -9,10 +9,11 @@ database, a directory ``runs`` means ``runs/mlflow.db``.
 
 from __future__ import annotations
 
-import os
 import shlex
 from pathlib import Path
 from urllib.parse import urlparse
+
+from harts.config import env
 
 DEFAULT_STORE_DIR = "harts-runs"
 DB_NAME = "mlflow.db"
@@ -31,7 +32,7 @@ def sqlite_uri(path: str | Path) -> str:
 
 def resolve_tracking_uri(uri: str | None = None, workdir: str | Path | None = None) -> str:
     """The tracking URI to use: `uri`, else $MLFLOW_TRACKING_URI, else the embedded store."""
-    chosen = uri or os.environ.get("MLFLOW_TRACKING_URI") or None
+    chosen = uri or env.tracking_uri()
     if not chosen:
         return default_tracking_uri(workdir)
     if "://" in chosen or chosen.startswith(("sqlite:", "databricks")):

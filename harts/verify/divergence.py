@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from harts.config.kernels import KernelConfig
 from harts.exec.model.context import PackedContext
 from harts.exec.model.model import HybridModel
 from harts.exec.tree import TreeContext
@@ -52,7 +53,8 @@ def op_modules(model: HybridModel) -> list[tuple[str, nn.Module, bool]]:
 
 
 def _run(model: HybridModel, trajectories: Sequence[Trajectory], members: list[int], mode: str,
-         perturb: Callable[[str, torch.Tensor], torch.Tensor] | None) -> tuple[dict[str, tuple], np.ndarray]:
+         perturb: Callable[[str, torch.Tensor], torch.Tensor] | None,
+         kernels: KernelConfig | None = None) -> tuple[dict[str, tuple], np.ndarray]:
     """One microbatch in one mode: per op, (input rows, output rows) in position order
     ([X, ...] each, positions trajectory after trajectory), and each position's depth."""
     device = model.lm_head_weight.device
@@ -60,13 +62,14 @@ def _run(model: HybridModel, trajectories: Sequence[Trajectory], members: list[i
         sizes = [len(trajectories[j]) for j in members]
         offs = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         ids = np.concatenate([trajectories[j].tokens for j in members])
-        ctx = PackedContext(torch.from_numpy(offs), chunk_size=model.config.chunk_size).to(device)
+        ctx = PackedContext(torch.from_numpy(offs), chunk_size=model.config.chunk_size, kernels=kernels).to(device)
         to_positions = None
         depth = np.zeros(int(offs[-1]), np.int64)
     else:
         forest = build_forest([trajectories[j] for j in members])
         ids = forest.token_ids
-        ctx = TreeContext(forest, chunk_size=model.config.chunk_size, kda_mode=mode, device=device)
+        ctx = TreeContext(forest, chunk_size=model.config.chunk_size, kda_mode=mode, device=device,
+                          kernels=kernels)
         to_positions = torch.from_numpy(forest.traj_rows).to(device)
         depth = forest.node_level[forest.row_node][forest.traj_rows]
     seen: dict[str, tuple] = {}
@@ -114,9 +117,12 @@ def _prefix_any(differs: np.ndarray, starts: np.ndarray) -> np.ndarray:
 
 def compare_runs(model: HybridModel, trajectories: Sequence[Trajectory], partition: Sequence[Sequence[int]],
                  mode_a: str = "expanded", mode_b: str = "replay", *,
-                 perturb_b: Callable[[str, torch.Tensor], torch.Tensor] | None = None) -> dict[str, Any]:
+                 perturb_b: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
+                 kernels: KernelConfig | None = None) -> dict[str, Any]:
     """Run `mode_a` and `mode_b` over the same microbatches; each op's shares (see the
-    module doc). `perturb_b(op name, output) -> output` may alter run b's outputs (tests)."""
+    module doc). `perturb_b(op name, output) -> output` may alter run b's outputs (tests).
+    `kernels`: both runs' KernelConfig (default: `KernelConfig.from_env()`)."""
+    kernels = kernels if kernels is not None else KernelConfig.from_env()
     for m in (mode_a, mode_b):
         if m not in MODES:
             raise ValueError(f"mode must be one of {MODES}; got {m!r}")
@@ -126,8 +132,8 @@ def compare_runs(model: HybridModel, trajectories: Sequence[Trajectory], partiti
     positions = positions0 = 0
     for members in partition:
         members = list(members)
-        a, depth = _run(model, trajectories, members, mode_a, None)
-        b, depth_b = _run(model, trajectories, members, mode_b, perturb_b)
+        a, depth = _run(model, trajectories, members, mode_a, None, kernels)
+        b, depth_b = _run(model, trajectories, members, mode_b, perturb_b, kernels)
         depth = np.maximum(depth, depth_b)  # the tree run's depths (expanded: zeros)
         sizes = np.array([len(trajectories[j]) for j in members])
         starts = np.concatenate([[0], np.cumsum(sizes)])

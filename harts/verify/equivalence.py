@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from harts.config.kernels import KernelConfig
 from harts.config.models import ModelConfig, get_model_config
 from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.model import HybridModel, build_model
@@ -124,15 +125,17 @@ class _CaptureKDA:
         return self.inner.kda(layer, q, k, v, g, beta, scale)
 
 
-def kda_layer_check(model: HybridModel, trajectories: Sequence[Trajectory]) -> dict[str, Any] | None:
+def kda_layer_check(model: HybridModel, trajectories: Sequence[Trajectory],
+                    kernels: KernelConfig | None = None) -> dict[str, Any] | None:
     """First KDA layer on its real inputs: tree (replay / no replay) vs per-trajectory."""
+    kernels = kernels if kernels is not None else KernelConfig.from_env()
     from harts.exec.backend import chunk_kda
     from harts.exec.tree import TreeContext
 
     forest = build_forest(trajectories)
     device = model.lm_head_weight.device
     B = model.config.chunk_size
-    cap = _CaptureKDA(TreeContext(forest, chunk_size=B, device=device))
+    cap = _CaptureKDA(TreeContext(forest, chunk_size=B, device=device, kernels=kernels))
     with torch.no_grad():
         model(torch.from_numpy(forest.token_ids).to(device), cap)
         if cap.captured is None:
@@ -141,10 +144,10 @@ def kda_layer_check(model: HybridModel, trajectories: Sequence[Trajectory]) -> d
         rows = torch.from_numpy(forest.traj_rows).to(device)
         cu = torch.from_numpy(forest.traj_offsets).to(device)
         o_exp = chunk_kda(q[rows], k[rows], v[rows], g[rows], beta[rows], scale=scale, cu_seqlens=cu,
-                          chunk_size=B, output_final_state=False).o
+                          chunk_size=B, output_final_state=False, kernels=kernels).o
         out: dict[str, Any] = {}
         for mode in ("replay", "node"):
-            ctx = TreeContext(forest, chunk_size=B, kda_mode=mode, device=device)
+            ctx = TreeContext(forest, chunk_size=B, kda_mode=mode, device=device, kernels=kernels)
             o_tree = ctx.kda(0, q, k, v, g, beta, scale)[rows]
             d = (o_tree - o_exp).abs()
             out[mode] = {
@@ -169,6 +172,7 @@ def verify_step(
     recompute_old_logprobs: bool = True,
     no_replay: bool = True,
     baseline_variation: bool = False,
+    kernels: KernelConfig | None = None,
 ) -> dict[str, Any]:
     """One forward/backward in both modes from identical weights; the comparison report.
 
@@ -183,6 +187,8 @@ def verify_step(
     side executes that planner's Plan (trees split across microbatches, sharing windows),
     and the MoE aux loss switches to the step-global scope on both sides, the one scope
     under which the aux term does not depend on the split.
+
+    Every run uses `kernels` (default: `KernelConfig.from_env()`, built once here).
     """
     from harts.config.plan import PlanConfig
     from harts.exec.window import PlanTrainer
@@ -192,6 +198,7 @@ def verify_step(
         has_ref = all(t.ref_logprobs is not None for t in trajectories)
         loss = PolicyLossConfig(kl_coef=0.1 if has_ref else 0.0)
     config = get_model_config(model) if isinstance(model, str) else model
+    kernels = kernels if kernels is not None else KernelConfig.from_env()
     if planner is not None:
         config = config.replace(aux_scope="global")
     # every run starts from a copy of one initialised model: the same weights as building
@@ -202,7 +209,7 @@ def verify_step(
         return copy.deepcopy(template)
 
     ref_model = fresh()
-    expanded = ExpandedTrainer(ref_model, loss=loss)
+    expanded = ExpandedTrainer(ref_model, loss=loss, kernels=kernels)
     tree_model = fresh()
     trajectories = list(trajectories)
     if recompute_old_logprobs:
@@ -210,14 +217,14 @@ def verify_step(
         trajectories = expanded.recompute_old_logprobs(trajectories, microbatch_tokens)
     plan = None
     if planner is None:
-        tree: ExpandedTrainer = TreeTrainer(tree_model, loss=loss)
+        tree: ExpandedTrainer = TreeTrainer(tree_model, loss=loss, kernels=kernels)
         partition = tree.partition(trajectories, microbatch_tokens)
         ref_partition = partition
     else:
         forest = build_forest(trajectories)
         plan = make_plan(forest, planner, PlanConfig(microbatch_tokens=microbatch_tokens,
                                                      chunk_size=config.chunk_size))
-        tree = PlanTrainer(tree_model, plan, loss=loss)
+        tree = PlanTrainer(tree_model, plan, loss=loss, kernels=kernels)
         partition = tree.partition(trajectories, microbatch_tokens)
         ref_partition = None
     ref = expanded.forward_backward(trajectories, microbatch_tokens, ref_partition)
@@ -240,12 +247,12 @@ def verify_step(
     if plan is not None:
         # the same step as one microbatch of whole trees: what splitting costs or changes
         one_model = fresh()
-        one = TreeTrainer(one_model, loss=loss).forward_backward(trajectories, 1 << 62)
+        one = TreeTrainer(one_model, loss=loss, kernels=kernels).forward_backward(trajectories, 1 << 62)
         report["vs_single_microbatch"] = compare_steps(one, one_model, got, tree_model)
         report["window_retained_bytes"] = [w.retained_bytes for w in tree.windows]
     if no_replay:
         nr_model = fresh()
-        nr_trainer = TreeTrainer(nr_model, loss=loss, kda_mode="node")
+        nr_trainer = TreeTrainer(nr_model, loss=loss, kda_mode="node", kernels=kernels)
         nr_partition = nr_trainer.partition(trajectories, microbatch_tokens if plan is None else 1 << 62)
         nr = nr_trainer.forward_backward(trajectories, microbatch_tokens, nr_partition)
         report["no_replay"] = {
@@ -255,16 +262,17 @@ def verify_step(
         }
     if baseline_variation:
         rerun_model = fresh()
-        rerun = ExpandedTrainer(rerun_model, loss=loss).forward_backward(trajectories, microbatch_tokens,
+        rerun = ExpandedTrainer(rerun_model, loss=loss, kernels=kernels).forward_backward(trajectories, microbatch_tokens,
                                                                          ref_partition)
         report["expanded_rerun"] = compare_steps(ref, ref_model, rerun, rerun_model)
         del rerun_model, rerun
         if config.aux_scope == "global" or config.aux_loss_coef == 0:
             rp_model = fresh()
-            rp = ExpandedTrainer(rp_model, loss=loss).forward_backward(
+            rp = ExpandedTrainer(rp_model, loss=loss, kernels=kernels).forward_backward(
                 trajectories, microbatch_tokens, [[j] for j in range(len(trajectories))])
             report["expanded_repacked"] = compare_steps(ref, ref_model, rp, rp_model)
         else:
             report["expanded_repacked"] = None  # the per-microbatch aux loss would change with the packing
-    report["kda_layer"] = kda_layer_check(tree_model, trajectories)
+    report["kda_layer"] = kda_layer_check(tree_model, trajectories, kernels)
+    report["kernels_ran"] = {"expanded": expanded.kernel_record.to_dict(), "tree": tree.kernel_record.to_dict()}
     return report

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from harts.config.kernels import KernelConfig
 from harts.config.models import ModelConfig
 from harts.exec.model.context import PackedContext
 from harts.exec.model.model import HybridModel, build_model
@@ -39,7 +40,8 @@ from harts.exec.tree_trainer import TreeTrainer
 from harts.tree import Trajectory, build_forest
 
 
-def _hidden_rows(model: HybridModel, trajectories: Sequence[Trajectory], partition, mode: str):
+def _hidden_rows(model: HybridModel, trajectories: Sequence[Trajectory], partition, mode: str,
+                 kernels: KernelConfig | None = None):
     """Per trajectory: (hidden rows of positions 0..L-1 [L, D], handoff depth of each row)."""
     device = model.lm_head_weight.device
     out: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
@@ -50,13 +52,15 @@ def _hidden_rows(model: HybridModel, trajectories: Sequence[Trajectory], partiti
                 sizes = [len(trajectories[j]) for j in members]
                 offs = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
                 ids = torch.from_numpy(np.concatenate([trajectories[j].tokens for j in members])).to(device)
-                ctx = PackedContext(torch.from_numpy(offs), chunk_size=model.config.chunk_size).to(device)
+                ctx = PackedContext(torch.from_numpy(offs), chunk_size=model.config.chunk_size,
+                                    kernels=kernels).to(device)
                 h = model(ids, ctx).hidden_TD
                 for i, j in enumerate(members):
                     out[j] = (h[offs[i]:offs[i + 1]], np.zeros(sizes[i], np.int64))
             else:
                 forest = build_forest([trajectories[j] for j in members])
-                ctx = TreeContext(forest, chunk_size=model.config.chunk_size, kda_mode=mode, device=device)
+                ctx = TreeContext(forest, chunk_size=model.config.chunk_size, kda_mode=mode, device=device,
+                                  kernels=kernels)
                 h = model(torch.from_numpy(forest.token_ids).to(device), ctx).hidden_TD
                 depth = forest.node_level[forest.row_node]
                 rows, offs = forest.traj_rows, forest.traj_offsets
@@ -114,33 +118,35 @@ def fidelity(
     seed: int = 0,
     microbatch_tokens: int = 1 << 17,
     chunk_rows: int = 2048,
+    kernels: KernelConfig | None = None,
 ) -> dict[str, Any]:
     """The fidelity report: tree (replay, no replay), an expanded rerun and an expanded
-    repacked run, each vs expanded."""
+    repacked run, each vs expanded; every run on `kernels` (default: `KernelConfig.from_env()`)."""
+    kernels = kernels if kernels is not None else KernelConfig.from_env()
     if isinstance(model, str):
         from harts.config.models import get_model_config
 
         model = get_model_config(model)
     trajectories = list(trajectories)
     net = build_model(model, seed=seed, dtype=dtype, device=device)
-    partition = TreeTrainer(net).partition(trajectories, microbatch_tokens)
+    partition = TreeTrainer(net, kernels=kernels).partition(trajectories, microbatch_tokens)
     W = net.lm_head_weight.detach()
     # the baseline with another, equally valid batch composition: one trajectory per
     # microbatch (in training, dynamic packing changes it from run to run)
     repacked = [[j] for j in range(len(trajectories))]
     runs = {
-        "expanded": _hidden_rows(net, trajectories, partition, "expanded"),
-        "expanded_rerun": _hidden_rows(net, trajectories, partition, "expanded"),
-        "expanded_repacked": _hidden_rows(net, trajectories, repacked, "expanded"),
-        "tree_replay": _hidden_rows(net, trajectories, partition, "replay"),
-        "tree_no_replay": _hidden_rows(net, trajectories, partition, "node"),
+        "expanded": _hidden_rows(net, trajectories, partition, "expanded", kernels),
+        "expanded_rerun": _hidden_rows(net, trajectories, partition, "expanded", kernels),
+        "expanded_repacked": _hidden_rows(net, trajectories, repacked, "expanded", kernels),
+        "tree_replay": _hidden_rows(net, trajectories, partition, "replay", kernels),
+        "tree_no_replay": _hidden_rows(net, trajectories, partition, "node", kernels),
     }
     losses = {
-        "expanded": ExpandedTrainer(net).evaluate(trajectories, microbatch_tokens, partition).losses["loss"],
-        "expanded_rerun": ExpandedTrainer(net).evaluate(trajectories, microbatch_tokens, partition).losses["loss"],
-        "expanded_repacked": ExpandedTrainer(net).evaluate(trajectories, microbatch_tokens, repacked).losses["loss"],
-        "tree_replay": TreeTrainer(net).evaluate(trajectories, microbatch_tokens, partition).losses["loss"],
-        "tree_no_replay": TreeTrainer(net, kda_mode="node").evaluate(trajectories, microbatch_tokens, partition).losses["loss"],
+        "expanded": ExpandedTrainer(net, kernels=kernels).evaluate(trajectories, microbatch_tokens, partition).losses["loss"],
+        "expanded_rerun": ExpandedTrainer(net, kernels=kernels).evaluate(trajectories, microbatch_tokens, partition).losses["loss"],
+        "expanded_repacked": ExpandedTrainer(net, kernels=kernels).evaluate(trajectories, microbatch_tokens, repacked).losses["loss"],
+        "tree_replay": TreeTrainer(net, kernels=kernels).evaluate(trajectories, microbatch_tokens, partition).losses["loss"],
+        "tree_no_replay": TreeTrainer(net, kda_mode="node", kernels=kernels).evaluate(trajectories, microbatch_tokens, partition).losses["loss"],
     }
     report: dict[str, Any] = {"model": model.name, "dtype": str(dtype).removeprefix("torch."),
                               "trajectories": len(trajectories), "losses": losses}

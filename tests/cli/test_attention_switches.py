@@ -1,32 +1,42 @@
-"""--tree-attention / --baseline-attention set the backend's switches; misuse is a clear error."""
+"""--tree-attention / --baseline-attention build the run's KernelConfig; misuse is a clear error."""
 
 from __future__ import annotations
 
 import argparse
+import os
 
 import pytest
 
-from harts.cli.common import add_attention_args, apply_attention_args
+from harts.cli.common import UserError, add_attention_args, kernel_config
 from harts.cli.main import main
-from harts.exec import backend
+from harts.config import env
 
 
-def test_flags_set_and_clear_the_backend_switches(monkeypatch):
-    # registered with monkeypatch, so whatever the flags set is undone after the test
-    monkeypatch.setenv(backend.TREE_ATTENTION_ENV, "")
-    monkeypatch.setenv(backend.BASELINE_ATTENTION_ENV, "")
+def test_flags_build_the_kernel_config_without_touching_the_environment(monkeypatch):
+    monkeypatch.delenv(env.TREE_ATTENTION, raising=False)
+    monkeypatch.delenv(env.BASELINE_ATTENTION, raising=False)
     p = argparse.ArgumentParser()
     add_attention_args(p)
-    apply_attention_args(p.parse_args(["--tree-attention", "cudnn", "--baseline-attention", "graph"]))
-    import os
-
-    assert os.environ[backend.TREE_ATTENTION_ENV] == "cudnn"
-    assert backend.expanded_graph_attention()
-    apply_attention_args(p.parse_args(["--tree-attention", "auto", "--baseline-attention", "cudnn"]))
-    assert backend.TREE_ATTENTION_ENV not in os.environ
-    assert not backend.expanded_graph_attention() and backend.baseline_attention() == ""
+    before = dict(os.environ)
+    k = kernel_config(p.parse_args(["--tree-attention", "cudnn", "--baseline-attention", "graph"]))
+    assert (k.tree_attention, k.baseline_attention) == ("cudnn", "graph")
+    assert dict(os.environ) == before
+    k = kernel_config(p.parse_args(["--tree-attention", "auto", "--baseline-attention", "cudnn"]))
+    assert (k.tree_attention, k.baseline_attention) == ("auto", "cudnn")
     with pytest.raises(SystemExit):
         p.parse_args(["--tree-attention", "grpah"])
+
+
+def test_the_environment_builds_the_default_and_flags_override_it(monkeypatch):
+    p = argparse.ArgumentParser()
+    add_attention_args(p)
+    monkeypatch.setenv(env.TREE_ATTENTION, "varlen")
+    monkeypatch.setenv(env.BASELINE_ATTENTION, "flash")
+    k = kernel_config(p.parse_args(["--baseline-attention", "graph"]))
+    assert (k.tree_attention, k.baseline_attention) == ("varlen", "graph")
+    monkeypatch.setenv(env.TREE_ATTENTION, "grpah")
+    with pytest.raises(UserError, match="HARTS_TREE_ATTENTION"):
+        kernel_config(p.parse_args([]))
 
 
 def test_verify_refuses_attention_switches_on_the_cpu(capsys):

@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from harts.exec import backend
-from harts.exec.backend import FastTreeAttention, Impl, prefer_cudnn_split
+from harts.config.kernels import Impl, KernelConfig
+from harts.exec.ops.attention import tree as backend
+from harts.exec.ops.attention.tree import FastTreeAttention, prefer_cudnn_split
 
 
-def _layout(chains: int, rows_per_chain: int):
+def _layout(chains: int, rows_per_chain: int, kernels: KernelConfig | None = None):
     # `chains` root-to-leaf chains hanging off one root row, each rows_per_chain long
     parent = [-1]
     for _ in range(chains):
@@ -22,7 +23,7 @@ def _layout(chains: int, rows_per_chain: int):
     end = np.arange(L)
     for r in range(L - 1, 0, -1):
         end[parent[r]] = max(end[parent[r]], end[r])
-    return FastTreeAttention(torch.arange(L), torch.as_tensor(end), parent)
+    return FastTreeAttention(torch.arange(L), torch.as_tensor(end), parent, kernels=kernels or KernelConfig())
 
 
 def test_cudnn_split_is_preferred_only_for_long_segments():
@@ -32,31 +33,23 @@ def test_cudnn_split_is_preferred_only_for_long_segments():
     assert not prefer_cudnn_split(0, 0)
 
 
-def test_the_switch_forces_a_path_and_fp32_takes_flex(monkeypatch):
-    att = _layout(3, 5)
-    monkeypatch.setenv(backend.TREE_ATTENTION_ENV, "flex")
-    assert att.impl(torch.bfloat16) is Impl.FLEX
-    monkeypatch.setenv(backend.TREE_ATTENTION_ENV, "cudnn")
-    assert att.impl(torch.bfloat16) is Impl.CUDNN
-    assert att.impl(torch.float32) is Impl.FLEX  # neither cuDNN nor flash computes fp32 here
-    monkeypatch.delenv(backend.TREE_ATTENTION_ENV)
+def test_the_switch_forces_a_path_and_fp32_takes_flex():
+    att = lambda choice: _layout(3, 5, KernelConfig(tree_attention=choice))  # noqa: E731
+    assert att("flex").impl(torch.bfloat16) is Impl.FLEX
+    assert att("cudnn").impl(torch.bfloat16) is Impl.CUDNN
+    assert att("cudnn").impl(torch.float32) is Impl.FLEX  # neither cuDNN nor flash computes fp32 here
     # off CUDA nothing probes cuDNN: the varlen path (or Flex where torch lacks varlen)
-    assert att.impl(torch.bfloat16) in (Impl.VARLEN, Impl.FLEX)
-    monkeypatch.setenv(backend.TREE_ATTENTION_ENV, "graph")
-    assert att.impl(torch.bfloat16) is Impl.GRAPH
+    assert att("auto").impl(torch.bfloat16) in (Impl.VARLEN, Impl.FLEX)
+    assert att("graph").impl(torch.bfloat16) is Impl.GRAPH
 
 
-def test_unknown_switch_values_raise(monkeypatch):
+def test_unknown_switch_values_raise():
     # a typo must not silently run the default path
-    att = _layout(2, 3)
-    monkeypatch.setenv(backend.TREE_ATTENTION_ENV, "grpah")
-    with pytest.raises(ValueError, match="HARTS_TREE_ATTENTION"):
-        att.impl(torch.bfloat16)
-    monkeypatch.setenv(backend.BASELINE_ATTENTION_ENV, "cudnn-graph")
-    with pytest.raises(ValueError, match="HARTS_BASELINE_ATTENTION"):
-        backend.baseline_attention()
-    monkeypatch.setenv(backend.BASELINE_ATTENTION_ENV, "graph")
-    assert backend.expanded_graph_attention()
+    with pytest.raises(ValueError, match="tree_attention"):
+        KernelConfig(tree_attention="grpah")
+    with pytest.raises(ValueError, match="baseline_attention"):
+        KernelConfig(baseline_attention="cudnn-graph")
+    assert KernelConfig(baseline_attention="graph").baseline_attention == "graph"
 
 
 def test_graph_kernels_are_none_without_cuda():
@@ -69,9 +62,9 @@ def test_split_part_kernel_follows_length_workspace_and_determinism(monkeypatch)
     # the graph path's backward kernel per part of the split: dense per sequence where they
     # are long, the deterministic graph where its workspace (B x H x Sq x Sk x 2 bytes,
     # bucketed) fits, else the graph without the flag, or dense under deterministic mode
-    from harts.exec.gpu import split_attention
+    from harts.exec.ops.attention import split as split_attention
 
-    monkeypatch.setattr(backend, "_cudnn_split_ok", lambda D, E: True)
+    monkeypatch.setattr(backend, "cudnn_split_ok", lambda D, E: True)
     monkeypatch.setattr(backend, "graph_kernels", lambda D, E: ("fwd", "graph-det"))
     monkeypatch.setattr(split_attention, "cudnn_kernel", lambda D, E, variant="dense-strided": variant)
     pick = lambda *a: backend.split_part_kernel(192, 128, 16, *a)  # noqa: E731

@@ -26,7 +26,7 @@ def test_to_device_keeps_values_and_converts_dtype_on_the_host():
 def test_chunk_index_pairs_equal_fla_prepare_chunk_indices(lengths, chunk_size):
     from fla.ops.utils import prepare_chunk_indices
 
-    from harts.exec.gpu.kda import chunk_index_pairs
+    from harts.exec.ops.kda.fla import chunk_index_pairs
 
     cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     ours = chunk_index_pairs(cu, chunk_size)

@@ -130,7 +130,8 @@ def _states_read_by_rounds(schedule) -> set[tuple[int, int]]:
 def _spy_kda(calls: list):
     """backend.chunk_kda that records (requested index, states returned, all M) per call."""
     def spy(*args, **kw):
-        kw.pop("cu_seqlens_cpu", None)  # the backend's hint for the fast path
+        for key in ("cu_seqlens_cpu", "kernels", "record"):  # the backend's arguments beyond the op's
+            kw.pop(key, None)
         out = chunk_kda(*args, **kw)
         index = kw.get("chunk_state_index")
         calls.append((None if index is None else np.asarray(index).tolist(), int(out.chunk_states.shape[0]),

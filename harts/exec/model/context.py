@@ -14,6 +14,10 @@ must give the same answer when called again. A context may also define `kda_mixi
 `harts.exec.model.kda.kda_mixing`) to run a KDA layer's convs, gate and recurrence as one
 unit, with the same result as the three methods (the tree context does, to avoid
 gathering wide inputs into its KDA rounds' order).
+
+Which kernels a context's calls run is its `kernels` (a `KernelConfig`, by default built
+from the environment once, when the context is built); what they ran goes to its
+`kernel_record` (a `KernelRecord`, shared with the trainer that built the context).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from harts.config.kernels import BaselineAttention, Impl, KernelConfig
+from harts.exec.ops.record import KernelRecord, report, report_fallback
 from harts.exec.transfer import to_device
 
 
@@ -61,7 +67,10 @@ class PackedContext:
 
     allows_token_dropping = True
 
-    def __init__(self, cu_seqlens: Tensor, row_weight: Tensor | None = None, *, chunk_size: int = 64):
+    def __init__(self, cu_seqlens: Tensor, row_weight: Tensor | None = None, *, chunk_size: int = 64,
+                 kernels: KernelConfig | None = None, kernel_record: KernelRecord | None = None):
+        self.kernels = kernels if kernels is not None else KernelConfig.from_env()
+        self.kernel_record = kernel_record if kernel_record is not None else KernelRecord()
         cu = torch.as_tensor(cu_seqlens).to(torch.int64).cpu()
         if cu.dim() != 1 or cu.numel() < 2 or int(cu[0]) != 0 or bool((cu[1:] <= cu[:-1]).any()):
             raise ValueError(f"cu_seqlens must rise strictly from 0; got {cu.tolist()}")
@@ -96,18 +105,19 @@ class PackedContext:
         return cached
 
     def attention(self, layer: int, q_THD: Tensor, k_THD: Tensor, v_THE: Tensor, scale: float) -> Tensor:
-        from harts.exec.backend import (
-            causal_attention,
-            expanded_graph_attention,
-            packed_causal_attention,
-        )
+        from harts.exec.ops.attention.causal import OP, causal_attention, packed_causal_attention
 
-        if expanded_graph_attention() and q_THD.dtype in (torch.bfloat16, torch.float16):
-            return packed_causal_attention(q_THD, k_THD, v_THE, self._bounds, scale)
+        kernels = self.kernels
+        if kernels.baseline_attention is BaselineAttention.GRAPH and not kernels.force_reference:
+            if q_THD.is_cuda and q_THD.dtype in (torch.bfloat16, torch.float16):
+                report(self.kernel_record, OP, Impl.GRAPH)
+                return packed_causal_attention(q_THD, k_THD, v_THE, self._bounds, scale)
+            report_fallback(self.kernel_record, OP, BaselineAttention.GRAPH, "per-sequence attention",
+                            f"the graph kernel runs bf16/fp16 on CUDA, not {q_THD.dtype} on {q_THD.device.type}")
         outs = []
         for start, end in zip(self._bounds[:-1], self._bounds[1:], strict=True):
             q, k, v = (x[start:end].transpose(0, 1) for x in (q_THD, k_THD, v_THE))
-            o_HLE = causal_attention(q, k, v, scale)
+            o_HLE = causal_attention(q, k, v, scale, kernels, self.kernel_record)
             outs.append(o_HLE.transpose(0, 1))
         return torch.cat(outs, dim=0)
 
@@ -120,7 +130,8 @@ class PackedContext:
         if window_TW is None:
             window_TW = window_from_cu_seqlens(self._cu_on(x_TD.device), W, self.num_rows)
             self._windows[W] = window_TW
-        return short_conv(x_TD, weight_DW, bias_D, window_TW=window_TW, activation="silu")
+        return short_conv(x_TD, weight_DW, bias_D, window_TW=window_TW, activation="silu", kernels=self.kernels,
+                          record=self.kernel_record)
 
     def kda(self, layer: int, q_THK: Tensor, k_THK: Tensor, v_THV: Tensor, g_THK: Tensor, beta_TH: Tensor, scale: float) -> Tensor:
         from harts.exec.backend import chunk_kda
@@ -128,6 +139,6 @@ class PackedContext:
         out = chunk_kda(
             q_THK, k_THK, v_THV, g_THK, beta_TH, scale=scale,
             cu_seqlens=self._cu_on(q_THK.device), cu_seqlens_cpu=self._cu_cpu, chunk_size=self.chunk_size,
-            output_final_state=False,
+            output_final_state=False, kernels=self.kernels, record=self.kernel_record,
         )
         return out.o

@@ -143,7 +143,7 @@ class MoE(nn.Module):
                 )
             top_w_Tk = top_w_Tk * self._capacity_keep(top_i_Tk, T).to(top_w_Tk.dtype)
 
-        y_TD = self._experts(x_TD, top_i_Tk, top_w_Tk)
+        y_TD = self._experts(x_TD, top_i_Tk, top_w_Tk, ctx)
         if self.shared is not None:
             y_TD = y_TD + self.shared(x_TD)
         return y_TD, aux, load_E.detach()
@@ -154,10 +154,15 @@ class MoE(nn.Module):
         rank_N = (onehot_NE.cumsum(0) * onehot_NE).sum(-1) - 1
         return (rank_N < capacity).view_as(top_i_Tk)
 
-    def _experts(self, x_TD: Tensor, top_i_Tk: Tensor, top_w_Tk: Tensor) -> Tensor:
-        from harts.exec.backend import Impl, moe_impl
+    def _experts(self, x_TD: Tensor, top_i_Tk: Tensor, top_w_Tk: Tensor, ctx: object = None) -> Tensor:
+        """The routed experts on `moe_impl`'s pick for the context's `kernels` (defaults
+        where the context has none)."""
+        from harts.exec.backend import DEFAULT_KERNELS, Impl, moe_impl
+        from harts.exec.ops.record import report
 
-        if moe_impl(x_TD.device, x_TD.dtype) is Impl.GROUPED:
+        impl = moe_impl(x_TD.device, x_TD.dtype, getattr(ctx, "kernels", DEFAULT_KERNELS))
+        report(getattr(ctx, "kernel_record", None), "moe", impl)
+        if impl is Impl.GROUPED:
             return experts_grouped(x_TD, top_i_Tk, top_w_Tk, self.w_gate, self.w_up, self.w_down)
         return experts_loop(x_TD, top_i_Tk, top_w_Tk, self.w_gate, self.w_up, self.w_down)
 

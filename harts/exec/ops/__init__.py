@@ -1,8 +1,19 @@
-"""Sequence-mixing ops in fla's shape: `<op>/naive.py` is the readable reference, other
-modules are faster forms tested against it on outputs and every gradient.
+"""Sequence-mixing ops, one package per op family in fla's shape: `<op>/naive.py` is the
+readable reference (any device, every dtype), the other modules of the package are its
+faster forms, tested against it on outputs and every gradient. An op family the executor
+gains (e.g. Gated DeltaNet as `gdn/`) gets the same shape; which form a call runs is
+chosen by `harts.exec.backend` from the caller's `KernelConfig`.
 
-- `kda`: Kimi Delta Attention (gated delta rule with per-channel decay), token-by-token
-  recurrence and the chunkwise (UT transform / WY) form, on packed varlen tensors.
+- `attention`: ancestor attention over a tree's compact layout and the baseline's causal
+  attention: dense-mask reference, FlexAttention, varlen flash over root-to-row paths,
+  cuDNN per segment (`split`), cuDNN's graph API (`cudnn_graph`).
+- `kda`: Kimi Delta Attention (gated delta rule with per-channel decay): token-by-token
+  recurrence (`naive`), the chunkwise form (`chunk`), fla-core's kernels with the boundary
+  states the tree needs (`fla`) and their Triton state backward (`dhu`).
 - `conv`: short causal depthwise convolution in gather form, so one op serves packed
-  sequences (windows from cu_seqlens) and rollout trees (windows from parent pointers).
+  sequences (windows from cu_seqlens) and rollout trees (windows from parent pointers):
+  `naive`, `gather`, fused Triton kernels (`triton`).
+- `gather` (row gathers with a gather-form backward) and `segment_sum` (fixed-order
+  scatter-adds on Triton) are shared by the families.
+- `record`: what each op ran, and the fallbacks, per call.
 """

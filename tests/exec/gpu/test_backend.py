@@ -1,15 +1,15 @@
-"""Implementation selection: references on CPU and for float64, the switch forces them on CUDA."""
+"""Implementation selection: references on CPU and for float64, force_reference forces them on CUDA."""
 
 import torch
 import torch.nn.functional as F
 
+from harts.config.kernels import KernelConfig
 from harts.exec import backend
 from harts.exec.backend import Impl
 from harts.testing import assert_close
 
 
-def test_cpu_and_float64_run_the_references(monkeypatch):
-    monkeypatch.delenv(backend.FORCE_ENV, raising=False)
+def test_cpu_and_float64_run_the_references():
     assert backend.kda_impl(torch.device("cpu"), torch.float32) is Impl.REFERENCE
     assert backend.kda_impl(torch.device("cuda"), torch.float64) is Impl.REFERENCE
     assert backend.tree_attention(torch.arange(3), torch.tensor([2, 2, 2]), torch.device("cpu")) is None
@@ -18,12 +18,11 @@ def test_cpu_and_float64_run_the_references(monkeypatch):
 def test_force_reference_switch(monkeypatch):
     monkeypatch.setattr(backend, "fla_available", lambda: True)
     monkeypatch.setattr(backend, "flex_available", lambda: True)
-    monkeypatch.delenv(backend.FORCE_ENV, raising=False)
     assert backend.kda_impl(torch.device("cuda"), torch.bfloat16) is Impl.FLA
     assert backend.tree_attention_impl(torch.device("cuda")) is Impl.FLEX
-    monkeypatch.setenv(backend.FORCE_ENV, "1")
-    assert backend.kda_impl(torch.device("cuda"), torch.bfloat16) is Impl.REFERENCE
-    assert backend.tree_attention_impl(torch.device("cuda")) is Impl.REFERENCE
+    forced = KernelConfig(force_reference=True)
+    assert backend.kda_impl(torch.device("cuda"), torch.bfloat16, forced) is Impl.REFERENCE
+    assert backend.tree_attention_impl(torch.device("cuda"), forced) is Impl.REFERENCE
 
 
 def test_reference_kda_and_causal_attention_on_cpu():
@@ -36,5 +35,7 @@ def test_reference_kda_and_causal_attention_on_cpu():
 
     assert torch.equal(backend.chunk_kda(q, k, v, gg, beta).o, chunk_kda(q, k, v, gg, beta).o)
     qh, kh, vh = (x.transpose(0, 1) for x in (q, k, v[..., :4]))
-    assert_close("causal", backend.causal_attention(qh, kh, vh, 0.3),
+    from harts.exec.ops.attention.causal import causal_attention
+
+    assert_close("causal", causal_attention(qh, kh, vh, 0.3),
                  F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=0.3), 1e-15)

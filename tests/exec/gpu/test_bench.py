@@ -5,7 +5,7 @@ measured times (no number here is asserted about speed)."""
 import pytest
 import torch
 
-from harts.exec.gpu.bench import step_benchmark
+from harts.exec.bench import step_benchmark
 from harts.tree.workload import generate, preset
 
 

@@ -12,8 +12,8 @@ import torch  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from harts.exec.gpu.conv import short_conv_fused, window_inverse  # noqa: E402
 from harts.exec.ops.conv import short_conv, window_from_cu_seqlens, window_from_parents  # noqa: E402
+from harts.exec.ops.conv.triton import short_conv_fused, window_inverse  # noqa: E402
 from harts.testing import assert_close  # noqa: E402
 
 
@@ -65,17 +65,13 @@ def test_window_inverse_lists_every_reader_in_order(window, BT):
         assert n == max(counts[i * BT:(i + 1) * BT])
 
 
-@pytest.mark.parametrize("tiles", [None, "16,16,2,2,8,2"])
-def test_fused_conv_backward_on_a_bushy_tree_over_several_programs(tiles, monkeypatch):
+@pytest.mark.parametrize("tiles", [None, (16, 16, 2, 2, 8, 2)])
+def test_fused_conv_backward_on_a_bushy_tree_over_several_programs(tiles):
     """Rows read by many branches (a root with 12 children, forks inside) and enough rows
     that the weight gradient is summed from several programs' partials; the default tiles
-    and a tile override (HARTS_CONV_BWD_TILES)."""
-    from harts.exec.gpu.conv import BWD_TILES_ENV
+    and a tile override (KernelConfig.conv_bwd_tiles)."""
+    import functools
 
-    if tiles is None:
-        monkeypatch.delenv(BWD_TILES_ENV, raising=False)
-    else:
-        monkeypatch.setenv(BWD_TILES_ENV, tiles)
     torch.manual_seed(1)
     g = torch.Generator().manual_seed(3)
     parent = [-1, 0, 1]
@@ -89,7 +85,8 @@ def test_fused_conv_backward_on_a_bushy_tree_over_several_programs(tiles, monkey
     x, dy = torch.randn(T, D, generator=g), torch.randn(T, D, generator=g)
     w, b = torch.randn(D, 4, generator=g), torch.randn(D, generator=g)
     out = {}
-    for name, fn in (("ref", short_conv), ("fused", short_conv_fused)):
+    fused = functools.partial(short_conv_fused, bwd_tiles=tiles)
+    for name, fn in (("ref", short_conv), ("fused", fused)):
         leaves = [t.clone().double().requires_grad_() if name == "ref" else t.clone().requires_grad_()
                   for t in (x, w, b)]
         y = fn(*leaves, window_TW=window, activation="silu")
@@ -145,15 +142,11 @@ def test_fused_conv_rejects_bad_shapes():
         short_conv_fused(torch.zeros(3, 4), torch.zeros(4, 2), None, window_TW=torch.zeros(3, 3, dtype=torch.int64))
 
 
-def test_backend_picks_the_fused_kernels_on_cuda_unless_told(monkeypatch):
+def test_backend_picks_the_fused_kernels_on_cuda_unless_told():
+    from harts.config.kernels import KernelConfig
     from harts.exec import backend
 
-    monkeypatch.delenv(backend.CONV_ENV, raising=False)
-    monkeypatch.delenv(backend.FORCE_ENV, raising=False)
-    assert backend.conv_impl(torch.device("cuda")) is backend.Impl.TRITON
-    assert backend.conv_impl(torch.device("cpu")) is backend.Impl.REFERENCE
-    monkeypatch.setenv(backend.CONV_ENV, "reference")
-    assert backend.conv_impl(torch.device("cuda")) is backend.Impl.REFERENCE
-    monkeypatch.delenv(backend.CONV_ENV)
-    monkeypatch.setenv(backend.FORCE_ENV, "1")
-    assert backend.conv_impl(torch.device("cuda")) is backend.Impl.REFERENCE
+    assert backend.conv_impl(torch.device("cuda"), KernelConfig()) is backend.Impl.TRITON
+    assert backend.conv_impl(torch.device("cpu"), KernelConfig()) is backend.Impl.REFERENCE
+    assert backend.conv_impl(torch.device("cuda"), KernelConfig(conv="reference")) is backend.Impl.REFERENCE
+    assert backend.conv_impl(torch.device("cuda"), KernelConfig(force_reference=True)) is backend.Impl.REFERENCE

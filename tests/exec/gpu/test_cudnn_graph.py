@@ -1,14 +1,14 @@
-"""Host-side pieces of the cuDNN graph attention (`harts.exec.gpu.cudnn_graph`): ragged
+"""Host-side pieces of the cuDNN graph attention (`harts.exec.ops.attention.cudnn_graph`): ragged
 offsets, padded-row maps and shape buckets. The kernel itself needs CUDA and the cuDNN
 frontend; it checks itself against the float64 reference before first use (on the GPU:
-benchmarks/gpu/h200_run.py attngraph / attnbits)."""
+tests/cuda/test_attention.py)."""
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harts.exec.gpu import cudnn_graph
+from harts.exec.ops.attention import cudnn_graph
 
 
 @given(st.lists(st.integers(0, 50), min_size=1, max_size=12), st.integers(1, 4096), st.integers(1, 2))

@@ -10,15 +10,15 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from harts.exec.gpu.kda import (  # noqa: E402
-    FWD_H_ENV,
+from harts.config.kernels import KernelConfig  # noqa: E402
+from harts.exec.ops.kda import chunk_kda  # noqa: E402
+from harts.exec.ops.kda.dhu import bwd_dhu_inject, bwd_dhu_reference, value_block  # noqa: E402
+from harts.exec.ops.kda.fla import (  # noqa: E402
     boundary_index,
     build_injection,
     fwd_h_config,
     state_gather,
 )
-from harts.exec.gpu.kda_dhu import bwd_dhu_inject, bwd_dhu_reference, value_block  # noqa: E402
-from harts.exec.ops.kda import chunk_kda  # noqa: E402
 from harts.testing import assert_close  # noqa: E402
 
 B = 64
@@ -83,28 +83,30 @@ def test_value_block_keeps_the_sms_busy():
     assert value_block(1, 16, 128, None) == 64  # no SM count (CPU, interpreter): as before
 
 
-def test_forward_state_config_only_for_rounds_that_leave_sms_idle(monkeypatch):
-    monkeypatch.delenv(FWD_H_ENV, raising=False)
+def test_forward_state_config_only_for_rounds_that_leave_sms_idle():
     # one long sequence on 132 SMs: an explicit narrow value block; 4+ sequences: fla's own
     assert fwd_h_config(1, 16, 128, 132) is not None and fwd_h_config(1, 16, 128, 132)[0] < 32
     assert fwd_h_config(16, 16, 128, 132) is None
     assert fwd_h_config(1, 16, 128, None) is None  # no SM count: fla's own
-    monkeypatch.setenv(FWD_H_ENV, "fla")
-    assert fwd_h_config(1, 16, 128, 132) is None
-    monkeypatch.setenv(FWD_H_ENV, "32,2,3")
-    assert fwd_h_config(16, 16, 128, 132) == (32, 2, 3)
+    assert fwd_h_config(1, 16, 128, 132, KernelConfig(kda_fwd_h="fla")) is None
+    assert fwd_h_config(16, 16, 128, 132, KernelConfig(kda_fwd_h="32,2,3")) == (32, 2, 3)
 
 
-def test_forward_state_falls_back_to_flas_launch_when_its_signature_differs(monkeypatch):
+def test_forward_state_falls_back_to_flas_launch_when_its_signature_differs():
     """An fla whose kernel does not take the explicit config (another version's signature)
-    gets its own launch, with a warning, instead of a crash."""
-    from harts.exec.gpu import kda as kda_mod
+    gets its own launch, with a warning naming what ran, instead of a crash. The fallback
+    is per call: a later call tries the configured launch again (and warns once per record)."""
+    import warnings
 
-    calls = []
+    from harts.exec.ops.kda import fla as kda_mod
+    from harts.exec.ops.record import KernelFallbackWarning, KernelRecord
+
+    calls, tries = [], []
 
     class Jit:
         def __getitem__(self, grid):
             def launch(**kw):
+                tries.append(kw["BV"])
                 raise TypeError("unexpected keyword argument 'IS_VARLEN'")
             return launch
 
@@ -114,18 +116,22 @@ def test_forward_state_falls_back_to_flas_launch_when_its_signature_differs(monk
         def __getitem__(self, grid):
             return lambda **kw: calls.append(sorted(kw))
 
-    monkeypatch.setattr(kda_mod, "_FWD_H_EXPLICIT_FAILED", False)
-    monkeypatch.setenv(FWD_H_ENV, "16,4,3")
+    kernels = KernelConfig(kda_fwd_h="16,4,3")
+    record = KernelRecord()
     f = {"chunk_gated_delta_rule_fwd_kernel_h_blockdim64": Kernel()}
     kg = torch.zeros(1, 8, 2, 4)
     u = torch.zeros(1, 8, 2, 4)
-    with pytest.warns(RuntimeWarning, match="own launch"):
+    with pytest.warns(KernelFallbackWarning, match="kda_fwd_h: requested BV=16,warps=4,stages=3, ran fla .*own launch"):
         kda_mod._fwd_h(f, kg, kg, u, kg, None, torch.tensor([0, 8]), None, 1, 64,
-                       h_dtype=torch.float32, with_final=True)
-    assert len(calls) == 1 and "BV" not in calls[0] and kda_mod._FWD_H_EXPLICIT_FAILED
-    kda_mod._fwd_h(f, kg, kg, u, kg, None, torch.tensor([0, 8]), None, 1, 64, h_dtype=torch.float32,
-                   with_final=True)  # no second try, no second warning
-    assert len(calls) == 2
+                       h_dtype=torch.float32, with_final=True, kernels=kernels, record=record)
+    assert len(calls) == 1 and "BV" not in calls[0] and tries == [16]
+    assert record.to_dict()["ran"] == {"kda_fwd_h": ["fla"]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same (op, reason) on the same record: no second warning
+        kda_mod._fwd_h(f, kg, kg, u, kg, None, torch.tensor([0, 8]), None, 1, 64, h_dtype=torch.float32,
+                       with_final=True, kernels=kernels, record=record)
+    assert len(calls) == 2 and tries == [16, 16]  # tried again: nothing sticks between calls
+    assert len(record.fallbacks) == 1
 
 
 def test_sparse_injection_equals_the_dense_one_with_zeros_elsewhere():

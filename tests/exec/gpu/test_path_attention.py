@@ -2,7 +2,7 @@
 checked on CPU with the float64 per-segment kernel against the dense ancestor mask: output
 and the gradients of q, k and v, for hypothesis-drawn forests, all rows or a subset of
 query rows (a sharing window's consumer reads context rows it does not compute). The flash
-kernel itself is checked on the GPU (benchmarks/gpu/h200_run.py flex)."""
+kernel itself is checked on the GPU (tests/cuda/test_attention.py)."""
 
 import numpy as np
 import torch
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harts.exec.gpu.path_attention import path_attention, reference_varlen, segments_of
+from harts.exec.ops.attention.varlen import path_attention, reference_varlen, segments_of
 from harts.testing import assert_close
 from harts.tree import build_forest
 from tests.strategies import trajectory_sets

@@ -1,4 +1,4 @@
-"""Scatter-adds as fixed-order gathers (`harts.exec.gpu.segment_sum`) under
+"""Scatter-adds as fixed-order gathers (`harts.exec.ops.segment_sum`) under
 TRITON_INTERPRET=1: the inverse lists every source row of a target in ascending order; the
 kernel equals `index_add_` in float64 (to float32 rounding; exactly on integer values,
 where the order cannot matter); and the split attention's backward through it equals the
@@ -13,9 +13,9 @@ import torch  # noqa: E402
 from hypothesis import assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from harts.exec.gpu import segment_sum  # noqa: E402
-from harts.exec.gpu.path_attention import segments_of  # noqa: E402
-from harts.exec.gpu.split_attention import REFERENCE, device_index, split_attention, split_segments  # noqa: E402
+from harts.exec.ops import segment_sum  # noqa: E402
+from harts.exec.ops.attention.split import REFERENCE, device_index, split_attention, split_segments  # noqa: E402
+from harts.exec.ops.attention.varlen import segments_of  # noqa: E402
 from harts.testing import assert_close  # noqa: E402
 from harts.tree import build_forest  # noqa: E402
 from tests.strategies import trajectory_sets  # noqa: E402

@@ -2,7 +2,7 @@
 checked on CPU with the float64 reference kernel against the dense ancestor mask: output
 and the gradients of q, k and v, for hypothesis-drawn forests, all rows or a subset of
 query rows. The cuDNN kernel checks itself against the same reference on first use (on
-the GPU: benchmarks/gpu/h200_run.py attnsplit)."""
+the GPU: tests/cuda/test_attention.py)."""
 
 import numpy as np
 import pytest
@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harts.exec.gpu.path_attention import segments_of
-from harts.exec.gpu.split_attention import REFERENCE, split_attention, split_segments
+from harts.exec.ops.attention.split import REFERENCE, split_attention, split_segments
+from harts.exec.ops.attention.varlen import segments_of
 from harts.testing import assert_close
 from harts.tree import build_forest
 from tests.exec.gpu.test_path_attention import allowed_pairs, check_against_dense, query_rows
@@ -56,7 +56,7 @@ def test_reference_kernel_backward_matches_autograd():
 def test_dense_cudnn_kernel_takes_the_reference_for_short_sequences():
     # every sequence here is below MIN_CUDNN_ROWS, so no cuDNN call is made (this runs on
     # CPU) and the kernel must be the reference, forward and backward
-    from harts.exec.gpu.split_attention import MIN_CUDNN_ROWS, _CuDNNDense
+    from harts.exec.ops.attention.split import MIN_CUDNN_ROWS, _CuDNNDense
 
     kern = _CuDNNDense()
     kern.factor = 1.0
@@ -83,7 +83,7 @@ def test_dense_cudnn_kernel_takes_the_reference_for_short_sequences():
 def test_path_forward_split_backward_equals_dense_ancestor_attention(trajs, subset_seed):
     # the forward as one bottom-right call over gathered root-to-row paths, the backward as
     # the split's two parts from that forward's o and lse (no forward aux: `aux_for`)
-    from harts.exec.gpu.split_attention import REFERENCE_BOTTOM_RIGHT, path_split_attention
+    from harts.exec.ops.attention.split import REFERENCE_BOTTOM_RIGHT, path_split_attention
 
     f = build_forest(trajs)
     q_local = query_rows(f, subset_seed)
@@ -97,8 +97,8 @@ def test_path_forward_split_backward_equals_dense_ancestor_attention(trajs, subs
 def test_bottom_right_reference_equals_path_reference():
     # REFERENCE_BOTTOM_RIGHT's forward against path_attention's reference_varlen, with the
     # log-sum-exp against a direct logsumexp of the masked scores
-    from harts.exec.gpu.path_attention import reference_varlen
-    from harts.exec.gpu.split_attention import REFERENCE_BOTTOM_RIGHT
+    from harts.exec.ops.attention.split import REFERENCE_BOTTOM_RIGHT
+    from harts.exec.ops.attention.varlen import reference_varlen
 
     g = torch.Generator().manual_seed(2)
     n, m = [3, 1, 6], [7, 1, 6]
@@ -119,7 +119,7 @@ def test_bottom_right_reference_equals_path_reference():
 def test_dense_kernel_aux_for_follows_the_forwards_rule():
     # with o and lse from another forward, the dense kernel's per-sequence aux must say
     # "reference math" exactly where its forward would have (a side under MIN_CUDNN_ROWS)
-    from harts.exec.gpu.split_attention import MIN_CUDNN_ROWS, _CuDNNDense
+    from harts.exec.ops.attention.split import MIN_CUDNN_ROWS, _CuDNNDense
 
     kern = _CuDNNDense()
     kern.forward_extras = ("cq", "ck", "seed", "offset", torch.float32)
@@ -134,7 +134,7 @@ def test_dense_kernel_aux_for_follows_the_forwards_rule():
 def test_identity_keys_only_for_one_fully_queried_chain():
     # one chain with every row a query: the paths are the rows in order (no gather); a fork
     # or a query subset needs the gather
-    from harts.exec.gpu.split_attention import (
+    from harts.exec.ops.attention.split import (
         REFERENCE_BOTTOM_RIGHT,
         identity_keys,
         path_split_attention,
@@ -158,7 +158,7 @@ def test_piece_backward_equals_dense_ancestor_attention(trajs, subset_seed):
     # part A grouped by key piece (query rows repeat across rectangles): every attended
     # pair exactly once, each key row in one rectangle, each rectangle's queries attending
     # all its keys; the path forward with this backward against the dense mask in float64
-    from harts.exec.gpu.split_attention import (
+    from harts.exec.ops.attention.split import (
         REFERENCE_BOTTOM_RIGHT,
         path_split_attention,
         piece_segments,
@@ -186,7 +186,7 @@ def test_pieces_of_branches_off_a_shared_prompt():
     # a 4-row prompt, a 3-row branch continuing it, and two more branches forking at rows 1
     # and 3: the prompt rows 0-1 are attended by both other branches (one rectangle, their
     # queries stacked), rows 2-3 by the branch forking at 3 only; the forward refuses it
-    from harts.exec.gpu.split_attention import piece_segments
+    from harts.exec.ops.attention.split import piece_segments
     from harts.tree import Trajectory
 
     f = build_forest([Trajectory.make("a", "g", [1, 2, 3, 4, 5, 6, 7]), Trajectory.make("b", "g", [1, 2, 3, 4, 8, 9]),

@@ -1,13 +1,13 @@
 """FlexAttention ancestor attention on CPU: the block mask from DFS intervals against the dense
 ancestor mask, and the (eager) attention output against dense-mask SDPA. FlexAttention has
-no backward on CPU; its gradients are checked on the GPU (benchmarks/gpu/h200_run.py flex)."""
+no backward on CPU; its gradients are checked on the GPU (tests/cuda/test_attention.py)."""
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from harts.exec.gpu.attention import (
+from harts.exec.ops.attention.flex import (
     attended_pairs,
     tree_attention,
     tree_block_mask,

@@ -84,7 +84,11 @@ def prefetched_steps(trainer, trajectories, microbatch_tokens: int, steps: int) 
 
 def step_benchmark(trajectories, *, model: str = "tiny-h200", dtype: torch.dtype = torch.bfloat16,
                    microbatch_tokens: int = 131072, steps: int = 2, warmup: int = 1,
-                   device: str = "cuda", modes=("expanded", "tree"), seed: int = 0) -> dict[str, Any]:
+                   device: str = "cuda", modes=("expanded", "tree"), seed: int = 0,
+                   kernels=None) -> dict[str, Any]:
+    """`kernels`: both modes' KernelConfig (default: `KernelConfig.from_env()`); each mode's
+    result records it and what its ops ran ("kernels")."""
+    from harts.config.kernels import KernelConfig
     from harts.config.models import get_model_config
     from harts.exec.model.model import build_model
     from harts.exec.trainer import ExpandedTrainer
@@ -92,11 +96,12 @@ def step_benchmark(trajectories, *, model: str = "tiny-h200", dtype: torch.dtype
     from harts.tree import build_forest
 
     cfg = get_model_config(model)
+    kernels = kernels if kernels is not None else KernelConfig.from_env()
     out: dict[str, Any] = {"model": cfg.name, "dtype": str(dtype).removeprefix("torch."),
                            "microbatch_tokens": microbatch_tokens, "trajectories": len(trajectories)}
     for mode in modes:
         net = build_model(cfg, seed=seed, dtype=dtype, device=device, recompute=True)
-        trainer = (TreeTrainer if mode == "tree" else ExpandedTrainer)(net)
+        trainer = (TreeTrainer if mode == "tree" else ExpandedTrainer)(net, kernels=kernels)
         for _ in range(warmup):
             trainer.step(trajectories, microbatch_tokens)
         _sync()
@@ -116,6 +121,7 @@ def step_benchmark(trajectories, *, model: str = "tiny-h200", dtype: torch.dtype
             "peak_bytes": int(torch.cuda.max_memory_allocated()),
             "microbatches": len(res.microbatches), "rows": res.executed_rows,
             "tokens_per_second": res.tokens / statistics.median(times), "loss": res.losses["loss"],
+            "kernels": trainer.kernels_used(),
         }
         if mode == "tree":
             out[mode]["kda_rounds"] = max(m["kda_rounds"] for m in res.layout)
@@ -167,7 +173,7 @@ def kda_op_benchmark(T: int = 32768, num_seqs: int = 16, H: int = 16, K: int = 1
     request a tree round makes (the states later rounds and consumers start from)."""
     from fla.ops.kda import chunk_kda as fla_chunk_kda
 
-    from harts.exec.gpu.kda import chunk_kda_fast
+    from harts.exec.ops.kda.fla import chunk_kda_fast
 
     xs = _kda_inputs(T, H, K, V, dtype, device)
     rng = np.random.default_rng(0)
@@ -231,8 +237,8 @@ def kda_op_benchmark(T: int = 32768, num_seqs: int = 16, H: int = 16, K: int = 1
 def attention_op_benchmark(row_end: np.ndarray, H: int = 16, qk: int = 192, vd: int = 128,
                            dtype=torch.bfloat16, device: str = "cuda") -> tuple[dict, list[dict]]:
     """FlexAttention over the DFS mask of `row_end` vs causal SDPA at the same length."""
-    from harts.exec.backend import causal_attention
-    from harts.exec.gpu.attention import attended_pairs, tree_attention, tree_block_mask
+    from harts.exec.ops.attention.causal import causal_attention
+    from harts.exec.ops.attention.flex import attended_pairs, tree_attention, tree_block_mask
 
     R = int(row_end.size)
     end = torch.as_tensor(row_end, device=device)

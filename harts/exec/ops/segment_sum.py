@@ -9,7 +9,7 @@ each target row, the source rows that land on it, in ascending order; built on t
 by a stable sort, without a host sync), and one Triton program per tile of target rows
 reads its sources and `base`, sums in fp32 in that order and writes `out` once in its own
 dtype. Deterministic, and it reads the bf16 source as it is: on the H200 tree step the
-ancestor keys' gradient scatter of the split attention (`split_attention`, 280k source rows
+ancestor keys' gradient scatter of the split attention (`attention.split`, 280k source rows
 of 16 x 192 onto 82k) was `index_add_` on float32 copies, 11.2 ms with its conversions'
 copies 6.3 ms more (benchmarks/results/h200_session6/s6e/sites).
 

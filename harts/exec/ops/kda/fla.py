@@ -15,7 +15,7 @@ tensors, `cu_seqlens`, `initial_state`, `chunk_state_index`, `KDAOutput`):
   state after every full chunk is exact: in bf16 too, a consumer starting from it is
   bit-identical to the sequence running on (fla's o kernel casts h to the query dtype on
   load, so the outputs equal fla's). The backward is fla's, except the reverse state
-  recurrence, which is our Triton kernel (`kda_dhu`) that adds each boundary state's
+  recurrence, which is our Triton kernel (`dhu`) that adds each boundary state's
   incoming gradient where the state was produced. One call per round: the planner's
   minimum round count holds on the GPU path.
 
@@ -29,17 +29,18 @@ so gradients meeting at one chunk add) with a per-chunk row map, instead of a de
 """
 from __future__ import annotations
 
-import os
-import warnings
-
 import numpy as np
 import torch
 import triton
 from triton.runtime.errors import OutOfResources
 
-from harts.exec.gpu.kda_dhu import bwd_dhu_inject
+from harts.config.kernels import KernelConfig
 from harts.exec.ops.kda.chunk import KDAOutput, check_chunk_state_index
+from harts.exec.ops.kda.dhu import bwd_dhu_inject
+from harts.exec.ops.record import KernelRecord, report_fallback
 from harts.exec.transfer import to_device
+
+DEFAULT_KERNELS = KernelConfig()
 
 
 def _fla() -> dict:
@@ -66,14 +67,12 @@ def _fla() -> dict:
     }
 
 
-FWD_H_ENV = "HARTS_FWD_H"  # "fla": always fla's own (autotuned) launch; "BV,warps,stages": that config
-
-
-def fwd_h_config(num_seqs: int, heads: int, v_dim: int, sms: int | None) -> tuple[int, int, int] | None:
+def fwd_h_config(num_seqs: int, heads: int, v_dim: int, sms: int | None,
+                 kernels: KernelConfig = DEFAULT_KERNELS) -> tuple[int, int, int] | None:
     """The launch config (BV, num_warps, num_stages) of fla's forward state kernel for a
     call of `num_seqs` sequences, or None for fla's own (autotuned) choice.
 
-    Like the state backward (`kda_dhu.value_block`), each program walks all chunks of one
+    Like the state backward (`dhu.value_block`), each program walks all chunks of one
     (sequence, head, value block) in turn, so a round of a few long sequences (a tree's
     root chain, its replay rounds) runs num_seqs x heads x V / BV programs on 132 SMs: 64 at
     one sequence with fla's BV 32. There a smaller value block (which fla's configs lack)
@@ -82,22 +81,23 @@ def fwd_h_config(num_seqs: int, heads: int, v_dim: int, sms: int | None) -> tupl
     best config; benchmarks/results/h200_session6/s6a/fwdh): one 38.7k sequence 1.79 / 1.10
     / 1.10, two 1.47 / 0.91 / 0.91, three 1.31 / 0.86 / 0.85 (BV 32, 4, 3); at sixteen of 2k
     fla's own configs hold the best (BV 64, 4 warps, 2 stages: 0.38), so rounds of more
-    than about 1.5 x sms programs at BV 32 keep fla's launch, as the expanded baseline does.
-    `HARTS_FWD_H` overrides ("fla" or "BV,warps,stages")."""
-    env = os.environ.get(FWD_H_ENV, "").strip()
-    if env == "fla":
+    than `kernels.kda_fwd_h_programs_per_sm` x sms programs at BV 32 keep fla's launch, as
+    the expanded baseline does. `kernels.kda_fwd_h` overrides ("fla" or "BV,warps,stages")."""
+    launch = kernels.kda_fwd_h_launch
+    if launch == "fla":
         return None
-    if env:
-        bv, warps, stages = (int(x) for x in env.split(","))
-        return bv, warps, stages
-    if not sms or num_seqs * heads * triton.cdiv(v_dim, 32) > 1.5 * sms:
+    if launch != "auto":
+        return launch
+    if not sms or num_seqs * heads * triton.cdiv(v_dim, 32) > kernels.kda_fwd_h_programs_per_sm * sms:
         return None
     return 16, 4, 3
 
 
-def _fwd_h(f, kg, w, u, gk, h0, cu, chunk_offsets, num_chunks, B, *, h_dtype, with_final):
+def _fwd_h(f, kg, w, u, gk, h0, cu, chunk_offsets, num_chunks, B, *, h_dtype, with_final,
+           kernels: KernelConfig = DEFAULT_KERNELS, record: KernelRecord | None = None):
     """fla's forward state kernel: (h [1, NT, H, K, V] in h_dtype, v_new like u, final fp32
-    [N, H, K, V] or None), launched with `fwd_h_config`'s config where it names one."""
+    [N, H, K, V] or None), launched with `fwd_h_config`'s config where it names one. Where
+    fla does not take that launch, this call runs fla's own and reports the fallback."""
     _, T, H, K = kg.shape
     V = u.shape[-1]
     N = cu.numel() - 1
@@ -108,7 +108,7 @@ def _fwd_h(f, kg, w, u, gk, h0, cu, chunk_offsets, num_chunks, B, *, h_dtype, wi
     args = dict(k=kg, v=u, w=w, v_new=v_new, g=None, gk=gk, h=h, h0=h0, ht=final, cu_seqlens=cu,
                 chunk_offsets=chunk_offsets, T=T, H=H, HV=H, K=K, V=V, BT=B, STATE_V_FIRST=False)
     sms = torch.cuda.get_device_properties(kg.device).multi_processor_count if kg.is_cuda else None
-    config = None if _FWD_H_EXPLICIT_FAILED else fwd_h_config(N, H, V, sms)
+    config = fwd_h_config(N, H, V, sms, kernels)
     if config is not None:
         # past fla's heuristics and autotuner (kernel.fn.fn: the jitted function), so the
         # constexprs its heuristics would set are passed here: tied to fla-core 0.6.0's
@@ -121,19 +121,11 @@ def _fwd_h(f, kg, w, u, gk, h0, cu, chunk_offsets, num_chunks, B, *, h_dtype, wi
                 num_warps=warps, num_stages=stages)
             return h, v_new, final
         except (AttributeError, KeyError, TypeError, ValueError, OutOfResources) as err:
-            _explicit_launch_failed(err)
+            report_fallback(record, "kda_fwd_h", "BV={},warps={},stages={}".format(*config), "fla",
+                            f"fla's forward state kernel did not take the explicit launch config "
+                            f"({type(err).__name__}: {err}); this call used fla's own launch")
     kernel[lambda meta: (triton.cdiv(V, meta["BV"]) * N * H,)](**args)
     return h, v_new, final
-
-
-_FWD_H_EXPLICIT_FAILED = False
-
-
-def _explicit_launch_failed(err: Exception) -> None:
-    global _FWD_H_EXPLICIT_FAILED
-    _FWD_H_EXPLICIT_FAILED = True
-    warnings.warn(f"fla's forward state kernel did not take HARTS's explicit launch config "
-                  f"({type(err).__name__}: {err}); using fla's own launch from now on", RuntimeWarning, stacklevel=3)
 
 
 def boundary_index(cu_seqlens: np.ndarray, chunk_size: int) -> dict[str, np.ndarray]:
@@ -226,7 +218,7 @@ def build_injection(dstates: torch.Tensor | None, dht: torch.Tensor | None, chun
 
 class _ChunkKDAStates(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, h0, scale, cu, B, chunk_sel, gather, last_N, num_chunks, cu_host):
+    def forward(ctx, q, k, v, g, beta, h0, scale, cu, B, chunk_sel, gather, last_N, num_chunks, cu_host, launch):
         ctx.set_materialize_grads(False)
         f = _fla()
         # fla's prepare_chunk_indices on a device cu_seqlens reads its sum on the host (a
@@ -239,7 +231,7 @@ class _ChunkKDAStates(torch.autograd.Function):
             chunk_indices=chunk_indices, safe_gate=False, disable_recompute=False,
         )
         h, v_new, final = _fwd_h(f, kg, w, u, g_cum, h0, cu, chunk_offsets, num_chunks, B,
-                                 h_dtype=torch.float32, with_final=True)
+                                 h_dtype=torch.float32, with_final=True, kernels=launch[0], record=launch[1])
         o = f["chunk_gla_fwd_o_gk"](
             q=q, v=v_new, g=g_cum, A=Aqk, h=h, scale=scale, cu_seqlens=cu, chunk_size=B,
             chunk_indices=chunk_indices,
@@ -255,7 +247,7 @@ class _ChunkKDAStates(torch.autograd.Function):
             states[pos_f] = final[src_f]
         ctx.save_for_backward(q, k, v, g_cum, beta, Aqk, Akk, h0, cu, chunk_indices, chunk_offsets)
         ctx.scale, ctx.B, ctx.num_chunks, ctx.g_dtype = scale, B, num_chunks, g.dtype
-        ctx.chunk_sel, ctx.last_N = chunk_sel, last_N
+        ctx.chunk_sel, ctx.last_N, ctx.launch = chunk_sel, last_N, launch
         return o, final, states
 
     @staticmethod
@@ -269,7 +261,8 @@ class _ChunkKDAStates(torch.autograd.Function):
         w, u, qg, kg = f["recompute_w_u_fwd"](
             q=q, k=k, v=v, beta=beta, A=Akk, gk=g, cu_seqlens=cu, chunk_indices=chunk_indices,
         )
-        h, v_new, _ = _fwd_h(f, kg, w, u, g, h0, cu, chunk_offsets, NT, B, h_dtype=k.dtype, with_final=False)
+        h, v_new, _ = _fwd_h(f, kg, w, u, g, h0, cu, chunk_offsets, NT, B, h_dtype=k.dtype, with_final=False,
+                             kernels=ctx.launch[0], record=ctx.launch[1])
         dAqk, dv = f["chunk_kda_bwd_dAv"](
             q=q, k=k, v=v_new, do=do, A=Aqk, scale=scale, cu_seqlens=cu, chunk_size=B,
             chunk_indices=chunk_indices,
@@ -294,7 +287,7 @@ class _ChunkKDAStates(torch.autograd.Function):
         )
         dg = f["chunk_local_cumsum"](dg, chunk_size=B, reverse=True, cu_seqlens=cu, chunk_indices=chunk_indices)
         return (dq.to(q), dk.to(k), dv.to(v), dg.to(ctx.g_dtype), db.to(beta), dh0, None, None, None, None, None, None, None,
-                None)
+                None, None)
 
 
 def chunk_kda_fast(
@@ -312,6 +305,8 @@ def chunk_kda_fast(
     output_chunk_states: bool = False,
     chunk_state_index: torch.Tensor | np.ndarray | None = None,
     cu_seqlens_cpu: torch.Tensor | np.ndarray | None = None,
+    kernels: KernelConfig = DEFAULT_KERNELS,
+    record: KernelRecord | None = None,
 ) -> KDAOutput:
     """`harts.exec.ops.kda.chunk_kda` on fla-core's kernels (CUDA; fp32, bf16 or fp16 inputs).
 
@@ -319,6 +314,8 @@ def chunk_kda_fast(
     CUDA tensor is copied to the host); only those are gathered, and only their gradients
     enter the backward. An empty index runs fla's plain chunk_kda.
     cu_seqlens_cpu: a host copy of cu_seqlens (saves a device-to-host sync per call).
+    kernels: the forward state kernel's launch (`fwd_h_config`); record: where a launch
+    fallback is reported.
     """
     if chunk_state_index is not None and not output_chunk_states:
         raise ValueError("chunk_state_index needs output_chunk_states=True")
@@ -341,17 +338,18 @@ def chunk_kda_fast(
         sel = (np.arange(num_states) if chunk_state_index is None
                else check_chunk_state_index(chunk_state_index, num_states))
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if q.is_cuda else None
-    if (not output_chunk_states or sel.size == 0) and fwd_h_config(int(cu_host.numel()) - 1, H, v.shape[-1], sms):
+    narrow = fwd_h_config(int(cu_host.numel()) - 1, H, v.shape[-1], sms, kernels)
+    if (not output_chunk_states or sel.size == 0) and narrow:
         # no state handed on, but few sequences (a stepwise chain: one): our path, whose
         # forward state kernel runs at the narrow value block (`fwd_h_config`) and whose
-        # state backward at `kda_dhu.value_block`, where fla's launches leave half the SMs
+        # state backward at `dhu.value_block`, where fla's launches leave half the SMs
         # idle (the stepwise tree step's fwd_h took 17.5 ms against 4.7 for its share of
         # the expanded step's, s7a); no states selected
         ix = ix if ix is not None else boundary_index(cu_host.numpy(), chunk_size)
         none = np.zeros(0, np.int64)
         o, final, _ = _ChunkKDAStates.apply(
             q4, k4, v4, g4, b3, h0, scale, cu, chunk_size, none, state_gather(none, ix["num_chunks"]),
-            ix["last_chunk"], ix["num_chunks"], cu_host.numpy(),
+            ix["last_chunk"], ix["num_chunks"], cu_host.numpy(), (kernels, record),
         )
         return KDAOutput(o[0].to(v.dtype), final if output_final_state else None,
                          final[:0] if output_chunk_states else None,
@@ -373,6 +371,7 @@ def chunk_kda_fast(
     o, final, states = _ChunkKDAStates.apply(
         q4, k4, v4, g4, b3, h0, scale, cu, chunk_size, ix["chunk"][sel],
         state_gather(ix["source"][sel], ix["num_chunks"]), ix["last_chunk"], ix["num_chunks"], cu_host.numpy(),
+        (kernels, record),
     )
     return KDAOutput(o[0].to(v.dtype), final if output_final_state else None, states,
                      to_device(ix["state_offsets"], dev))

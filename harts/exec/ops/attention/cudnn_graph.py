@@ -3,7 +3,7 @@
 Legend: T packed rows, B sequences, H heads, D qk dim, E value dim, S a sequence-length
 bound (the graph's padded length).
 
-`split_attention` needs a varlen kernel (many sequences in one call). torch 2.11's ragged
+`split` needs a varlen kernel (many sequences in one call). torch 2.11's ragged
 cuDNN entry (`_cudnn_attention_forward/_backward` with cumulative lengths) has a wrong
 backward on any sequence longer than the head dim: it sizes cuDNN's dQ accumulator by
 `query.size(2)`, which on the flat [T, H, D] layout is D (pytorch/pytorch#186142, fixed
@@ -35,7 +35,7 @@ running it (`GraphCall.run`); with `all_plans` every plan cuDNN offers is built,
 Host-only pieces (`ragged_metadata`, `padded_rows`, `bucket_len`, `bucket_batch`,
 `pad_batch`) are pure numpy and tested on CPU; the
 kernel itself is checked on the GPU against the float64 reference by
-`split_attention.cudnn_kernel(variant="graph")` before first use.
+`split.cudnn_kernel(variant="graph")` before first use.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from harts.exec.gpu.split_attention import VarlenKernel
+from harts.exec.ops.attention.kernel import VarlenKernel
 from harts.exec.transfer import to_device
 
 S_ROUND = 256  # the smallest sequence-length bound of a cached graph (bounds are multiples of 64)
@@ -275,7 +275,7 @@ def _build_bwd(handle, dt, B, H, Sq, Sk, D, E, lq, lk, lv, lo, scale, causal, bo
 
 
 class GraphKernel(VarlenKernel):
-    """A `split_attention.VarlenKernel` on cuDNN graphs: one forward and one backward call
+    """A `kernel.VarlenKernel` on cuDNN graphs: one forward and one backward call
     for all sequences. `bottom_right` aligns causal masks to the bottom right (a sequence
     with fewer queries than keys: `path_attention`'s layout). `factor` (natural log per
     unit of cuDNN's statistics) and `stats_ragged` are set by the self-check."""
@@ -451,8 +451,8 @@ def plan_table(call: GraphCall, time_fn) -> list[dict]:
 def setup(qk_dim: int, v_dim: int, bottom_right: bool = False, deterministic: bool = True) -> GraphKernel:
     """A graph kernel whose statistics layout (ragged first, then padded) and base (e or 2)
     match the float64 reference on a causal case; raises if neither does. The caller runs
-    the full self-check (`split_attention._check`) on the result."""
-    from harts.exec.gpu.split_attention import REFERENCE, _case
+    the full self-check (`split._check`) on the result."""
+    from harts.exec.ops.attention.kernel import REFERENCE, _case
 
     if not available():
         raise RuntimeError("the cuDNN frontend (nvidia-cudnn-frontend) or CUDA is not available")
@@ -508,10 +508,10 @@ def varlen_fn(kern: GraphKernel, causal: bool = True):
 @torch.no_grad()
 def check_bottom_right(kern: GraphKernel, qk_dim: int, v_dim: int) -> GraphKernel:
     """Bottom-right causal sequences with fewer queries than keys (short and long) against
-    the float64 reference's explicit formulas (`split_attention.REFERENCE_BOTTOM_RIGHT`):
+    the float64 reference's explicit formulas (`kernel.REFERENCE_BOTTOM_RIGHT`):
     outputs, log-sum-exp and every gradient; raises on a mismatch. No autograd: it runs
     wherever the first forward runs (under no_grad, inside activation checkpointing)."""
-    from harts.exec.gpu.split_attention import REFERENCE_BOTTOM_RIGHT, _case
+    from harts.exec.ops.attention.kernel import REFERENCE_BOTTOM_RIGHT, _case
 
     scale = qk_dim ** -0.5
     for nq, nk in (([5, 19, 40], [9, 50, 41]), ([300, 1000, 700], [1300, 1000, 2500]), ([1, 3, 70], [4, 3, 200])):

@@ -25,7 +25,7 @@ fixed order. The first version scattered all three with fp32 atomic adds; in the
 step profile (s5f) that backward took 5.8 ms a call at 2048 channels, 103.7 ms of the
 1.40 s tree step and 460 ms of the 5.26 s expanded one, against 0.28 ms for the forward.
 
-The default on CUDA (harts.exec.backend.conv_impl; `HARTS_CONV=reference` switches back):
+The default on CUDA (harts.exec.backend.conv_impl; `KernelConfig(conv="reference")` switches back):
 on the H200 at 82k rows x 2048 channels, bf16, 0.32 vs 3.4 ms forward and 6.7 vs 11.2 ms
 forward+backward against the gather form (benchmarks/results/h200_session3/conv.json).
 CI checks it under TRITON_INTERPRET=1 against the reference.
@@ -33,13 +33,11 @@ CI checks it under TRITON_INTERPRET=1 against the reference.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from harts.exec.gpu.segment_sum import inverse as segment_inverse
+from harts.exec.ops.segment_sum import inverse as segment_inverse
 
 
 @triton.jit
@@ -175,25 +173,21 @@ def _tiles(D: int) -> tuple[int, int]:
     return 32, min(128, max(16, triton.next_power_of_2(D)))
 
 
-BWD_TILES_ENV = "HARTS_CONV_BWD_TILES"  # "BD,BT_g,NSUB,warps_g,BT_dx,warps_dx" (tile sweeps)
-
-
-def _bwd_tiles(D: int) -> tuple[int, int, int, int, int, int]:
+def _bwd_tiles(D: int, tiles: tuple[int, ...] | None = None) -> tuple[int, int, int, int, int, int]:
     """(BD, BT and row tiles per program and warps of the g kernel, BT and warps of the dx
-    kernel); `HARTS_CONV_BWD_TILES` overrides. The default is the fastest of 17 tile sets
+    kernel); `tiles` (`KernelConfig.conv_bwd_tiles`) overrides. The default is the fastest of 17 tile sets
     on the H200 at 82k rows x 2048 channels (s6d `convtiles`: 1.89 ms per backward against
     2.28 for 128-channel, 32-row tiles of 4 warps; dx's bits do not depend on the tiles)."""
-    env = os.environ.get(BWD_TILES_ENV, "").strip()
     pow2 = max(16, triton.next_power_of_2(D))
-    if env:
-        BD, BTg, nsub, wg, BTx, wx = (int(v) for v in env.split(","))
+    if tiles is not None:
+        BD, BTg, nsub, wg, BTx, wx = tiles
         return min(BD, pow2), BTg, nsub, wg, BTx, wx
     return min(64, pow2), 16, 16, 2, 16, 2
 
 
 class _ShortConvFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x_TD, weight_DW, bias_D, window_TW, silu):
+    def forward(ctx, x_TD, weight_DW, bias_D, window_TW, silu, tiles):
         T_in, D = x_TD.shape
         T, W = window_TW.shape  # output rows: one per window row
         x = x_TD.contiguous()
@@ -205,9 +199,9 @@ class _ShortConvFn(torch.autograd.Function):
         _conv_fwd_kernel[grid](x, win, w, bias_D if bias_D is not None else w, y, T, D=D, W=W, BT=BT, BD=BD,
                                HAS_BIAS=bias_D is not None, SILU=silu)
         ctx.save_for_backward(x, w, bias_D if bias_D is not None else w, win)
-        ctx.has_bias, ctx.silu = bias_D is not None, silu
+        ctx.has_bias, ctx.silu, ctx.tiles = bias_D is not None, silu, tiles
         # the inverse is cached on the caller's window tensor (the step's conv layers share it)
-        ctx.inverse = (window_inverse(window_TW if win is window_TW else win, _bwd_tiles(D)[4], T_in)
+        ctx.inverse = (window_inverse(window_TW if win is window_TW else win, _bwd_tiles(D, tiles)[4], T_in)
                        if ctx.needs_input_grad[0] else None)
         return y
 
@@ -217,7 +211,7 @@ class _ShortConvFn(torch.autograd.Function):
         T_in, D = x.shape
         T = win.shape[0]
         W = w.shape[1]
-        BD, BTg, nsub, warps_g, BTx, warps_x = _bwd_tiles(D)
+        BD, BTg, nsub, warps_g, BTx, warps_x = _bwd_tiles(D, ctx.tiles)
         BW = triton.next_power_of_2(W)
         progs = triton.cdiv(T, BTg * nsub)
         g = torch.empty(T, D, dtype=torch.float32, device=x.device)
@@ -235,14 +229,16 @@ class _ShortConvFn(torch.autograd.Function):
             g, w, ptr, ref, col, tile_pairs, dx, T_in, D=D, W=W, BT=BTx, BD=BD, num_warps=warps_x)
         dw = pdw.sum(dim=0)[:W].t().contiguous()
         db = pdb.sum(dim=0).to(b.dtype) if ctx.has_bias else None
-        return dx, dw.to(w.dtype), db, None, None
+        return dx, dw.to(w.dtype), db, None, None, None
 
 
 def short_conv_fused(x_TD: torch.Tensor, weight_DW: torch.Tensor, bias_D: torch.Tensor | None, *,
-                     window_TW: torch.Tensor, activation: str | None = "silu") -> torch.Tensor:
+                     window_TW: torch.Tensor, activation: str | None = "silu",
+                     bwd_tiles: tuple[int, ...] | None = None) -> torch.Tensor:
     """`harts.exec.ops.conv.short_conv` (no carried state) as one fused Triton kernel each way.
     One output row per window row; the window's indices are rows of x (so the output may
-    be another order of x's rows, some repeated: a gather fused into the conv)."""
+    be another order of x's rows, some repeated: a gather fused into the conv). `bwd_tiles`:
+    the backward's tiles (`_bwd_tiles`; None = the default)."""
     if activation not in ("silu", "swish", None):
         raise ValueError(f"unknown activation {activation!r}; expected 'silu', 'swish' or None")
     T, D = x_TD.shape
@@ -252,4 +248,5 @@ def short_conv_fused(x_TD: torch.Tensor, weight_DW: torch.Tensor, bias_D: torch.
             f"expected weight [D, W] = [{D}, W] and window [T_out, W] = [T_out, {W}]; got "
             f"{list(weight_DW.shape)} and {list(window_TW.shape)}"
         )
-    return _ShortConvFn.apply(x_TD, weight_DW, bias_D, window_TW, activation is not None)
+    return _ShortConvFn.apply(x_TD, weight_DW, bias_D, window_TW, activation is not None,
+                              None if bwd_tiles is None else tuple(bwd_tiles))

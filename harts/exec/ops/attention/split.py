@@ -8,7 +8,7 @@ one head dim for q, k and v, so MLA's values (128) are padded to the qk dim (192
 SDPA takes 192 / 128 as they are and is the fastest attention on the H200 at this shape
 (causal 32k x 16 heads: 39 ms forward+backward against 61 ms with padded values and 82 ms
 for flash varlen; benchmarks/results/h200_session3/), but its varlen entry aligns causal
-masks top-left. So split each query segment (see `path_attention.segments_of`) into
+masks top-left. So split each query segment (see `varlen.segments_of`) into
 
   part A: its n queries x the a rows of its ancestor path, no mask (a rectangle);
   part B: its n queries x its own n rows, causal (a square, where top-left and
@@ -59,7 +59,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from harts.exec.gpu.path_attention import PathSegments
+from harts.exec.ops.attention.kernel import REFERENCE, REFERENCE_BOTTOM_RIGHT, VarlenKernel, _case  # noqa: F401
+from harts.exec.ops.attention.varlen import PathSegments
 from harts.exec.transfer import to_device
 
 
@@ -148,75 +149,6 @@ def piece_segments(seg: PathSegments, all_rows_are_queries: bool) -> SplitSegmen
         base, qa_index=qa, cu_qa=np.r_[0, np.cumsum(nq)].astype(np.int64), anc_rows=keys,
         cu_ka=np.r_[0, np.cumsum(size)].astype(np.int64), max_qa=int(nq.max()), max_ka=int(size.max()),
         qa_unique=False)
-
-
-class VarlenKernel:
-    """fwd(q_THD, k_SHD, v_SHE, cu_q, cu_k, max_q, max_k, causal, scale) -> (o_THE, lse_TH, aux);
-    bwd(do, q, k, v, o, lse_TH, aux, cu_q, cu_k, max_q, max_k, causal, scale) -> dq, dk, dv.
-    cu_* are host int64 arrays; lse is natural-log, float32 or wider, [T, H]."""
-
-    name = "abstract"
-
-    def fwd(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
-        raise NotImplementedError
-
-    def bwd(self, do, q, k, v, o, lse, aux, cu_q, cu_k, max_q, max_k, causal, scale):
-        raise NotImplementedError
-
-    def aux_for(self, cu_q, cu_k, heads: int, device):
-        """The `aux` that `bwd` needs when the forward ran elsewhere (o and lse from another
-        kernel: `path_split_attention`); None where `bwd` needs none."""
-        return None
-
-
-class _Reference(VarlenKernel):
-    """Dense math per sequence. Causal masks are aligned top-left (the split's parts are
-    squares, where the alignments coincide) or, with `bottom_right`, to the bottom right (a
-    sequence's queries are its last keys: the whole-path layout of `path_attention`)."""
-
-    def __init__(self, bottom_right: bool = False):
-        self.bottom_right = bottom_right
-        self.name = "reference-br" if bottom_right else "reference"
-
-    def _probs(self, q, k, lse, causal, scale):
-        s = torch.einsum("nhd,mhd->hnm", q, k) * scale
-        if causal:
-            n, m = q.shape[0], k.shape[0]
-            shift = m - n if self.bottom_right else 0
-            s = s.masked_fill(torch.ones(n, m, dtype=torch.bool, device=q.device).triu(1 + shift), float("-inf"))
-        if lse is None:
-            lse = torch.logsumexp(s, dim=-1).transpose(0, 1)  # [n, H]
-        return torch.exp(s - lse.transpose(0, 1)[..., None]), lse
-
-    def fwd(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
-        wide = torch.promote_types(q.dtype, torch.float32)
-        o = q.new_zeros(q.shape[0], q.shape[1], v.shape[-1])
-        lse = torch.empty(q.shape[0], q.shape[1], dtype=wide, device=q.device)
-        for s in range(cu_q.size - 1):
-            qs, ks, vs = (x.to(wide) for x in (q[cu_q[s]:cu_q[s + 1]], k[cu_k[s]:cu_k[s + 1]], v[cu_k[s]:cu_k[s + 1]]))
-            p, lse_s = self._probs(qs, ks, None, causal, scale)
-            o[cu_q[s]:cu_q[s + 1]] = torch.einsum("hnm,mhe->nhe", p, vs).to(o.dtype)
-            lse[cu_q[s]:cu_q[s + 1]] = lse_s
-        return o, lse, None
-
-    def bwd(self, do, q, k, v, o, lse, aux, cu_q, cu_k, max_q, max_k, causal, scale):
-        wide = torch.promote_types(q.dtype, torch.float32)
-        dq, dk, dv = (torch.zeros_like(x, dtype=wide) for x in (q, k, v))
-        for s in range(cu_q.size - 1):
-            a, b, c, d = cu_q[s], cu_q[s + 1], cu_k[s], cu_k[s + 1]
-            qs, ks, vs, dos, os_ = (x.to(wide) for x in (q[a:b], k[c:d], v[c:d], do[a:b], o[a:b]))
-            p, _ = self._probs(qs, ks, lse[a:b].to(wide), causal, scale)
-            dv[c:d] += torch.einsum("hnm,nhe->mhe", p, dos)
-            dp = torch.einsum("nhe,mhe->hnm", dos, vs)
-            row = (dos * os_).sum(-1).transpose(0, 1)[..., None]  # [H, n, 1]
-            ds = p * (dp - row) * scale
-            dq[a:b] += torch.einsum("hnm,mhd->nhd", ds, ks)
-            dk[c:d] += torch.einsum("hnm,nhd->mhd", ds, qs)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
-
-
-REFERENCE = _Reference()
-REFERENCE_BOTTOM_RIGHT = _Reference(bottom_right=True)
 
 
 class _CuDNN(VarlenKernel):
@@ -339,16 +271,6 @@ def _write_lse(lse: Tensor, like: Tensor, layout: str, factor: float) -> Tensor:
     return x.to(like.dtype).contiguous().reshape(like.shape)
 
 
-def _case(qk_dim, v_dim, n, m, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    H = 3
-    q = torch.randn(sum(n), H, qk_dim, device="cuda", generator=g).bfloat16()
-    k = torch.randn(sum(m), H, qk_dim, device="cuda", generator=g).bfloat16()
-    v = torch.randn(sum(m), H, v_dim, device="cuda", generator=g).bfloat16()
-    do = torch.randn(sum(n), H, v_dim, device="cuda", generator=g).bfloat16()
-    return q, k, v, do, np.r_[0, np.cumsum(n)].astype(np.int64), np.r_[0, np.cumsum(m)].astype(np.int64)
-
-
 @functools.cache
 def cudnn_kernel(qk_dim: int, v_dim: int, variant: str = "dense-strided") -> VarlenKernel:
     """A cuDNN kernel ("dense": one dense call per sequence on contiguous copies;
@@ -367,7 +289,7 @@ def cudnn_kernel(qk_dim: int, v_dim: int, variant: str = "dense-strided") -> Var
     if variant in ("dense", "dense-strided"):
         return _check(_dense_setup(qk_dim, v_dim, variant == "dense-strided"), qk_dim, v_dim)
     if variant in ("graph", "graph-nondet"):
-        from harts.exec.gpu import cudnn_graph
+        from harts.exec.ops.attention import cudnn_graph
 
         return _check(cudnn_graph.setup(qk_dim, v_dim, deterministic=variant == "graph"), qk_dim, v_dim)
     if variant != "ragged":
@@ -519,7 +441,7 @@ def split_backward(do, q, k, v, o, lse, scale, sp: SplitSegments, kernel: Varlen
         if own is None and idx.get("gather_add", q.is_cuda) and q.dtype != torch.float64:
             # the ancestors' shares summed onto their rows by gathers (fixed order, bf16
             # read as it is; `segment_sum`), not by index_add_ on float32 copies
-            from harts.exec.gpu import segment_sum
+            from harts.exec.ops import segment_sum
 
             inv_q, inv_k = _inverses(idx, q.shape[0], k.shape[0])
             return (segment_sum.gather_add(dqB, dqA, inv_q, dtype=q.dtype),
@@ -544,7 +466,7 @@ def split_backward(do, q, k, v, o, lse, scale, sp: SplitSegments, kernel: Varlen
 def _inverses(idx: dict, queries: int, rows: int):
     """The inverses of the query and ancestor indices for `segment_sum.gather_add`, built
     on first use and kept in the layout's index dict (the layers share them)."""
-    from harts.exec.gpu import segment_sum
+    from harts.exec.ops import segment_sum
 
     key = ("inverses", queries, rows, segment_sum.BT)
     if key not in idx:

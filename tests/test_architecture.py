@@ -1,0 +1,151 @@
+"""The package's shape: its import graph has no cycle and follows the layers, no module is
+over 800 lines, and only `harts.config.env` reads the environment.
+
+The graph is built from the source (every `import harts...` / `from harts... import ...`
+of every module under harts/, those inside functions included), not from what a run
+happens to import.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "harts"
+MAX_LINES = 800
+ENV_MODULE = "harts.config.env"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+SOURCES = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+TREES = {name: ast.parse(path.read_text(), filename=str(path)) for name, path in SOURCES.items()}
+
+
+def _resolve(name: str) -> str | None:
+    """The harts module a dotted name refers to: itself, or the module it is an attribute of."""
+    while name and name not in SOURCES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(module: str) -> tuple[set[str], set[str]]:
+    """(harts modules `module` imports, top-level external packages it imports)."""
+    internal: set[str] = set()
+    external: set[str] = set()
+    is_package = SOURCES[module].name == "__init__.py"
+    for node in ast.walk(TREES[module]):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "harts" or alias.name.startswith("harts."):
+                    internal.add(_resolve(alias.name))
+                else:
+                    external.add(alias.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target == "harts" or target.startswith("harts."):
+                for alias in node.names:
+                    full = f"{target}.{alias.name}"
+                    internal.add(full if full in SOURCES else _resolve(target))
+            else:
+                external.add(target.split(".")[0])
+    internal.discard(None)
+    internal.discard(module)
+    return internal, external
+
+
+IMPORTS = {m: _imports(m) for m in SOURCES}
+
+
+def _graph() -> nx.DiGraph:
+    g = nx.DiGraph()
+    g.add_nodes_from(SOURCES)
+    for m, (internal, _) in IMPORTS.items():
+        g.add_edges_from((m, t) for t in internal)
+    return g
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_the_graph_sees_imports_inside_functions():
+    # harts.exec.backend imports its GPU paths lazily, inside functions
+    assert "harts.exec.ops.kda.fla" in IMPORTS["harts.exec.backend"][0]
+    assert "torch" in IMPORTS["harts.exec.backend"][1]
+
+
+def test_no_import_cycle():
+    g = _graph()
+    cycles = [sorted(c) for c in nx.strongly_connected_components(g) if len(c) > 1]
+    assert not cycles, f"import cycles among: {cycles}"
+
+
+@pytest.mark.parametrize("layer, forbidden", [
+    ("tree", {"plan", "sim", "exec", "verify", "cli"}),
+    ("config", {"plan", "sim", "exec", "verify", "cli"}),
+    ("plan", {"exec", "verify", "cli"}),
+    ("sim", {"exec", "verify", "cli"}),
+    ("exec", {"verify", "cli"}),
+])
+def test_layers_import_only_downwards(layer, forbidden):
+    bad = sorted((m, t) for m, (internal, _) in IMPORTS.items() if _layer(m) == layer
+                 for t in internal if _layer(t) in forbidden)
+    assert not bad, f"harts.{layer} imports against the layer direction: {bad}"
+
+
+@pytest.mark.parametrize("layer", ["tree", "config", "plan", "sim"])
+def test_lower_layers_never_reach_torch(layer):
+    # torch imported by the module itself or by any harts module it reaches
+    g = _graph()
+    bad = []
+    for m in SOURCES:
+        if _layer(m) != layer:
+            continue
+        for reached in {m} | nx.descendants(g, m):
+            if "torch" in IMPORTS[reached][1]:
+                bad.append((m, reached))
+    assert not bad, f"harts.{layer} reaches torch: {sorted(bad)}"
+
+
+def test_no_module_over_800_lines():
+    long = {m: n for m, p in SOURCES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def _environment_reads(tree: ast.AST) -> list[int]:
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "putenv", "unsetenv"):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Name) and node.id in ("environ", "getenv"):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "os" and any(
+                a.name in ("environ", "getenv", "putenv", "unsetenv") for a in node.names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_scan_finds_environment_reads():
+    assert _environment_reads(ast.parse("import os\nx = os.environ.get('A')\ny = os.getenv('B')\n")) == [2, 3]
+    assert _environment_reads(ast.parse("from os import environ\nz = environ['C']\n")) == [1, 2]
+    assert _environment_reads(TREES[ENV_MODULE])
+
+
+def test_only_the_configuration_module_reads_the_environment():
+    bad = {m: lines for m, tree in TREES.items() if m != ENV_MODULE and (lines := _environment_reads(tree))}
+    assert not bad, f"environment reads outside {ENV_MODULE}: {bad}"

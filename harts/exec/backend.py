@@ -261,8 +261,9 @@ class FastTreeAttention:
     intervals. What each needs (segments, block mask) is built on first use and reused by
     every layer (and recomputation)."""
 
-    def __init__(self, q_local_C: Tensor, end_L: Tensor, parent_L=None):
+    def __init__(self, q_local_C: Tensor, end_L: Tensor, parent_L=None, q_local_host=None):
         self.q_local_C = q_local_C
+        self.q_local_host = q_local_host  # numpy copy of q_local_C (no device-to-host read)
         self.end_L = end_L
         self.parent_L = parent_L
         self._mask = None
@@ -303,7 +304,8 @@ class FastTreeAttention:
             from harts.exec.gpu.path_attention import segments_of
 
             full = self.q_local_C.numel() == self.end_L.numel()
-            seg = segments_of(self.parent_L, None if full else self.q_local_C.cpu().numpy())
+            q_host = self.q_local_host if self.q_local_host is not None else self.q_local_C.cpu().numpy()
+            seg = segments_of(self.parent_L, None if full else q_host)
             self._segments = (seg, to_device(seg.key_rows, device), full)
         return self._segments
 
@@ -377,12 +379,12 @@ class FastTreeAttention:
 
 
 def tree_attention(q_local_C: Tensor, end_L: Tensor, device: torch.device,
-                   parent_L=None) -> FastTreeAttention | None:
+                   parent_L=None, q_local_host=None) -> FastTreeAttention | None:
     """The fast ancestor attention for a layout, or None where the dense-mask reference runs.
     parent_L (numpy, local parents) enables the varlen path."""
     if tree_attention_impl(device) is Impl.REFERENCE:
         return None
-    return FastTreeAttention(q_local_C, end_L, parent_L)
+    return FastTreeAttention(q_local_C, end_L, parent_L, q_local_host)
 
 
 def expanded_graph_attention() -> bool:

@@ -69,6 +69,8 @@ def provenance(argv: list[str]) -> dict:
     root = Path(__file__).resolve().parents[2]
 
     def git(*a):
+        if not (root / ".git").exists():  # a copy of the tree inside another checkout: not its revision
+            return ""
         try:
             return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
         except Exception:  # noqa: BLE001 - no git on the device machine is fine
@@ -81,8 +83,8 @@ def provenance(argv: list[str]) -> dict:
         except Exception:  # noqa: BLE001
             versions[mod] = None
     return {
-        "git_rev": git("rev-parse", "HEAD") or os.environ.get("HARTS_GIT_REV", ""),
-        "git_dirty": bool(git("status", "--porcelain")),
+        "git_rev": os.environ.get("HARTS_GIT_REV") or git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain")) if not os.environ.get("HARTS_GIT_REV") else None,
         "command": " ".join(["python3", *argv]),
         "versions": versions,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,

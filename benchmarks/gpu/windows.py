@@ -149,7 +149,7 @@ def run_case(kind: str, trajs, budget: int, args) -> dict:
                           for w in trainer.windows]
         out["producer_retention"] = plan.producer_retention
         out["peak_retained_bytes"] = trainer.peak_retained_bytes
-    del trainer, res
+    del trainer, res, prepared  # a prepared window run holds the trainer (its hooks): free it here
     _free()
     return out
 
@@ -171,7 +171,7 @@ def profile_case(kind: str, trajs, budget: int, args, top: int = 30) -> dict:
                  key=lambda r: -r[1])
     kernel_s = sum(e.device_time / 1e6 for e in prof.events()
                    if e.device_type == torch.autograd.DeviceType.CUDA)
-    del trainer
+    del trainer, prepared
     _free()
     return {"kind": kind, "budget": budget, "wall_s": wall, "kernel_s": kernel_s,
             "top_ops": [{"op": k, "device_s": s, "calls": c} for k, s, c in ops[:top] if s > 0]}

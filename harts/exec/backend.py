@@ -381,7 +381,8 @@ class FastTreeAttention:
 def tree_attention(q_local_C: Tensor, end_L: Tensor, device: torch.device,
                    parent_L=None, q_local_host=None) -> FastTreeAttention | None:
     """The fast ancestor attention for a layout, or None where the dense-mask reference runs.
-    parent_L (numpy, local parents) enables the varlen path."""
+    parent_L (numpy, local parents) enables the varlen path; q_local_host (numpy, q_local_C's
+    values) spares a device-to-host read when a layout's queries are not all its rows."""
     if tree_attention_impl(device) is Impl.REFERENCE:
         return None
     return FastTreeAttention(q_local_C, end_L, parent_L, q_local_host)

@@ -19,6 +19,13 @@ data-parallel all-reduce of the step-global loss computes):
 3. after the window's last consumer: one producer backward, feeding its own loss and the
    accumulated leaf gradients through the producer graph.
 
+The data side is built ahead (`PlanTrainer.prepare`, as the other trainers', so
+`run_steps` overlaps it with the previous step): a consumer's context needs only the rows
+its producer's stash will keep (the window's `StashNeeds`), and the stash is bound when the
+consumer runs. Every read of stashed rows and every cut of the producer's tensors is a
+fixed-order gather (`RowGather`, `RowPlace`) whose backward is a gather, not autograd's
+scatter-add of advanced indexing.
+
 Row weights (occurrence counts for MoE statistics) count, for every computed row, the
 trajectories whose targets use *that computation*: a microbatch's own trajectories, and
 for a producer its consumers' trajectories. Summed over the step they are the expanded

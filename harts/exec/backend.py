@@ -133,16 +133,17 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, kerne
     return reference(q, k, v, g, beta, **kwargs)
 
 
-def tree_attention(q_local_C: Tensor, end_L: Tensor, device: torch.device, parent_L=None, *,
+def tree_attention(q_local_C: Tensor, end_L: Tensor, device: torch.device, parent_L=None, q_local_host=None, *,
                    kernels: KernelConfig = DEFAULT_KERNELS, record: KernelRecord | None = None):
     """The fast ancestor attention for a layout (`FastTreeAttention`), or None where the
     dense-mask reference runs. parent_L (numpy, local parents) enables the varlen, cuDNN
-    and graph paths."""
+    and graph paths; q_local_host (numpy, q_local_C's values) spares a device-to-host read
+    when a layout's queries are not all its rows."""
     if tree_attention_impl(device, kernels) is Impl.REFERENCE:
         return None
     from harts.exec.ops.attention.tree import FastTreeAttention
 
-    return FastTreeAttention(q_local_C, end_L, parent_L, kernels=kernels, record=record)
+    return FastTreeAttention(q_local_C, end_L, parent_L, q_local_host, kernels=kernels, record=record)
 
 
 def reference_attention_reason(device: torch.device, kernels: KernelConfig) -> str | None:

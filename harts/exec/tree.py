@@ -46,7 +46,7 @@ from torch import Tensor
 
 from harts.config.kernels import Impl, KernelConfig
 from harts.exec.ops.attention import naive as naive_attention
-from harts.exec.ops.gather import RowGather
+from harts.exec.ops.gather import RowGather, RowPlace
 from harts.exec.ops.record import KernelRecord, report, report_fallback
 from harts.exec.transfer import to_device
 from harts.plan.kda_calls import plan_kda_calls
@@ -365,12 +365,27 @@ class Stash:
     `leaves()` gives the consumers detached leaf copies (shared by all consumers, so their
     backward passes accumulate into `.grad`); `producer_backward_pairs()` pairs each kept
     tensor with that gradient for the producer's single backward.
+
+    Given the consumers' `needs` up front, each input is cut to its kept rows as it is
+    recorded, so the producer never holds every layer's full mixing inputs at once (it
+    would until the end of its forward otherwise). The cuts are `RowGather`s, built once
+    per kind of input: their backward is a gather, not autograd's zero-fill and
+    scatter-add of `t[idx]`.
     """
 
-    def __init__(self, computed_rows: np.ndarray, local_rows: np.ndarray | None = None):
+    def __init__(self, computed_rows: np.ndarray, local_rows: np.ndarray | None = None,
+                 needs: StashNeeds | None = None, device: torch.device | str | None = None):
         self.rows = computed_rows  # global rows the recorded tensors are indexed by
         # their local rows in the producer's layout (the schedule's numbering)
         self.local_rows = np.arange(computed_rows.size) if local_rows is None else local_rows
+        self.needs = needs
+        self._cuts: dict[str, RowGather] = {}
+        if needs is not None:
+            if device is None:
+                raise ValueError("a stash cut as it records needs the device of its index tensors")
+            self._device = torch.device(device)
+            for cat in ("attention", "conv", "kda", "hidden"):
+                self._cut(cat, getattr(needs, cat))
         self.inputs: dict[tuple[int, str], tuple[Tensor, ...]] = {}
         self.input_rows: dict[str, np.ndarray] = {}  # category -> global rows kept
         self.kda_states: dict[int, Tensor] = {}  # layer -> [n, H, K, V] at `state_keys`
@@ -384,23 +399,51 @@ class Stash:
         self._handed: dict[int, list[Tensor]] = {}
         self._leaves: dict = {}
 
+    def fresh(self) -> Stash:
+        """An empty stash over the same rows, sharing this one's gathers (built once)."""
+        new = Stash(self.rows, self.local_rows)
+        new.needs, new._cuts = self.needs, self._cuts
+        if self.needs is not None:
+            new._device = self._device
+        return new
+
+    def _cut(self, cat: str, rows: np.ndarray, device=None) -> RowGather:
+        """The gather of `rows` (global ids, ascending) out of the recorded rows."""
+        if cat not in self._cuts:
+            at = np.searchsorted(self.rows, rows)
+            if rows.size and (at.max() >= self.rows.size or not np.array_equal(self.rows[at], rows)):
+                raise ValueError(f"the producer does not compute every {cat} row its consumers read")
+            self._cuts[cat] = RowGather(at, self.rows.size, self._device if device is None else device)
+        return self._cuts[cat]
+
+    def record_input(self, key: tuple[int, str], own: tuple[Tensor, ...]) -> None:
+        """A mixing input over the computed rows, as the producer's context sees it. Cut to
+        the kept rows at once where the needs are known; a second call for the same key
+        (activation recomputation in the producer's backward) records nothing."""
+        if self.needs is None:
+            self.inputs[key] = own
+        elif key not in self.inputs:
+            cat = stash_category(key[1])
+            self.inputs[key] = self._cuts[cat](*own)
+            self.input_rows[cat] = getattr(self.needs, cat)
+
     def record_kda(self, layer: int, handed: list[Tensor]) -> None:
-        self._handed[layer] = handed
+        if self.needs is None or layer not in self.kda_states:
+            self._handed[layer] = handed
 
     def keep(self, needs: StashNeeds, hidden: Tensor) -> None:
         """Keep only what consumers read (called once, after the producer's forward)."""
-        for key, ts in self.inputs.items():
-            rows = getattr(needs, stash_category(key[1]))
-            idx = to_device(np.searchsorted(self.rows, rows), ts[0].device)
-            self.inputs[key] = tuple(t[idx] for t in ts)
-            self.input_rows[stash_category(key[1])] = rows
+        if self.needs is None:
+            for key, ts in self.inputs.items():
+                cat = stash_category(key[1])
+                self.inputs[key] = self._cut(cat, getattr(needs, cat), ts[0].device)(*ts)
+                self.input_rows[cat] = getattr(needs, cat)
         self.state_keys = list(needs.states)
         for layer in self._handed:
             states = [self._state_at(layer, row, a) for row, a in self.state_keys]
             self.kda_states[layer] = torch.stack(states) if states else None  # type: ignore[assignment]
         self._handed = {}
-        idx = to_device(np.searchsorted(self.rows, needs.hidden), hidden.device)
-        self.hidden = hidden[idx]
+        (self.hidden,) = self._cut("hidden", needs.hidden, hidden.device)(hidden)
         self.hidden_rows = needs.hidden
 
     def _state_at(self, layer: int, global_row: int, position: int) -> Tensor:
@@ -505,20 +548,32 @@ class TreeContext:
                  row_weight: np.ndarray | None = None, stash: Stash | None = None,
                  record: bool = False, schedule: KDASchedule | None = None,
                  record_states: Sequence[tuple[int, int]] | None = None,
-                 kernels: KernelConfig | None = None, kernel_record: KernelRecord | None = None):
+                 kernels: KernelConfig | None = None, kernel_record: KernelRecord | None = None,
+                 stash_needs: StashNeeds | None = None, record_needs: StashNeeds | None = None):
         """`record`: record a `Stash` for consumers; `record_states` lists the states they
         will read, as (global row at depth a-1, a) (StashNeeds.states), so that only those
         (and those later rounds start from) are requested from the KDA calls. With `record`
-        and no `record_states`, every chunk-boundary state is kept. `kernels`: which kernels
-        the calls run (default: `KernelConfig.from_env()`, built here); `kernel_record`:
-        where what they ran is recorded (default: a record of this context's own)."""
+        and no `record_states`, every chunk-boundary state is kept. `record_needs` (with
+        `record`): everything the consumers read (their `StashNeeds` union), so that inputs
+        are cut to it as they are recorded; its states are the `record_states`. `kernels`:
+        which kernels the calls run (default: `KernelConfig.from_env()`, built here);
+        `kernel_record`: where what they ran is recorded (default: a record of this
+        context's own).
+
+        A consumer's context is built from its producer's `stash`, or ahead of the
+        producer's run from `stash_needs` (the rows that stash keeps: the window's
+        `StashNeeds`), with the stash bound before the forward (`bind`)."""
         if kda_mode not in ("replay", "node"):
             raise ValueError(f"kda_mode must be 'replay' or 'node', got {kda_mode!r}")
         layout = layout if layout is not None else LocalLayout.full(forest)
         if kda_mode == "node" and not layout.computed.all():
             raise ValueError("the no-replay ablation runs on whole forests only")
-        if not layout.computed.all() and stash is None:
-            raise ValueError("a layout with context rows needs its producer's stash")
+        if not layout.computed.all() and stash is None and stash_needs is None:
+            raise ValueError("a layout with context rows needs its producer's stash (or the rows it keeps)")
+        if record_needs is not None:
+            if record_states is not None:
+                raise ValueError("give record_states or record_needs, not both")
+            record_states = record_needs.states
         self.forest = forest
         self.layout = layout
         self.chunk_size = chunk_size
@@ -538,30 +593,36 @@ class TreeContext:
         from harts.exec import backend
 
         # GPU: the fast paths of harts.exec.ops.attention.tree (None = dense reference)
-        self._fast_attention = backend.tree_attention(q_idx, end, dev, parent_L=layout.parent, kernels=self.kernels,
-                                                      record=self.kernel_record)
+        self._fast_attention = backend.tree_attention(q_idx, end, dev, parent_L=layout.parent, q_local_host=comp,
+                                                      kernels=self.kernels, record=self.kernel_record)
         if self._fast_attention is not None:
             self._fast_attention.prepare()
         self._reference_reason = backend.reference_attention_reason(dev, self.kernels)
         # [C, L]: key k is an ancestor-or-self of computed query q
         self.attn_mask = None if self._fast_attention is not None else naive_attention.ancestor_mask(q_idx, end)
-        self.stash = stash
-        self.record = Stash(layout.rows[comp], comp) if record else None
-        # local order = context rows (stash order) then computed rows, put back in place
-        ctx_idx = layout.context_index
-        order = np.concatenate([ctx_idx, comp])
-        inverse = np.empty(layout.num_rows, dtype=np.int64)
-        inverse[order] = np.arange(layout.num_rows)
-        self._to_local = to_device(inverse, dev)
-        if stash is not None:
-            # per kind of input: where each context row sits in the stash (-1: not kept,
-            # never read by a computed row; filled with zeros)
-            self._stash_pick = {}
-            for cat, kept in stash.input_rows.items():
+        self.stash = None
+        self._record_args = (layout.rows[comp], comp, record_needs, dev) if record else None
+        # an empty stash whose gathers every recording shares (`start_recording`)
+        self._record_template = Stash(*self._record_args) if record else None
+        self.record = self._record_template
+        self._places: dict[str, RowPlace] | None = None
+        self._take_computed: RowGather | None = None
+        if stash is not None or stash_needs is not None:
+            # per kind of input: the local rows over [stashed rows | computed rows], context
+            # rows the stash does not keep zero (never read by a computed row)
+            ctx_idx = layout.context_index
+            kept_rows = stash.input_rows if stash is not None else {
+                cat: getattr(stash_needs, cat) for cat in ("attention", "conv", "kda")}
+            self._places = {}
+            for cat, kept in kept_rows.items():
                 at = np.searchsorted(kept, layout.rows[ctx_idx])
                 ok = (at < kept.size) & (kept[np.minimum(at, max(kept.size - 1, 0))] == layout.rows[ctx_idx]) \
                     if kept.size else np.zeros(ctx_idx.size, bool)
-                self._stash_pick[cat] = to_device(np.where(ok, at, kept.size), dev)
+                self._places[cat] = RowPlace(layout.num_rows, comp, ctx_idx[ok], at[ok], kept.size, dev)
+            # the conv runs over every local row; the computed rows' outputs read back
+            self._take_computed = RowGather(comp, layout.num_rows, dev)
+            if stash is not None:
+                self.bind(stash)
         if schedule is not None:
             self.schedule = schedule
         elif kda_mode == "replay":
@@ -626,6 +687,33 @@ class TreeContext:
                 read[r].add(i)
         return [np.asarray(sorted(s), np.int64) for s in read]
 
+    def bind(self, stash: Stash) -> None:
+        """The producer's stash (its leaves) this consumer reads; its kept rows must be the
+        ones the context was built for."""
+        if self._places is None:
+            raise ValueError("this context reads no producer rows")
+        for cat, place in self._places.items():
+            kept = stash.input_rows.get(cat)
+            if kept is not None and kept.size != place.num_src:
+                raise ValueError(f"the stash keeps {kept.size} {cat} rows; this context was built for {place.num_src}")
+        self.stash = stash
+
+    def start_recording(self) -> Stash:
+        """A fresh `Stash` for this producer's next forward (a context prepared ahead runs
+        once per pass: the MoE statistics pass, then the training pass)."""
+        if self._record_template is None:
+            raise ValueError("this context does not record")
+        self.record = self._record_template.fresh()
+        self.record.schedule = self.schedule
+        self.record.chunk_state_index = self.chunk_state_index
+        return self.record
+
+    def release_record(self) -> None:
+        """Drop what the last recording holds (after the producer's backward), keeping
+        the context a recording one."""
+        if self._record_template is not None:
+            self.record = self._record_template
+
     @property
     def kda_rounds(self) -> int:
         return self.schedule.num_rounds
@@ -637,13 +725,12 @@ class TreeContext:
     def _local(self, key: tuple[int, str], *own: Tensor) -> tuple[Tensor, ...]:
         """Mixing inputs over all local rows: the producer's for context rows, ours after."""
         if self.record is not None:
-            self.record.inputs[key] = own
-        if self.stash is None:
+            self.record.record_input(key, own)
+        if self._places is None:
             return own
-        theirs = self.stash.inputs[key]
-        pick = self._stash_pick[stash_category(key[1])]
-        return tuple(torch.cat([torch.cat([t, t.new_zeros(1, *t.shape[1:])])[pick], o])[self._to_local]
-                     for t, o in zip(theirs, own, strict=True))
+        if self.stash is None:
+            raise ValueError("a consumer's context runs with its producer's stash bound (TreeContext.bind)")
+        return self._places[stash_category(key[1])](self.stash.inputs[key], own)
 
     def attention(self, layer: int, q_THD: Tensor, k_THD: Tensor, v_THE: Tensor, scale: float) -> Tensor:
         k_LHD, v_LHE = self._local((layer, "attention"), k_THD, v_THE)
@@ -666,7 +753,7 @@ class TreeContext:
         # would round differently at different lengths: docs/LOG.md)
         y_LD = short_conv(x_LD, weight_DW, bias_D, window_TW=self._window(W), activation="silu",
                           kernels=self.kernels, record=self.kernel_record)
-        return y_LD if self.stash is None else y_LD[self._computed]
+        return y_LD if self._take_computed is None else self._take_computed(y_LD)[0]
 
     def kda(self, layer: int, q_THK: Tensor, k_THK: Tensor, v_THV: Tensor, g_THK: Tensor,
             beta_TH: Tensor, scale: float) -> Tensor:
@@ -687,7 +774,7 @@ class TreeContext:
         own window in a fixed order), so q, k, v are the ones `kda` would gather. None (the
         caller runs the plain path) where the stash records or supplies the KDA inputs in
         computed order: producers and consumers of a sharing window."""
-        if self.stash is not None or self.record is not None:
+        if self._places is not None or self.record is not None:
             return None
         from harts.exec.backend import short_conv
         from harts.exec.model.layers import l2_norm

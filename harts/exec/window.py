@@ -19,6 +19,13 @@ data-parallel all-reduce of the step-global loss computes):
 3. after the window's last consumer: one producer backward, feeding its own loss and the
    accumulated leaf gradients through the producer graph.
 
+The data side is built ahead (`PlanTrainer.prepare`, as the other trainers', so
+`run_steps` overlaps it with the previous step): a consumer's context needs only the rows
+its producer's stash will keep (the window's `StashNeeds`), and the stash is bound when the
+consumer runs. Every read of stashed rows and every cut of the producer's tensors is a
+fixed-order gather (`RowGather`, `RowPlace`) whose backward is a gather, not autograd's
+scatter-add of advanced indexing.
+
 Row weights (occurrence counts for MoE statistics) count, for every computed row, the
 trajectories whose targets use *that computation*: a microbatch's own trajectories, and
 for a producer its consumers' trajectories. Summed over the step they are the expanded
@@ -30,6 +37,7 @@ copy is then an independent computation weighted by its own trajectories.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -40,7 +48,9 @@ from harts.config.kernels import KernelConfig
 from harts.config.optimizer import OptimizerConfig
 from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.model import HybridModel
-from harts.exec.trainer import ExpandedTrainer, Microbatch
+from harts.exec.ops.gather import RowGather
+from harts.exec.trainer import ExpandedTrainer, Microbatch, PreparedStep
+from harts.exec.transfer import to_device
 from harts.exec.tree import (
     LocalLayout,
     Stash,
@@ -82,6 +92,74 @@ class _Window:
     loss: torch.Tensor | None = None
     done: int = 0
     stats: WindowStats = field(default=None)  # type: ignore[assignment]
+    # the contexts holding the window's state: released after the producer's backward
+    producer_ctx: TreeContext | None = None
+    consumer_ctxs: list[TreeContext] = field(default_factory=list)
+
+
+class _WindowRun:
+    """A tree-mode plan's microbatches, built ahead (`PlanTrainer.prepare`), as the step
+    loop iterates them: each iteration (the MoE statistics pass, then the training pass)
+    binds every consumer's context to its producer's stash when the consumer comes up,
+    gives each producer a fresh stash, and runs a producer's backward right after its
+    window's last consumer."""
+
+    def __init__(self, trainer: PlanTrainer, consumers: dict[int, list[int]]):
+        self.trainer = trainer
+        self.consumers = consumers
+        self.items: list[tuple[int, int | None, TreeContext, Microbatch]] = []
+        self.open: dict[int, _Window] = {}
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> Microbatch:
+        return self.items[i][3]
+
+    def after_forward(self, producer: int, ctx: TreeContext):
+        def hook(out, loss):
+            w = self.open[producer]
+            w.stash = ctx.record
+            w.stash.keep(w.needs, out.hidden_TD)
+            w.loss = loss
+            w.stats.retained_bytes = w.stash.retained_bytes()
+            tr = self.trainer
+            tr._open_bytes += w.stats.retained_bytes
+            tr.peak_retained_bytes = max(tr.peak_retained_bytes, tr._open_bytes)
+
+        return hook
+
+    def __iter__(self):
+        tr = self.trainer
+        tr.windows = []
+        tr.peak_retained_bytes = 0
+        tr._open_bytes = 0
+        self.open = {}
+        for mb_id, producer, ctx, mb in self.items:
+            window = None
+            if producer is not None:
+                window = self.open.get(producer)
+                if window is None or window.stash is None:
+                    raise ValueError(f"consumer {mb_id} runs before its producer {producer}")
+                ctx.bind(window.stash.leaves())
+                window.consumer_ctxs.append(ctx)
+            if mb_id in self.consumers:
+                ctx.start_recording()
+                w = _Window(mb_id, self.consumers[mb_id], needs=ctx.record.needs, producer_ctx=ctx)
+                w.stats = WindowStats(mb_id, w.consumers, producer_rows=int(ctx.num_rows))
+                self.open[mb_id] = w
+            yield mb
+            if window is not None:
+                window.done += 1
+                window.stats.context_rows_read += int((~ctx.layout.computed).sum())
+                if window.done == len(window.consumers):
+                    tr._producer_backward(window)
+                    # what the window held (stash, leaves, their gradients) goes with it
+                    for c in window.consumer_ctxs:
+                        c.stash = None
+                    window.producer_ctx.release_record()
+                    window.consumer_ctxs = []
+        self.open = {}
 
 
 def order_from_schedule(schedule: Schedule) -> list[int]:
@@ -94,7 +172,8 @@ def order_from_schedule(schedule: Schedule) -> list[int]:
 class PlanTrainer(ExpandedTrainer):
     """Runs the microbatches of a `Plan`; tree-mode plans with sharing windows exactly."""
 
-    preparable = False  # a consumer's layout reads its producer's stash
+    # a consumer's context is built ahead from the rows its producer's stash will keep
+    preparable = True
 
     def __init__(self, model: HybridModel, plan: Plan, optimizer: OptimizerConfig | None = None,
                  loss: PolicyLossConfig | None = None, *, order: Sequence[int] | None = None,
@@ -136,7 +215,25 @@ class PlanTrainer(ExpandedTrainer):
             return
         yield from self._tree_microbatches(trajectories)
 
+    def prepare(self, trajectories: Sequence[Trajectory], microbatch_tokens: int,
+                partition: Sequence[Sequence[int]] | None = None) -> PreparedStep:
+        """The step's data side built now (`ExpandedTrainer.prepare`): for a tree-mode plan
+        every microbatch's layout, KDA schedule, index tensors and targets, consumers'
+        contexts included (built from the rows their producer's stash will keep, the stash
+        bound when they run); nothing of it waits for a producer's results."""
+        if self.plan.mode == PlanMode.EXPANDED:
+            return super().prepare(trajectories, microbatch_tokens, partition)
+        if not trajectories:
+            raise ValueError("a step needs at least one trajectory")
+        start = time.perf_counter()
+        bins = self._bins(trajectories, microbatch_tokens, partition)
+        run = self._window_run(trajectories)
+        return PreparedStep(trajectories, microbatch_tokens, bins, run, time.perf_counter() - start)
+
     def _tree_microbatches(self, trajectories: Sequence[Trajectory]):
+        return iter(self._window_run(trajectories))
+
+    def _window_run(self, trajectories: Sequence[Trajectory]) -> _WindowRun:
         model, plan = self.model, self.plan
         device = model.lm_head_weight.device
         dtype = model.lm_head_weight.dtype
@@ -169,30 +266,26 @@ class PlanTrainer(ExpandedTrainer):
                    for m in plan.microbatches}
         schedules = {i: replay_schedule(lay, B) for i, lay in layouts.items()}
         owned = {m.id: np.isin(targets.traj, np.asarray(m.trajectories, np.int64)) for m in plan.microbatches}
-        windows = {}
+        needs = {}
         for p, cs in consumers.items():
-            needs = StashNeeds.union([
+            needs[p] = StashNeeds.union([
                 consumer_needs(layouts[c], schedules[c], targets.row[owned[c]], model.config.conv_window)
                 for c in cs])
-            windows[p] = _Window(p, sorted(cs, key=lambda c: (mbs[c].replica, mbs[c].order)), needs=needs)
-        self.windows = []
-        self.peak_retained_bytes = 0
-        self._open_bytes = 0
+        run = _WindowRun(self, {p: sorted(cs, key=lambda c: (mbs[c].replica, mbs[c].order))
+                                for p, cs in consumers.items()})
         for m in (mbs[i] for i in self.execution_order):
             comp = computed[m.id]
             layout = layouts[m.id]
             ctx_rows = layout.rows[~layout.computed]
-            window = windows.get(m.producer) if m.producer is not None else None
-            stash = None
-            if window is not None:
-                if window.stash is None:
-                    raise ValueError(f"consumer {m.id} runs before its producer {m.producer}")
-                stash = window.stash.leaves()
-            is_producer = m.id in windows
-            # a producer's KDA rounds return only the states its consumers start from
+            if m.producer is not None and m.producer not in needs:
+                raise ValueError(f"microbatch {m.id} names producer {m.producer}, which has no consumers")
+            is_producer = m.id in needs
+            # a producer's KDA rounds return only the states its consumers start from, and
+            # its stash keeps only the rows they read, cut as they are recorded
             ctx = TreeContext(forest, chunk_size=B, device=device, layout=layout, row_weight=weights[m.id],
-                              stash=stash, record=is_producer, schedule=schedules[m.id],
-                              record_states=windows[m.id].needs.states if is_producer else None,
+                              stash_needs=needs[m.producer] if m.producer is not None else None,
+                              record=is_producer, schedule=schedules[m.id],
+                              record_needs=needs[m.id] if is_producer else None,
                               kernels=self.kernels, kernel_record=self.kernel_record)
             # targets of owned trajectories; rows -> index into [computed hidden | context hidden]
             sel = owned[m.id]
@@ -205,37 +298,23 @@ class PlanTrainer(ExpandedTrainer):
             table = target_table(targets, select=sel, row=hidden_index).to(device, dtype)
             hidden_of = None
             if extra_rows.size:
-                if stash is None:
+                if m.producer is None:
                     raise ValueError(f"microbatch {m.id} has targets on rows it neither computes nor reads")
-                pick = torch.as_tensor(np.searchsorted(stash.hidden_rows, extra_rows), device=device)
+                kept = needs[m.producer].hidden
+                pick = RowGather(np.searchsorted(kept, extra_rows), kept.size, device)
 
-                def hidden_of(h, stash=stash, pick=pick):
-                    return torch.cat([h, stash.hidden[pick]])
+                def hidden_of(h, ctx=ctx, pick=pick):
+                    return torch.cat([h, *pick(ctx.stash.hidden)])
 
-            after_forward = None
-            if is_producer:
-                w = windows[m.id]
-                w.stats = WindowStats(m.id, w.consumers, producer_rows=int(comp.size))
-
-                def after_forward(out, loss, w=w, ctx=ctx):
-                    w.stash = ctx.record
-                    w.stash.keep(w.needs, out.hidden_TD)
-                    w.loss = loss
-                    w.stats.retained_bytes = w.stash.retained_bytes()
-                    self._open_bytes += w.stats.retained_bytes
-                    self.peak_retained_bytes = max(self.peak_retained_bytes, self._open_bytes)
-
-            ids_T = torch.from_numpy(forest.token_ids[comp]).to(device)
+            after_forward = run.after_forward(m.id, ctx) if is_producer else None
+            ids_T = to_device(forest.token_ids[comp], device)
             info = {"kda_rounds": ctx.kda_rounds, "replay_tokens": ctx.replay_tokens,
                     "context_rows": int(ctx_rows.size), "role": "producer" if is_producer else
-                    ("consumer" if window is not None else "standalone")}
-            yield Microbatch(list(m.trajectories), ids_T, ctx, table, int(round(weights[m.id].sum())), info,
-                             hidden_of=hidden_of, after_forward=after_forward)
-            if window is not None:
-                window.done += 1
-                window.stats.context_rows_read += int(ctx_rows.size)
-                if window.done == len(window.consumers):
-                    self._producer_backward(window)
+                    ("consumer" if m.producer is not None else "standalone")}
+            run.items.append((m.id, m.producer, ctx, Microbatch(
+                list(m.trajectories), ids_T, ctx, table, int(round(weights[m.id].sum())), info,
+                hidden_of=hidden_of, after_forward=after_forward)))
+        return run
 
     def _producer_backward(self, window: _Window) -> None:
         stash = window.stash

@@ -102,3 +102,86 @@ class _RowGatherFn(torch.autograd.Function):
         for need, g in zip(ctx.needs, grads, strict=True):
             out.append(ctx.gather.backward(g.contiguous()) if need and g is not None else None)
         return tuple(out)
+
+
+class RowPlace:
+    """Rows of two sources placed into one tensor of `num_rows` rows: `own` rows at
+    `own_at`, `src` rows `src_rows` at `src_at`, every other row zero (a sharing-window
+    consumer's local rows: its producer's stashed rows of its context rows, its own
+    computed rows, zeros for context rows the stash does not keep for this input).
+
+    The positions are distinct, so the forward is index copies and the backward two
+    gathers (a source row never read gets a zero gradient): no scatter-add, no atomics,
+    deterministic. Before, the consumer built the same rows as
+    `cat([cat([src, zero_row])[pick], own])[inverse]`, whose two advanced-indexing
+    backwards each zero-fill and scatter-add (sort-based) into a full-size gradient.
+    Several tensors placed by the same positions share one autograd node."""
+
+    def __init__(self, num_rows: int, own_at: np.ndarray, src_at: np.ndarray, src_rows: np.ndarray,
+                 num_src: int, device):
+        own_at, src_at, src_rows = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (own_at, src_at, src_rows))
+        if src_at.size != src_rows.size:
+            raise ValueError("src_at and src_rows must have one entry per placed source row")
+        placed = np.concatenate([own_at, src_at])
+        if placed.size and (placed.min() < 0 or placed.max() >= num_rows):
+            raise ValueError(f"positions out of range [0, {num_rows})")
+        if np.unique(placed).size != placed.size:
+            raise ValueError("each position takes one row")
+        if src_rows.size and (src_rows.min() < 0 or src_rows.max() >= num_src or np.unique(src_rows).size != src_rows.size):
+            raise ValueError(f"source rows must be distinct and in [0, {num_src})")
+        self.num_rows, self.num_own, self.num_src = int(num_rows), int(own_at.size), int(num_src)
+        self.full = placed.size == num_rows  # no zero rows to fill
+        self.own_at = to_device(own_at, device)
+        self.src_at = to_device(src_at, device)
+        self.src_rows = to_device(src_rows, device)
+        # the source's gradient as a gather of the output's: where each source row went
+        # (-> clamp to 0 and zero after for rows never read), or a copy where few are read
+        where = np.full(num_src, -1, dtype=np.int64)
+        where[src_rows] = src_at
+        unread = np.flatnonzero(where < 0)
+        self.src_mostly = 2 * src_rows.size >= num_src
+        if self.src_mostly:
+            self.src_from = to_device(np.maximum(where, 0), device)
+            self.src_unread = to_device(unread, device) if unread.size else None
+
+    def __call__(self, src: tuple[Tensor, ...], own: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        if len(src) != len(own):
+            raise ValueError("one source tensor per own tensor")
+        for s, o in zip(src, own, strict=True):
+            if s.shape[0] != self.num_src or o.shape[0] != self.num_own or s.dtype != o.dtype:
+                raise ValueError(f"placing {self.num_src} + {self.num_own} rows of one dtype given "
+                                 f"{s.shape[0]} {s.dtype} + {o.shape[0]} {o.dtype}")
+        return _RowPlaceFn.apply(self, len(src), *src, *own)
+
+    def forward(self, s: Tensor, o: Tensor) -> Tensor:
+        shape = (self.num_rows, *o.shape[1:])
+        out = o.new_empty(shape) if self.full else o.new_zeros(shape)
+        out.index_copy_(0, self.own_at, o)
+        out.index_copy_(0, self.src_at, s.index_select(0, self.src_rows))
+        return out
+
+    def backward_src(self, g: Tensor) -> Tensor:
+        if self.src_mostly:
+            out = g.index_select(0, self.src_from)
+            return out if self.src_unread is None else out.index_fill_(0, self.src_unread, 0)
+        out = g.new_zeros((self.num_src, *g.shape[1:]))
+        return out.index_copy_(0, self.src_rows, g.index_select(0, self.src_at))
+
+
+class _RowPlaceFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, place: RowPlace, n: int, *xs: Tensor):
+        src, own = xs[:n], xs[n:]
+        ctx.place, ctx.n = place, n
+        ctx.needs = [x.requires_grad for x in xs]
+        return tuple(place.forward(s, o) for s, o in zip(src, own, strict=True))
+
+    @staticmethod
+    def backward(ctx, *grads: Tensor):
+        place, n = ctx.place, ctx.n
+        gs = [None if g is None else g.contiguous() for g in grads]
+        src = [place.backward_src(g) if need and g is not None else None
+               for need, g in zip(ctx.needs[:n], gs, strict=True)]
+        own = [g.index_select(0, place.own_at) if need and g is not None else None
+               for need, g in zip(ctx.needs[n:], gs, strict=True)]
+        return (None, None, *src, *own)

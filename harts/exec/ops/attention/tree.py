@@ -120,9 +120,10 @@ class FastTreeAttention:
     the path `impl` picks from `kernels`. What each path needs (segments, block mask) is
     built on first use and reused by every layer (and recomputation)."""
 
-    def __init__(self, q_local_C: Tensor, end_L: Tensor, parent_L=None, *,
+    def __init__(self, q_local_C: Tensor, end_L: Tensor, parent_L=None, q_local_host=None, *,
                  kernels: KernelConfig = DEFAULT_KERNELS, record: KernelRecord | None = None):
         self.q_local_C = q_local_C
+        self.q_local_host = q_local_host  # numpy copy of q_local_C (no device-to-host read)
         self.end_L = end_L
         self.parent_L = parent_L
         self.kernels = kernels
@@ -171,7 +172,8 @@ class FastTreeAttention:
             from harts.exec.ops.attention.varlen import segments_of
 
             full = self.q_local_C.numel() == self.end_L.numel()
-            seg = segments_of(self.parent_L, None if full else self.q_local_C.cpu().numpy())
+            q_host = self.q_local_host if self.q_local_host is not None else self.q_local_C.cpu().numpy()
+            seg = segments_of(self.parent_L, None if full else q_host)
             self._segments = (seg, to_device(seg.key_rows, device), full)
         return self._segments
 

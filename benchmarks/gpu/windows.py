@@ -1,0 +1,304 @@
+"""Sharing windows on the GPU: a tree split into producer + consumers against the same rows
+as one microbatch and against the expanded baseline at the same budget.
+
+    python3 benchmarks/gpu/windows.py [--profile] [--steps N] [--no-autotune] --out DIR
+
+Workloads (`harts.tree.workload` presets, vocab_size 32768 as the other GPU runs): the
+generator's swe-treestep-1 (one tree of 81,747 compact rows, longest trajectory 51,460),
+and a bushier tree (the same preset with branching 4 and 16 leaves: 198k compact rows)
+that `l1l2` splits into one producer and 4 consumers. Cases, each on a fresh `tiny-h200`
+model in bf16 with activation recomputation:
+
+- `tree`: the whole tree as one microbatch (`TreeTrainer`, budget 131072; 262144 for the
+  bushy tree),
+- `windows@B`: the `l1l2` plan at budget B (`PlanTrainer`), B = 65536 and 57344,
+- `expanded@B`: the trajectory-expanded baseline at the same budgets.
+
+Per case: the median of `--steps` update steps (forward, backward, AdamW) after
+`--warmup` steps, each timed with a device synchronisation and perf_counter, the step's
+data side prepared before the timed region (`trainer.prepare`), plus one step timed with
+everything inline; peak allocated memory over the timed steps (reset between cases); for
+window plans each window's retained bytes (`WindowStats.retained_bytes`) beside the plan's
+estimate (`producer_retention` x producer rows, in token units, and converted to bytes
+with the unsplit tree step's measured activation bytes per row). Derived: speedup over
+expanded at the same budget, window / unsplit step ratio, and the window speedup as a
+fraction of the unsplit tree's. `--profile`: torch.profiler over one window step and one
+unsplit step of swe-treestep-1 (device time by op, top 30). Writes DIR/windows.json with
+provenance (git revision, command, versions, GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+VOCAB = 32768
+BUSHY = {"branching": 4, "rollouts_per_group": 16}
+
+
+DEVICE = "cuda"
+
+
+def _sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def _mem(fn: str) -> int:
+    return int(getattr(torch.cuda, fn)()) if DEVICE == "cuda" else 0
+
+
+def _free() -> None:
+    gc.collect()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+
+
+def provenance(argv: list[str]) -> dict:
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*a):
+        if not (root / ".git").exists():  # a copy of the tree inside another checkout: not its revision
+            return ""
+        try:
+            return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+        except Exception:  # noqa: BLE001 - no git on the device machine is fine
+            return ""
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    for mod in ("triton", "fla", "cudnn", "numpy"):
+        try:
+            versions[mod] = getattr(__import__(mod), "__version__", "?")
+        except Exception:  # noqa: BLE001
+            versions[mod] = None
+    return {
+        "git_rev": os.environ.get("HARTS_GIT_REV") or git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain")) if not os.environ.get("HARTS_GIT_REV") else None,
+        "command": " ".join(["python3", *argv]),
+        "versions": versions,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("HARTS_", "TRITON_"))},
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _trainer(kind: str, trajs, budget: int, model: str):
+    from harts.config.models import get_model_config
+    from harts.exec.model.model import build_model
+    from harts.exec.trainer import ExpandedTrainer
+    from harts.exec.tree_trainer import TreeTrainer
+    from harts.exec.window import PlanTrainer
+    from harts.plan.planners import PlanConfig, make_plan
+    from harts.tree import build_forest
+
+    cfg = get_model_config(model)
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    net = build_model(cfg, seed=0, dtype=dtype, device=DEVICE, recompute=True)
+    if kind == "expanded":
+        return ExpandedTrainer(net), None
+    if kind == "tree":
+        return TreeTrainer(net), None
+    plan = make_plan(build_forest(trajs), "l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=cfg.chunk_size))
+    return PlanTrainer(net, plan), plan
+
+
+def run_case(kind: str, trajs, budget: int, args) -> dict:
+    trainer, plan = _trainer(kind, trajs, budget, args.model)
+    for _ in range(args.warmup):
+        trainer.step(trajs, budget)
+    _sync()
+    base = _mem("memory_allocated")
+    if DEVICE == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(args.steps):
+        prepared = trainer.prepare(trajs, budget)
+        _sync()
+        t0 = time.perf_counter()
+        res = trainer.step(trajs, budget, prepared=prepared)
+        _sync()
+        times.append(time.perf_counter() - t0)
+    peak = _mem("max_memory_allocated")
+    t0 = time.perf_counter()
+    trainer.step(trajs, budget)
+    _sync()
+    inline = time.perf_counter() - t0
+    out = {
+        "kind": kind, "budget": budget, "seconds": statistics.median(times), "all_seconds": times,
+        "inline_seconds": inline, "peak_bytes": int(peak), "base_bytes": int(base),
+        "activation_peak_bytes": int(peak - base), "microbatches": len(res.microbatches),
+        "rows": res.executed_rows, "expanded_tokens": res.tokens, "loss": res.losses["loss"],
+        "grad_norm": res.grad_norm,
+        "roles": [m.get("role") for m in res.layout],
+    }
+    if plan is not None:
+        out["windows"] = [{"producer": w.producer, "consumers": w.consumers, "producer_rows": w.producer_rows,
+                           "context_rows_read": w.context_rows_read, "retained_bytes": w.retained_bytes,
+                           "plan_retained_tokens": plan.producer_retention * w.producer_rows}
+                          for w in trainer.windows]
+        out["producer_retention"] = plan.producer_retention
+        out["peak_retained_bytes"] = trainer.peak_retained_bytes
+    del trainer, res, prepared  # a prepared window run holds the trainer (its hooks): free it here
+    _free()
+    return out
+
+
+def profile_case(kind: str, trajs, budget: int, args, top: int = 30) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    trainer, _ = _trainer(kind, trajs, budget, args.model)
+    trainer.step(trajs, budget)
+    prepared = trainer.prepare(trajs, budget)
+    _sync()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        trainer.step(trajs, budget, prepared=prepared)
+        _sync()
+        wall = time.perf_counter() - t0
+    ops = sorted(((e.key, e.self_device_time_total / 1e6, e.count) for e in prof.key_averages()),
+                 key=lambda r: -r[1])
+    kernel_s = sum(e.device_time / 1e6 for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    del trainer, prepared
+    _free()
+    return {"kind": kind, "budget": budget, "wall_s": wall, "kernel_s": kernel_s,
+            "top_ops": [{"op": k, "device_s": s, "calls": c} for k, s, c in ops[:top] if s > 0]}
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="tiny-h200")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--budgets", type=int, nargs="+", default=[65536, 57344])
+    ap.add_argument("--unsplit-budget", type=int, default=131072)
+    ap.add_argument("--no-bushy", action="store_true", help="skip the bushier tree")
+    ap.add_argument("--bushy-budget", type=int, default=65536)
+    ap.add_argument("--no-expanded", action="store_true", help="skip the expanded baselines")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--no-autotune", action="store_true", help="each Triton kernel's first config")
+    ap.add_argument("--time-limit", type=float, default=480.0, help="start no new case past this many seconds")
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--workload", default="swe-treestep-1", help="preset (a small one for a CPU smoke run)")
+    ap.add_argument("--device", default="cuda", help="cuda; cpu runs float32 (a smoke run of the script)")
+    args = ap.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
+    if args.no_autotune:
+        import triton.runtime.autotuner as autotuner
+
+        autotuner.Autotuner._bench = lambda self, *a, **kw: [0.0, 0.0, 0.0]
+    from harts.tree.workload import generate, preset
+
+    t_start = time.perf_counter()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = {"provenance": provenance([sys.argv[0], *argv]), "model": args.model, "dtype": "bfloat16",
+              "steps": args.steps, "warmup": args.warmup, "cases": {}, "profile": {}, "skipped": []}
+
+    def save():
+        (out_dir / "windows.json").write_text(json.dumps(result, indent=1, default=str))
+
+    base_wl = args.workload
+    workloads = {base_wl: ({}, args.budgets, args.unsplit_budget)}
+    if not args.no_bushy:
+        workloads[f"{base_wl}-bushy"] = (BUSHY, [args.bushy_budget], 2 * args.unsplit_budget)
+    # most informative first: the unsplit step and the windows, then the baselines
+    plan = []
+    for wl, (over, budgets, unsplit) in workloads.items():
+        plan.append((wl, "tree", unsplit))
+        plan += [(wl, "windows", b) for b in budgets]
+    if args.profile:
+        plan.append((base_wl, "profile", args.budgets[0]))
+    if not args.no_expanded:
+        for wl, (over, budgets, unsplit) in workloads.items():
+            plan += [(wl, "expanded", b) for b in budgets]
+        plan.append((base_wl, "expanded", args.unsplit_budget))
+    trajs_of = {}
+    for wl, kind, budget in plan:
+        if time.perf_counter() - t_start > args.time_limit:
+            result["skipped"].append(f"{wl} {kind}@{budget}")
+            continue
+        if wl not in trajs_of:
+            over = workloads[wl][0]
+            from harts.config.models import get_model_config
+
+            vocab = min(VOCAB, get_model_config(args.model).vocab_size)
+            trajs_of[wl] = generate(preset(base_wl, vocab_size=vocab, **over)).trajectories()
+            from harts.tree import build_forest
+
+            f = build_forest(trajs_of[wl])
+            result.setdefault("workloads", {})[wl] = {
+                "preset": base_wl, "overrides": over, "compact_rows": f.compact_tokens,
+                "expanded_tokens": f.expanded_tokens, "longest": int(f.traj_length.max())}
+        trajs = trajs_of[wl]
+        name = f"{wl} {kind}@{budget}"
+        t0 = time.perf_counter()
+        try:
+            if kind == "profile":
+                result["profile"]["windows"] = profile_case("windows", trajs, budget, args)
+                result["profile"]["tree"] = profile_case("tree", trajs, args.unsplit_budget, args)
+                for k, p in result["profile"].items():
+                    print(f"[profile] {k}: wall {p['wall_s']:.2f}s kernels {p['kernel_s']:.2f}s", flush=True)
+                    for r in p["top_ops"][:30]:
+                        print(f"   {r['device_s']*1e3:9.1f} ms {r['calls']:6d}  {r['op'][:90]}", flush=True)
+            else:
+                r = run_case(kind, trajs, budget, args)
+                r["workload"] = wl
+                result["cases"][name] = r
+                print(f"[{name}] {r['seconds']:.3f}s (inline {r['inline_seconds']:.3f}s) peak "
+                      f"{r['peak_bytes']/2**30:.1f} GiB mbs {r['microbatches']} rows {r['rows']}", flush=True)
+                for w in r.get("windows", []):
+                    print(f"    window p{w['producer']} c{w['consumers']}: retained {w['retained_bytes']/2**30:.2f} GiB, "
+                          f"plan {w['plan_retained_tokens']:.0f} tokens", flush=True)
+        except Exception as err:  # noqa: BLE001 - record and go on with the other cases
+            result["cases"][name] = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()[-3000:]}
+            print(f"[{name}] ERROR {type(err).__name__}: {err}", flush=True)
+            _free()
+        print(f"   ({time.perf_counter() - t0:.0f}s)", flush=True)
+        save()
+    # derived comparisons
+    cases = result["cases"]
+    summary = {}
+    for wl, (over, budgets, unsplit) in workloads.items():
+        tree = cases.get(f"{wl} tree@{unsplit}", {})
+        act_per_row = tree["activation_peak_bytes"] / tree["rows"] if "rows" in tree else None
+        for b in budgets:
+            win, exp = cases.get(f"{wl} windows@{b}", {}), cases.get(f"{wl} expanded@{b}", {})
+            s = {}
+            if "seconds" in win and "seconds" in tree:
+                s["window_over_unsplit"] = win["seconds"] / tree["seconds"]
+            if "seconds" in win and "seconds" in exp:
+                s["speedup_windows"] = exp["seconds"] / win["seconds"]
+                s["speedup_unsplit_same_budget"] = exp["seconds"] / tree["seconds"] if "seconds" in tree else None
+                if s.get("speedup_unsplit_same_budget"):
+                    s["speedup_fraction_of_unsplit"] = s["speedup_windows"] / s["speedup_unsplit_same_budget"]
+                s["peak_windows_over_expanded"] = win["peak_bytes"] / exp["peak_bytes"]
+            if act_per_row and "windows" in win:
+                s["retained"] = [{"retained_bytes": w["retained_bytes"],
+                                  "plan_estimate_bytes": w["plan_retained_tokens"] * act_per_row,
+                                  "measured_retention": w["retained_bytes"] / (w["producer_rows"] * act_per_row)}
+                                 for w in win["windows"]]
+                s["activation_bytes_per_row_unsplit"] = act_per_row
+            summary[f"{wl}@{b}"] = s
+            print(f"[summary] {wl}@{b}: {json.dumps(s, default=str)}", flush=True)
+    result["summary"] = summary
+    result["seconds_total"] = time.perf_counter() - t_start
+    save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

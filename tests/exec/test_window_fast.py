@@ -1,0 +1,181 @@
+"""The window path's gathers and its prepared execution against their references.
+
+`RowPlace` (a consumer's local rows from its producer's stash and its own rows) against
+the concatenate-and-index construction it replaced, in float64, values and every gradient;
+a `PlanTrainer` step prepared ahead (`prepare`, `run_steps`) against the step built inline
+and against the expanded baseline; a step leaves no window state behind; and the window
+step's backward has no scatter-add from advanced indexing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harts.config.models import get_model_config
+from harts.exec.loss import PolicyLossConfig
+from harts.exec.model.model import build_model
+from harts.exec.ops.gather import RowPlace
+from harts.exec.trainer import ExpandedTrainer, run_steps
+from harts.exec.window import PlanTrainer
+from harts.plan.planners import PlanConfig, make_plan
+from harts.tree import build_forest
+from harts.tree.workload import generate_trajectories
+from harts.verify.equivalence import compare_steps
+
+TOL = 1e-10
+LOSS = PolicyLossConfig(kl_coef=0.1)
+
+
+@st.composite
+def placements(draw):
+    """(rows, own positions, source positions, source rows, source size)."""
+    L = draw(st.integers(1, 24))
+    perm = draw(st.permutations(list(range(L))))
+    n_own = draw(st.integers(0, L))
+    n_src = draw(st.integers(0, L - n_own))
+    own_at, src_at = perm[:n_own], perm[n_own:n_own + n_src]
+    num_src = n_src + draw(st.integers(0, 6))  # source rows never read
+    src_rows = draw(st.permutations(list(range(num_src))))[:n_src]
+    return L, np.array(own_at, np.int64), np.array(src_at, np.int64), np.array(src_rows, np.int64), num_src
+
+
+def _reference(L, own_at, src_at, src_rows, src, own):
+    """The construction RowPlace replaces: [src | zero row][pick] then own, put in place."""
+    rest = np.setdiff1d(np.arange(L), np.concatenate([own_at, src_at]))
+    pick = np.concatenate([src_rows, np.full(rest.size, src.shape[0])])
+    order = np.concatenate([src_at, rest, own_at])
+    inverse = np.empty(L, np.int64)
+    inverse[order] = np.arange(L)
+    padded = torch.cat([src, src.new_zeros(1, *src.shape[1:])])
+    return torch.cat([padded[torch.as_tensor(pick)], own])[torch.as_tensor(inverse)]
+
+
+@settings(max_examples=60)
+@given(placements(), st.integers(0, 2**16))
+def test_row_place_matches_the_indexing_it_replaces(case, seed):
+    L, own_at, src_at, src_rows, num_src = case
+    gen = torch.Generator().manual_seed(seed)
+    srcs = [torch.randn(num_src, 3, 2, dtype=torch.float64, generator=gen, requires_grad=True),
+            torch.randn(num_src, 4, dtype=torch.float64, generator=gen)]  # the second: no grad
+    owns = [torch.randn(own_at.size, 3, 2, dtype=torch.float64, generator=gen, requires_grad=True),
+            torch.randn(own_at.size, 4, dtype=torch.float64, generator=gen, requires_grad=True)]
+    place = RowPlace(L, own_at, src_at, src_rows, num_src, "cpu")
+    got = place(tuple(srcs), tuple(owns))
+    want = [_reference(L, own_at, src_at, src_rows, s, o) for s, o in zip(srcs, owns, strict=True)]
+    weights = [torch.randn(w.shape, dtype=torch.float64, generator=gen) for w in want]
+    leaves = [srcs[0], *owns]
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    g_got = torch.autograd.grad(sum((x * w).sum() for x, w in zip(got, weights, strict=True)), leaves,
+                                allow_unused=True)
+    g_want = torch.autograd.grad(sum((x * w).sum() for x, w in zip(want, weights, strict=True)), leaves,
+                                 allow_unused=True)
+    for a, b in zip(g_got, g_want, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_row_place_refuses_overlapping_or_out_of_range_positions():
+    with pytest.raises(ValueError, match="one row"):
+        RowPlace(4, np.array([0, 1]), np.array([1]), np.array([0]), 1, "cpu")
+    with pytest.raises(ValueError, match="out of range"):
+        RowPlace(4, np.array([0, 4]), np.array([], np.int64), np.array([], np.int64), 0, "cpu")
+    with pytest.raises(ValueError, match="distinct"):
+        RowPlace(4, np.array([0]), np.array([1, 2]), np.array([0, 0]), 2, "cpu")
+
+
+def _setup():
+    trajs = generate_trajectories("tiny-treestep", seed=1)
+    forest = build_forest(trajs)
+    budget = max(int(forest.traj_length.max()) + 5, forest.compact_tokens // 3)
+    plan = make_plan(forest, "l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=8))
+    assert plan.consumers(), "the budget must force a sharing window"
+    cfg = get_model_config("tiny-cpu").replace(chunk_size=8, aux_scope="global")
+    return trajs, plan, cfg
+
+
+def _grads(model):
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_a_prepared_window_step_is_the_inline_step_and_the_expanded_one():
+    trajs, plan, cfg = _setup()
+    runs = {}
+    for name in ("inline", "prepared"):
+        model = build_model(cfg, seed=3, dtype=torch.float64)
+        trainer = PlanTrainer(model, plan, loss=LOSS)
+        prepared = trainer.prepare(trajs, 1 << 20) if name == "prepared" else None
+        # the global aux scope iterates the prepared microbatches twice (statistics, then training)
+        runs[name] = (model, trainer, trainer.forward_backward(trajs, 1 << 20, prepared=prepared))
+    for a, b in zip(_grads(runs["inline"][0]), _grads(runs["prepared"][0]), strict=True):
+        assert torch.equal(a, b)
+    assert [w.retained_bytes for w in runs["inline"][1].windows] == \
+        [w.retained_bytes for w in runs["prepared"][1].windows]
+    ref_model = build_model(cfg, seed=3, dtype=torch.float64)
+    ref = ExpandedTrainer(ref_model, loss=LOSS).forward_backward(trajs, 1 << 20)
+    rep = compare_steps(ref, ref_model, runs["prepared"][2], runs["prepared"][0])
+    assert rep["max_rel_logprob_err"] <= TOL and rep["max_rel_grad_err"] <= TOL
+
+
+def test_prefetched_window_steps_are_the_plain_steps():
+    trajs, plan, cfg = _setup()
+    results = {}
+    for prefetch in (False, True):
+        model = build_model(cfg, seed=3, dtype=torch.float64)
+        trainer = PlanTrainer(model, plan, loss=LOSS)
+        assert trainer.preparable
+        steps = list(run_steps(trainer, [trajs, trajs], 1 << 20, prefetch=prefetch))
+        results[prefetch] = ([s.losses["loss"] for s in steps], [p.detach().clone() for p in model.parameters()])
+    assert results[False][0] == results[True][0]
+    for a, b in zip(results[False][1], results[True][1], strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_step_leaves_no_window_state_behind():
+    trajs, plan, cfg = _setup()
+    model = build_model(cfg, seed=3, dtype=torch.float64)
+    trainer = PlanTrainer(model, plan, loss=LOSS)
+    prepared = trainer.prepare(trajs, 1 << 20)
+    trainer.forward_backward(trajs, 1 << 20, prepared=prepared)
+    # (iterating prepared.microbatches would run the windows' bookkeeping again)
+    ctxs = [ctx for _, _, ctx, _ in prepared.microbatches.items]
+    assert any(c.record is not None for c in ctxs) and any(c._places is not None for c in ctxs)
+    for c in ctxs:
+        assert c.stash is None  # consumers: the producer's leaves (and their .grad) released
+        if c.record is not None:  # producers: an empty stash, its gathers kept for the next pass
+            assert not c.record.inputs and c.record.hidden is None and not c.record.kda_states
+    assert trainer.windows and all(w.retained_bytes > 0 for w in trainer.windows)
+
+
+def test_window_backward_has_no_advanced_indexing_scatter():
+    """Advanced-indexing backwards (`index_put_` with accumulate) in the window step are no
+    more than in the single-microbatch tree step, per microbatch: the stash cuts, the
+    consumers' local rows and their conv outputs are gathers with gather backwards."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from harts.exec.tree_trainer import TreeTrainer
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if "index_put" in func.__name__:
+                self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    trajs, plan, cfg = _setup()
+    counts = {}
+    for name in ("tree", "windows"):
+        model = build_model(cfg, seed=3, dtype=torch.float64)
+        trainer = PlanTrainer(model, plan, loss=LOSS) if name == "windows" else TreeTrainer(model, loss=LOSS)
+        prepared = trainer.prepare(trajs, 1 << 20)
+        with Count() as c:
+            trainer.forward_backward(trajs, 1 << 20, prepared=prepared)
+        counts[name] = (c.n, len(prepared.microbatches))
+    (tree_n, tree_mbs), (win_n, win_mbs) = counts["tree"], counts["windows"]
+    assert win_n <= tree_n * win_mbs / tree_mbs, counts

@@ -217,13 +217,13 @@ def main(argv: list[str]) -> int:
         workloads[f"{base_wl}-bushy"] = (BUSHY, [args.bushy_budget], 2 * args.unsplit_budget)
     # most informative first: the unsplit step and the windows, then the baselines
     plan = []
-    for wl, (over, budgets, unsplit) in workloads.items():
+    for wl, (_over, budgets, unsplit) in workloads.items():
         plan.append((wl, "tree", unsplit))
         plan += [(wl, "windows", b) for b in budgets]
     if args.profile:
         plan.append((base_wl, "profile", args.budgets[0]))
     if not args.no_expanded:
-        for wl, (over, budgets, unsplit) in workloads.items():
+        for wl, (_over, budgets, _unsplit) in workloads.items():
             plan += [(wl, "expanded", b) for b in budgets]
         plan.append((base_wl, "expanded", args.unsplit_budget))
     trajs_of = {}
@@ -272,7 +272,7 @@ def main(argv: list[str]) -> int:
     # derived comparisons
     cases = result["cases"]
     summary = {}
-    for wl, (over, budgets, unsplit) in workloads.items():
+    for wl, (_over, budgets, unsplit) in workloads.items():
         tree = cases.get(f"{wl} tree@{unsplit}", {})
         act_per_row = tree["activation_peak_bytes"] / tree["rows"] if "rows" in tree else None
         for b in budgets:

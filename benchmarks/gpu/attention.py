@@ -32,28 +32,34 @@ import torch  # noqa: E402
 from benchmarks.gpu.common import (  # noqa: E402
     Section,
     ends_from_parents,
-    kernel_env,
+    kernel_config,
     parents_from_ends,
     run_suite,
     time_cuda,
 )
-from harts.exec.backend import FastTreeAttention, causal_attention  # noqa: E402
-from harts.exec.gpu import cudnn_graph  # noqa: E402
-from harts.exec.gpu.path_attention import segments_of  # noqa: E402
-from harts.exec.gpu.split_attention import _case, device_index, split_segments  # noqa: E402
+from harts.config.kernels import KernelConfig  # noqa: E402
+from harts.exec.ops.attention import cudnn_graph  # noqa: E402
+from harts.exec.ops.attention.causal import causal_attention  # noqa: E402
+from harts.exec.ops.attention.kernel import _case  # noqa: E402
+from harts.exec.ops.attention.split import device_index, split_segments  # noqa: E402
+from harts.exec.ops.attention.tree import FastTreeAttention  # noqa: E402
+from harts.exec.ops.attention.varlen import segments_of  # noqa: E402
+from harts.exec.ops.record import KernelRecord  # noqa: E402
 from harts.tree.workload import generate, preset  # noqa: E402
 
 
-def _attention_bench(f, H: int, qk: int, vd: int, scale: float):
+def _attention_bench(f, H: int, qk: int, vd: int, scale: float, kernels: KernelConfig):
     """Inputs of the tree-attention speed sections: bf16 q, k, v (3 x 32k rows, grads on) and
-    dO, causal cuDNN SDPA's forward+backward seconds on 32k rows (the issue's baseline) and
+    dO, causal cuDNN SDPA's forward+backward seconds on 32k rows (the issue's baseline;
+    `kernels` with baseline_attention cudnn) and
     per attended pair, and three layouts (parents): the first 32k rows of forest `f` (one
     chain), all of `f`, and small-treestep tiled to 32k rows (bushy)."""
     R32 = 32768
     qkv = [torch.randn(R32 * 3, H, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for d in (qk, qk, vd)]
     do = torch.randn(R32 * 3, H, vd, device="cuda", dtype=torch.bfloat16)
     hf = [x[:R32].detach().transpose(0, 1).requires_grad_() for x in qkv]
-    sdpa = time_cuda(lambda: causal_attention(*hf, scale).backward(do[:R32].transpose(0, 1)), repeats=10)
+    cudnn = kernel_config(kernels, baseline_attention="cudnn")
+    sdpa = time_cuda(lambda: causal_attention(*hf, scale, cudnn).backward(do[:R32].transpose(0, 1)), repeats=10)
     layouts = {"treestep_first32k": parents_from_ends(np.minimum(f.row_end[:R32], R32 - 1)),
                "swe_treestep_1_all": f.row_parent}
     f2 = generate(preset("small-treestep")).forest()
@@ -94,27 +100,29 @@ def _swe32_windows(R: int = 32768) -> dict:
     return {n: (parents_from_ends(e), d) for n, (d, _, e) in pick.items()}
 
 
-def _time_tree_attention(par, ins, dO, scale: float, choice: str, pairs: int, per_pair_sdpa: float, qk: int,
-                         vd: int) -> dict:
+def _time_tree_attention(par, ins, dO, scale: float, kernels: KernelConfig, pairs: int, per_pair_sdpa: float,
+                         qk: int, vd: int) -> dict:
     """Forward and forward+backward seconds of `FastTreeAttention` on one layout (all rows
-    query) with the tree attention `choice` ("" = the backend's default), and per attended
-    pair against causal SDPA; an error is recorded, not raised."""
+    query) on `kernels` (its tree_attention), and per attended pair against causal SDPA,
+    with what the calls ran; an error is recorded, not raised."""
     R_ = par.size
     end = torch.as_tensor(ends_from_parents(par), device="cuda")  # Flex's block mask reads it
     q_local = torch.arange(R_, device="cuda")
-    with kernel_env(tree_attention=choice):
-        try:
-            att = FastTreeAttention(q_local, end, parent_L=par)
-            fn = lambda: att(*ins, scale)  # noqa: E731
-            fn().backward(dO[:R_])
-            torch.cuda.synchronize()
-            with torch.no_grad():
-                fwd = time_cuda(fn, repeats=5)
-            fb = time_cuda(lambda: fn().backward(dO[:R_]), repeats=5)
-            return {"impl": str(att.impl(torch.bfloat16, qk, vd)), "fwd_s": fwd, "fwdbwd_s": fb,
-                    "per_pair_vs_sdpa": fb / pairs / per_pair_sdpa}
-        except Exception as err:  # noqa: BLE001
-            return {"error": f"{type(err).__name__}: {err}"[:400], "traceback": traceback.format_exc()[-1200:]}
+    record = KernelRecord()
+    try:
+        att = FastTreeAttention(q_local, end, parent_L=par, kernels=kernels, record=record)
+        fn = lambda: att(*ins, scale)  # noqa: E731
+        fn().backward(dO[:R_])
+        torch.cuda.synchronize()
+        with torch.no_grad():
+            fwd = time_cuda(fn, repeats=5)
+        fb = time_cuda(lambda: fn().backward(dO[:R_]), repeats=5)
+        return {"impl": str(att.impl(torch.bfloat16, qk, vd)), "fwd_s": fwd, "fwdbwd_s": fb,
+                "per_pair_vs_sdpa": fb / pairs / per_pair_sdpa, "tree_attention": kernels.tree_attention.value,
+                **record.to_dict()}
+    except Exception as err:  # noqa: BLE001
+        return {"error": f"{type(err).__name__}: {err}"[:400], "traceback": traceback.format_exc()[-1200:],
+                "tree_attention": kernels.tree_attention.value, **record.to_dict()}
 
 
 def sec_pairs(args):
@@ -127,15 +135,16 @@ def sec_pairs(args):
     H, qk, vd = 16, 192, 128
     scale = qk ** -0.5
     f = generate(preset("swe-treestep-1")).forest()
-    qkv, dO, sdpa, per_pair_sdpa, layouts = _attention_bench(f, H, qk, vd, scale)
+    qkv, dO, sdpa, per_pair_sdpa, layouts = _attention_bench(f, H, qk, vd, scale, args.kernels)
     layouts.update({n: p for n, (p, _) in _swe32_windows(32768).items()})
-    out = {"sdpa_causal_32k_fwdbwd_s": sdpa}
+    out = {"sdpa_causal_32k_fwdbwd_s": sdpa, "kernel_config": args.kernels.to_dict()}
     for lname, par in layouts.items():
         R_, seg, _, _, _, pairs, ins = _layout_case(par, qkv)
         res = {"rows": R_, "pairs": pairs, "density": pairs / R_ ** 2, "segments": seg.num_segments}
         variants = (("cudnn_split", "cudnn"), ("graph_hybrid", "graph"), ("flex", "flex"))
-        for name, env in variants[:3 if lname == "swe32_sparsest" else 2]:
-            res[name] = _time_tree_attention(par, ins, dO, scale, env, pairs, per_pair_sdpa, qk, vd)
+        for name, choice in variants[:3 if lname == "swe32_sparsest" else 2]:
+            res[name] = _time_tree_attention(par, ins, dO, scale, kernel_config(args.kernels, tree_attention=choice),
+                                             pairs, per_pair_sdpa, qk, vd)
         out[lname] = res
         print(f"[pairs] {lname}: {res}", flush=True)
     return out

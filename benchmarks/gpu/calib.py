@@ -26,24 +26,27 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.gpu.common import Section, ctx, run_suite, time_cuda  # noqa: E402
+from harts.config.kernels import KernelConfig  # noqa: E402
 from harts.config.models import get_model_config  # noqa: E402
-from harts.exec.backend import FastTreeAttention, causal_attention  # noqa: E402
-from harts.exec.gpu.bench import (  # noqa: E402
+from harts.exec.bench import (  # noqa: E402
     attention_op_benchmark,
     gemm_profile,
     kda_op_benchmark,
 )
-from harts.exec.gpu.path_attention import flash_varlen, path_attention, segments_of  # noqa: E402
 from harts.exec.model.model import build_model  # noqa: E402
+from harts.exec.ops.attention.causal import causal_attention  # noqa: E402
+from harts.exec.ops.attention.tree import FastTreeAttention  # noqa: E402
+from harts.exec.ops.attention.varlen import flash_varlen, path_attention, segments_of  # noqa: E402
 from harts.tree.workload import generate, preset  # noqa: E402
 
 
-def sec_calib(varlen_tree: bool = False):
+def sec_calib(kernels: KernelConfig, varlen_tree: bool = False):
     """Profile rows at several sizes for `harts sim fit` (schema harts.sim.profile/v1): GEMMs
     of tiny-h200's shapes, causal SDPA and the tree attention at 3 lengths (8 heads, as
     the model's MLA; the backend's default path on the first T rows of swe-treestep-1, or
     the varlen path with varlen_tree, as the third session measured), fla chunk_kda at 3
     token counts, device copies, and one fused AdamW step over tiny-h200's parameters.
+    The attentions run on `kernels` (the suite's KernelConfig, recorded in the provenance).
     Written to calib_profile.json."""
     rows = []
     shapes = [(m, k, n) for m in (4096, 16384, 65536) for k, n in ((1536, 4096), (4096, 1536), (1536, 512),
@@ -62,7 +65,7 @@ def sec_calib(varlen_tree: bool = False):
         qkv = [torch.randn(T, H, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for d in (qk, qk, vd)]
         dout = torch.randn(T, H, vd, device="cuda", dtype=torch.bfloat16)
         heads_first = [x.transpose(0, 1) for x in qkv]
-        rows += fwd_bwd_rows(lambda hf=heads_first: causal_attention(*hf, qk ** -0.5), dout.transpose(0, 1),
+        rows += fwd_bwd_rows(lambda hf=heads_first: causal_attention(*hf, qk ** -0.5, kernels), dout.transpose(0, 1),
                              dict(op="attention_causal", pairs=T * (T + 1) // 2, heads=H, qk_dim=qk, v_dim=vd,
                                   impl="sdpa"))
         R = min(T, f.num_rows)
@@ -78,7 +81,8 @@ def sec_calib(varlen_tree: bool = False):
             def fn(part=part, seg=seg, keys=keys):
                 return path_attention(*part, qk ** -0.5, seg, kernel=flash_varlen, key_rows=keys)
         else:  # the path the step takes on this layout (backend default: cuDNN split on long segments)
-            fa = FastTreeAttention(torch.arange(R, device="cuda"), torch.as_tensor(end, device="cuda"), parent)
+            fa = FastTreeAttention(torch.arange(R, device="cuda"), torch.as_tensor(end, device="cuda"), parent,
+                                   kernels=kernels)
             fa.prepare()
             impl = str(fa.impl(torch.bfloat16, qk, vd))
 
@@ -108,7 +112,7 @@ def sec_calib(varlen_tree: bool = False):
     rows.append(dict(op="optimizer", phase="step", seconds=s, bytes=n_params * 16, params=n_params))
     ctx().save_raw("calib_profile", {"schema": "harts.sim.profile/v1", "device": torch.cuda.get_device_name(0),
                            "source": "benchmarks/gpu/calib.py calib", "measurements": rows})
-    return {"rows": len(rows)}
+    return {"rows": len(rows), "kernel_config": kernels.to_dict()}
 
 
 def sec_ops(args):
@@ -159,7 +163,7 @@ def sum_ops(out):
 
 
 SECTIONS = [
-    Section("calib", lambda args: sec_calib(args.varlen_tree), "per-op profile rows at several sizes", sum_calib),
+    Section("calib", lambda args: sec_calib(args.kernels, args.varlen_tree), "per-op profile rows at several sizes", sum_calib),
     Section("ops", sec_ops, "attention/KDA/GEMM op benchmarks at the issue's shape", sum_ops, default=False),
     Section("attn", sec_attn, "the attention op benchmark alone", None, default=False),
 ]

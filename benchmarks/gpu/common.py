@@ -10,13 +10,16 @@ DIR/<topic>_<section>.json with the result and its provenance (git revision, exa
 command, package versions, GPU, date), and prints a short table last.
 
 Timing is `time_cuda`: CUDA events around each call, warm-up calls first, the median of the
-repeats. Kernel choices that the library still reads from environment variables are set
-through `kernel_env` only, so that they can move to a configuration object in one place.
+repeats. Kernel choices are a `harts.config.kernels.KernelConfig` built from the suite's
+flags (`add_kernel_args`, `kernel_config`) and handed explicitly to what a section calls;
+`run_suite` puts the suite's config on `args.kernels` and records its `to_dict()` in every
+result's provenance ("kernels"). Nothing here writes the environment.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import importlib.metadata as _md
 import json
@@ -27,8 +30,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,50 +38,50 @@ from typing import Any
 import numpy as np
 import torch
 
+from harts.config.kernels import BaselineAttention, ConvKernel, KernelConfig, TreeAttention
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULT_SCHEMA = "harts.bench.gpu/v1"
 
-# environment variables through which today's library picks its kernels (read at call
-# time by harts.exec); `kernel_env` is the one place the suites set them
-KERNEL_ENV = {
-    "tree_attention": "HARTS_TREE_ATTENTION",  # default | cudnn | graph | varlen | flex
-    "baseline_attention": "HARTS_BASELINE_ATTENTION",  # default (torch SDPA) | graph
-    "conv": "HARTS_CONV",  # default (fused Triton) | reference | triton
-    "conv_bwd_tiles": "HARTS_CONV_BWD_TILES",  # "BD,BT_g,NSUB,warps_g,BT_dx,warps_dx"
-    "fwd_h": "HARTS_FWD_H",  # default rule | fla | "BV,warps,stages"
-    "force_reference": "HARTS_FORCE_REFERENCE",  # 1: the reference (non-fused) paths everywhere
+# suite flag (argparse dest) -> (KernelConfig field, choices or None, help)
+KERNEL_FLAGS: dict[str, tuple[str, tuple[str, ...] | None, str]] = {
+    "tree_attention": ("tree_attention", tuple(e.value for e in TreeAttention),
+                       "tree mode's bf16 attention on CUDA (auto: graph where its self-check passes, else "
+                       "per-segment cuDNN or varlen flash)"),
+    "baseline_attention": ("baseline_attention", tuple(e.value for e in BaselineAttention),
+                           "the expanded baseline's attention on CUDA (graph: the tree's cuDNN graph kernel)"),
+    "conv": ("conv", tuple(e.value for e in ConvKernel), "the short conv (reference: the gather-form reference)"),
+    "fwd_h": ("kda_fwd_h", None, "fla's forward state launch: auto, fla (fla's own) or BV,warps,stages"),
 }
 
 
-@contextmanager
-def kernel_env(**choices: str | None) -> Iterator[None]:
-    """A block running with the given kernel choices (keys of KERNEL_ENV; a value sets the
-    choice, "" or "default" runs the library's default, None leaves the setting as it is),
-    restoring the previous settings after. Unknown keys fail loudly."""
-    unknown = sorted(set(choices) - set(KERNEL_ENV))
+def add_kernel_args(ap: argparse.ArgumentParser, *flags: str) -> None:
+    """--tree-attention / --baseline-attention / --conv / --fwd-h (keys of KERNEL_FLAGS);
+    left out, a choice keeps `kernel_config`'s base."""
+    for dest in flags:
+        fld, choices, doc = KERNEL_FLAGS[dest]
+        ap.add_argument("--" + dest.replace("_", "-"), dest=dest, default=None, choices=choices,
+                        help=f"{doc} (KernelConfig.{fld}; default: the HARTS_* environment's, else the library's)")
+
+
+def kernel_config(base: KernelConfig | None = None, **choices: Any) -> KernelConfig:
+    """`base` (default `KernelConfig.from_env()`: the HARTS_* variables, else the library's
+    defaults) with `choices` (KernelConfig field names) on top; a None choice keeps the
+    base's, "default" takes the library's default. Unknown names and invalid values fail
+    loudly (KeyError, ValueError)."""
+    fields = {f.name: f for f in dataclasses.fields(KernelConfig)}
+    unknown = sorted(set(choices) - set(fields))
     if unknown:
-        raise KeyError(f"unknown kernel choice(s) {unknown}; known: {sorted(KERNEL_ENV)}")
-    saved = {KERNEL_ENV[k]: os.environ.get(KERNEL_ENV[k]) for k in choices}
-    try:
-        for k, v in choices.items():
-            if v is None:
-                continue
-            if v in ("", "default"):
-                os.environ.pop(KERNEL_ENV[k], None)
-            else:
-                os.environ[KERNEL_ENV[k]] = v
-        yield
-    finally:
-        for name, v in saved.items():
-            if v is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = v
+        raise KeyError(f"unknown kernel choice(s) {unknown}; known: {sorted(fields)}")
+    base = KernelConfig.from_env() if base is None else base
+    changes = {k: (fields[k].default if v == "default" else v) for k, v in choices.items() if v is not None}
+    return base.replace(**changes) if changes else base
 
 
-def kernel_choices() -> dict[str, str]:
-    """The kernel choices in force (those set; the rest run the library's defaults)."""
-    return {k: os.environ[v] for k, v in KERNEL_ENV.items() if os.environ.get(v)}
+def args_kernels(args: argparse.Namespace) -> KernelConfig:
+    """The suite's config: `kernel_config` with the kernel flags the suite has (KERNEL_FLAGS)."""
+    return kernel_config(**{fld: getattr(args, dest) for dest, (fld, _, _) in KERNEL_FLAGS.items()
+                            if hasattr(args, dest)})
 
 
 # ---------------------------------------------------------------------------- timing
@@ -188,7 +190,8 @@ def device_info() -> dict[str, Any]:
 
 def provenance(argv: list[str] | None = None) -> dict[str, Any]:
     """Where a result comes from: git revision (and whether the tree had local changes),
-    the exact command, package versions, device, kernel choices, and the UTC date."""
+    the exact command, package versions, device and the UTC date (`run_suite` adds the
+    suite's options and its kernel config)."""
     status = _git("status", "--porcelain", "--untracked-files=no")
     return {
         "git_revision": _git("rev-parse", "HEAD"),
@@ -196,7 +199,6 @@ def provenance(argv: list[str] | None = None) -> dict[str, Any]:
         "command": shlex.join([sys.executable.rsplit("/", 1)[-1], *(sys.argv if argv is None else argv)]),
         "packages": package_versions(),
         "device": device_info(),
-        "kernel_choices": kernel_choices(),
         "env": {k: os.environ[k] for k in ("TRITON_F32_DEFAULT", "CUDA_VISIBLE_DEVICES") if k in os.environ},
         "date_utc": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
@@ -299,6 +301,10 @@ def run_suite(topic: str, sections: list[Section], description: str,
     unknown = [n for n in chosen if n not in by_name]
     if unknown:
         ap.error(f"unknown section(s) {unknown}; {topic} has {sorted(by_name)}")
+    try:
+        args.kernels = args_kernels(args)
+    except (KeyError, ValueError) as err:
+        ap.error(str(err))
     if not torch.cuda.is_available():
         ap.error("these benchmarks need a CUDA device")
     if args.no_autotune:
@@ -310,7 +316,8 @@ def run_suite(topic: str, sections: list[Section], description: str,
     dynamo.config.recompile_limit = 64
     out = Path(args.out)
     prov = provenance(argv)
-    prov["options"] = {k: v for k, v in vars(args).items() if k not in ("sections", "out")}
+    prov["options"] = {k: v for k, v in vars(args).items() if k not in ("sections", "out", "kernels")}
+    prov["kernels"] = args.kernels.to_dict()
     CTX = SuiteContext(out=out, topic=topic, prov=prov)
     table: list[tuple[str, str, str]] = []
     failed = False

@@ -24,9 +24,9 @@ elif _ROOT not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks.gpu.common import Section, kernel_env, rel, run_suite, time_cuda  # noqa: E402
-from harts.exec.gpu.conv import short_conv_fused  # noqa: E402
+from benchmarks.gpu.common import Section, kernel_config, rel, run_suite, time_cuda  # noqa: E402
 from harts.exec.ops.conv import short_conv, window_from_parents  # noqa: E402
+from harts.exec.ops.conv.triton import short_conv_fused  # noqa: E402
 from harts.tree.workload import generate, preset  # noqa: E402
 
 
@@ -48,11 +48,17 @@ def sec_conv(args):
     """The short conv of a KDA layer (q/k/v: 16 x 128 channels, window 4) on 82k rows of a
     real tree layout, bf16, forward+backward: gather-form reference vs the fused Triton
     kernels (the default on CUDA); the fused output and every gradient against the
-    reference in fp32; the fused backward run twice (bit-identical: no atomics)."""
+    reference in fp32; the fused backward run twice (bit-identical: no atomics). The fused
+    backward's tiles: the suite's KernelConfig.conv_bwd_tiles (None: the default)."""
     win, x, w, b, dy = _conv_inputs()
     T, D = x.shape
-    out = {"rows": T, "channels": D}
-    for name, fn in (("reference", short_conv), ("fused", short_conv_fused)):
+    tiles = args.kernels.conv_bwd_tiles
+    out = {"rows": T, "channels": D, "conv_bwd_tiles": None if tiles is None else list(tiles)}
+
+    def fused(*a, **kw):
+        return short_conv_fused(*a, bwd_tiles=tiles, **kw)
+
+    for name, fn in (("reference", short_conv), ("fused", fused)):
         with torch.no_grad():
             out[f"{name}_fwd_s"] = time_cuda(lambda fn=fn: fn(x, w, b, window_TW=win), repeats=10)
         out[f"{name}_fwdbwd_s"] = time_cuda(lambda fn=fn: fn(x, w, b, window_TW=win).backward(dy), repeats=10)
@@ -62,7 +68,7 @@ def sec_conv(args):
     leaves = [t.detach().float().requires_grad_() for t in (x, w, b)]
     ref_y = short_conv(*leaves, window_TW=win)
     ref = [ref_y.detach(), *torch.autograd.grad(ref_y, leaves, dy.float())]
-    y = short_conv_fused(x, w, b, window_TW=win)
+    y = fused(x, w, b, window_TW=win)
     got = [y.detach(), *torch.autograd.grad(y, (x, w, b), dy, retain_graph=True)]
     again = torch.autograd.grad(y, (x, w, b), dy)
     for name, a, r in zip(("y", "dx", "dw", "db"), got, ref, strict=True):
@@ -86,19 +92,20 @@ def sec_tiles(args):
     out = {"rows": T, "channels": D}
     ref = None
     for c in configs:
-        with kernel_env(conv_bwd_tiles=c):
-            try:
-                y = short_conv_fused(x, w, b, window_TW=win)
-                grads = torch.autograd.grad(y, (x, w, b), dy, retain_graph=True)
-                if ref is None:
-                    ref = grads
-                res = {"bwd_ms": 1e3 * time_cuda(lambda y=y: torch.autograd.grad(y, (x, w, b), dy, retain_graph=True),
-                                                 repeats=10),
-                       "dx_equal": bool(torch.equal(grads[0], ref[0])), "dw_rel": rel(grads[1], ref[1])}
-            except Exception as e:  # noqa: BLE001
-                res = {"error": f"{type(e).__name__}: {e}"[:300]}
-            out[c] = res
-            print(f"[conv tiles] {c}: {res}", flush=True)
+        try:
+            # "default": KernelConfig's default (None), the measured tiles of ops.conv.triton
+            tiles = kernel_config(args.kernels, conv_bwd_tiles=c).conv_bwd_tiles
+            y = short_conv_fused(x, w, b, window_TW=win, bwd_tiles=tiles)
+            grads = torch.autograd.grad(y, (x, w, b), dy, retain_graph=True)
+            if ref is None:
+                ref = grads
+            res = {"bwd_ms": 1e3 * time_cuda(lambda y=y: torch.autograd.grad(y, (x, w, b), dy, retain_graph=True),
+                                             repeats=10),
+                   "dx_equal": bool(torch.equal(grads[0], ref[0])), "dw_rel": rel(grads[1], ref[1])}
+        except Exception as e:  # noqa: BLE001
+            res = {"error": f"{type(e).__name__}: {e}"[:300]}
+        out[c] = res
+        print(f"[conv tiles] {c}: {res}", flush=True)
     return out
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+import warnings
 from pathlib import Path
 
 _HERE, _ROOT = Path(__file__).resolve().parent, str(Path(__file__).resolve().parents[2])
@@ -27,10 +28,12 @@ elif _ROOT not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks.gpu.common import KERNEL_ENV, Section, ctx, kernel_env, run_suite  # noqa: E402
+from benchmarks.gpu.common import Section, add_kernel_args, ctx, run_suite  # noqa: E402
+from harts.config.kernels import BaselineAttention, TreeAttention  # noqa: E402
 from harts.config.models import get_model_config  # noqa: E402
-from harts.exec import backend  # noqa: E402
 from harts.exec.model.model import build_model  # noqa: E402
+from harts.exec.ops.attention import tree as tree_attention  # noqa: E402
+from harts.exec.ops.record import KernelFallbackWarning  # noqa: E402
 from harts.exec.tree_trainer import TreeTrainer  # noqa: E402
 from harts.tree.workload import generate, preset  # noqa: E402
 from harts.verify.divergence import compare_runs, format_table  # noqa: E402
@@ -41,24 +44,32 @@ def workload():
     return generate(preset("small-treestep", vocab_size=32768, seed=3)).trajectories()
 
 
-def kernels(args):
-    return kernel_env(tree_attention=args.tree_attention, baseline_attention=args.baseline_attention)
-
-
-def attention_ran() -> dict:
-    """Which attention each mode ran (the tree's graph path needs its self-checks to pass)."""
-    import os
-
-    return {"tree_attention": os.environ.get(KERNEL_ENV["tree_attention"]) or (
-                "graph" if any(v is not None for v in backend._GRAPH_STATE.values())
-                else "per-segment (no graph kernels)"),
-            "expanded_attention": "graph" if backend.expanded_graph_attention() else "torch cuDNN SDPA per sequence"}
+def attention_ran(kernels, fallbacks: list[str]) -> dict:
+    """Which attention each mode ran (the tree's graph path needs its self-checks to pass;
+    the baseline's graph path reports a fallback where it cannot run)."""
+    if kernels.tree_attention is not TreeAttention.AUTO:
+        tree = kernels.tree_attention.value
+    elif any(v is not None for v in tree_attention._GRAPH_STATE.values()):
+        tree = "graph"
+    else:
+        tree = "per-segment (no graph kernels)"
+    expanded = {BaselineAttention.GRAPH: "graph", BaselineAttention.CUDNN: "torch cuDNN SDPA per sequence",
+                BaselineAttention.FLASH: "torch flash SDPA per sequence"}[kernels.baseline_attention]
+    if any(m.startswith("baseline_attention") for m in fallbacks):
+        expanded += " (with fallbacks: see fallbacks)"
+    return {"tree_attention": tree, "expanded_attention": expanded, "fallbacks": fallbacks}
 
 
 def sec_fidelity(args):
-    with kernels(args):
-        out = fidelity(workload(), model=args.model, dtype=torch.bfloat16, device="cuda", microbatch_tokens=1 << 16)
-        out.update(attention_ran())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", KernelFallbackWarning)
+        out = fidelity(workload(), model=args.model, dtype=torch.bfloat16, device="cuda", microbatch_tokens=1 << 16,
+                       kernels=args.kernels)
+    for w in caught:  # the others go on to the usual handlers
+        if not issubclass(w.category, KernelFallbackWarning):
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    fallbacks = sorted({str(w.message) for w in caught if issubclass(w.category, KernelFallbackWarning)})
+    out.update(attention_ran(args.kernels, fallbacks), kernel_config=args.kernels.to_dict())
     return out
 
 
@@ -80,17 +91,17 @@ def sec_divergence(args):
     # each saved as it lands (a time limit keeps what is done)
     runs = ((False, "expanded", "replay"), (True, "expanded", "replay"), (False, "replay", "node"),
             (False, "expanded", "expanded"))
-    with kernels(args):
-        for norm32, a, b in runs[:1] if args.quick else runs:
-            cfg = dataclasses.replace(get_model_config(args.model), norm_float32=norm32)
-            net = build_model(cfg, seed=0, dtype=torch.bfloat16, device="cuda")
-            partition = TreeTrainer(net).partition(trajs, 1 << 16)
-            t0 = time.perf_counter()
-            rep = compare_runs(net, trajs, partition, a, b)
-            print(f"[norm_float32={norm32}] ({time.perf_counter() - t0:.1f}s) " + format_table(rep), flush=True)
-            out[f"{b}_vs_{a}" + ("_norm32" if norm32 else "")] = rep
-            ctx().save("divergence_partial", out)
-            del net
+    for norm32, a, b in runs[:1] if args.quick else runs:
+        cfg = dataclasses.replace(get_model_config(args.model), norm_float32=norm32)
+        net = build_model(cfg, seed=0, dtype=torch.bfloat16, device="cuda")
+        partition = TreeTrainer(net, kernels=args.kernels).partition(trajs, 1 << 16)
+        t0 = time.perf_counter()
+        rep = compare_runs(net, trajs, partition, a, b, kernels=args.kernels)
+        print(f"[norm_float32={norm32}] ({time.perf_counter() - t0:.1f}s) " + format_table(rep), flush=True)
+        out[f"{b}_vs_{a}" + ("_norm32" if norm32 else "")] = rep
+        ctx().save("divergence_partial", out)
+        del net
+    out["kernel_config"] = args.kernels.to_dict()
     return out
 
 
@@ -103,8 +114,7 @@ SECTIONS = [
 
 def add_args(ap) -> None:
     ap.add_argument("--model", default="tiny-h200")
-    ap.add_argument("--tree-attention", default=None, help="HARTS_TREE_ATTENTION (default: the backend's pick)")
-    ap.add_argument("--baseline-attention", default=None, help="HARTS_BASELINE_ATTENTION (graph: cuDNN graph)")
+    add_kernel_args(ap, "tree_attention", "baseline_attention")
     ap.add_argument("--quick", action="store_true", help="divergence: only tree replay vs expanded, bf16 norms")
 
 

@@ -28,16 +28,19 @@ import torch  # noqa: E402
 from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_bwd_dhu  # noqa: E402
 from fla.ops.utils import prepare_chunk_offsets  # noqa: E402
 
-from benchmarks.gpu.common import Section, kernel_env, rel, run_suite, time_cuda  # noqa: E402
-from harts.exec.gpu.bench import kda_op_benchmark  # noqa: E402
-from harts.exec.gpu.kda import _fla, _fwd_h, fwd_h_config  # noqa: E402
-from harts.exec.gpu.kda_dhu import bwd_dhu_inject  # noqa: E402
+from benchmarks.gpu.common import Section, kernel_config, rel, run_suite, time_cuda  # noqa: E402
+from harts.config.kernels import KernelConfig  # noqa: E402
+from harts.exec.bench import kda_op_benchmark  # noqa: E402
+from harts.exec.ops.kda.dhu import bwd_dhu_inject  # noqa: E402
+from harts.exec.ops.kda.fla import _fla, _fwd_h, fwd_h_config  # noqa: E402
+from harts.exec.ops.record import KernelRecord  # noqa: E402
 
 
 def sec_ops(args):
     """fla chunk_kda vs the tree path's replay call (all boundary states, and a sparse
-    request) on the same packed tokens, forward+backward, with autotuning (both sides)."""
-    out = {}
+    request) on the same packed tokens, forward+backward, with autotuning (both sides), on
+    the library's default KernelConfig (`kda_op_benchmark` takes none)."""
+    out = {"kernel_config": KernelConfig().to_dict()}
     for n in (16, 64):
         r, _ = kda_op_benchmark(T=32768, num_seqs=n)
         out[f"kda_T32768_N{n}"] = r
@@ -52,8 +55,10 @@ def sec_fwdh(args):
     """fla's forward state kernel (chunk_gated_delta_rule_fwd_kernel_h_blockdim64, fp32
     state history as the tree path writes it) at the shapes of a tree's rounds (1-3 long
     sequences) and of packed batches (16), with fla's own launch (the first config under
-    --no-autotune) and explicit configs BV x warps x stages through `harts.exec.gpu.kda._fwd_h`
-    (the `fwd_h` kernel choice); outputs compared with fla's launch (16 heads, K = V = 128, bf16, chunk 64)."""
+    --no-autotune) and explicit configs BV x warps x stages through `harts.exec.ops.kda.fla._fwd_h`
+    (KernelConfig.kda_fwd_h); outputs compared with fla's launch (16 heads, K = V = 128, bf16,
+    chunk 64). A launch fla does not take falls back to fla's own for that call: its
+    "fallbacks" say so."""
     f = _fla()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     out = {"sms": sms}
@@ -72,19 +77,21 @@ def sec_fwdh(args):
         res = {"tokens": T, "sequences": len(lens), "default_rule": str(fwd_h_config(len(lens), H, V, sms))}
         ref = None
         for c in configs:
+            kernels, record = kernel_config(args.kernels, kda_fwd_h=c), KernelRecord()
+
             def run():
                 return _fwd_h(f, kg, w, u, gk, h0, cu, offs, NT, B, h_dtype=torch.float32,  # noqa: B023
-                              with_final=True)
+                              with_final=True, kernels=kernels, record=record)  # noqa: B023
 
-            with kernel_env(fwd_h=c):
-                try:
-                    o = run()
-                    if ref is None:
-                        ref = o
-                    err = max(rel(a, r) for a, r in zip(o, ref, strict=True))
-                    res[c] = {"ms": 1e3 * time_cuda(run, repeats=10), "rel_vs_fla": err}
-                except Exception as e:  # noqa: BLE001
-                    res[c] = {"error": f"{type(e).__name__}: {e}"[:300]}
+            try:
+                o = run()
+                if ref is None:
+                    ref = o
+                err = max(rel(a, r) for a, r in zip(o, ref, strict=True))
+                res[c] = {"ms": 1e3 * time_cuda(run, repeats=10), "rel_vs_fla": err,
+                          "fallbacks": record.to_dict()["fallbacks"]}
+            except Exception as e:  # noqa: BLE001
+                res[c] = {"error": f"{type(e).__name__}: {e}"[:300]}
         out["x".join(map(str, lens)) if len(set(lens)) > 1 else f"{len(lens)}x{lens[0]}"] = res
         print(f"[kda fwdh] {lens}: {res}", flush=True)
     return out
@@ -129,7 +136,7 @@ def sec_dhu(args):
 def sum_ops(out):
     return [(k, f"fla {r['fla_fwdbwd_s'] * 1e3:.2f} ms, ours {r['ours_fwdbwd_s'] * 1e3:.2f} ms "
                 f"({r['ours_over_fla_per_token']:.3f}x per token), sparse {r['ours_sparse_over_fla_per_token']:.3f}x")
-            for k, r in out.items()]
+            for k, r in out.items() if isinstance(r, dict) and "fla_fwdbwd_s" in r]
 
 
 def sum_sweep(out):

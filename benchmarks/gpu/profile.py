@@ -30,7 +30,7 @@ elif _ROOT not in sys.path:
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from benchmarks.gpu.common import Section, kernel_env, run_suite  # noqa: E402
+from benchmarks.gpu.common import Section, add_kernel_args, run_suite  # noqa: E402
 from benchmarks.gpu.step import STEP_WORKLOADS  # noqa: E402
 from harts.config.models import get_model_config  # noqa: E402
 from harts.exec.model.model import build_model  # noqa: E402
@@ -44,11 +44,11 @@ def _warm_trainers(args, out: dict):
     entry's workload (default treestep), each trainer on a fresh tiny model after one
     warm-up step; records the workload in `out` and frees each model after its turn."""
     name, over = STEP_WORKLOADS[args.schemes[0]]
-    out.update(workload=name, overrides=over)
+    out.update(workload=name, overrides=over, kernel_config=args.kernels.to_dict())
     trajs = generate(preset(name, vocab_size=get_model_config(args.model).vocab_size, **over)).trajectories()
     for mode in ("tree", "expanded"):
         net = build_model(get_model_config(args.model), seed=0, dtype=torch.bfloat16, device="cuda", recompute=True)
-        trainer = (TreeTrainer if mode == "tree" else ExpandedTrainer)(net)
+        trainer = (TreeTrainer if mode == "tree" else ExpandedTrainer)(net, kernels=args.kernels)
         trainer.step(trajs, args.microbatch_tokens)
         torch.cuda.synchronize()
         yield mode, trainer, trajs
@@ -245,14 +245,6 @@ def sec_syncs(args):
     return out
 
 
-def _with_kernels(fn):
-    def run(args):
-        with kernel_env(tree_attention=args.tree_attention, baseline_attention=args.baseline_attention,
-                        conv=args.conv):
-            return fn(args)
-    return run
-
-
 def sum_profile(out):
     return [(m, f"wall {out[m]['wall_s']:.3f} s, kernels {out[m]['kernel_s']:.3f} s, busy {out[m]['busy_share']:.2f}")
             for m in ("tree", "expanded") if m in out]
@@ -269,9 +261,9 @@ def sum_syncs(out):
 
 
 SECTIONS = [
-    Section("profile", _with_kernels(sec_profile), "kernel time by kernel, wall, GPU-busy share", sum_profile),
-    Section("opsites", _with_kernels(sec_opsites), "device time by aten op and harts/ call site", sum_opsites),
-    Section("syncs", _with_kernels(sec_syncs), "synchronising calls and idle gaps by host op", sum_syncs,
+    Section("profile", sec_profile, "kernel time by kernel, wall, GPU-busy share", sum_profile),
+    Section("opsites", sec_opsites, "device time by aten op and harts/ call site", sum_opsites),
+    Section("syncs", sec_syncs, "synchronising calls and idle gaps by host op", sum_syncs,
             default=False),
 ]
 
@@ -281,9 +273,7 @@ def add_args(ap) -> None:
     ap.add_argument("--schemes", nargs="+", default=["treestep"], choices=sorted(STEP_WORKLOADS),
                     help="the first one is profiled")
     ap.add_argument("--microbatch-tokens", type=int, default=131072)
-    ap.add_argument("--tree-attention", default=None, help="HARTS_TREE_ATTENTION (default: the backend's pick)")
-    ap.add_argument("--baseline-attention", default=None, help="HARTS_BASELINE_ATTENTION (graph: cuDNN graph)")
-    ap.add_argument("--conv", default=None, help="HARTS_CONV (reference: the gather-form short conv)")
+    add_kernel_args(ap, "tree_attention", "baseline_attention", "conv")
 
 
 if __name__ == "__main__":

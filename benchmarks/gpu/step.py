@@ -20,9 +20,9 @@ if sys.path and Path(sys.path[0] or ".").resolve() == _HERE:  # run as a script:
 elif _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from benchmarks.gpu.common import Section, kernel_env, run_suite  # noqa: E402
+from benchmarks.gpu.common import Section, add_kernel_args, run_suite  # noqa: E402
 from harts.config.models import get_model_config  # noqa: E402
-from harts.exec.gpu.bench import step_benchmark  # noqa: E402
+from harts.exec.bench import step_benchmark  # noqa: E402
 from harts.tree.workload import generate, preset  # noqa: E402
 
 STEP_WORKLOADS = {
@@ -34,19 +34,11 @@ STEP_WORKLOADS = {
 }
 
 
-def add_kernel_args(ap) -> None:
+def add_step_args(ap) -> None:
     ap.add_argument("--model", default="tiny-h200")
     ap.add_argument("--schemes", nargs="+", default=["treestep", "stepwise"], choices=sorted(STEP_WORKLOADS))
     ap.add_argument("--microbatch-tokens", type=int, default=131072)
-    ap.add_argument("--tree-attention", default=None, help="HARTS_TREE_ATTENTION (default: the backend's pick)")
-    ap.add_argument("--baseline-attention", default=None, help="HARTS_BASELINE_ATTENTION (graph: cuDNN graph)")
-    ap.add_argument("--conv", default=None, help="HARTS_CONV (reference: the gather-form short conv)")
-    ap.add_argument("--fwd-h", default=None, help="HARTS_FWD_H (fla: fla's own forward state launch)")
-
-
-def kernels(args):
-    return kernel_env(tree_attention=args.tree_attention, baseline_attention=args.baseline_attention,
-                      conv=args.conv, fwd_h=args.fwd_h)
+    add_kernel_args(ap, "tree_attention", "baseline_attention", "conv", "fwd_h")
 
 
 def workload(args, scheme: str):
@@ -57,17 +49,16 @@ def workload(args, scheme: str):
 
 def sec_step(args):
     runs = []
-    with kernels(args):
-        for scheme in args.schemes:
-            name, over, trajs = workload(args, scheme)
-            r = step_benchmark(trajs, model=args.model, microbatch_tokens=args.microbatch_tokens,
-                               steps=args.steps, warmup=1)
-            r.update(scheme=scheme, workload=name, overrides=over)
-            runs.append(r)
-            print(f"[step] {scheme}: speedup {r.get('speedup'):.2f}x limit {r['flop_limit']:.2f}x "
-                  f"(tokens {r['token_limit']:.2f}x) exp {r['expanded']['seconds']:.2f}s "
-                  f"tree {r['tree']['seconds']:.2f}s peak exp {r['expanded_peak_bytes'] / 2**30:.1f} GiB "
-                  f"tree {r['tree_peak_bytes'] / 2**30:.1f} GiB", flush=True)
+    for scheme in args.schemes:
+        name, over, trajs = workload(args, scheme)
+        r = step_benchmark(trajs, model=args.model, microbatch_tokens=args.microbatch_tokens,
+                           steps=args.steps, warmup=1, kernels=args.kernels)
+        r.update(scheme=scheme, workload=name, overrides=over, kernel_config=args.kernels.to_dict())
+        runs.append(r)
+        print(f"[step] {scheme}: speedup {r.get('speedup'):.2f}x limit {r['flop_limit']:.2f}x "
+              f"(tokens {r['token_limit']:.2f}x) exp {r['expanded']['seconds']:.2f}s "
+              f"tree {r['tree']['seconds']:.2f}s peak exp {r['expanded_peak_bytes'] / 2**30:.1f} GiB "
+              f"tree {r['tree_peak_bytes'] / 2**30:.1f} GiB", flush=True)
     return runs
 
 
@@ -80,7 +71,7 @@ SECTIONS = [Section("step", sec_step, "tree vs expanded update step per scheme (
 
 
 def add_args(ap) -> None:
-    add_kernel_args(ap)
+    add_step_args(ap)
     ap.add_argument("--steps", type=int, default=5, help="timed steps each way (median)")
 
 

@@ -14,25 +14,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harts.exec.backend import FastTreeAttention, graph_kernels, split_part_kernel
-from harts.exec.gpu import cudnn_graph
-from harts.exec.gpu.attention import tree_attention, tree_block_mask
-from harts.exec.gpu.path_attention import (
-    flash_varlen,
-    path_attention,
-    reference_varlen,
-    segments_of,
-)
-from harts.exec.gpu.split_attention import (
-    REFERENCE,
-    REFERENCE_BOTTOM_RIGHT,
-    _case,
+from harts.exec.ops.attention import cudnn_graph
+from harts.exec.ops.attention.flex import tree_attention, tree_block_mask
+from harts.exec.ops.attention.kernel import REFERENCE, REFERENCE_BOTTOM_RIGHT, _case
+from harts.exec.ops.attention.split import (
     cudnn_kernel,
     device_index,
     path_split_attention,
     piece_segments,
     split_attention,
     split_segments,
+)
+from harts.exec.ops.attention.tree import FastTreeAttention, graph_kernels, split_part_kernel
+from harts.exec.ops.attention.varlen import (
+    flash_varlen,
+    path_attention,
+    reference_varlen,
+    segments_of,
 )
 from harts.tree import build_forest
 from harts.tree.workload import generate, generate_trajectories, preset

@@ -8,8 +8,8 @@ import functools
 import pytest
 import torch
 
-from harts.exec.gpu.conv import short_conv_fused
 from harts.exec.ops.conv import short_conv, window_from_parents
+from harts.exec.ops.conv.triton import short_conv_fused
 from harts.tree.workload import generate, preset
 from tests.cuda.conftest import TOL_BF16, assert_rel
 

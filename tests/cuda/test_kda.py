@@ -8,8 +8,8 @@ import pytest
 import torch
 from fla.ops.kda import chunk_kda as fla_chunk_kda
 
-from harts.exec.gpu.kda import chunk_kda_fast, fwd_h_config
 from harts.exec.ops.kda import chunk_kda as ref_kda
+from harts.exec.ops.kda.fla import chunk_kda_fast, fwd_h_config
 from tests.cuda.conftest import TOL_BF16, TOL_F32, assert_rel
 
 pytestmark = pytest.mark.cuda

@@ -25,7 +25,7 @@ import numpy as np
 
 from harts.config.models import get_model_config
 from harts.config.plan import PlanConfig
-from harts.exec.tree import LocalLayout, replay_schedule
+from harts.exec.tree_layout import LocalLayout, replay_schedule
 from harts.exec.window import piece_rows
 from harts.plan.planners import make_plan
 from harts.tree.workload import generate, preset

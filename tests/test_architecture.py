@@ -137,7 +137,7 @@ def _environment_reads(tree: ast.AST) -> list[int]:
         elif isinstance(node, ast.ImportFrom) and node.module == "os" and any(
                 a.name in ("environ", "getenv", "putenv", "unsetenv") for a in node.names):
             lines.append(node.lineno)
-    return lines
+    return sorted(set(lines))
 
 
 def test_the_scan_finds_environment_reads():

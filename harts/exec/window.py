@@ -51,14 +51,8 @@ from harts.exec.model.model import HybridModel
 from harts.exec.ops.gather import RowGather
 from harts.exec.trainer import ExpandedTrainer, Microbatch, PreparedStep
 from harts.exec.transfer import to_device
-from harts.exec.tree import (
-    LocalLayout,
-    Stash,
-    StashNeeds,
-    TreeContext,
-    consumer_needs,
-    replay_schedule,
-)
+from harts.exec.tree import Stash, StashNeeds, TreeContext, consumer_needs
+from harts.exec.tree_layout import LocalLayout, replay_schedule
 from harts.exec.tree_trainer import target_table
 from harts.plan.plan import Plan, PlanMode
 from harts.sim.schedule import Schedule

@@ -16,14 +16,28 @@ tokens followed by load-evening moves; slots heaviest first."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from harts.plan.planners.common import first_fit_decreasing, lpt_balanced
+from harts.plan.planners.common import ForestIndex, first_fit_decreasing, lpt_balanced
 from harts.plan.planners.l1l2.cell import Cell, Item
 from harts.plan.planners.l1l2.knapsack import balance_bins, subset_near
 
-if TYPE_CHECKING:
-    from harts.plan.planners.l1l2.solver import CellSolver
+
+class CellSolver(Protocol):
+    """What the fills use of `solver.CellSolver` (which calls them): a protocol, so that this
+    module does not import the solver back."""
+
+    idx: ForestIndex
+    budget: int
+    rho: float
+    ff: float
+
+    def split_item(self, c: Cell, items: list[Item], it: Item) -> bool: ...
+    def mandatory_splits(self, c: Cell, items: list[Item]) -> bool: ...
+    def split_to_count(self, c: Cell, items: list[Item], k: int) -> bool: ...
+    def shave_plan(self, c: Cell, target: float | list[float]) -> list[tuple[int, float]]: ...
+    def apply_fitting(self, c: Cell, plan: list[tuple[int, float]], whole: int = 0, steps: int = 12) -> bool: ...
+    def fits(self, c: Cell) -> bool: ...
 
 
 def fill_unlevelled(solver: CellSolver, c: Cell, out: Cell, ffd: bool) -> bool:

@@ -152,7 +152,8 @@ class _Sim:
             raise ValueError(f"gpus ({self.gpus}) must be a positive multiple of baseline_mp ({base})")
         layout = [base] * (self.gpus // base)
         n = len(self.tr)
-        preds = [predict_remaining(t.spec, 0, 0, self.action_prior) for t in self.tr]
+        preds = [predict_remaining(t.spec, 0, 0, self.action_prior, cfg.max_context - t.spec.turns[0].input_tokens,
+                                   cfg.turns_range[1]) for t in self.tr]
         lengths = np.array([x for x, _ in preds], dtype=float)
         tools = np.array([(turns - 1.0) * self.tool_prior for _, turns in preds], dtype=float)
         mean_ctx = self._mean_context()
@@ -220,7 +221,10 @@ class _Sim:
         turn counts as one of the remaining ones (its length is not known either)."""
         if t.done:
             return 0.0, 0.0
-        x, turns = predict_remaining(t.spec, t.turn, t.turn_start_generated, self.action_prior)
+        nxt = t.spec.turns[t.turn].input_tokens if t.turn < len(t.spec.turns) and not t.remaining else 0
+        x, turns = predict_remaining(t.spec, t.turn, t.turn_start_generated, self.action_prior,
+                                     self.cfg.max_context - t.context - nxt + (t.generated - t.turn_start_generated),
+                                     self.cfg.turns_range[1])
         if t.remaining:
             x = max(x - (t.generated - t.turn_start_generated), 1.0)
         return x, max(turns - 1.0, 0.0) * self.tool_prior

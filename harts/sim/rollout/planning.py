@@ -33,15 +33,19 @@ def prior_tool_mean(cfg: RolloutWorkload) -> float:
     return cfg.tool_latency_median_s * math.exp(cfg.tool_latency_sigma ** 2 / 2)
 
 
-def predict_remaining(spec: TrajectorySpec, turns_done: int, generated: int, action_prior: float) -> tuple[float, float]:
+def predict_remaining(spec: TrajectorySpec, turns_done: int, generated: int, action_prior: float,
+                      budget_tokens: float = math.inf, max_turns: float = math.inf) -> tuple[float, float]:
     """(predicted remaining decode tokens, predicted remaining turns) of an unfinished
     trajectory after `turns_done` whole turns that generated `generated` tokens: the
     run-length hint, never below a quarter of the turns done (a trajectory that outlived
     its hint is expected to go on) nor below one, times the mean action length seen so far
-    (the prior mean before the first turn). It never reads the true turn or token counts."""
-    turns = max(spec.hint_turns - turns_done, 0.25 * turns_done, 1.0)
+    (the prior mean before the first turn), at most `budget_tokens` (what the context cap
+    leaves: no trajectory decodes past it, so a prediction beyond it is known wrong) and
+    at most `max_turns` - `turns_done` turns (the tool-call budget). It never reads the
+    true turn or token counts."""
+    turns = max(min(max(spec.hint_turns - turns_done, 0.25 * turns_done), max_turns - turns_done), 1.0)
     per_turn = generated / turns_done if turns_done else action_prior
-    return turns * per_turn, turns
+    return max(min(turns * per_turn, budget_tokens), 1.0), turns
 
 
 def iteration_table(cost: RolloutCost, degree: int, n: int, max_batch: int, mean_context: float) -> np.ndarray:
@@ -133,7 +137,8 @@ def dp_place(lengths: np.ndarray, tools: np.ndarray, degrees: list[int], tables:
     """Assign trajectories (indices into `lengths`) to workers (indices into `degrees`):
     presorted dynamic programming over contiguous runs of the longest-first order, workers
     fastest first, minimising the largest `worker_estimate` (ties within 0.1% broken by the
-    smallest sum of estimates, so workers other than the bottleneck are balanced too).
+    smallest sum of squared estimates, so workers other than the bottleneck are balanced
+    too).
     Runs start at one of at most `max_cuts` + 1 positions of the order (every position
     when n <= max_cuts: then the split is exact; beyond, cuts fall on quantiles).
     `cache` (a dict the caller keeps across calls on the same lengths, e.g. while
@@ -153,7 +158,9 @@ def dp_place(lengths: np.ndarray, tools: np.ndarray, degrees: list[int], tables:
     P = len(pos)
     INF = float("inf")
     # f[i]: the smallest largest estimate of the workers so far covering items before pos[i];
-    # g[i]: the sum of their estimates among choices within 0.1% of f
+    # g[i]: the sum of their squared estimates among choices within 0.1% of f (the largest
+    # alone leaves every worker but the bottleneck free to be overloaded up to it, and a
+    # plain sum favours packing, since big batches are cheaper per token)
     f = np.full(P, INF)
     g = np.full(P, INF)
     f[0] = g[0] = 0.0
@@ -162,7 +169,7 @@ def dp_place(lengths: np.ndarray, tools: np.ndarray, degrees: list[int], tables:
         C = grids[degrees[wo[j]]]  # C[k, i]: this worker takes pos[k]..pos[i]-1
         cand = np.maximum(f[:, None], C)  # [k, i]
         best = cand.min(axis=0)
-        total = np.where(cand <= best[None, :] * (1 + 1e-3), g[:, None] + C, INF)
+        total = np.where(cand <= best[None, :] * (1 + 1e-3), g[:, None] + C * C, INF)
         k = np.argmin(total, axis=0)
         cols = np.arange(P)
         f, g = cand[k, cols], total[k, cols]

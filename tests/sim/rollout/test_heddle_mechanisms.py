@@ -112,3 +112,27 @@ def test_loaded_preset_only_adds_prompts():
     base, loaded = rollout_preset("agentic-longtail"), rollout_preset("agentic-longtail-loaded")
     assert loaded.num_trajectories == 4 * base.num_trajectories
     assert dataclasses.replace(loaded, num_prompts=base.num_prompts) == base
+
+
+def test_predictor_respects_context_and_tool_budgets():
+    from harts.sim.rollout.planning import predict_remaining
+    from harts.sim.rollout.types import TrajectorySpec, TurnSpec
+
+    a = TrajectorySpec(0, 0, tuple(TurnSpec(10, 100, 1.0) for _ in range(3)), hint_turns=40.0)
+    assert predict_remaining(a, 0, 0, 500.0) == (20000.0, 40.0)
+    assert predict_remaining(a, 0, 0, 500.0, budget_tokens=6000.0) == (6000.0, 40.0)  # context cap
+    assert predict_remaining(a, 0, 0, 500.0, max_turns=8) == (4000.0, 8.0)  # tool-call budget
+    assert predict_remaining(a, 7, 700, 500.0, max_turns=8) == (100.0, 1.0)  # never below one turn
+
+
+def test_dp_balances_workers_below_the_bottleneck():
+    # one long trajectory fixes the bottleneck; the many short ones must still be spread
+    x = np.array([50_000.0] + [500.0] * 200)
+    tools = np.array([100.0] + [5.0] * 200)
+    degrees = [4, 4, 4, 4]
+    tables = {4: iteration_table(COST, 4, 202, 256, 4000.0)}
+    assign, est = dp_place(x, tools, degrees, tables)
+    counts = sorted(np.bincount(np.asarray(assign[1:]), minlength=4).tolist())
+    per = [estimate_makespan([0] * c, x[1:1 + c], tools[1:1 + c], [4], tables) for c in counts if c]
+    assert max(per) < est  # the short ones are not piled up to the bottleneck's estimate
+    assert counts[-1] - counts[1] <= 0.5 * counts[-1]  # and spread over the other workers

@@ -13,7 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harts.config.rollout import RolloutWorkload, rollout_preset
-from harts.sim.rollout import RolloutPolicy, RolloutPolicyName, Router, SegmentKind, generate_trajectories
+from harts.sim.rollout import (
+    RolloutPolicy,
+    RolloutPolicyName,
+    Router,
+    SegmentKind,
+    generate_trajectories,
+)
 from harts.sim.rollout.cost import make_rollout_cost
 from harts.sim.rollout.engine import _Sim
 from harts.sim.rollout.planning import (

@@ -3,6 +3,7 @@ long-tail agentic workload, over 5 seeds (the issue's done-when table).
 
     python benchmarks/bench_rollout.py [--workload agentic-longtail] [--gpus 32]
         [--seeds 0,1,2,3,4] [--baseline-mps 4,8] [--json OUT.json]
+    python benchmarks/bench_rollout.py --workload agentic-longtail-loaded --json OUT.json
 
 Every policy runs the same trajectories per seed (`harts.sim.rollout.compare`); the best
 baseline of a seed is the fastest of round-robin / least-loaded / cache-aware at any of

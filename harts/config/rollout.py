@@ -26,6 +26,13 @@ uses) and where they come from (assumptions, every one overridable):
   exp(N(0, 0.5)) (a learned run-length predictor with that error) and the mean action
   length observed so far; it is updated after every turn.
 
+`agentic-longtail-loaded` keeps every trajectory statistic and the group size and takes
+128 prompts (1024 trajectories): agentic RL steps batch hundreds of prompts x 8-16
+samples, so on 32 GPUs (8 MP4 workers) a worker holds ~128 trajectories, its batch is in
+the hundreds for most of the step (the per-token time is the large-batch one, ~7x the
+batch-1 one) and the step-centric baselines' FCFS queues delay the long tail's turns;
+`agentic-longtail` (256 trajectories) leaves workers nearly idle once the bulk is done.
+
 Cluster knobs: the model (a `harts.config.models` name; the default `flash` is the
 124B-parameter MoE, whose bf16 weights need at least 2 H200s), the hardware profile,
 bf16 weights and KV, the usable HBM fraction, the model-parallel efficiency per doubling
@@ -130,6 +137,7 @@ class RolloutPreset(StrEnum):
     TINY = "tiny"
     SMALL = "small"
     AGENTIC_LONGTAIL = "agentic-longtail"
+    AGENTIC_LONGTAIL_LOADED = "agentic-longtail-loaded"
 
 
 ROLLOUT_PRESETS: Registry[RolloutPreset, RolloutWorkload] = Registry(
@@ -143,6 +151,10 @@ ROLLOUT_PRESETS.register(RolloutPreset.SMALL, RolloutWorkload(
     num_prompts=8, rollouts_per_prompt=4, turns_range=(1, 32), max_context=32768,
     anneal_iterations=80))
 ROLLOUT_PRESETS.register(RolloutPreset.AGENTIC_LONGTAIL, RolloutWorkload())
+# the same trajectory statistics with 4x the prompts: 128 x 8 = 1024 trajectories, 128 per
+# MP4 worker of 32 GPUs (half the batch limit each before tool waits), so batches stay
+# large and turns queue behind each other for most of the step (see the module docstring)
+ROLLOUT_PRESETS.register(RolloutPreset.AGENTIC_LONGTAIL_LOADED, RolloutWorkload(num_prompts=128))
 
 
 def rollout_preset(name: str, **overrides: Any) -> RolloutWorkload:

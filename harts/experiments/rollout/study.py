@@ -98,4 +98,5 @@ def _plot(rows: list[dict]) -> bytes:
 
 
 STUDY = register_study(Study(StudyName.ROLLOUT, "Heddle: trajectory-centric rollout scheduling", run,
-                             {"tiny": TINY, "default": RolloutStudyConfig()}))
+                             {"tiny": TINY, "default": RolloutStudyConfig(),
+                              "loaded": RolloutStudyConfig(workload="agentic-longtail-loaded")}))

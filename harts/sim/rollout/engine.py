@@ -23,7 +23,9 @@ import numpy as np
 from harts.config.rollout import RolloutWorkload
 from harts.sim.rollout.cost import RolloutCost, make_rollout_cost
 from harts.sim.rollout.planning import (
+    aggregate_estimate,
     anneal_layout,
+    decode_fraction,
     dp_place,
     estimate_makespan,
     greedy_place,
@@ -31,7 +33,6 @@ from harts.sim.rollout.planning import (
     predict_remaining,
     prior_action_mean,
     prior_tool_mean,
-    worker_estimate,
 )
 from harts.sim.rollout.policies import RolloutPolicy, Router, get_policy
 from harts.sim.rollout.types import (
@@ -46,6 +47,7 @@ from harts.sim.rollout.workload import generate_trajectories
 
 READY, STEP_END, MIG_DONE = 0, 1, 2
 MIGRATION_MARGIN = 0.05  # a migration must cut the pair's drain estimate by this fraction
+STEAL_LOOKS = 16  # queued turns a worker with free slots examines per stealing attempt
 
 
 @dataclass
@@ -64,6 +66,7 @@ class _T:
     pending_ready: bool = False
     done: bool = False
     finish: float = 0.0
+    pred: tuple[float, float] = (0.0, 0.0)  # predicted (tokens, tool s) left, as of the last turn boundary
     segs: list[Segment] = field(default_factory=list)
 
 
@@ -84,6 +87,12 @@ class _W:
     busy: list[list[float]] = field(default_factory=list)
     samples: list[tuple[float, float]] = field(default_factory=list)
     peak: float = 0.0
+    # Heddle's view of the trajectories planned here: tid -> (tokens, tool s, decode fraction)
+    load: dict[int, tuple[float, float, float]] = field(default_factory=dict)
+    sum_x: float = 0.0
+    sum_a: float = 0.0
+    est: float = -1.0  # cached aggregate estimate, -1 stale
+    top: tuple[float, float, float] | None = None  # cached largest load entry, None stale
 
 
 def make_workers(layout: list[int], cost: RolloutCost) -> tuple[Worker, ...]:
@@ -121,6 +130,10 @@ class _Sim:
         mean_ctx = self._mean_context()
         self.tables = {d: iteration_table(cost, d, n + 1, cfg.max_batch, mean_ctx)
                        for d in {w.degree for w in self.workers}}
+        for t in self.tr:
+            t.pred = self.predicted(t)
+            if t.assigned >= 0:
+                self.load_set(t)
 
     # ---- planning ---------------------------------------------------------------------
 
@@ -139,11 +152,13 @@ class _Sim:
             raise ValueError(f"gpus ({self.gpus}) must be a positive multiple of baseline_mp ({base})")
         layout = [base] * (self.gpus // base)
         n = len(self.tr)
-        preds = [predict_remaining(t.spec, 0, 0, self.action_prior) for t in self.tr]
+        preds = [predict_remaining(t.spec, 0, 0, self.action_prior, cfg.max_context - t.spec.turns[0].input_tokens,
+                                   cfg.turns_range[1]) for t in self.tr]
         lengths = np.array([x for x, _ in preds], dtype=float)
         tools = np.array([(turns - 1.0) * self.tool_prior for _, turns in preds], dtype=float)
         mean_ctx = self._mean_context()
         tables: dict[int, np.ndarray] = {}
+        grids: dict[int, np.ndarray] = {}  # DP cost grids per degree, shared by every layout tried
 
         def table(d: int) -> np.ndarray:
             if d not in tables:
@@ -153,7 +168,7 @@ class _Sim:
         def place(lay: list[int]) -> tuple[list[int], float]:
             tabs = {d: table(d) for d in set(lay)}
             if p.placement:
-                return dp_place(lengths, tools, lay, tabs)
+                return dp_place(lengths, tools, lay, tabs, cache=grids)
             a = greedy_place(n, lay)
             return a, estimate_makespan(a, lengths, tools, lay, tabs)
 
@@ -206,7 +221,10 @@ class _Sim:
         turn counts as one of the remaining ones (its length is not known either)."""
         if t.done:
             return 0.0, 0.0
-        x, turns = predict_remaining(t.spec, t.turn, t.turn_start_generated, self.action_prior)
+        nxt = t.spec.turns[t.turn].input_tokens if t.turn < len(t.spec.turns) and not t.remaining else 0
+        x, turns = predict_remaining(t.spec, t.turn, t.turn_start_generated, self.action_prior,
+                                     self.cfg.max_context - t.context - nxt + (t.generated - t.turn_start_generated),
+                                     self.cfg.turns_range[1])
         if t.remaining:
             x = max(x - (t.generated - t.turn_start_generated), 1.0)
         return x, max(turns - 1.0, 0.0) * self.tool_prior
@@ -233,7 +251,7 @@ class _Sim:
 
     def admit_order(self, w: _W) -> list[int]:
         if self.policy.priority:
-            return sorted(w.queue, key=lambda i: (-self.predicted(self.tr[i])[0], self.tr[i].ready_at, i))
+            return sorted(w.queue, key=lambda i: (-self.tr[i].pred[0], self.tr[i].ready_at, i))
         return sorted(w.queue, key=lambda i: (self.tr[i].ready_at, i))
 
     def start_chunk(self, w: _W, now: float) -> None:
@@ -332,7 +350,12 @@ class _Sim:
             if t.turn == len(t.spec.turns):
                 t.done, t.finish = True, now
                 self.drop(t, now)
+                if t.assigned >= 0:
+                    self.load_drop(t, self.ws[t.assigned])
                 continue
+            t.pred = self.predicted(t)  # progressive: re-predicted after every turn
+            if t.assigned >= 0:
+                self.load_set(t)
             w.lru[tid] = now
             self.seg(t, SegmentKind.TOOL, now, now + turn.tool_latency_s, w.info.wid, t.generated, t.generated)
             self.push(now + turn.tool_latency_s, READY, tid)
@@ -341,59 +364,147 @@ class _Sim:
         w.running = still
         w.active = False
         self.start_chunk(w, now)
+        if self.policy.migration and not w.queue and len(w.running) < self.cfg.max_batch:
+            self.steal(w, now)
 
     # ---- migration --------------------------------------------------------------------
 
-    def loads(self) -> list[list[tuple[float, float]]]:
-        """Predicted (tokens, tool seconds) of the unfinished trajectories planned on each worker."""
-        out: list[list[tuple[float, float]]] = [[] for _ in self.ws]
-        for t in self.tr:
-            if not t.done:
-                out[t.assigned].append(self.predicted(t))
-        return out
+    def load_set(self, t: _T) -> None:
+        """(Re)enter `t`'s predicted remaining work in its planned worker's aggregate."""
+        w = self.ws[t.assigned]
+        self.load_drop(t, w)
+        if t.done:
+            return
+        x, tool = t.pred
+        a = decode_fraction(x, tool, self.tables[w.info.degree])
+        w.load[t.spec.tid] = (x, tool, a)
+        w.sum_x += x
+        w.sum_a += a
+        w.est = -1.0
+        w.top = None
 
-    def estimate(self, wid: int, xs: list[tuple[float, float]]) -> float:
-        if not xs:
+    def load_drop(self, t: _T, w: _W) -> None:
+        old = w.load.pop(t.spec.tid, None)
+        if old is not None:
+            w.sum_x -= old[0]
+            w.sum_a -= old[2]
+            w.est = -1.0
+            w.top = None
+            if not w.load:
+                w.sum_x = w.sum_a = 0.0
+
+    def estimate(self, w: _W, add: tuple[float, float] | None = None, remove: int = -1) -> float:
+        """Predicted drain time of `w`'s planned trajectories (`planning.worker_estimate`
+        from the worker's aggregate), optionally with one more (`add`) or one fewer (`remove`)."""
+        table = self.tables[w.info.degree]
+        if add is None and remove < 0:
+            if w.est < 0:
+                w.est = self._agg(w, table, None, -1)
+            return w.est
+        return self._agg(w, table, add, remove)
+
+    def _agg(self, w: _W, table: np.ndarray, add, remove: int) -> float:
+        sx, sa = w.sum_x, w.sum_a
+        if w.top is None:
+            w.top = max(w.load.values(), default=(0.0, 0.0, 0.0))
+        top = w.top
+        if remove >= 0:
+            gone = w.load[remove]
+            sx, sa = sx - gone[0], sa - gone[2]
+            if gone == top:
+                top = max((v for k, v in w.load.items() if k != remove), default=(0.0, 0.0, 0.0))
+        if add is not None:
+            x, tool = add
+            sx += x
+            sa += decode_fraction(x, tool, table)
+            if x > top[0]:
+                top = (x, tool, 0.0)
+        if sx <= 0 and top[0] <= 0:
             return 0.0
-        arr = np.array(sorted(xs, key=lambda p: -p[0]), dtype=float)
-        return worker_estimate(arr[:, 0], arr[:, 1], self.tables[self.ws[wid].info.degree])
+        return aggregate_estimate(sx, sa, top[0], top[1], table)
+
+    def gain(self, t: _T, src: _W, dst: _W, margin: float = MIGRATION_MARGIN) -> float:
+        """How much moving `t` from `src` to `dst` lowers the larger of the two estimates
+        (0 unless it lowers it by more than `margin` of it)."""
+        before = max(self.estimate(src), self.estimate(dst))
+        after = max(self.estimate(src, remove=t.spec.tid), self.estimate(dst, add=t.pred))
+        return before - after if before - after > margin * before else 0.0
+
+    def move_plan(self, t: _T, dst: int) -> None:
+        self.load_drop(t, self.ws[t.assigned])
+        t.assigned = dst
+        self.load_set(t)
 
     def maybe_migrate(self, t: _T, now: float) -> None:
+        """At a tool-call start: move the KV to the worker whose predicted drain time the
+        move lowers most (by at least `MIGRATION_MARGIN`), if the transfer fits in the
+        mean tool latency."""
         src = t.home
         tid = t.spec.tid
         if src < 0 or t.assigned != src:
             return
         size = self.ws[src].kv[tid]
-        loads = self.loads()
-        mine = self.predicted(t)
-        rest = list(loads[src])
-        rest.remove(mine)
-        here, left = self.estimate(src, loads[src]), self.estimate(src, rest)
         best, best_gain = -1, 0.0
         for w in self.ws:
             o = w.info.wid
             if o == src or w.info.kv_capacity_bytes - w.used < size:
                 continue
-            there = self.estimate(o, loads[o])
-            before = max(here, there)
-            after = max(left, self.estimate(o, loads[o] + [mine]))
-            gain = before - after
-            if gain > MIGRATION_MARGIN * before and gain > best_gain:
-                best, best_gain = o, gain
+            g = self.gain(t, self.ws[src], w)
+            if g > best_gain:
+                best, best_gain = o, g
         if best < 0:
             return
-        same = self.ws[src].info.gpus[0] // self.cost.gpus_per_node == self.ws[best].info.gpus[0] // self.cost.gpus_per_node
-        dur = self.cost.transfer(size, same)
+        dur = self.cost.transfer(size, self.same_node(src, best))
         if dur > self.tool_prior:
             return
-        dst = self.ws[best]
+        self.start_move(t, src, best, size, dur, now)
+
+    def same_node(self, a: int, b: int) -> bool:
+        per = self.cost.gpus_per_node
+        return self.ws[a].info.gpus[0] // per == self.ws[b].info.gpus[0] // per
+
+    def start_move(self, t: _T, src: int, dst: int, size: float, dur: float, now: float) -> None:
+        tid = t.spec.tid
         self.ws[src].lru.pop(tid, None)  # pinned while it moves
-        self.set_kv(dst, tid, size, now)
+        self.set_kv(self.ws[dst], tid, size, now)
         t.migrating = True
-        t.assigned = best
+        self.move_plan(t, dst)
         self.migrations += 1
-        self.seg(t, SegmentKind.MIGRATE, now, now + dur, src, t.generated, t.generated, to_worker=best)
+        self.seg(t, SegmentKind.MIGRATE, now, now + dur, src, t.generated, t.generated, to_worker=dst)
         self.push(now + dur, MIG_DONE, tid, src)
+
+    def steal(self, w: _W, now: float) -> None:
+        """Work stealing: `w` has free batch slots and nothing queued, so it takes queued
+        turns from other workers (longest predicted remaining first, from the worker with
+        the largest estimate first) while each move lowers the pair's larger estimate at
+        all: a queued turn's alternative is to keep waiting, and one turn of hundreds on a
+        loaded worker moves its estimate by far less than `MIGRATION_MARGIN`. A stolen turn's KV moves over NVLink / InfiniBand (it waits
+        for the copy, then queues here); one without a resident KV just re-queues here."""
+        slots = self.cfg.max_batch - len(w.running)
+        victims = sorted((v for v in self.ws if v is not w and v.queue), key=lambda v: (-self.estimate(v), v.info.wid))
+        looked = 0
+        for v in victims:
+            for tid in sorted(v.queue, key=lambda i: (-self.tr[i].pred[0], self.tr[i].ready_at, i)):
+                looked += 1
+                if slots <= 0 or looked > STEAL_LOOKS:
+                    return
+                t = self.tr[tid]
+                if t.assigned != v.info.wid or self.gain(t, v, w, margin=0.0) <= 0:
+                    continue
+                size = self.ws[t.home].kv.get(tid, 0.0) if t.home >= 0 else 0.0
+                if size and w.info.kv_capacity_bytes - w.used < size:
+                    continue
+                v.queue.remove(tid)
+                t.queued_on = -1
+                if now > t.ready_at:
+                    self.seg(t, SegmentKind.QUEUE, t.ready_at, now, v.info.wid, t.generated, t.generated)
+                slots -= 1
+                if size:
+                    t.pending_ready = True
+                    self.start_move(t, t.home, w.info.wid, size, self.cost.transfer(size, self.same_node(t.home, w.info.wid)), now)
+                else:
+                    self.move_plan(t, w.info.wid)
+                    self.ready(t, now)
 
     def mig_done(self, t: _T, src: int, now: float) -> None:
         tid = t.spec.tid

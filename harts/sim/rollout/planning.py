@@ -9,8 +9,9 @@ tool_1, sum L t(B) / B), t(b) the decode iteration at batch b.
 
 Placement: trajectories sorted by predicted length (longest first) are cut into
 contiguous runs, one per worker, workers ordered fastest (highest degree) first; the
-dynamic programme picks the cuts minimising the largest drain estimate (O(workers x n^2),
-vectorised).
+dynamic programme picks the cuts minimising the largest drain estimate (cut positions
+on at most 512 quantiles of the order, cost grids from prefix sums: O(workers x 512^2)
+whatever the number of trajectories).
 """
 
 from __future__ import annotations
@@ -32,15 +33,19 @@ def prior_tool_mean(cfg: RolloutWorkload) -> float:
     return cfg.tool_latency_median_s * math.exp(cfg.tool_latency_sigma ** 2 / 2)
 
 
-def predict_remaining(spec: TrajectorySpec, turns_done: int, generated: int, action_prior: float) -> tuple[float, float]:
+def predict_remaining(spec: TrajectorySpec, turns_done: int, generated: int, action_prior: float,
+                      budget_tokens: float = math.inf, max_turns: float = math.inf) -> tuple[float, float]:
     """(predicted remaining decode tokens, predicted remaining turns) of an unfinished
     trajectory after `turns_done` whole turns that generated `generated` tokens: the
     run-length hint, never below a quarter of the turns done (a trajectory that outlived
     its hint is expected to go on) nor below one, times the mean action length seen so far
-    (the prior mean before the first turn). It never reads the true turn or token counts."""
-    turns = max(spec.hint_turns - turns_done, 0.25 * turns_done, 1.0)
+    (the prior mean before the first turn), at most `budget_tokens` (what the context cap
+    leaves: no trajectory decodes past it, so a prediction beyond it is known wrong) and
+    at most `max_turns` - `turns_done` turns (the tool-call budget). It never reads the
+    true turn or token counts."""
+    turns = max(min(max(spec.hint_turns - turns_done, 0.25 * turns_done), max_turns - turns_done), 1.0)
     per_turn = generated / turns_done if turns_done else action_prior
-    return turns * per_turn, turns
+    return max(min(turns * per_turn, budget_tokens), 1.0), turns
 
 
 def iteration_table(cost: RolloutCost, degree: int, n: int, max_batch: int, mean_context: float) -> np.ndarray:
@@ -86,49 +91,96 @@ def _cost_row(x: np.ndarray, tl: np.ndarray, table: np.ndarray) -> np.ndarray:
     return np.maximum(tail, work)
 
 
-def dp_place(lengths: np.ndarray, tools: np.ndarray, degrees: list[int], tables: dict[int, np.ndarray]) -> tuple[list[int], float]:
+def aggregate_estimate(sum_x: float, sum_a: float, top_x: float, top_tool: float, table: np.ndarray) -> float:
+    """`worker_estimate` from its sufficient statistics: the sum of remaining tokens, the
+    sum of decode fractions a, and the longest trajectory's tokens and tool seconds (what
+    the simulator keeps per worker so that migration and stealing decisions cost O(1))."""
+    if top_x <= 0 and sum_x <= 0:
+        return 0.0
+    B = max(sum_a, 1.0)
+    i = min(int(B), len(table) - 2)
+    tB = table[i] + (min(B, len(table) - 1) - i) * (table[i + 1] - table[i])
+    return max(top_x * tB + top_tool, sum_x * tB / B)
+
+
+def decode_fraction(x: float, tool: float, table: np.ndarray) -> float:
+    """a = L t(1) / (L t(1) + tool): the share of its life a trajectory spends decoding."""
+    busy = x * (table[1] if len(table) > 1 else 0.0)
+    return busy / (busy + tool) if busy + tool > 0 else 0.0
+
+
+def _grid(x: np.ndarray, tl: np.ndarray, pos: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """C[p, q] = the estimate of the items pos[p]..pos[q]-1 of the longest-first order
+    (p < q), 0 on the diagonal (an empty worker), inf below it; from prefix sums, so a
+    grid of P cut positions costs O(P^2) whatever the number of items."""
+    t1 = table[1] if len(table) > 1 else 0.0
+    busy = x * t1
+    a = np.where(busy + tl > 0, busy / np.maximum(busy + tl, 1e-12), 0.0)
+    cx = np.concatenate(([0.0], np.cumsum(x)))
+    ca = np.concatenate(([0.0], np.cumsum(a)))
+    P = len(pos)
+    start = np.minimum(pos, len(x) - 1)
+    sx = cx[pos][None, :] - cx[pos][:, None]
+    B = np.maximum(ca[pos][None, :] - ca[pos][:, None], 1.0)
+    tB = _t_at(table, B)
+    tail = x[start][:, None] * tB + tl[start][:, None]
+    C = np.maximum(tail, sx * tB / B)
+    iu = np.triu_indices(P, 1)
+    out = np.full((P, P), np.inf)
+    out[iu] = C[iu]
+    np.fill_diagonal(out, 0.0)
+    return out
+
+
+def dp_place(lengths: np.ndarray, tools: np.ndarray, degrees: list[int], tables: dict[int, np.ndarray],
+             max_cuts: int = 512, cache: dict | None = None) -> tuple[list[int], float]:
     """Assign trajectories (indices into `lengths`) to workers (indices into `degrees`):
     presorted dynamic programming over contiguous runs of the longest-first order, workers
-    fastest first, minimising the largest `worker_estimate`. Returns (worker of each
+    fastest first, minimising the largest `worker_estimate` (ties within 0.1% broken by the
+    smallest sum of squared estimates, so workers other than the bottleneck are balanced
+    too).
+    Runs start at one of at most `max_cuts` + 1 positions of the order (every position
+    when n <= max_cuts: then the split is exact; beyond, cuts fall on quantiles).
+    `cache` (a dict the caller keeps across calls on the same lengths, e.g. while
+    annealing a layout) holds the per-degree cost grids. Returns (worker of each
     trajectory, estimated makespan). Workers may stay empty."""
     n, W = len(lengths), len(degrees)
     order = np.argsort(-lengths, kind="stable")
     x, tl = lengths[order], tools[order]
+    pos = np.unique(np.round(np.linspace(0, n, min(n, max_cuts) + 1)).astype(np.int64))
     wo = sorted(range(W), key=lambda w: (-degrees[w], w))
-    INF = float("inf")
-    costs = {}
+    cache = {} if cache is None else cache
+    grids = {}
     for d in {degrees[w] for w in wo}:
-        c = np.full((n, n), INF)
-        for k in range(n):
-            c[k, k:] = _cost_row(x[k:], tl[k:], tables[d])
-        costs[d] = c
-    # f[j, i]: the smallest largest estimate of the first j workers covering items 0..i-1;
-    # g[j, i]: the sum of their estimates, minimised among the choices within 0.1% of f
-    # (the largest alone leaves every worker but the bottleneck unbalanced)
-    f = np.full((W + 1, n + 1), INF)
-    g = np.full((W + 1, n + 1), INF)
-    f[0, 0] = g[0, 0] = 0.0
-    arg = np.zeros((W + 1, n + 1), dtype=np.int64)
-    for j in range(1, W + 1):
-        c = costs[degrees[wo[j - 1]]]
-        f[j, 0] = g[j, 0] = 0.0
-        for i in range(1, n + 1):
-            # the j-th worker takes items k..i-1 (k = i: none)
-            seg = np.append(c[:i, i - 1], 0.0)
-            cand = np.maximum(f[j - 1, : i + 1], seg)
-            best = cand.min()
-            total = np.where(cand <= best * (1 + 1e-3), g[j - 1, : i + 1] + seg, INF)
-            k = int(np.argmin(total))
-            f[j, i] = cand[k]
-            g[j, i] = total[k]
-            arg[j, i] = k
+        if d not in cache:
+            cache[d] = _grid(x, tl, pos, tables[d])
+        grids[d] = cache[d]
+    P = len(pos)
+    INF = float("inf")
+    # f[i]: the smallest largest estimate of the workers so far covering items before pos[i];
+    # g[i]: the sum of their squared estimates among choices within 0.1% of f (the largest
+    # alone leaves every worker but the bottleneck free to be overloaded up to it, and a
+    # plain sum favours packing, since big batches are cheaper per token)
+    f = np.full(P, INF)
+    g = np.full(P, INF)
+    f[0] = g[0] = 0.0
+    args = []
+    for j in range(W):
+        C = grids[degrees[wo[j]]]  # C[k, i]: this worker takes pos[k]..pos[i]-1
+        cand = np.maximum(f[:, None], C)  # [k, i]
+        best = cand.min(axis=0)
+        total = np.where(cand <= best[None, :] * (1 + 1e-3), g[:, None] + C * C, INF)
+        k = np.argmin(total, axis=0)
+        cols = np.arange(P)
+        f, g = cand[k, cols], total[k, cols]
+        args.append(k)
     assign = np.zeros(n, dtype=np.int64)
-    i = n
-    for j in range(W, 0, -1):
-        k = int(arg[j, i])
-        assign[order[k:i]] = wo[j - 1]
+    i = P - 1
+    for j in range(W - 1, -1, -1):
+        k = int(args[j][i])
+        assign[order[pos[k]:pos[i]]] = wo[j]
         i = k
-    return [int(a) for a in assign], float(f[W, n])
+    return [int(a) for a in assign], float(f[P - 1])
 
 
 def greedy_place(n: int, degrees: list[int]) -> list[int]:

@@ -34,8 +34,13 @@ def _check_conservation(cfg: RolloutWorkload, res) -> None:
         per_turn = [0] * len(spec.turns)
         prev_end = 0.0
         for s in tl.segments:
-            if s.kind == SegmentKind.MIGRATE:  # a KV move runs during the tool call it follows
-                assert s.start == tl.segments[tl.segments.index(s) - 1].start
+            if s.kind == SegmentKind.MIGRATE:
+                prev = tl.segments[tl.segments.index(s) - 1]
+                if prev.kind == SegmentKind.TOOL:  # a KV move runs during the tool call it follows
+                    assert s.start == prev.start
+                else:  # a queued turn stolen by a worker with free slots: it moves once it stops queueing
+                    assert prev.kind == SegmentKind.QUEUE and s.start == pytest.approx(prev.end, abs=1e-12)
+                    prev_end = s.end
                 continue
             assert s.start >= prev_end - 1e-9, "a trajectory's segments overlap in time"
             prev_end = s.end

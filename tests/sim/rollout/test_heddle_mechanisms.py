@@ -1,0 +1,144 @@
+"""Heddle's mechanisms do what they are for: aggregate drain estimates equal the sorted
+ones, DP placement on quantile cuts stays consistent, a freed worker steals queued
+turns, progressive priority re-predicts after every turn and admits the longest
+predicted first, the loaded preset queues."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harts.config.rollout import RolloutWorkload, rollout_preset
+from harts.sim.rollout import (
+    RolloutPolicy,
+    RolloutPolicyName,
+    Router,
+    SegmentKind,
+    generate_trajectories,
+)
+from harts.sim.rollout.cost import make_rollout_cost
+from harts.sim.rollout.engine import _Sim
+from harts.sim.rollout.planning import (
+    aggregate_estimate,
+    decode_fraction,
+    dp_place,
+    estimate_makespan,
+    iteration_table,
+    worker_estimate,
+)
+
+COST = make_rollout_cost(RolloutWorkload())
+TABLE = iteration_table(COST, 4, 600, 256, 4000.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(1, 20000), st.floats(0, 60)), min_size=1, max_size=40))
+def test_aggregate_estimate_is_the_sorted_estimate(items):
+    x = np.array([a for a, _ in items])
+    tl = np.array([b for _, b in items])
+    o = np.argsort(-x, kind="stable")
+    want = worker_estimate(x[o], tl[o], TABLE)
+    sa = sum(decode_fraction(a, b, TABLE) for a, b in items)
+    got = aggregate_estimate(float(x.sum()), sa, float(x[o[0]]), float(tl[o[0]]), TABLE)
+    assert got == pytest.approx(want, rel=1e-9)
+
+
+def test_dp_on_quantile_cuts_is_consistent_and_close_to_exact():
+    rng = np.random.default_rng(0)
+    x = np.exp(rng.normal(7, 1.2, 300))
+    tools = rng.uniform(0, 20, 300)
+    degrees = [8, 4, 4, 2, 2, 4, 8]
+    tables = {d: iteration_table(COST, d, 301, 256, 4000.0) for d in set(degrees)}
+    exact_a, exact = dp_place(x, tools, degrees, tables)
+    coarse_a, coarse = dp_place(x, tools, degrees, tables, max_cuts=50)
+    for a, est in ((exact_a, exact), (coarse_a, coarse)):
+        assert est == pytest.approx(estimate_makespan(a, x, tools, degrees, tables), rel=1e-9)
+        # contiguous: every worker's trajectories form one run of the longest-first order
+        order = list(np.argsort(-x, kind="stable"))
+        seq = [a[i] for i in order]
+        runs = [w for k, w in enumerate(seq) if k == 0 or seq[k - 1] != w]
+        assert len(runs) == len(set(runs))
+    assert exact <= coarse * (1 + 1e-3)  # coarser cuts can only lose
+    cache: dict = {}
+    again = dp_place(x, tools, degrees, tables, cache=cache)
+    assert again == (exact_a, exact) and set(cache) == set(degrees)
+    assert dp_place(x, tools, degrees, tables, cache=cache) == again  # reused grids give the same plan
+
+
+def _forced_run(migration: bool):
+    """Every trajectory planned on worker 0 of four, batch limit 2: only stealing spreads them."""
+    cfg = rollout_preset("tiny", max_batch=2, num_prompts=4, seed=1)
+    pol = RolloutPolicy(RolloutPolicyName.HEDDLE, Router.HOME, priority=True, migration=migration)
+    sim = _Sim(cfg, pol, 16, generate_trajectories(cfg), make_rollout_cost(cfg))
+    for t in sim.tr:
+        sim.load_drop(t, sim.ws[t.assigned])
+        t.assigned = 0
+        sim.load_set(t)
+    return cfg, sim.run()
+
+
+def test_freed_workers_steal_queued_turns():
+    cfg, stuck = _forced_run(migration=False)
+    _, stolen = _forced_run(migration=True)
+    assert {s.worker for tl in stuck.timelines for s in tl.segments if s.kind == SegmentKind.DECODE} == {0}
+    decoders = {s.worker for tl in stolen.timelines for s in tl.segments if s.kind == SegmentKind.DECODE}
+    assert len(decoders) > 1 and stolen.migrations > 0
+    assert stolen.makespan_s < stuck.makespan_s
+    assert sorted(t.tid for t in stolen.timelines) == list(range(cfg.num_trajectories))
+    assert stolen.generated_tokens == stuck.generated_tokens
+    for tl in stolen.timelines:  # a stolen turn runs where it was moved to
+        for i, s in enumerate(tl.segments):
+            if s.kind == SegmentKind.MIGRATE:
+                nxt = [x for x in tl.segments[i + 1:] if x.kind in (SegmentKind.PREFILL, SegmentKind.DECODE)]
+                assert nxt and nxt[0].worker == s.to_worker and nxt[0].start >= s.end - 1e-12
+
+
+def test_priority_is_repredicted_every_turn_and_admits_longest_first():
+    cfg = rollout_preset("tiny", seed=2)
+    pol = RolloutPolicy(RolloutPolicyName.HEDDLE, Router.HOME, priority=True)
+    sim = _Sim(cfg, pol, 8, generate_trajectories(cfg), make_rollout_cost(cfg))
+    before = {t.spec.tid: t.pred for t in sim.tr}
+    w = sim.ws[0]
+    w.queue = [t.spec.tid for t in sim.tr]
+    order = sim.admit_order(w)
+    preds = [sim.tr[i].pred[0] for i in order]
+    assert preds == sorted(preds, reverse=True)
+    w.queue = []
+    sim.run()
+    multi = [t for t in sim.tr if len(t.spec.turns) > 1]
+    assert multi and any(t.pred != before[t.spec.tid] for t in sim.tr if len(t.spec.turns) > 1)
+    assert all(t.done for t in sim.tr)
+
+
+def test_loaded_preset_only_adds_prompts():
+    base, loaded = rollout_preset("agentic-longtail"), rollout_preset("agentic-longtail-loaded")
+    assert loaded.num_trajectories == 4 * base.num_trajectories
+    assert dataclasses.replace(loaded, num_prompts=base.num_prompts) == base
+
+
+def test_predictor_respects_context_and_tool_budgets():
+    from harts.sim.rollout.planning import predict_remaining
+    from harts.sim.rollout.types import TrajectorySpec, TurnSpec
+
+    a = TrajectorySpec(0, 0, tuple(TurnSpec(10, 100, 1.0) for _ in range(3)), hint_turns=40.0)
+    assert predict_remaining(a, 0, 0, 500.0) == (20000.0, 40.0)
+    assert predict_remaining(a, 0, 0, 500.0, budget_tokens=6000.0) == (6000.0, 40.0)  # context cap
+    assert predict_remaining(a, 0, 0, 500.0, max_turns=8) == (4000.0, 8.0)  # tool-call budget
+    assert predict_remaining(a, 7, 700, 500.0, max_turns=8) == (100.0, 1.0)  # never below one turn
+
+
+def test_dp_balances_workers_below_the_bottleneck():
+    # one long trajectory fixes the bottleneck; the many short ones must still be spread
+    x = np.array([50_000.0] + [500.0] * 200)
+    tools = np.array([100.0] + [5.0] * 200)
+    degrees = [4, 4, 4, 4]
+    tables = {4: iteration_table(COST, 4, 202, 256, 4000.0)}
+    assign, est = dp_place(x, tools, degrees, tables)
+    counts = sorted(np.bincount(np.asarray(assign[1:]), minlength=4).tolist())
+    per = [estimate_makespan([0] * c, x[1:1 + c], tools[1:1 + c], [4], tables) for c in counts if c]
+    assert max(per) < est  # the short ones are not piled up to the bottleneck's estimate
+    assert counts[-1] - counts[1] <= 0.5 * counts[-1]  # and spread over the other workers

@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cost-model", default="roofline", help="roofline or calibrated (with --calibration)")
     ap.add_argument("--profile", default=str(PROFILE),
-                    help="measured step profile (benchmarks/gpu/profile.py profile); the varlen tree attention's: "
+                    help="measured step profile (benchmarks/gpu/op_profile.py profile); the varlen tree attention's: "
                          "benchmarks/results/profile/2026-11-29-9006abf-profile_step.json")
     ap.add_argument("--calibration", help="harts sim fit output, or a profile of calib rows (harts.sim.profile/v1: "
                                           "fitted here), e.g. calibration/2026-11-29-05c3a9b-calib_profile_merged.json")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 _HERE, _ROOT = Path(__file__).resolve().parent, str(Path(__file__).resolve().parents[2])
 if sys.path and Path(sys.path[0] or ".").resolve() == _HERE:  # run as a script: this folder would
-    sys.path[0] = _ROOT  # shadow the standard library (profile.py); the repository root instead
+    sys.path[0] = _ROOT  # the repository root, not this folder, first on the path
 elif _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 

@@ -1,7 +1,7 @@
 """Where an update step's time goes, on the GPU: kernel time by kernel, device time by op and
 Python call site, and synchronising calls and GPU idle gaps by host op.
 
-    python3 benchmarks/gpu/profile.py [profile] [opsites] [syncs] [--schemes treestep] [--out DIR]
+    python3 benchmarks/gpu/op_profile.py [profile] [opsites] [syncs] [--schemes treestep] [--out DIR]
 
 Each section warms a fresh tiny-h200 trainer per mode (tree, then expanded) on the first
 `--schemes` entry's workload (step.py's STEP_WORKLOADS), prepares the data side one step
@@ -23,7 +23,7 @@ from pathlib import Path
 
 _HERE, _ROOT = Path(__file__).resolve().parent, str(Path(__file__).resolve().parents[2])
 if sys.path and Path(sys.path[0] or ".").resolve() == _HERE:  # run as a script: this folder would
-    sys.path[0] = _ROOT  # shadow the standard library (profile.py); the repository root instead
+    sys.path[0] = _ROOT  # the repository root, not this folder, first on the path
 elif _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
@@ -277,4 +277,4 @@ def add_args(ap) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_suite("profile", SECTIONS, __doc__, add_args))
+    sys.exit(run_suite("op_profile", SECTIONS, __doc__, add_args))

@@ -210,6 +210,8 @@ def test_cli_train_expanded(capsys, tmp_path):
     path = tmp_path / "big-token.jsonl"
     save_jsonl([Trajectory.make("big", "g", [1, 2, 600])], path)
     assert main(["train", "--input", str(path), "--steps", "1"]) == 2
-    assert "token id 600 is outside the vocabulary of tiny-cpu (size 512)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "big-token.jsonl line 1: field 'tokens': trajectory 'big': token id 600 at position 2" in err
+    assert "outside the vocabulary (size 512)" in err
     assert main(["train", "--model", "flash", "--device", "cpu"]) == 2
     assert "too large to train on a CPU" in capsys.readouterr().err

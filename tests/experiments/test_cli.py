@@ -55,11 +55,12 @@ def test_experiment_json_then_report(store_uri, tmp_path, capsys):
     assert main(["report", "--out", str(page), "--tracking-uri", store_uri, "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert set(rep["studies"]) == {"compression", "pp-schedules"}
-    assert rep["missing"] == ["planners", "dp-balance", "fidelity", "throughput"]
+    assert rep["missing"] == ["planners", "dp-balance", "fidelity", "throughput", "rollout"]
     html = page.read_text()
     parsed = _Page()
     parsed.feed(html)
-    assert parsed.ids == ["compression", "planners", "dp-balance", "pp-schedules", "fidelity", "throughput"]
+    assert parsed.ids == ["compression", "planners", "dp-balance", "pp-schedules", "fidelity", "throughput",
+                          "rollout"]
     assert any(c.startswith("Table 3") for c in parsed.captions) and any(c.startswith("Table 6") for c in parsed.captions)
     # compression: 1 plot; pp-schedules: the ablation plot and three Gantt charts
     assert len(parsed.images) == rep["plots"] == 5

@@ -96,4 +96,6 @@ def test_cli_verify_json(tmp_path, capsys):
     text = text.replace('"ref_logprobs":[', '"ref_logprobs":[0.0,', 1)
     bad.write_text(text)
     assert main(["verify", "--input", str(bad)]) == 2
-    assert "token id 100000 is outside the vocabulary" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "bad.jsonl line 1: field 'tokens'" in err
+    assert "token id 100000 at position 0 is outside the vocabulary" in err

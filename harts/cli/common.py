@@ -76,6 +76,8 @@ def atomic_output(path: str | os.PathLike[str], flag: str) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
+        # mkstemp creates the file 0600; give it the mode a plain open() would
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)
     except OSError as err:
         tmp.unlink(missing_ok=True)
@@ -83,6 +85,12 @@ def atomic_output(path: str | os.PathLike[str], flag: str) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_output(path: str | os.PathLike[str], flag: str, content: str | bytes) -> Path:

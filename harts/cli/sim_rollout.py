@@ -15,7 +15,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from harts.cli.common import UserError, format_table, print_json
+from harts.cli.common import (
+    UserError,
+    atomic_output,
+    check_output_path,
+    format_table,
+    print_json,
+    say_wrote,
+)
 
 
 def add_rollout_parser(sim_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -56,9 +63,7 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def _gantt_path(args: argparse.Namespace, policy: str, many: bool) -> Path:
-    p = Path(args.gantt)
-    if not p.parent.exists():
-        raise UserError(f"--gantt: directory {p.parent} does not exist")
+    p = check_output_path(args.gantt, "--gantt")
     return p.with_name(f"{p.stem}-{policy}{p.suffix or '.png'}") if many else p
 
 
@@ -97,7 +102,11 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         if args.gantt:
             from harts.sim.rollout.gantt import plot_rollout_gantt
 
-            row["gantt"] = str(plot_rollout_gantt(res, _gantt_path(args, n, args.compare)))
+            target = _gantt_path(args, n, args.compare)
+            with atomic_output(target, "--gantt") as tmp:
+                plot_rollout_gantt(res, tmp)
+            row["gantt"] = str(target)
+            say_wrote(target, args.json)
         rows.append(row)
     best = max((r["throughput_tokens_per_s"] for r in rows if r["step_centric"]), default=0.0)
     for r in rows:
@@ -124,9 +133,6 @@ def cmd_rollout(args: argparse.Namespace) -> int:
             c += [f"{r['training_s']:.1f}", f"{r['step_s']:.1f}", f"{r['rollout_fraction']:.0%}"]
         cells.append(c)
     print(format_table(head, cells))
-    for r in rows:
-        if "gantt" in r:
-            print(f"gantt: {r['gantt']}")
     return 0
 
 

@@ -20,6 +20,7 @@ def _writers(target: str) -> list[list[str]]:
         ["sim", "--workload", "tiny-treestep", "--model", "tiny", "--gpus", "1", "--schedule-out", target],
         ["sim", "sweep", "--workload", "tiny-treestep", "--model", "tiny", "--gpus", "1", "--gantt", target],
         ["sim", "fit", "--profile", "unused.json", "--out", target],
+        ["sim", "rollout", "--policy", "heddle", "--gpus", "8", "--gantt", target],
         # a server URI: no local store to check, so the output path is the first thing looked at
         ["report", "--tracking-uri", "http://127.0.0.1:9", "--out", target],
         ["bench", "--out", target],
@@ -97,3 +98,14 @@ def test_bench_without_a_gpu_refuses_cleanly(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert main(["bench"]) == 2
     assert capsys.readouterr().err.strip() == "harts: error: harts bench needs a CUDA device"
+
+
+def test_written_files_get_the_mode_a_plain_open_gives(tmp_path):
+    import os
+
+    mask = os.umask(0o022)
+    try:
+        out = write_output(tmp_path / "plan.json", "--out", "{}")
+        assert out.stat().st_mode & 0o777 == 0o644
+    finally:
+        os.umask(mask)

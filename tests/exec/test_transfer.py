@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -33,11 +32,3 @@ def test_chunk_index_pairs_equal_fla_prepare_chunk_indices(lengths, chunk_size):
     theirs = prepare_chunk_indices(torch.from_numpy(cu), chunk_size).numpy()
     assert ours.dtype == np.int64 and ours.shape == (theirs.shape[0], 2)
     assert np.array_equal(ours, theirs)
-
-
-def test_plan_trainer_cannot_prepare_ahead():
-    from harts.exec.window import PlanTrainer
-
-    trainer = object.__new__(PlanTrainer)  # refused before anything is built
-    with pytest.raises(NotImplementedError, match="cannot prepare a step ahead"):
-        trainer.prepare([], 1)

@@ -25,7 +25,6 @@ import importlib.metadata as _md
 import json
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ import numpy as np
 import torch
 
 from harts.config.kernels import BaselineAttention, ConvKernel, KernelConfig, TreeAttention
+from harts.exec.bench import time_cuda  # noqa: F401  (the suites time through common; one helper)
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULT_SCHEMA = "harts.bench.gpu/v1"
@@ -90,22 +90,6 @@ def args_kernels(args: argparse.Namespace) -> KernelConfig:
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def time_cuda(fn: Callable[[], Any], repeats: int = 10, warmup: int = 3) -> float:
-    """Median seconds of fn() measured with CUDA events, after `warmup` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

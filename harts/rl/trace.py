@@ -24,8 +24,12 @@ allocation: repeatedly give the next rollout to the candidate with the largest g
 P(m + 1) - P(m). A root's first rollout gains nothing alone (P(1) = 0), so a root's first
 step is a pair (gain P(2) = 2 v (1 - v), counted per rollout); from m = 2 on root gains
 decrease, and prefix gains decrease from m = 0, so the greedy order is the order of
-decreasing per-rollout gains. Ties are broken by a permutation drawn from `seed`, so the
-same inputs and seed give the same allocation. The whole budget is spent when there is a
+decreasing per-rollout gains; at equal gains a root's pair goes first. Where the budget's
+last rollout cannot complete a pair the greedy pass can strand it, so a local repair then
+moves one or two rollouts between candidates (one to one, two to one, one to two) while
+that raises the objective. Ties are
+broken by a permutation drawn from `seed`, so the same inputs and seed give the same
+allocation. The whole budget is spent when there is a
 candidate (zero-gain steps included, the budget being rollouts the trainer will use);
 it is never exceeded.
 
@@ -271,12 +275,65 @@ def allocate(roots: Sequence[Candidate], budget: int, predictor: SuccessPredicto
         gain = (mixed_probability(v, m + step, succ, fail) - now) / step
         best = gain.max()
         tied = np.flatnonzero(gain == best)
+        tied = tied[step[tied] == step[tied].max()]  # at equal gain a root's pair first
         i = int(tied[np.argmin(rank[tied])])
         m[i] += step[i]
         left -= int(step[i])
+    m = _repair(m, v, succ, fail, floor=np.where(is_root, min_per_root, 0))
     expected = float(mixed_probability(v, m, succ, fail).sum())
     return Allocation(AllocationName.TRACE, tuple(c.id for c in cands), tuple(int(k) for k in m), budget,
                       tuple(float(p) for p in v), expected)
+
+
+def _repair(m: np.ndarray, v: np.ndarray, succ: np.ndarray, fail: np.ndarray, floor: np.ndarray,
+            max_moves: int = 100_000) -> np.ndarray:
+    """Local repair after the greedy pass: move one or two rollouts from one candidate to
+    another, a pair from two candidates to a third or from one to two others, while that raises sum_c P_c(m_c) by more than 1e-12 (the roots' first pair
+    makes the objective non-concave, where the greedy pass can strand the budget's last
+    rollout). Keeps the total and every root's floor; the objective rises strictly, so it
+    ends."""
+    m = m.copy()
+    n = m.size
+    if n < 2:
+        return m
+    for _ in range(max_moves):
+        now = mixed_probability(v, m, succ, fail)
+        best_delta, move = 1e-12, None
+        for d in (1, 2):
+            gain = mixed_probability(v, m + d, succ, fail) - now
+            loss = np.where(m - d >= floor, now - mixed_probability(v, np.maximum(m - d, 0), succ, fail), np.inf)
+            jo = np.argsort(-gain, kind="stable")[:2]
+            io = np.argsort(loss, kind="stable")[:2]
+            for j in jo:
+                for i in io:
+                    if i != j and gain[j] - loss[i] > best_delta:
+                        best_delta, move = float(gain[j] - loss[i]), ("one", int(i), int(j), d)
+        # a pair from two donors (one rollout each), or one donor's pair to two recipients
+        gain1 = mixed_probability(v, m + 1, succ, fail) - now
+        loss1 = np.where(m - 1 >= floor, now - mixed_probability(v, np.maximum(m - 1, 0), succ, fail), np.inf)
+        gain2 = mixed_probability(v, m + 2, succ, fail) - now
+        loss2 = np.where(m - 2 >= floor, now - mixed_probability(v, np.maximum(m - 2, 0), succ, fail), np.inf)
+        for j in np.argsort(-gain2, kind="stable")[:3]:
+            donors = [int(i) for i in np.argsort(loss1, kind="stable")[:3] if i != j][:2]
+            if len(donors) == 2 and gain2[j] - loss1[donors].sum() > best_delta:
+                best_delta, move = float(gain2[j] - loss1[donors].sum()), ("pair-in", donors, int(j))
+        for i in np.argsort(loss2, kind="stable")[:3]:
+            takers = [int(j) for j in np.argsort(-gain1, kind="stable")[:3] if j != i][:2]
+            if len(takers) == 2 and gain1[takers].sum() - loss2[i] > best_delta:
+                best_delta, move = float(gain1[takers].sum() - loss2[i]), ("pair-out", int(i), takers)
+        if move is None:
+            break
+        if move[0] == "pair-in":
+            m[move[1]] -= 1
+            m[move[2]] += 2
+        elif move[0] == "pair-out":
+            m[move[1]] -= 2
+            m[move[2]] += 1
+        else:
+            _, i, j, d = move
+            m[i] -= d
+            m[j] += d
+    return m
 
 
 def uniform_allocation(roots: Sequence[Candidate], budget: int, *, seed: int = 0) -> Allocation:

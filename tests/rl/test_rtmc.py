@@ -11,7 +11,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harts.rl.rtmc import episode_advantages, grpo_advantages, rtmc_advantages, rtmc_table, with_advantages
+from harts.rl.rtmc import (
+    episode_advantages,
+    grpo_advantages,
+    rtmc_advantages,
+    rtmc_table,
+    with_advantages,
+)
 from harts.rl.signatures import states_and_actions, trajectory_signatures
 from harts.tree.trajectory import Trajectory, Turn, TurnError
 from tests.strategies import rtmc_groups

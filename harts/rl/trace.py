@@ -47,7 +47,8 @@ one predictor generalises across prompts and depths. Hashing is by CRC32 of the 
 
 A loop uses it in two phases: `allocate(roots, root_budget, predictor)`, sample, then
 `prefix_candidates(...)` of each group and `allocate(prefixes, rest, predictor)`; after
-scoring, `predictor.update(*node_targets(...))`. `uniform_allocation` is the baseline
+scoring, `predictor.update(*node_targets(...))`. `TraceAllocator` holds the predictor and
+does these calls with one feature layout. `uniform_allocation` is the baseline
 (the budget split evenly over roots, prefixes get nothing).
 """
 
@@ -240,11 +241,13 @@ def mixed_probability(v: np.ndarray | float, m: np.ndarray | int, successes: np.
     return np.asarray(out, dtype=np.float64)
 
 
-def allocate(roots: Sequence[Candidate], budget: int, predictor: SuccessPredictor, *, seed: int = 0,
+def allocate(roots: Sequence[Candidate], budget: int, predictor: SuccessPredictor | None, *, seed: int = 0,
              min_per_root: int = 0) -> Allocation:
     """TRACE's greedy marginal allocation of `budget` rollouts over the candidates (roots
     and prefixes alike; module docstring). `min_per_root` rollouts are first given to
-    every root (an exploration floor). Never uses more than `budget`."""
+    every root (an exploration floor). Never uses more than `budget`. A predictor of None
+    predicts 0.5 everywhere (before any training data: prefixes are then ranked by their
+    observed outcomes alone)."""
     cands = _check_candidates(roots)
     budget = _budget(budget)
     if isinstance(min_per_root, bool) or not isinstance(min_per_root, int) or min_per_root < 0:
@@ -253,7 +256,7 @@ def allocate(roots: Sequence[Candidate], budget: int, predictor: SuccessPredicto
     if n == 0:
         return Allocation(AllocationName.TRACE, (), (), budget, (), 0.0)
     x = _feature_matrix(cands)
-    v = np.asarray(predictor.predict(x), dtype=np.float64)
+    v = np.full(n, 0.5) if predictor is None else np.asarray(predictor.predict(x), dtype=np.float64)
     if v.shape != (n,) or not np.isfinite(v).all() or (v < 0).any() or (v > 1).any():
         raise ValueError(f"predictor: must return {n} probabilities in [0, 1]")
     succ = np.array([c.successes for c in cands])
@@ -409,6 +412,56 @@ def prefix_candidates(group: Sequence[Trajectory], rewards: Sequence[float], pro
                              prefix_features(prompt_features, history, buckets=buckets), wins,
                              len(members) - wins, len(history), first.id, first.turns[len(history)].start))
     return out
+
+
+class TraceAllocator:
+    """TRACE with its predictor kept across steps: what a training loop holds.
+
+    `root(id, prompt_features)` and `prefixes(group, rewards, prompt_features)` build
+    candidates with this allocator's feature layout; `allocate(candidates, budget)` spends
+    a budget (tie-break seed `seed + the number of earlier calls`, so a run is reproducible
+    from `seed`; before the first `observe` the predictor is None, 0.5 everywhere);
+    `observe(group, rewards, prompt_features)` trains the predictor on the group's
+    recursive targets once it is scored."""
+
+    def __init__(self, n_prompt_features: int, *, buckets: int = DEFAULT_HASH_BUCKETS, seed: int = 0,
+                 min_per_root: int = 0, success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
+                 predictor: LogisticPredictor | None = None):
+        if isinstance(n_prompt_features, bool) or not isinstance(n_prompt_features, int) or n_prompt_features < 0:
+            raise ValueError(f"n_prompt_features: must be an integer >= 0 (got {n_prompt_features!r})")
+        self.n_prompt_features = n_prompt_features
+        self.buckets = buckets
+        self.seed = seed
+        self.min_per_root = min_per_root
+        self.success_threshold = success_threshold
+        self.predictor = predictor or LogisticPredictor(feature_count(n_prompt_features, buckets=buckets))
+        self.calls = 0
+
+    def root(self, id: str, prompt_features: Sequence[float], group: str | None = None) -> Candidate:
+        return Candidate.root(id, prefix_features(self._prompt(prompt_features), (), buckets=self.buckets), group)
+
+    def prefixes(self, group: Sequence[Trajectory], rewards: Sequence[float],
+                 prompt_features: Sequence[float]) -> list[Candidate]:
+        return prefix_candidates(group, rewards, self._prompt(prompt_features),
+                                 success_threshold=self.success_threshold, buckets=self.buckets)
+
+    def allocate(self, candidates: Sequence[Candidate], budget: int) -> Allocation:
+        trained = self.predictor if self.predictor.updates else None
+        out = allocate(candidates, budget, trained, seed=self.seed + self.calls, min_per_root=self.min_per_root)
+        self.calls += 1
+        return out
+
+    def observe(self, group: Sequence[Trajectory], rewards: Sequence[float],
+                prompt_features: Sequence[float]) -> float:
+        """Train on the group's recursive targets; returns the predictor's loss after it."""
+        x, y, w = node_targets(group, rewards, self._prompt(prompt_features), buckets=self.buckets)
+        return self.predictor.update(x, y, w)
+
+    def _prompt(self, prompt_features: Sequence[float]) -> list[float]:
+        f = [float(x) for x in prompt_features]
+        if len(f) != self.n_prompt_features:
+            raise ValueError(f"prompt_features: {len(f)} values, this allocator takes {self.n_prompt_features}")
+        return f
 
 
 def mixed_share(outcomes: Sequence[Sequence[float]], *, success_threshold: float = DEFAULT_SUCCESS_THRESHOLD) -> float:

@@ -17,6 +17,7 @@ from harts.rl.trace import (
     Candidate,
     CandidateKind,
     LogisticPredictor,
+    TraceAllocator,
     allocate,
     feature_count,
     mixed_probability,
@@ -249,3 +250,62 @@ def test_bad_candidates_and_budgets():
         allocate([Candidate.root("p", (0.1,))], 3, type("Bad", (), {"predict": lambda self, x: np.array([2.0])})())
     with pytest.raises(KeyError, match="'q'"):
         uniform_allocation([Candidate.root("p", (0.1,))], 3).count("q")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_prefix_expansion_gives_more_mixed_nodes_than_uniform(seed):
+    # Bernoulli tree model: each prompt's first rollout reached a turn boundary from which a
+    # continuation succeeds with known probability q, and its own outcome was drawn from q.
+    # The expansion budget (4 per prompt) goes to these prefixes: uniformly, or by TRACE
+    # with a predictor trained on the previous step's prefix nodes (target: mean reward of
+    # the rollouts below the node).
+    rng = np.random.default_rng(seed)
+    n, per = 200, 4
+
+    def prefixes():
+        q, x = _sim_prompts(rng, n)
+        first = rng.random(n) < q
+        cands = [Candidate(f"p{i}/t1", f"p{i}", CandidateKind.PREFIX, (float(x[i]),), int(first[i]),
+                           int(not first[i]), 1, f"p{i}-r0", 3) for i in range(n)]
+        return q, x, first, cands
+
+    q0, x0, first0, _ = prefixes()
+    wins0 = rng.binomial(per, q0)  # the previous step's continuations, uniform
+    pred = LogisticPredictor(1)
+    pred.update(x0[:, None], (wins0 + first0) / (per + 1), np.full(n, per + 1.0))
+    q, _, first, cands = prefixes()
+    trace = allocate(cands, per * n, pred, seed=seed)
+    uniform_counts = np.full(n, per)
+    shares = []
+    for m in (np.array(trace.counts), uniform_counts):
+        s = first.astype(int)
+        f = 1 - s
+        expected = float(mixed_probability(q, m, s, f).mean())
+        wins = rng.binomial(np.broadcast_to(m, (400, n)), q)
+        mixed = (wins + s > 0) & (m - wins + f > 0)
+        shares.append((expected, mixed.mean(axis=1)))
+    (e_t, s_t), (e_u, s_u) = shares
+    assert trace.used == per * n
+    assert e_t > e_u + 0.01
+    diff = s_t - s_u
+    assert diff.mean() > 5 * diff.std() / np.sqrt(diff.size)
+
+
+def test_trace_allocator_end_to_end():
+    group, r = _group()
+    a = TraceAllocator(1, seed=3)
+    roots = [a.root(f"p{i}", [0.1 * i]) for i in range(4)]
+    before = a.allocate(roots, 10)
+    assert before.used == 10 and before.predicted == (0.5,) * 4  # untrained: 0.5 everywhere
+    loss = a.observe(group, r, [0.5])
+    assert np.isfinite(loss) and a.predictor.updates == 1
+    prefixes = a.prefixes(group, r, [0.5])
+    after = a.allocate(prefixes, 6)
+    assert after.used == 6 and after.candidates == tuple(c.id for c in prefixes)
+    # the same seed and the same calls give the same allocations
+    b = TraceAllocator(1, seed=3)
+    assert b.allocate(roots, 10) == before
+    b.observe(group, r, [0.5])
+    assert b.allocate(prefixes, 6) == after
+    with pytest.raises(ValueError, match="prompt_features"):
+        a.root("x", [1.0, 2.0])

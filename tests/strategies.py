@@ -543,8 +543,8 @@ def rtmc_groups(draw: st.DrawFn, max_rollouts: int = 8, max_turns: int = 4, form
 
 @st.composite
 def trace_candidates(draw: st.DrawFn, max_candidates: int = 8, n_features: int = 3):
-    """Allocation candidates: roots and prefixes (with observed successes / failures) with
-    small feature rows, distinct ids."""
+    """Allocation candidates: roots and prefixes (with observed successes / failures, none
+    included) with small feature rows, distinct ids."""
     from harts.rl.trace import Candidate, CandidateKind
 
     feats = st.tuples(*[st.floats(-3, 3, allow_nan=False) for _ in range(n_features)])
@@ -554,7 +554,7 @@ def trace_candidates(draw: st.DrawFn, max_candidates: int = 8, n_features: int =
         if draw(st.booleans()):
             out.append(Candidate.root(f"p{i}", f))
         else:
-            s, fl = draw(st.tuples(st.integers(0, 3), st.integers(0, 3)).filter(lambda x: sum(x) > 0))
+            s, fl = draw(st.tuples(st.integers(0, 3), st.integers(0, 3)))
             out.append(Candidate(f"p{i}/t1", f"p{i}", CandidateKind.PREFIX, f, s, fl, draw(st.integers(1, 3)),
                                  f"p{i}-r0", draw(st.integers(1, 50))))
     return out

@@ -14,24 +14,24 @@ e.g. `reward >= 0.5`; `prefix_candidates` does this).
 Objective. With v the predicted success probability of a candidate and m new rollouts
 from it, the chance that its node ends with mixed outcomes is
 
-    root (nothing observed):        P(m) = 1 - v^m - (1 - v)^m   (m >= 1), P(0) = 0
+    nothing observed (a root, or a prefix offered before any rollout through it ended):
+                                    P(m) = 1 - v^m - (1 - v)^m   (m >= 1), P(0) = 0
     prefix, only successes so far:  P(m) = 1 - v^m      (a continuation must fail)
     prefix, only failures so far:   P(m) = 1 - (1 - v)^m  (a continuation must succeed)
     prefix, already mixed:          P(m) = 0 for every m (no gain from more)
 
 `allocate` maximises sum_c P_c(m_c) subject to sum_c m_c <= budget by greedy marginal
 allocation: repeatedly give the next rollout to the candidate with the largest gain
-P(m + 1) - P(m). A root's first rollout gains nothing alone (P(1) = 0), so a root's first
-step is a pair (gain P(2) = 2 v (1 - v), counted per rollout); from m = 2 on root gains
-decrease, and prefix gains decrease from m = 0, so the greedy order is the order of
-decreasing per-rollout gains; at equal gains a root's pair goes first. Where the budget's
-last rollout cannot complete a pair the greedy pass can strand it, so a local repair then
-moves one or two rollouts between candidates (one to one, two to one, one to two) while
-that raises the objective. Ties are
-broken by a permutation drawn from `seed`, so the same inputs and seed give the same
-allocation. The whole budget is spent when there is a
-candidate (zero-gain steps included, the budget being rollouts the trainer will use);
-it is never exceeded.
+P(m + 1) - P(m). A fresh node's first rollout gains nothing alone (P(1) = 0), so its first
+step is a pair (gain P(2) = 2 v (1 - v), counted per rollout); from m = 2 on its gains
+decrease, and an observed prefix's gains decrease from m = 0, so the greedy order is the
+order of decreasing per-rollout gains; at equal gains a pair goes first. Where the
+budget's last rollout cannot complete a pair the greedy pass can strand it, so a local
+repair then moves one or two rollouts between candidates (one to one, two to one, one to
+two) while that raises the objective. Ties are broken by a permutation drawn from `seed`,
+so the same inputs and seed give the same allocation. The whole budget is spent when
+there is a candidate (zero-gain steps included, the budget being rollouts the trainer
+will use); it is never exceeded.
 
 Predictor. A `SuccessPredictor` maps feature rows to probabilities in (0, 1).
 `LogisticPredictor` is a small online logistic regression (numpy, full-batch gradient
@@ -124,8 +124,6 @@ class Candidate:
         else:
             if self.depth < 1:
                 raise ValueError(f"{where}: a prefix has depth >= 1 (at least one turn)")
-            if self.successes + self.failures < 1:
-                raise ValueError(f"{where}: a prefix comes from at least one observed rollout")
             if not isinstance(self.source, str) or not self.source:
                 raise ValueError(f"{where}: a prefix names its source trajectory")
             if isinstance(self.position, bool) or not isinstance(self.position, int) or self.position < 1:
@@ -262,6 +260,7 @@ def allocate(roots: Sequence[Candidate], budget: int, predictor: SuccessPredicto
     succ = np.array([c.successes for c in cands])
     fail = np.array([c.failures for c in cands])
     is_root = np.array([c.kind is CandidateKind.ROOT for c in cands])
+    fresh = (succ == 0) & (fail == 0)  # nothing observed below: the first step is a pair
     m = np.zeros(n, dtype=np.int64)
     floor = min_per_root * int(is_root.sum())
     if floor > budget:
@@ -272,13 +271,13 @@ def allocate(roots: Sequence[Candidate], budget: int, predictor: SuccessPredicto
     rank = np.empty(n, dtype=np.int64)
     rank[np.random.default_rng(seed).permutation(n)] = np.arange(n)
     while left > 0:
-        # a root's first step is a pair when two rollouts are left (P(1) = 0)
-        step = np.where(is_root & (m == 0) & (left >= 2), 2, 1)
+        # a fresh node's first step is a pair when two rollouts are left (P(1) = 0)
+        step = np.where(fresh & (m == 0) & (left >= 2), 2, 1)
         now = mixed_probability(v, m, succ, fail)
         gain = (mixed_probability(v, m + step, succ, fail) - now) / step
         best = gain.max()
         tied = np.flatnonzero(gain == best)
-        tied = tied[step[tied] == step[tied].max()]  # at equal gain a root's pair first
+        tied = tied[step[tied] == step[tied].max()]  # at equal gain a pair first
         i = int(tied[np.argmin(rank[tied])])
         m[i] += step[i]
         left -= int(step[i])

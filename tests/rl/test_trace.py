@@ -89,7 +89,7 @@ def _small_cases(draw):
         if draw(st.booleans()):
             cands.append(Candidate.root(f"p{i}", (v,)))
         else:
-            s, f = draw(st.sampled_from(((1, 0), (0, 1), (1, 1), (2, 0), (0, 3))))
+            s, f = draw(st.sampled_from(((1, 0), (0, 1), (1, 1), (2, 0), (0, 3), (0, 0))))
             cands.append(Candidate(f"q{i}", f"q{i}", CandidateKind.PREFIX, (v,), s, f, 1, "t", 1))
     return cands, draw(st.integers(0, 6))
 

@@ -55,8 +55,9 @@ TURN_FIELDS = ("start", "end", "tool", "args", "outcome")
 class Turn:
     """One action of a multi-turn rollout: tokens `[start, end)` of the trajectory are the
     action; `tool`, `args` and `outcome` describe the call and what the environment answered.
-    `args` is a string or a JSON value (object, list, number, bool, null); mappings are
-    stored as given (build turns through `Turn.make` / `Trajectory.make` to validate)."""
+    `args` is a string or a JSON value (object, list, number, bool, null). `Turn.make` (and
+    so `Trajectory.make` and the JSONL reader) validates a turn and stores a plain copy of
+    its arguments (dicts, lists, Python numbers), so the turn does not share them."""
 
     start: int
     end: int
@@ -92,7 +93,7 @@ class Turn:
         problem = _json_problem(rec["args"])
         if problem:
             raise TurnError(trajectory, index, "args", problem)
-        return cls(int(rec["start"]), int(rec["end"]), rec["tool"], rec["args"], rec["outcome"])
+        return cls(int(rec["start"]), int(rec["end"]), rec["tool"], _plain_json(rec["args"]), rec["outcome"])
 
     def to_record(self) -> dict[str, Any]:
         return {"start": self.start, "end": self.end, "tool": self.tool, "args": self.args, "outcome": self.outcome}
@@ -120,6 +121,19 @@ def validate_turns(trajectory: str, turns: Any, length: int) -> tuple[Turn, ...]
         prev_end = turn.end
         out.append(turn)
     return tuple(out)
+
+
+def _plain_json(value: Any) -> Any:
+    """A copy of a validated JSON value in plain Python types (tuples become lists)."""
+    if isinstance(value, Mapping):
+        return {k: _plain_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain_json(v) for v in value]
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    return value
 
 
 def _json_problem(value: Any, depth: int = 0) -> str | None:

@@ -205,3 +205,13 @@ def test_bad_turn_lists_and_missing_turn_fields():
     with pytest.raises(TurnError) as info:
         Trajectory.make("x", "g", [1, 2, 3], turns=_turns(end=9))
     assert (info.value.trajectory, info.value.turn, info.value.turn_field) == ("x", 1, "end")
+
+
+def test_turn_arguments_are_stored_as_plain_json_copies(tmp_path):
+    args = {"n": np.int64(3), "xs": (np.float64(0.5), 1)}
+    t = Trajectory.make("x", "g", [1, 2, 3], loss_mask=[0, 1, 1],
+                        turns=[{"start": 1, "end": 3, "tool": "t", "args": args, "outcome": "ok"}])
+    args["n"] = 4
+    assert t.turns[0].args == {"n": 3, "xs": [0.5, 1]} and type(t.turns[0].args["n"]) is int
+    save_jsonl([t], tmp_path / "a.jsonl")
+    assert load_jsonl(tmp_path / "a.jsonl")[0].same_as(t)

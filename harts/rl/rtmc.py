@@ -6,11 +6,19 @@ tool calls. With states and actions as signatures (harts.rl.signatures: a state 
 tuple of step signatures before a step, the action is the step's signature), the group's
 returns estimate, for every visited state s and action a:
 
-    n(s, a)   first-visit count: the number of rollouts that take a in s
+    n(s, a)   first-visit count: the number of rollouts that take a in s (a rollout that
+              takes a in s again later counts once)
     Q(s, a)   mean return of those rollouts (the return of every step is the rollout's
               terminal reward: outcome-only reward, no discount)
-    V(s)      mean return of the rollouts that visit s
+    n(s)      sum_a n(s, a)
+    V(s)      sum_a n(s, a) Q(s, a) / n(s) (with whole-history states: the mean return of
+              the rollouts through s)
     A(s, a) = Q(s, a) - V(s)
+
+The state of a step is its history of signatures (`window` None: every earlier step, so a
+rollout never revisits a state and first-visit counts are plain visit counts) or the last
+`window` signatures (a coarser state that rollouts can revisit; first visits then decide
+the counts, and every visit's tokens get the (state, action)'s advantage).
 
 With prior smoothing of strength k (`prior_strength`), every action's estimate gets k
 pseudo-visits of the episode baseline b (the group's mean reward), so rarely visited
@@ -86,6 +94,7 @@ class RTMCTable:
     baseline: float  # b = mean reward of the group
     std: float  # population std of the rewards
     prior_strength: float
+    window: int | None = None  # the state's history length (None: the whole history)
 
     def lookup(self, state: State, action: StepSignature) -> StepStat:
         for s in self.steps:
@@ -116,7 +125,7 @@ def grpo_advantages(group: Sequence[Trajectory], rewards: Sequence[float], *,
 
 
 def rtmc_table(group: Sequence[Trajectory], rewards: Sequence[float], *,
-               prior_strength: float = DEFAULT_PRIOR_STRENGTH) -> RTMCTable:
+               prior_strength: float = DEFAULT_PRIOR_STRENGTH, window: int | None = None) -> RTMCTable:
     """First-visit Monte Carlo estimates of every (state, action) of the group (module
     docstring). Raises TurnError for a rollout whose steps cannot be read, ValueError for a
     bad group (empty, mixed groups, duplicate ids) or bad rewards / prior strength."""
@@ -129,7 +138,7 @@ def rtmc_table(group: Sequence[Trajectory], rewards: Sequence[float], *,
     order: list[tuple[State, StepSignature]] = []
     for traj, ret in zip(group, r, strict=True):
         seen: set[tuple[State, StepSignature]] = set()
-        for key in states_and_actions(trajectory_signatures(traj)):
+        for key in states_and_actions(trajectory_signatures(traj), window):
             if key in seen:  # first visit only
                 continue
             seen.add(key)
@@ -155,20 +164,21 @@ def rtmc_table(group: Sequence[Trajectory], rewards: Sequence[float], *,
         s, a = key
         v = state_sum[s] / state_w[s]
         steps.append(StepStat(s, a, visits[key], state_n[s], q[key], v, q[key] - v, visits[key] + k))
-    return RTMCTable(tuple(steps), b, float(r.std()), k)
+    return RTMCTable(tuple(steps), b, float(r.std()), k, window)
 
 
 def rtmc_advantages(group: Sequence[Trajectory], rewards: Sequence[float], *,
                     prior_strength: float = DEFAULT_PRIOR_STRENGTH, mix: float = DEFAULT_MIX,
-                    eps: float = DEFAULT_EPS) -> list[np.ndarray]:
+                    eps: float = DEFAULT_EPS, window: int | None = None) -> list[np.ndarray]:
     """Per-token RTMC advantages of one group: float64 [L_i] per trajectory, in the order of
     `group` (module docstring for the formula). `rewards[i]` is rollout i's terminal
     reward; `mix` in [0, 1] is the step advantage's share (0 gives GRPO exactly);
-    `prior_strength` >= 0 the pseudo-visits of the baseline. Raises TurnError naming the
+    `prior_strength` >= 0 the pseudo-visits of the baseline; `window` the state's history
+    length (None: the whole history). Raises TurnError naming the
     trajectory and the turn for an unreadable step structure, never falling back to GRPO."""
     if not (isinstance(mix, (int, float)) and 0.0 <= mix <= 1.0):
         raise ValueError(f"mix: must be in [0, 1] (got {mix!r})")
-    table = rtmc_table(group, rewards, prior_strength=prior_strength)
+    table = rtmc_table(group, rewards, prior_strength=prior_strength, window=window)
     index = {(s.state, s.action): s.advantage for s in table.steps}
     r = _rewards(rewards, len(group))
     scale = table.std + eps
@@ -178,7 +188,7 @@ def rtmc_advantages(group: Sequence[Trajectory], rewards: Sequence[float], *,
         adv = np.full(len(traj), float(a_ep))
         sigs = trajectory_signatures(traj)
         assert traj.turns is not None  # trajectory_signatures refused None
-        for turn, key in zip(traj.turns, states_and_actions(sigs), strict=True):
+        for turn, key in zip(traj.turns, states_and_actions(sigs, window), strict=True):
             adv[turn.start:turn.end] = (1.0 - mix) * a_ep + mix * index[key] / scale
         out.append(adv)
     return out

@@ -3,8 +3,9 @@
 A step of a multi-turn rollout (a `harts.tree.trajectory.Turn`) is summarised by its
 `StepSignature`: the tool category, the normalised arguments and the normalised outcome.
 Two steps are the same action when their signatures are equal. A *state* is the tuple of
-signatures of the steps before a step (the interaction history, compressed); the step's
-own signature is the *action* taken in that state. Rollouts of one group that share a
+signatures of the steps before a step (the interaction history, compressed; optionally
+only the last few of them, `states_and_actions(..., window=w)`); the step's own signature
+is the *action* taken in that state. Rollouts of one group that share a
 history therefore share a state whatever their token-level differences (sampling noise in
 whitespace, key order in a JSON tool call), which is what lets harts.rl.rtmc pool their
 returns.
@@ -115,10 +116,16 @@ def trajectory_signatures(trajectory: Trajectory) -> tuple[StepSignature, ...]:
     return tuple(out)
 
 
-def states_and_actions(signatures: Sequence[StepSignature]) -> list[tuple[State, StepSignature]]:
-    """(state, action) of every step: the state of step t is the signatures of steps 0..t-1."""
+def states_and_actions(signatures: Sequence[StepSignature], window: int | None = None
+                       ) -> list[tuple[State, StepSignature]]:
+    """(state, action) of every step: the state of step t is the signatures of steps
+    0..t-1, or with `window` = w only the last w of them (a coarser state: rollouts that
+    reach the same recent steps by different routes share it, and one rollout can revisit
+    a state)."""
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 0):
+        raise ValueError(f"window: must be None or an integer >= 0 (got {window!r})")
     sigs = tuple(signatures)
-    return [(sigs[:t], sigs[t]) for t in range(len(sigs))]
+    return [(sigs[:t] if window is None else sigs[max(0, t - window):t], sigs[t]) for t in range(len(sigs))]
 
 
 class _NonFinite(ValueError):

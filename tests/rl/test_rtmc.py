@@ -29,9 +29,12 @@ def _turn(start, end, tool="search", args="x", outcome="ok"):
     return {"start": start, "end": end, "tool": tool, "args": args, "outcome": outcome}
 
 
-@given(rtmc_groups())
-def test_visit_weighted_advantages_of_a_state_sum_to_zero_without_smoothing(case):
-    table = rtmc_table(case.trajectories, case.rewards, prior_strength=0.0)
+windows = st.sampled_from((None, 0, 1, 2))
+
+
+@given(rtmc_groups(), windows)
+def test_visit_weighted_advantages_of_a_state_sum_to_zero_without_smoothing(case, window):
+    table = rtmc_table(case.trajectories, case.rewards, prior_strength=0.0, window=window)
     for state, steps in table.by_state().items():
         assert sum(s.visits for s in steps) == steps[0].state_visits
         total = sum(s.visits * s.advantage for s in steps)
@@ -40,9 +43,9 @@ def test_visit_weighted_advantages_of_a_state_sum_to_zero_without_smoothing(case
         assert abs(steps[0].v - sum(s.visits * s.q for s in steps) / steps[0].state_visits) <= TOL
 
 
-@given(rtmc_groups(), st.floats(0.01, 10.0))
-def test_with_smoothing_the_pseudo_visit_weighted_sum_is_zero(case, k):
-    table = rtmc_table(case.trajectories, case.rewards, prior_strength=k)
+@given(rtmc_groups(), st.floats(0.01, 10.0), windows)
+def test_with_smoothing_the_pseudo_visit_weighted_sum_is_zero(case, k, window):
+    table = rtmc_table(case.trajectories, case.rewards, prior_strength=k, window=window)
     for steps in table.by_state().values():
         assert abs(sum((s.visits + k) * s.advantage for s in steps)) <= TOL * (steps[0].state_visits + k * len(steps))
         # the visit-weighted sum is then -k times the plain sum of the state's advantages
@@ -67,18 +70,18 @@ def test_smoothing_breaks_the_visit_weighted_sum_where_visits_differ():
     assert sum(s.pseudo_visits * s.advantage for s in smooth.steps) == pytest.approx(0.0, abs=TOL)
 
 
-@given(rtmc_groups(), st.floats(0.0, 4.0), st.floats(0.0, 1.0))
-def test_per_token_layout(case, k, mix):
+@given(rtmc_groups(), st.floats(0.0, 4.0), st.floats(0.0, 1.0), windows)
+def test_per_token_layout(case, k, mix, window):
     eps = 1e-6
-    adv = rtmc_advantages(case.trajectories, case.rewards, prior_strength=k, mix=mix, eps=eps)
-    table = rtmc_table(case.trajectories, case.rewards, prior_strength=k)
+    adv = rtmc_advantages(case.trajectories, case.rewards, prior_strength=k, mix=mix, eps=eps, window=window)
+    table = rtmc_table(case.trajectories, case.rewards, prior_strength=k, window=window)
     r = np.asarray(case.rewards)
     scale = r.std() + eps
     for traj, a, ri in zip(case.trajectories, adv, r, strict=True):
         assert a.dtype == np.float64 and a.shape == (len(traj),)
         ep = (ri - r.mean()) / scale
         expected = np.full(len(traj), ep)
-        for turn, (s, act) in zip(traj.turns, states_and_actions(trajectory_signatures(traj)), strict=True):
+        for turn, (s, act) in zip(traj.turns, states_and_actions(trajectory_signatures(traj), window), strict=True):
             expected[turn.start:turn.end] = (1 - mix) * ep + mix * table.lookup(s, act).advantage / scale
         np.testing.assert_allclose(a, expected, rtol=0, atol=1e-12)
 
@@ -128,6 +131,24 @@ def test_shared_steps_share_advantages_and_distinct_roots_match_grpo():
     rs = [0.0, 1.0, 0.25, 0.75]
     np.testing.assert_allclose([x[1] for x in rtmc_advantages(solo, rs, prior_strength=0.0, mix=1.0)],
                                episode_advantages(rs), atol=1e-12)
+
+
+def test_first_visit_counts_a_revisited_state_once():
+    # with a one-step window, r0 is in state (search x) twice, taking the same action both times
+    t = [
+        Trajectory.make("r0", "g", list(range(8)), turns=[_turn(1, 2), _turn(3, 4), _turn(5, 6)]),
+        Trajectory.make("r1", "g", list(range(8)), turns=[_turn(1, 2), _turn(3, 4, "answer")]),
+    ]
+    table = rtmc_table(t, [1.0, 0.0], prior_strength=0.0, window=1)
+    sigs = trajectory_signatures(t[0])
+    again = table.lookup((sigs[0],), sigs[1])
+    assert again.visits == 1 and again.q == 1.0  # r0's second visit is not counted
+    other = table.lookup((sigs[0],), trajectory_signatures(t[1])[1])
+    assert other.visits == 1 and again.state_visits == 2 and again.advantage == pytest.approx(0.5)
+    adv = rtmc_advantages(t, [1.0, 0.0], prior_strength=0.0, mix=1.0, window=1)
+    assert adv[0][3] == adv[0][5]  # both visits' tokens carry the (state, action)'s advantage
+    with pytest.raises(ValueError, match="window"):
+        rtmc_table(t, [1.0, 0.0], window=-1)
 
 
 def test_unreadable_step_structure_is_an_error_not_grpo():

@@ -67,12 +67,13 @@ class Turn:
 
     @classmethod
     def make(cls, value: Turn | Mapping[str, Any], trajectory: str = "?", index: int = 0) -> Turn:
-        """A validated Turn from a Turn or a mapping with the five fields (extra keys refused).
+        """A validated Turn from a mapping with the five fields (extra keys refused) or an
+        object with the five attributes (a Turn, or an environment's own turn record).
         Bounds against the trajectory are checked by `validate_turns`. Raises TurnError."""
-        if isinstance(value, Turn):
-            rec: Mapping[str, Any] = {f: getattr(value, f) for f in TURN_FIELDS}
-        elif isinstance(value, Mapping):
-            rec = value
+        if isinstance(value, Mapping):
+            rec: Mapping[str, Any] = value
+        elif all(hasattr(value, f) for f in TURN_FIELDS):
+            rec = {f: getattr(value, f) for f in TURN_FIELDS}
         else:
             raise TurnError(trajectory, index, None, f"must be an object with fields {', '.join(TURN_FIELDS)}")
         for key in TURN_FIELDS:

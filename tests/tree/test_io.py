@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 
 from harts.tree import RolloutFormatError, from_records, load_jsonl, save_jsonl
-from harts.tree.trajectory import Trajectory, TurnError
+from harts.tree.trajectory import Trajectory, Turn, TurnError
 from tests.strategies import trajectory_sets
 
 
@@ -215,3 +215,19 @@ def test_turn_arguments_are_stored_as_plain_json_copies(tmp_path):
     assert t.turns[0].args == {"n": 3, "xs": [0.5, 1]} and type(t.turns[0].args["n"]) is int
     save_jsonl([t], tmp_path / "a.jsonl")
     assert load_jsonl(tmp_path / "a.jsonl")[0].same_as(t)
+
+
+def test_turns_from_objects_with_the_turn_attributes():
+    @dataclasses.dataclass(frozen=True)
+    class EnvTurn:  # an environment's own record of a turn
+        start: int
+        end: int
+        tool: str
+        args: dict
+        outcome: str
+        latency: float = 0.0
+
+    t = Trajectory.make("x", "g", [1, 2, 3], turns=[EnvTurn(1, 2, "t", {"a": 1}, "ok")])
+    assert t.turns[0] == Turn(1, 2, "t", {"a": 1}, "ok")
+    with pytest.raises(TurnError, match="turn 0: must be an object"):
+        Trajectory.make("x", "g", [1, 2, 3], turns=[(1, 2, "t", {}, "ok")])

@@ -290,10 +290,10 @@ def allocate(roots: Sequence[Candidate], budget: int, predictor: SuccessPredicto
 def _repair(m: np.ndarray, v: np.ndarray, succ: np.ndarray, fail: np.ndarray, floor: np.ndarray,
             max_moves: int = 100_000) -> np.ndarray:
     """Local repair after the greedy pass: move one or two rollouts from one candidate to
-    another, a pair from two candidates to a third or from one to two others, while that raises sum_c P_c(m_c) by more than 1e-12 (the roots' first pair
-    makes the objective non-concave, where the greedy pass can strand the budget's last
-    rollout). Keeps the total and every root's floor; the objective rises strictly, so it
-    ends."""
+    another, a pair from two candidates to a third, or one candidate's pair to two others,
+    while that raises sum_c P_c(m_c) by more than 1e-12 (a fresh node's first pair makes the
+    objective non-concave, where the greedy pass can strand the budget's last rollout).
+    Keeps the total and every root's floor; the objective rises strictly, so it ends."""
     m = m.copy()
     n = m.size
     if n < 2:

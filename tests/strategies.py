@@ -420,3 +420,141 @@ def rollout_workloads(draw: st.DrawFn, max_trajectories: int = 12):
         anneal_iterations=10,
         seed=draw(st.integers(0, 2**16)),
     )
+
+# RL credit and allocation (harts/rl/signatures, rtmc, trace): JSON tool arguments with
+# every formatting the normaliser documents as irrelevant, and groups of multi-turn
+# rollouts over a tiny step alphabet, so histories (states) are shared across rollouts.
+
+_ARG_WORDS = ("a", "b c", "Foo", "caf\u00e9", "x  y")
+_ARG_KEYS = ("q", "n", "path", "k")
+
+
+def json_args(max_leaves: int = 8):
+    """JSON values as tool arguments: objects, lists, ints, non-integral floats, bools,
+    null and short strings (case and inner spaces that matter kept as drawn)."""
+    leaves = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-1000, 1000),
+        st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False).filter(lambda x: not x.is_integer()),
+        st.sampled_from(_ARG_WORDS),
+    )
+    return st.recursive(
+        leaves,
+        lambda kids: st.one_of(st.lists(kids, max_size=3), st.dictionaries(st.sampled_from(_ARG_KEYS), kids, max_size=3)),
+        max_leaves=max_leaves,
+    )
+
+
+@st.composite
+def formatted_json(draw: st.DrawFn, value):
+    """JSON text of `value` in a drawn formatting the normaliser ignores: whitespace
+    between tokens, key order, number spelling (1 / 1.0 / 1e0; a float's repr or 17
+    significant digits), string escapes, surrounding and doubled inner whitespace in
+    strings, and composed or decomposed accents (NFC)."""
+    import json
+    import unicodedata
+
+    def ws():
+        return draw(st.sampled_from(("", " ", "  ", "\n", "\t", " \n ")))
+
+    def text(s: str) -> str:
+        s = s.replace(" ", draw(st.sampled_from((" ", "  ", "\t", " \n"))))
+        s = ws() + s + ws()
+        if draw(st.booleans()):
+            s = unicodedata.normalize("NFD", s)
+        return json.dumps(s, ensure_ascii=draw(st.booleans()))
+
+    def number(x) -> str:
+        if isinstance(x, int) or float(x).is_integer():
+            i = int(x)
+            return draw(st.sampled_from((str(i), f"{i}.0", f"{i}e0", f"{i * 10}e-1", f"{float(i)!r}")))
+        return draw(st.sampled_from((repr(x), f"{x:.17g}", f"{x:.17e}")))
+
+    def render(v) -> str:
+        if v is None or isinstance(v, bool):
+            return json.dumps(v)
+        if isinstance(v, (int, float)):
+            return number(v)
+        if isinstance(v, str):
+            return text(v)
+        if isinstance(v, list):
+            return "[" + ws() + ("," + ws()).join(render(x) + ws() for x in v) + "]"
+        keys = draw(st.permutations(sorted(v)))
+        return "{" + ws() + ("," + ws()).join(json.dumps(k) + ws() + ":" + ws() + render(v[k]) for k in keys) + ws() + "}"
+
+    return ws() + render(value) + ws()
+
+
+@dataclass(frozen=True)
+class RTMCCase:
+    """One group of multi-turn rollouts (with validated turns) and their terminal rewards."""
+
+    trajectories: tuple
+    rewards: tuple[float, ...]
+
+
+_STEP_TOOLS = ("search", "open", "answer")
+_STEP_ARGS = ({"q": "a"}, {"q": "b", "n": 2}, "x")
+_STEP_OUTCOMES = ("ok", "error")
+
+
+@st.composite
+def rtmc_groups(draw: st.DrawFn, max_rollouts: int = 8, max_turns: int = 4, formatted: bool = True):
+    """A group of 1..max_rollouts rollouts with 0..max_turns steps each, from a 3x3x2 step
+    alphabet; most rollouts copy a prefix of an earlier one's steps, as tree rollouts and
+    repeated tool calls do. With `formatted`, each turn's arguments and names are written
+    in a drawn formatting (so matching relies on the normaliser). Rewards are drawn from
+    {0, 0.25, 0.5, 1} or uniformly in [0, 1]."""
+    from harts.tree.trajectory import Trajectory
+
+    step = st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(0, 1))
+    histories: list[list[tuple[int, int, int]]] = []
+    for _ in range(draw(st.integers(1, max_rollouts))):
+        if histories and draw(st.integers(0, 3)) > 0:
+            base = draw(st.sampled_from(histories))
+            h = base[: draw(st.integers(0, len(base)))]
+            h = h + draw(st.lists(step, max_size=max_turns - len(h)))
+        else:
+            h = draw(st.lists(step, max_size=max_turns))
+        histories.append(h)
+    trajs = []
+    for i, h in enumerate(histories):
+        pos = draw(st.integers(1, 3))  # prompt tokens
+        turns = []
+        for tool, arg, out in h:
+            length = draw(st.integers(1, 3))
+            name, args, outcome = _STEP_TOOLS[tool], _STEP_ARGS[arg], _STEP_OUTCOMES[out]
+            if formatted:
+                name = draw(st.sampled_from((name, name.upper(), f" {name.title()} ")))
+                outcome = draw(st.sampled_from((outcome, outcome.upper(), f"{outcome}\n")))
+                args = draw(st.one_of(st.just(args), formatted_json(args)))
+            turns.append({"start": pos, "end": pos + length, "tool": name, "args": args, "outcome": outcome})
+            pos += length + draw(st.integers(0, 2))  # observation tokens
+        pos += draw(st.integers(0, 2))  # text after the last action
+        tokens = draw(st.lists(st.integers(0, 9), min_size=pos, max_size=pos))
+        trajs.append(Trajectory.make(f"r{i}", "g", tokens, turns=turns))
+    rewards = draw(st.one_of(
+        st.lists(st.sampled_from((0.0, 0.25, 0.5, 1.0)), min_size=len(trajs), max_size=len(trajs)),
+        st.lists(st.floats(0, 1), min_size=len(trajs), max_size=len(trajs)),
+    ))
+    return RTMCCase(tuple(trajs), tuple(rewards))
+
+
+@st.composite
+def trace_candidates(draw: st.DrawFn, max_candidates: int = 8, n_features: int = 3):
+    """Allocation candidates: roots and prefixes (with observed successes / failures, none
+    included) with small feature rows, distinct ids."""
+    from harts.rl.trace import Candidate, CandidateKind
+
+    feats = st.tuples(*[st.floats(-3, 3, allow_nan=False) for _ in range(n_features)])
+    out = []
+    for i in range(draw(st.integers(0, max_candidates))):
+        f = draw(feats)
+        if draw(st.booleans()):
+            out.append(Candidate.root(f"p{i}", f))
+        else:
+            s, fl = draw(st.tuples(st.integers(0, 3), st.integers(0, 3)))
+            out.append(Candidate(f"p{i}/t1", f"p{i}", CandidateKind.PREFIX, f, s, fl, draw(st.integers(1, 3)),
+                                 f"p{i}-r0", draw(st.integers(1, 50))))
+    return out

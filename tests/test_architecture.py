@@ -96,11 +96,12 @@ def test_no_import_cycle():
 
 
 @pytest.mark.parametrize("layer, forbidden", [
-    ("tree", {"plan", "sim", "exec", "verify", "cli"}),
-    ("config", {"plan", "sim", "exec", "verify", "cli"}),
-    ("plan", {"exec", "verify", "cli"}),
-    ("sim", {"exec", "verify", "cli"}),
-    ("exec", {"verify", "cli"}),
+    ("tree", {"plan", "sim", "exec", "verify", "rl", "cli"}),
+    ("config", {"plan", "sim", "exec", "verify", "rl", "cli"}),
+    ("plan", {"exec", "verify", "rl", "cli"}),
+    ("sim", {"exec", "verify", "rl", "cli"}),
+    ("exec", {"verify", "rl", "cli"}),
+    ("rl", {"cli"}),
 ])
 def test_layers_import_only_downwards(layer, forbidden):
     bad = sorted((m, t) for m, (internal, _) in IMPORTS.items() if _layer(m) == layer
@@ -120,6 +121,28 @@ def test_lower_layers_never_reach_torch(layer):
             if "torch" in IMPORTS[reached][1]:
                 bad.append((m, reached))
     assert not bad, f"harts.{layer} reaches torch: {sorted(bad)}"
+
+
+# harts.rl's credit assignment and allocation are numpy only (the loop's modules use exec)
+RL_NUMPY = ("harts.rl", "harts.rl.signatures", "harts.rl.rtmc", "harts.rl.trace")
+
+
+@pytest.mark.parametrize("module", RL_NUMPY)
+def test_rl_numpy_modules_never_reach_torch(module):
+    g = _graph()
+    bad = sorted(r for r in {module} | nx.descendants(g, module) if "torch" in IMPORTS[r][1])
+    assert not bad, f"{module} reaches torch through {bad}"
+
+
+def test_rl_numpy_modules_import_without_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; import " + ", ".join(RL_NUMPY) +
+            "; loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'));"
+            " print(loaded); raise SystemExit(1 if loaded else 0)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT.parent, timeout=120)
+    assert run.returncode == 0, f"importing {RL_NUMPY} loaded torch: {run.stdout} {run.stderr}"
 
 
 def test_no_module_over_800_lines():

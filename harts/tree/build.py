@@ -53,6 +53,7 @@ def build_forest(trajectories: Sequence[Trajectory]) -> RolloutForest:
         old_logprobs=np.concatenate([t.old_logprobs for t in trajectories]),
         ref_logprobs=np.concatenate([t.ref_logprobs for t in trajectories]) if all(has_ref) else None,
         extra=tuple(dict(t.extra) for t in trajectories),
+        turns=tuple(t.turns for t in trajectories),
     )
     return RolloutForest(
         node_parent=forest.node_parent,

@@ -34,6 +34,7 @@ class Payload:
     old_logprobs: np.ndarray  # float64 [X]
     ref_logprobs: np.ndarray | None  # float64 [X]
     extra: tuple[dict, ...]  # [M]
+    turns: tuple = ()  # [M] each trajectory's step structure (tuple of Turn, or None); () if not kept
 
 
 @dataclass(frozen=True, eq=False)
@@ -275,6 +276,7 @@ class RolloutForest:
                     old_logprobs=pl.old_logprobs[a:b].copy(),
                     ref_logprobs=None if pl.ref_logprobs is None else pl.ref_logprobs[a:b].copy(),
                     extra=dict(pl.extra[i]),
+                    turns=pl.turns[i] if pl.turns else None,
                 )
             )
         return out

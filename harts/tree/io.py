@@ -2,11 +2,17 @@
 
     {"id": str, "group": str, "tokens": [int], "loss_mask": [0|1],
      "advantage": float or [float], "old_logprobs": [float],
-     "ref_logprobs": [float]  (optional)}
+     "ref_logprobs": [float]  (optional),
+     "turns": [{"start": int, "end": int, "tool": str, "args": str or JSON value,
+                "outcome": str}]  (optional)}
 
 Per-position arrays are as long as `tokens`. `loss_mask[p] = 1` when token p was generated
 by the policy and is trained on; its log-prob comes from the logits at p-1, so
-`loss_mask[0]` is 0. `old_logprobs[p]` is the rollout log-prob of token p. Extra fields are
+`loss_mask[0]` is 0. `old_logprobs[p]` is the rollout log-prob of token p. `turns` is the
+step structure of a multi-turn rollout (harts.tree.trajectory.Turn: each action's token
+range `[start, end)` within `tokens`, in order and non-overlapping, with its tool, arguments
+and outcome); a bad turn's error names the trajectory, the turn index and the turn's
+field. Files without `turns` load with `Trajectory.turns` None. Extra fields are
 kept (in `Trajectory.extra`) and otherwise ignored. Loading is all-or-nothing: the first
 bad line raises `RolloutFormatError` naming the line and the field, and nothing is returned.
 """
@@ -27,7 +33,7 @@ import numpy as np
 from harts.tree.trajectory import Trajectory, TrajectoryError
 
 REQUIRED = ("id", "group", "tokens", "loss_mask", "advantage", "old_logprobs")
-KNOWN = (*REQUIRED, "ref_logprobs")
+KNOWN = (*REQUIRED, "ref_logprobs", "turns")
 
 
 class RolloutFormatError(ValueError):
@@ -143,6 +149,8 @@ def to_record(t: Trajectory) -> dict[str, Any]:
     )
     if t.ref_logprobs is not None:
         rec["ref_logprobs"] = t.ref_logprobs.tolist()
+    if t.turns is not None:
+        rec["turns"] = [turn.to_record() for turn in t.turns]
     return rec
 
 
@@ -201,6 +209,7 @@ def _record_to_trajectory(rec: Any, where: str, line: int) -> Trajectory:
             old_logprobs=np.asarray(rec["old_logprobs"], dtype=np.float64),
             ref_logprobs=None if rec.get("ref_logprobs") is None else np.asarray(rec["ref_logprobs"], dtype=np.float64),
             extra=extra,
+            turns=rec.get("turns"),
         )
     except TrajectoryError as err:
         field, _, msg = str(err).partition(": ")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 
 from harts.tree import RolloutFormatError, from_records, load_jsonl, save_jsonl
+from harts.tree.trajectory import Trajectory, Turn, TurnError
 from tests.strategies import trajectory_sets
 
 
@@ -133,3 +135,99 @@ def test_save_leaves_no_temporary_file(tmp_path):
     with pytest.raises(IsADirectoryError):
         save_jsonl(from_records([_good(0)]), tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["a.jsonl"]
+
+
+# ---- step structure (turns) -------------------------------------------------------------
+
+def _turns(**over):
+    turns = [
+        {"start": 1, "end": 2, "tool": "search", "args": {"q": "x", "n": 2}, "outcome": "ok"},
+        {"start": 2, "end": 3, "tool": "answer", "args": "42", "outcome": "error"},
+    ]
+    turns[1].update(over)
+    return turns
+
+
+def test_turns_round_trip_and_old_files_load_without_them(tmp_path):
+    path = _write(tmp_path, [_good(0, turns=_turns()), _good(1), _good(2, turns=[])])
+    a, b, c = load_jsonl(path)
+    assert [(t.start, t.end, t.tool, t.args, t.outcome) for t in a.turns] == [
+        (1, 2, "search", {"q": "x", "n": 2}, "ok"), (2, 3, "answer", "42", "error")]
+    assert b.turns is None and b.extra == {} and c.turns == ()
+    save_jsonl([a, b, c], tmp_path / "back.jsonl")
+    back = load_jsonl(tmp_path / "back.jsonl")
+    assert all(x.same_as(y) for x, y in zip((a, b, c), back, strict=True))
+    assert "turns" not in json.loads((tmp_path / "back.jsonl").read_text().splitlines()[1])
+    assert not a.same_as(dataclasses.replace(a, turns=a.turns[:1]))
+
+
+def test_turns_survive_the_forest():
+    from harts.tree.build import build_forest
+
+    trajs = from_records([_good(0, turns=_turns()), _good(1, tokens=[5, 6, 8]), _good(2, turns=[])])
+    out = {t.id: t for t in build_forest(trajs).expand()}
+    assert all(t.same_as(out[t.id]) for t in trajs)
+
+
+BAD_TURNS = [
+    ("start-type", {"start": 1.5}, "turn 1 field 'start': must be an integer"),
+    ("end-past", {"end": 4}, "turn 1 field 'end': 4 is past the trajectory's 3 tokens"),
+    ("empty", {"start": 2, "end": 2}, "turn 1 field 'end': 2 must be greater than start 2"),
+    ("overlap", {"start": 1}, "turn 1 field 'start': 1 overlaps or precedes the previous turn"),
+    ("negative", {"start": -1}, "turn 1 field 'start': negative"),
+    ("tool", {"tool": ""}, "turn 1 field 'tool': must be a non-empty string"),
+    ("tool-type", {"tool": 3}, "turn 1 field 'tool': must be a string"),
+    ("outcome", {"outcome": None}, "turn 1 field 'outcome': must be a string"),
+    ("args-key", {"args": {"a": [1, {"b": float("nan")}]}}, "turn 1 field 'args': contains NaN"),
+    ("unknown", {"why": 1}, "turn 1 field 'why': unknown turn field"),
+]
+
+
+@pytest.mark.parametrize("name,override,message", BAD_TURNS, ids=[b[0] for b in BAD_TURNS])
+def test_bad_turns_name_line_trajectory_turn_and_field(tmp_path, name, override, message):
+    path = tmp_path / "r.jsonl"
+    # NaN is written as JSON's non-standard NaN, which Python's reader accepts
+    path.write_text(json.dumps(_good(0)) + "\n" + json.dumps(_good(1, turns=_turns(**override))) + "\n")
+    with pytest.raises(RolloutFormatError, match=r"line 2: field 'turns': trajectory 't1' " + message) as info:
+        load_jsonl(path)
+    assert (info.value.line, info.value.field) == (2, "turns")
+
+
+def test_bad_turn_lists_and_missing_turn_fields():
+    with pytest.raises(RolloutFormatError, match=r"field 'turns': trajectory 't0': must be a list of turns"):
+        from_records([_good(0, turns={"start": 1})])
+    bad = _turns()
+    del bad[0]["outcome"]
+    with pytest.raises(RolloutFormatError, match=r"trajectory 't0' turn 0 field 'outcome': missing"):
+        from_records([_good(0, turns=bad)])
+    with pytest.raises(RolloutFormatError, match=r"trajectory 't0' turn 1: must be an object"):
+        from_records([_good(0, turns=[_turns()[0], 7])])
+    with pytest.raises(TurnError) as info:
+        Trajectory.make("x", "g", [1, 2, 3], turns=_turns(end=9))
+    assert (info.value.trajectory, info.value.turn, info.value.turn_field) == ("x", 1, "end")
+
+
+def test_turn_arguments_are_stored_as_plain_json_copies(tmp_path):
+    args = {"n": np.int64(3), "xs": (np.float64(0.5), 1)}
+    t = Trajectory.make("x", "g", [1, 2, 3], loss_mask=[0, 1, 1],
+                        turns=[{"start": 1, "end": 3, "tool": "t", "args": args, "outcome": "ok"}])
+    args["n"] = 4
+    assert t.turns[0].args == {"n": 3, "xs": [0.5, 1]} and type(t.turns[0].args["n"]) is int
+    save_jsonl([t], tmp_path / "a.jsonl")
+    assert load_jsonl(tmp_path / "a.jsonl")[0].same_as(t)
+
+
+def test_turns_from_objects_with_the_turn_attributes():
+    @dataclasses.dataclass(frozen=True)
+    class EnvTurn:  # an environment's own record of a turn
+        start: int
+        end: int
+        tool: str
+        args: dict
+        outcome: str
+        latency: float = 0.0
+
+    t = Trajectory.make("x", "g", [1, 2, 3], turns=[EnvTurn(1, 2, "t", {"a": 1}, "ok")])
+    assert t.turns[0] == Turn(1, 2, "t", {"a": 1}, "ok")
+    with pytest.raises(TurnError, match="turn 0: must be an object"):
+        Trajectory.make("x", "g", [1, 2, 3], turns=[(1, 2, "t", {}, "ok")])

@@ -1,0 +1,525 @@
+"""TRACE: Tree Rollout Allocation for Contrastive Exploration.
+
+A group's rollouts only carry a policy-gradient signal when their rewards differ (GRPO's
+advantages are all zero otherwise). TRACE spends a fixed rollout budget where mixed
+outcomes are most likely: on prompt roots, and on intermediate prefixes (a sampled
+rollout's history up to a turn boundary) whose continuations may end differently.
+
+Candidates. A `Candidate` is a root (a prompt, nothing sampled yet) or a prefix (a turn
+boundary of sampled rollouts: continuations restart right before turn `depth`'s action,
+at token `position` of trajectory `source`). It carries prefix features and the outcomes
+already observed below it: `successes` and `failures` (rewards binarised by the caller,
+e.g. `reward >= 0.5`; `prefix_candidates` does this).
+
+Objective. With v the predicted success probability of a candidate and m new rollouts
+from it, the chance that its node ends with mixed outcomes is
+
+    nothing observed (a root, or a prefix offered before any rollout through it ended):
+                                    P(m) = 1 - v^m - (1 - v)^m   (m >= 1), P(0) = 0
+    prefix, only successes so far:  P(m) = 1 - v^m      (a continuation must fail)
+    prefix, only failures so far:   P(m) = 1 - (1 - v)^m  (a continuation must succeed)
+    prefix, already mixed:          P(m) = 0 for every m (no gain from more)
+
+`allocate` maximises sum_c P_c(m_c) subject to sum_c m_c <= budget by greedy marginal
+allocation: repeatedly give the next rollout to the candidate with the largest gain
+P(m + 1) - P(m). A fresh node's first rollout gains nothing alone (P(1) = 0), so its first
+step is a pair (gain P(2) = 2 v (1 - v), counted per rollout); from m = 2 on its gains
+decrease, and an observed prefix's gains decrease from m = 0, so the greedy order is the
+order of decreasing per-rollout gains; at equal gains a pair goes first. Where the
+budget's last rollout cannot complete a pair the greedy pass can strand it, so a local
+repair then moves one or two rollouts between candidates (one to one, two to one, one to
+two) while that raises the objective. Ties are broken by a permutation drawn from `seed`,
+so the same inputs and seed give the same allocation. The whole budget is spent when
+there is a candidate (zero-gain steps included, the budget being rollouts the trainer
+will use); it is never exceeded.
+
+Predictor. A `SuccessPredictor` maps feature rows to probabilities in (0, 1).
+`LogisticPredictor` is a small online logistic regression (numpy, full-batch gradient
+steps on soft cross-entropy with L2, weights kept between updates) trained on the tree's
+recursive targets: `node_targets` gives, for every node of a sampled group (the root and
+every turn-boundary prefix), its features and its target, the mean reward of the leaves
+below it, weighted by the number of those leaves.
+
+Features. `prefix_features(prompt_features, history)` concatenates the caller's prompt
+features, a bias, the depth and hashed bags of the history's (tool, outcome) pairs (all
+steps, normalised by depth, and the last step) and of the last step's whole signature, so
+one predictor generalises across prompts and depths. Hashing is by CRC32 of the signature text: stable across runs.
+
+A loop uses it in two phases: `allocate(roots, root_budget, predictor)`, sample, then
+`prefix_candidates(...)` of each group and `allocate(prefixes, rest, predictor)`; after
+scoring, `predictor.update(*node_targets(...))`. `TraceAllocator` holds the predictor and
+does these calls with one feature layout. `uniform_allocation` is the baseline
+(the budget split evenly over roots, prefixes get nothing).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from harts.rl.signatures import StepSignature, trajectory_signatures
+from harts.tree.trajectory import Trajectory
+
+DEFAULT_HASH_BUCKETS = 8
+DEFAULT_SUCCESS_THRESHOLD = 0.5
+
+
+class CandidateKind(StrEnum):
+    ROOT = "root"
+    PREFIX = "prefix"
+
+
+class AllocationName(StrEnum):
+    """The allocation policies (`--allocation`)."""
+
+    UNIFORM = "uniform"
+    TRACE = "trace"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Where rollouts may be spent: a prompt root or a turn-boundary prefix.
+
+    `id` is unique among the candidates of one allocation; `group` is the prompt's group;
+    `features` the predictor's input row; `successes` / `failures` the outcomes already
+    observed below the node (0 / 0 for a root); `depth` the number of turns in the prefix
+    (0 for a root); for a prefix, `source` and `position` say where to branch:
+    continuations of trajectory `source` restart at token `position` (the start of turn
+    `depth`'s action)."""
+
+    id: str
+    group: str
+    kind: CandidateKind
+    features: tuple[float, ...]
+    successes: int = 0
+    failures: int = 0
+    depth: int = 0
+    source: str | None = None
+    position: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise ValueError("Candidate.id: must be a non-empty string")
+        where = f"candidate {self.id!r}"
+        if not isinstance(self.group, str) or not self.group:
+            raise ValueError(f"{where}: group must be a non-empty string")
+        if not isinstance(self.kind, CandidateKind):
+            raise ValueError(f"{where}: kind must be a CandidateKind (got {self.kind!r})")
+        if not isinstance(self.features, tuple) or not all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in self.features):
+            raise ValueError(f"{where}: features must be a tuple of finite numbers")
+        for name in ("successes", "failures", "depth"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{where}: {name} must be an integer >= 0 (got {v!r})")
+        if self.kind is CandidateKind.ROOT:
+            if self.successes or self.failures or self.depth or self.source is not None or self.position is not None:
+                raise ValueError(f"{where}: a root has no observed outcomes, depth, source or position")
+        else:
+            if self.depth < 1:
+                raise ValueError(f"{where}: a prefix has depth >= 1 (at least one turn)")
+            if not isinstance(self.source, str) or not self.source:
+                raise ValueError(f"{where}: a prefix names its source trajectory")
+            if isinstance(self.position, bool) or not isinstance(self.position, int) or self.position < 1:
+                raise ValueError(f"{where}: a prefix's position must be an integer >= 1")
+
+    @classmethod
+    def root(cls, id: str, features: Sequence[float], group: str | None = None) -> Candidate:
+        """A prompt root (group defaults to the id)."""
+        return cls(id, group or id, CandidateKind.ROOT, tuple(float(x) for x in features))
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Rollouts per candidate (`counts[i]` for `candidates[i]`, the input order).
+    `predicted` holds each candidate's predicted success probability (None for an
+    allocation that used no predictor); `expected_mixed` sum_c P_c(m_c) under those."""
+
+    method: AllocationName
+    candidates: tuple[str, ...]
+    counts: tuple[int, ...]
+    budget: int
+    predicted: tuple[float, ...] | None = None
+    expected_mixed: float | None = None
+
+    @property
+    def used(self) -> int:
+        return sum(self.counts)
+
+    def count(self, candidate_id: str) -> int:
+        try:
+            return self.counts[self.candidates.index(candidate_id)]
+        except ValueError:
+            raise KeyError(f"no candidate {candidate_id!r} in this allocation") from None
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(zip(self.candidates, self.counts, strict=True))
+
+
+@runtime_checkable
+class SuccessPredictor(Protocol):
+    """Predicted success probability in (0, 1) per feature row."""
+
+    def predict(self, features: np.ndarray) -> np.ndarray:  # float64 [N, F] -> [N]
+        ...
+
+
+class LogisticPredictor:
+    """Online logistic regression on feature rows, with soft targets in [0, 1].
+
+    `update(X, y, w)` runs `steps` full-batch gradient steps of the weighted mean soft
+    cross-entropy plus `l2 / 2 |weights|^2` (bias included), starting from the current
+    weights, so repeated updates keep learning online. Deterministic: no sampling.
+    Predictions are clipped to [clip, 1 - clip] so no candidate is ever certain."""
+
+    def __init__(self, n_features: int, *, lr: float = 0.5, l2: float = 1e-3, steps: int = 100,
+                 clip: float = 1e-3):
+        if isinstance(n_features, bool) or not isinstance(n_features, int) or n_features < 1:
+            raise ValueError(f"n_features: must be an integer >= 1 (got {n_features!r})")
+        for name, v in (("lr", lr), ("l2", l2), ("clip", clip)):
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name}: must be finite and >= 0 (got {v!r})")
+        if not 0 < clip < 0.5:
+            raise ValueError(f"clip: must be in (0, 0.5) (got {clip!r})")
+        self.n_features = n_features
+        self.lr, self.l2, self.steps, self.clip = float(lr), float(l2), int(steps), float(clip)
+        self.weights = np.zeros(n_features)
+        self.bias = 0.0
+        self.updates = 0
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        x = self._rows(features)
+        p = _sigmoid(x @ self.weights + self.bias)
+        return np.clip(p, self.clip, 1.0 - self.clip)
+
+    def update(self, features: np.ndarray, targets: np.ndarray, weights: np.ndarray | None = None) -> float:
+        """Fit further on (X, y, w); returns the weighted soft cross-entropy after the update."""
+        x = self._rows(features)
+        y = np.asarray(targets, dtype=np.float64)
+        if y.shape != (x.shape[0],) or not np.isfinite(y).all() or (y < 0).any() or (y > 1).any():
+            raise ValueError(f"targets: must be {x.shape[0]} numbers in [0, 1]")
+        w = np.ones_like(y) if weights is None else np.asarray(weights, dtype=np.float64)
+        if w.shape != y.shape or not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+            raise ValueError("weights: must be non-negative numbers, one per row, not all zero")
+        w = w / w.sum()
+        for _ in range(self.steps):
+            p = _sigmoid(x @ self.weights + self.bias)
+            g = w * (p - y)
+            self.weights -= self.lr * (x.T @ g + self.l2 * self.weights)
+            self.bias -= self.lr * (float(g.sum()) + self.l2 * self.bias)
+        self.updates += 1
+        p = np.clip(_sigmoid(x @ self.weights + self.bias), 1e-12, 1 - 1e-12)
+        return float(-(w * (y * np.log(p) + (1 - y) * np.log(1 - p))).sum())
+
+    def _rows(self, features: np.ndarray) -> np.ndarray:
+        x = np.asarray(features, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != self.n_features:
+            raise ValueError(f"features: must be [N, {self.n_features}] (got shape {x.shape})")
+        if not np.isfinite(x).all():
+            raise ValueError("features: contain NaN or infinity")
+        return x
+
+
+def mixed_probability(v: np.ndarray | float, m: np.ndarray | int, successes: np.ndarray | int = 0,
+                      failures: np.ndarray | int = 0) -> np.ndarray:
+    """P(the node's outcomes are mixed after m new rollouts), elementwise (module docstring)."""
+    v = np.asarray(v, dtype=np.float64)
+    m = np.asarray(m, dtype=np.float64)
+    s = np.asarray(successes) > 0
+    f = np.asarray(failures) > 0
+    fresh = 1.0 - v ** m - (1.0 - v) ** m
+    fresh = np.where(m >= 1, fresh, 0.0)
+    out = np.where(s & f, 0.0, np.where(s, 1.0 - v ** m, np.where(f, 1.0 - (1.0 - v) ** m, fresh)))
+    return np.asarray(out, dtype=np.float64)
+
+
+def allocate(roots: Sequence[Candidate], budget: int, predictor: SuccessPredictor | None, *, seed: int = 0,
+             min_per_root: int = 0) -> Allocation:
+    """TRACE's greedy marginal allocation of `budget` rollouts over the candidates (roots
+    and prefixes alike; module docstring). `min_per_root` rollouts are first given to
+    every root (an exploration floor). Never uses more than `budget`. A predictor of None
+    predicts 0.5 everywhere (before any training data: prefixes are then ranked by their
+    observed outcomes alone)."""
+    cands = _check_candidates(roots)
+    budget = _budget(budget)
+    if isinstance(min_per_root, bool) or not isinstance(min_per_root, int) or min_per_root < 0:
+        raise ValueError(f"min_per_root: must be an integer >= 0 (got {min_per_root!r})")
+    n = len(cands)
+    if n == 0:
+        return Allocation(AllocationName.TRACE, (), (), budget, (), 0.0)
+    x = _feature_matrix(cands)
+    v = np.full(n, 0.5) if predictor is None else np.asarray(predictor.predict(x), dtype=np.float64)
+    if v.shape != (n,) or not np.isfinite(v).all() or (v < 0).any() or (v > 1).any():
+        raise ValueError(f"predictor: must return {n} probabilities in [0, 1]")
+    succ = np.array([c.successes for c in cands])
+    fail = np.array([c.failures for c in cands])
+    is_root = np.array([c.kind is CandidateKind.ROOT for c in cands])
+    fresh = (succ == 0) & (fail == 0)  # nothing observed below: the first step is a pair
+    m = np.zeros(n, dtype=np.int64)
+    floor = min_per_root * int(is_root.sum())
+    if floor > budget:
+        raise ValueError(f"min_per_root: {min_per_root} rollouts for each of {int(is_root.sum())} roots "
+                         f"exceed the budget {budget}")
+    m[is_root] = min_per_root
+    left = budget - floor
+    rank = np.empty(n, dtype=np.int64)
+    rank[np.random.default_rng(seed).permutation(n)] = np.arange(n)
+    while left > 0:
+        # a fresh node's first step is a pair when two rollouts are left (P(1) = 0)
+        step = np.where(fresh & (m == 0) & (left >= 2), 2, 1)
+        now = mixed_probability(v, m, succ, fail)
+        gain = (mixed_probability(v, m + step, succ, fail) - now) / step
+        best = gain.max()
+        tied = np.flatnonzero(gain == best)
+        tied = tied[step[tied] == step[tied].max()]  # at equal gain a pair first
+        i = int(tied[np.argmin(rank[tied])])
+        m[i] += step[i]
+        left -= int(step[i])
+    m = _repair(m, v, succ, fail, floor=np.where(is_root, min_per_root, 0))
+    expected = float(mixed_probability(v, m, succ, fail).sum())
+    return Allocation(AllocationName.TRACE, tuple(c.id for c in cands), tuple(int(k) for k in m), budget,
+                      tuple(float(p) for p in v), expected)
+
+
+def _repair(m: np.ndarray, v: np.ndarray, succ: np.ndarray, fail: np.ndarray, floor: np.ndarray,
+            max_moves: int = 100_000) -> np.ndarray:
+    """Local repair after the greedy pass: move one or two rollouts from one candidate to
+    another, a pair from two candidates to a third, or one candidate's pair to two others,
+    while that raises sum_c P_c(m_c) by more than 1e-12 (a fresh node's first pair makes the
+    objective non-concave, where the greedy pass can strand the budget's last rollout).
+    Keeps the total and every root's floor; the objective rises strictly, so it ends."""
+    m = m.copy()
+    n = m.size
+    if n < 2:
+        return m
+    for _ in range(max_moves):
+        now = mixed_probability(v, m, succ, fail)
+        best_delta, move = 1e-12, None
+        for d in (1, 2):
+            gain = mixed_probability(v, m + d, succ, fail) - now
+            loss = np.where(m - d >= floor, now - mixed_probability(v, np.maximum(m - d, 0), succ, fail), np.inf)
+            jo = np.argsort(-gain, kind="stable")[:2]
+            io = np.argsort(loss, kind="stable")[:2]
+            for j in jo:
+                for i in io:
+                    if i != j and gain[j] - loss[i] > best_delta:
+                        best_delta, move = float(gain[j] - loss[i]), ("one", int(i), int(j), d)
+        # a pair from two donors (one rollout each), or one donor's pair to two recipients
+        gain1 = mixed_probability(v, m + 1, succ, fail) - now
+        loss1 = np.where(m - 1 >= floor, now - mixed_probability(v, np.maximum(m - 1, 0), succ, fail), np.inf)
+        gain2 = mixed_probability(v, m + 2, succ, fail) - now
+        loss2 = np.where(m - 2 >= floor, now - mixed_probability(v, np.maximum(m - 2, 0), succ, fail), np.inf)
+        for j in np.argsort(-gain2, kind="stable")[:3]:
+            donors = [int(i) for i in np.argsort(loss1, kind="stable")[:3] if i != j][:2]
+            if len(donors) == 2 and gain2[j] - loss1[donors].sum() > best_delta:
+                best_delta, move = float(gain2[j] - loss1[donors].sum()), ("pair-in", donors, int(j))
+        for i in np.argsort(loss2, kind="stable")[:3]:
+            takers = [int(j) for j in np.argsort(-gain1, kind="stable")[:3] if j != i][:2]
+            if len(takers) == 2 and gain1[takers].sum() - loss2[i] > best_delta:
+                best_delta, move = float(gain1[takers].sum() - loss2[i]), ("pair-out", int(i), takers)
+        if move is None:
+            break
+        if move[0] == "pair-in":
+            m[move[1]] -= 1
+            m[move[2]] += 2
+        elif move[0] == "pair-out":
+            m[move[1]] -= 2
+            m[move[2]] += 1
+        else:
+            _, i, j, d = move
+            m[i] -= d
+            m[j] += d
+    return m
+
+
+def uniform_allocation(roots: Sequence[Candidate], budget: int, *, seed: int = 0) -> Allocation:
+    """The baseline: `budget // R` rollouts per root (R roots), the remainder one each to
+    roots picked by a permutation drawn from `seed`; prefixes get none."""
+    cands = _check_candidates(roots)
+    budget = _budget(budget)
+    idx = [i for i, c in enumerate(cands) if c.kind is CandidateKind.ROOT]
+    counts = [0] * len(cands)
+    if idx:
+        base, extra = divmod(budget, len(idx))
+        for i in idx:
+            counts[i] = base
+        for j in np.random.default_rng(seed).permutation(len(idx))[:extra]:
+            counts[idx[int(j)]] += 1
+    return Allocation(AllocationName.UNIFORM, tuple(c.id for c in cands), tuple(counts), budget)
+
+
+def prefix_features(prompt_features: Sequence[float], history: Sequence[StepSignature], *,
+                    buckets: int = DEFAULT_HASH_BUCKETS) -> tuple[float, ...]:
+    """Features of a node: prompt features, bias 1, depth, the hashed bag of the history's
+    (tool, outcome) pairs divided by the depth, the last step's pair one-hot and the last
+    step's whole signature (arguments included) one-hot (zeros at a root). Length
+    `feature_count(len(prompt_features), buckets=buckets)`."""
+    if buckets < 1:
+        raise ValueError(f"buckets: must be >= 1 (got {buckets})")
+    bag = np.zeros(buckets)
+    last = np.zeros(buckets)
+    whole = np.zeros(buckets)
+    for sig in history:
+        bag[_bucket(sig, buckets)] += 1.0
+    if history:
+        bag /= len(history)
+        last[_bucket(history[-1], buckets)] = 1.0
+        whole[_bucket(history[-1], buckets, with_args=True)] = 1.0
+    head = [float(x) for x in prompt_features]
+    return (*head, 1.0, float(len(history)), *bag.tolist(), *last.tolist(), *whole.tolist())
+
+
+def feature_count(n_prompt_features: int, *, buckets: int = DEFAULT_HASH_BUCKETS) -> int:
+    """The length of `prefix_features`' rows (what `LogisticPredictor` needs)."""
+    return n_prompt_features + 2 + 3 * buckets
+
+
+def node_targets(group: Sequence[Trajectory], rewards: Sequence[float], prompt_features: Sequence[float], *,
+                 buckets: int = DEFAULT_HASH_BUCKETS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The recursive targets of one sampled group: for every node (root, and each distinct
+    history of t steps for t = 1 .. T_i - 1 of each rollout), (features [N, F], target [N] =
+    mean reward of the rollouts below it, weight [N] = their number). Rewards must lie in
+    [0, 1]. Raises TurnError for a rollout whose steps cannot be read."""
+    r = _unit_rewards(rewards, len(group))
+    nodes = _nodes(group)
+    x = np.array([prefix_features(prompt_features, h, buckets=buckets) for h in nodes])
+    y = np.array([float(r[list(members)].mean()) for members in nodes.values()])
+    w = np.array([float(len(members)) for members in nodes.values()])
+    return x, y, w
+
+
+def prefix_candidates(group: Sequence[Trajectory], rewards: Sequence[float], prompt_features: Sequence[float], *,
+                      success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
+                      buckets: int = DEFAULT_HASH_BUCKETS) -> list[Candidate]:
+    """One prefix candidate per distinct history of t >= 1 steps that some rollout of the
+    group continues from (t < T_i), in first-seen order: outcomes below it binarised as
+    `reward >= success_threshold`, branching from its first rollout, right before turn t.
+    Ids are `GROUP/tDEPTH/N`."""
+    r = _unit_rewards(rewards, len(group))
+    out = []
+    for n, (history, members) in enumerate((h, mem) for h, mem in _nodes(group).items() if h):
+        first = group[members[0]]
+        assert first.turns is not None
+        wins = int(sum(r[i] >= success_threshold for i in members))
+        out.append(Candidate(f"{first.group}/t{len(history)}/{n}", first.group, CandidateKind.PREFIX,
+                             prefix_features(prompt_features, history, buckets=buckets), wins,
+                             len(members) - wins, len(history), first.id, first.turns[len(history)].start))
+    return out
+
+
+class TraceAllocator:
+    """TRACE with its predictor kept across steps: what a training loop holds.
+
+    `root(id, prompt_features)` and `prefixes(group, rewards, prompt_features)` build
+    candidates with this allocator's feature layout; `allocate(candidates, budget)` spends
+    a budget (tie-break seed `seed + the number of earlier calls`, so a run is reproducible
+    from `seed`; before the first `observe` the predictor is None, 0.5 everywhere);
+    `observe(group, rewards, prompt_features)` trains the predictor on the group's
+    recursive targets once it is scored."""
+
+    def __init__(self, n_prompt_features: int, *, buckets: int = DEFAULT_HASH_BUCKETS, seed: int = 0,
+                 min_per_root: int = 0, success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
+                 predictor: LogisticPredictor | None = None):
+        if isinstance(n_prompt_features, bool) or not isinstance(n_prompt_features, int) or n_prompt_features < 0:
+            raise ValueError(f"n_prompt_features: must be an integer >= 0 (got {n_prompt_features!r})")
+        self.n_prompt_features = n_prompt_features
+        self.buckets = buckets
+        self.seed = seed
+        self.min_per_root = min_per_root
+        self.success_threshold = success_threshold
+        self.predictor = predictor or LogisticPredictor(feature_count(n_prompt_features, buckets=buckets))
+        self.calls = 0
+
+    def root(self, id: str, prompt_features: Sequence[float], group: str | None = None) -> Candidate:
+        return Candidate.root(id, prefix_features(self._prompt(prompt_features), (), buckets=self.buckets), group)
+
+    def prefixes(self, group: Sequence[Trajectory], rewards: Sequence[float],
+                 prompt_features: Sequence[float]) -> list[Candidate]:
+        return prefix_candidates(group, rewards, self._prompt(prompt_features),
+                                 success_threshold=self.success_threshold, buckets=self.buckets)
+
+    def allocate(self, candidates: Sequence[Candidate], budget: int) -> Allocation:
+        trained = self.predictor if self.predictor.updates else None
+        out = allocate(candidates, budget, trained, seed=self.seed + self.calls, min_per_root=self.min_per_root)
+        self.calls += 1
+        return out
+
+    def observe(self, group: Sequence[Trajectory], rewards: Sequence[float],
+                prompt_features: Sequence[float]) -> float:
+        """Train on the group's recursive targets; returns the predictor's loss after it."""
+        x, y, w = node_targets(group, rewards, self._prompt(prompt_features), buckets=self.buckets)
+        return self.predictor.update(x, y, w)
+
+    def _prompt(self, prompt_features: Sequence[float]) -> list[float]:
+        f = [float(x) for x in prompt_features]
+        if len(f) != self.n_prompt_features:
+            raise ValueError(f"prompt_features: {len(f)} values, this allocator takes {self.n_prompt_features}")
+        return f
+
+
+def mixed_share(outcomes: Sequence[Sequence[float]], *, success_threshold: float = DEFAULT_SUCCESS_THRESHOLD) -> float:
+    """Share of the given outcome lists (one per prompt; empty when it got no rollouts)
+    that hold both a success and a failure."""
+    if len(outcomes) == 0:
+        raise ValueError("outcomes: no prompts")
+    mixed = 0
+    for o in outcomes:
+        wins = [x >= success_threshold for x in o]
+        mixed += any(wins) and not all(wins)
+    return mixed / len(outcomes)
+
+
+def _nodes(group: Sequence[Trajectory]) -> dict[tuple[StepSignature, ...], list[int]]:
+    """Every history of t steps (t = 0 .. T_i - 1) of every rollout -> the rollouts through it."""
+    nodes: dict[tuple[StepSignature, ...], list[int]] = {(): []}
+    for i, traj in enumerate(group):
+        sigs = trajectory_signatures(traj)
+        for t in range(max(len(sigs), 1)):
+            nodes.setdefault(sigs[:t], []).append(i)
+    return nodes
+
+
+def _check_candidates(cands: Sequence[Candidate]) -> list[Candidate]:
+    out = list(cands)
+    for c in out:
+        if not isinstance(c, Candidate):
+            raise ValueError(f"candidates: {c!r} is not a Candidate")
+    ids = [c.id for c in out]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise ValueError(f"candidates: duplicate id {dup!r}")
+    if len({len(c.features) for c in out}) > 1:
+        raise ValueError("candidates: feature rows of different lengths")
+    return out
+
+
+def _feature_matrix(cands: list[Candidate]) -> np.ndarray:
+    return np.array([c.features for c in cands], dtype=np.float64).reshape(len(cands), -1)
+
+
+def _budget(budget: int) -> int:
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 0:
+        raise ValueError(f"budget: must be an integer >= 0 (got {budget!r})")
+    return int(budget)
+
+
+def _unit_rewards(rewards: Sequence[float], n: int) -> np.ndarray:
+    r = np.asarray(rewards, dtype=np.float64)
+    if r.shape != (n,) or not np.isfinite(r).all() or (r < 0).any() or (r > 1).any():
+        raise ValueError(f"rewards: must be {n} numbers in [0, 1]")
+    return r
+
+
+def _bucket(sig: StepSignature, buckets: int, with_args: bool = False) -> int:
+    text = f"{sig.tool}\x00{sig.args}\x00{sig.outcome}" if with_args else f"{sig.tool}\x00{sig.outcome}"
+    return zlib.crc32(text.encode()) % buckets
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))

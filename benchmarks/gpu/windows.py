@@ -1,7 +1,7 @@
 """Sharing windows on the GPU: a tree split into producer + consumers against the same rows
 as one microbatch and against the expanded baseline at the same budget.
 
-    python3 benchmarks/gpu/windows.py [--profile] [--steps N] [--no-autotune] --out DIR
+    python3 benchmarks/gpu/windows.py [--profile] [--fidelity] [--steps N] [--no-autotune] --out DIR
 
 Workloads (`harts.tree.workload` presets, vocab_size 32768 as the other GPU runs): the
 generator's swe-treestep-1 (one tree of 81,747 compact rows, longest trajectory 51,460),
@@ -23,7 +23,9 @@ estimate (`producer_retention` x producer rows, in token units, and converted to
 with the unsplit tree step's measured activation bytes per row). Derived: speedup over
 expanded at the same budget, window / unsplit step ratio, and the window speedup as a
 fraction of the unsplit tree's. `--profile`: torch.profiler over one window step and one
-unsplit step of swe-treestep-1 (device time by op, top 30). Writes DIR/windows.json with
+unsplit step of swe-treestep-1 (device time by op, top 30). `--fidelity`: bf16 gradients
+and losses of the window plan, the unsplit tree and a repacked expanded run against the
+expanded step at the first budget, from the same weights (`fidelity_case`). Writes DIR/windows.json with
 provenance (git revision, command, versions, GPU).
 """
 
@@ -177,6 +179,49 @@ def profile_case(kind: str, trajs, budget: int, args, top: int = 30) -> dict:
             "top_ops": [{"op": k, "device_s": s, "calls": c} for k, s, c in ops[:top] if s > 0]}
 
 
+def fidelity_case(trajs, budget: int, args) -> dict:
+    """bf16 gradients and losses of the window plan, the unsplit tree and a repacked expanded
+    run, each against the expanded step at `budget`, from the same weights (no optimizer
+    step): relative L2 error and cosine of the whole gradient, loss difference."""
+    from harts.config.models import get_model_config
+    from harts.exec.model.model import build_model
+    from harts.exec.trainer import ExpandedTrainer
+    from harts.exec.tree_trainer import TreeTrainer
+    from harts.exec.window import PlanTrainer
+    from harts.plan.planners import PlanConfig, make_plan
+    from harts.tree import build_forest
+
+    cfg = get_model_config(args.model)
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    net = build_model(cfg, seed=0, dtype=dtype, device=DEVICE, recompute=True)
+    plan = make_plan(build_forest(trajs), "l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=cfg.chunk_size))
+    runs = {"expanded": (ExpandedTrainer(net), budget),
+            "expanded_repacked": (ExpandedTrainer(net), args.unsplit_budget),
+            "tree": (TreeTrainer(net), args.unsplit_budget),
+            "windows": (PlanTrainer(net, plan), budget)}
+    ref, ref_loss, out = None, None, {"budget": budget, "unsplit_budget": args.unsplit_budget}
+    for name, (trainer, b) in runs.items():
+        net.zero_grad(set_to_none=True)
+        loss = trainer.forward_backward(trajs, b).losses["loss"]
+        grads = [p.grad.detach().clone() for p in net.parameters() if p.grad is not None]
+        del trainer
+        if ref is None:
+            ref, ref_loss = grads, loss
+            out["expanded_loss"] = loss
+            continue
+        num = sum(float((g.float() - r.float()).pow(2).sum()) for g, r in zip(grads, ref, strict=True))
+        den = sum(float(r.float().pow(2).sum()) for r in ref)
+        dot = sum(float((g.float() * r.float()).sum()) for g, r in zip(grads, ref, strict=True))
+        nrm = sum(float(g.float().pow(2).sum()) for g in grads)
+        out[f"{name}_vs_expanded"] = {"grad_rel_l2": (num / den) ** 0.5, "grad_cosine": dot / (nrm * den) ** 0.5,
+                                      "loss_diff": abs(loss - ref_loss)}
+        del grads
+        _free()
+    del net, ref
+    _free()
+    return out
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny-h200")
@@ -188,6 +233,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--bushy-budget", type=int, default=65536)
     ap.add_argument("--no-expanded", action="store_true", help="skip the expanded baselines")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--fidelity", action="store_true",
+                    help="bf16 gradients of windows, tree and a repacked expanded run against expanded")
     ap.add_argument("--no-autotune", action="store_true", help="each Triton kernel's first config")
     ap.add_argument("--time-limit", type=float, default=480.0, help="start no new case past this many seconds")
     ap.add_argument("--out", default=".")
@@ -220,6 +267,8 @@ def main(argv: list[str]) -> int:
     for wl, (_over, budgets, unsplit) in workloads.items():
         plan.append((wl, "tree", unsplit))
         plan += [(wl, "windows", b) for b in budgets]
+    if args.fidelity:
+        plan.append((base_wl, "fidelity", args.budgets[0]))
     if args.profile:
         plan.append((base_wl, "profile", args.budgets[0]))
     if not args.no_expanded:
@@ -247,7 +296,11 @@ def main(argv: list[str]) -> int:
         name = f"{wl} {kind}@{budget}"
         t0 = time.perf_counter()
         try:
-            if kind == "profile":
+            if kind == "fidelity":
+                result["fidelity"] = fidelity_case(trajs, budget, args)
+                for k, v in result["fidelity"].items():
+                    print(f"[fidelity] {k}: {v}", flush=True)
+            elif kind == "profile":
                 result["profile"]["windows"] = profile_case("windows", trajs, budget, args)
                 result["profile"]["tree"] = profile_case("tree", trajs, args.unsplit_budget, args)
                 for k, p in result["profile"].items():

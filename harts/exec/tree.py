@@ -160,6 +160,29 @@ class Stash:
             self.inputs[key] = self._cuts[cat](*own)
             self.input_rows[cat] = getattr(self.needs, cat)
 
+    def record_rounds(self, key: tuple[int, str], ts: tuple[Tensor, ...], order: np.ndarray, device) -> None:
+        """KDA inputs recorded in the rounds' order (a fused producer's q, k, v, g, beta):
+        `order[i]` is where computed row i sits among the rounds' rows. Cut to the kept rows
+        in one gather straight from that order where the needs are known, else gathered back
+        to computed order like `record_input`'s inputs."""
+        if key in self.inputs:
+            return
+        cat = stash_category(key[1])
+        n = ts[0].shape[0]
+        cut_key = f"{cat}@rounds"
+        if cut_key not in self._cuts:
+            if self.needs is None:
+                self._cuts[cut_key] = RowGather(order, n, device)
+            else:
+                rows = getattr(self.needs, cat)
+                at = np.searchsorted(self.rows, rows)
+                if rows.size and (at.max() >= self.rows.size or not np.array_equal(self.rows[at], rows)):
+                    raise ValueError(f"the producer does not compute every {cat} row its consumers read")
+                self._cuts[cut_key] = RowGather(order[at], n, device)
+        self.inputs[key] = self._cuts[cut_key](*ts)
+        if self.needs is not None:
+            self.input_rows[cat] = getattr(self.needs, cat)
+
     def record_kda(self, layer: int, handed: list[Tensor]) -> None:
         if self.needs is None or layer not in self.kda_states:
             self._handed[layer] = handed
@@ -396,6 +419,7 @@ class TreeContext:
         self._kda_out = RowGather(kept_all[unpermute], at, dev)
         self._windows: dict[int, Tensor] = {}
         self._round_windows: dict[int, Tensor] = {}
+        self._consumer_pieces: dict[int, tuple[RowGather, Tensor, RowGather, RowPlace]] = {}
 
     def _chunk_states_read(self, record: bool, record_states: Sequence[tuple[int, int]] | None
                            ) -> list[np.ndarray | None]:
@@ -504,23 +528,93 @@ class TreeContext:
         gathered low-rank features (rank R, against H x K for g). Before, the five KDA inputs
         were gathered (q, k, v and g 2048 wide each on the H200 model) and their gradients
         gathered back. A conv output's bits do not depend on the row order (each row sums its
-        own window in a fixed order), so q, k, v are the ones `kda` would gather. None (the
-        caller runs the plain path) where the stash records or supplies the KDA inputs in
-        computed order: producers and consumers of a sharing window."""
-        if self._places is not None or self.record is not None:
+        own window in a fixed order), so q, k, v are the ones `kda` would gather.
+
+        Sharing windows take the same path. A producer records its conv inputs in computed
+        order and its KDA inputs cut straight from the rounds' order (`Stash.record_rounds`).
+        A consumer convolves only the rounds' computed entries, over its own rows and the
+        stashed conv inputs above its roots (no conv over its context rows), and places the
+        producer's stashed KDA inputs of replayed context rows beside them: no tensor over
+        all local rows is built. None (the caller runs the plain path) only for a context
+        that both reads a stash and records one."""
+        if self._places is not None and self.record is not None:
             return None
         from harts.exec.backend import short_conv
         from harts.exec.model.layers import l2_norm
 
-        window_RW = self._round_window(convs[0].shape[1])
-        f, beta = self._kda_in(gate_TR, beta_TH)
+        W = convs[0].shape[1]
+        if self._places is None:
+            window_RW = self._round_window(W)
+            f, beta = self._kda_in(gate_TR, beta_TH)
+            g = gate(f)
+            R, H, K = g.shape
+            if self.record is not None:
+                for name, x in zip("qkv", (q_TD, k_TD, v_TD), strict=True):
+                    self.record.record_input((layer, f"conv:{name}"), (x,))
+            q, k, v = (short_conv(x, w, None, window_TW=window_RW, activation="silu", kernels=self.kernels,
+                                  record=self.kernel_record)
+                       for x, w in zip((q_TD, k_TD, v_TD), convs, strict=True))
+            q, k, v = l2_norm(q.view(R, H, K)), l2_norm(k.view(R, H, K)), v.view(R, H, -1)
+            if self.record is not None:
+                self.record.record_rounds((layer, "kda"), (q, k, v, g, beta), self._kda_out.index_host,
+                                          self.device)
+            return self._kda_rounds(layer, q, k, v, g, beta, scale)
+        if self.stash is None:
+            raise ValueError("a consumer's context runs with its producer's stash bound (TreeContext.bind)")
+        own_in, window_PW, ctx_in, place = self._consumer_rounds(W)
+        f, beta = own_in(gate_TR, beta_TH)
         g = gate(f)
-        R, H, K = g.shape
-        q, k, v = (short_conv(x, w, None, window_TW=window_RW, activation="silu", kernels=self.kernels,
+        P, H, K = g.shape
+        q, k, v = (short_conv(torch.cat([self.stash.inputs[(layer, f"conv:{name}")][0], x]), w, None,
+                              window_TW=window_PW, activation="silu", kernels=self.kernels,
                               record=self.kernel_record)
-                   for x, w in zip((q_TD, k_TD, v_TD), convs, strict=True))
-        q, k = l2_norm(q.view(R, H, K)), l2_norm(k.view(R, H, K))
-        return self._kda_rounds(layer, q, k, v.view(R, H, -1), g, beta, scale)
+                   for name, x, w in zip("qkv", (q_TD, k_TD, v_TD), convs, strict=True))
+        q, k, v = l2_norm(q.view(P, H, K)), l2_norm(k.view(P, H, K)), v.view(P, H, -1)
+        q, k, v, g, beta = place(ctx_in(*self.stash.inputs[(layer, "kda")]), (q, k, v, g, beta))
+        return self._kda_rounds(layer, q, k, v, g, beta, scale)
+
+    def _consumer_rounds(self, W: int) -> tuple[RowGather, Tensor, RowGather, RowPlace]:
+        """A consumer's pieces of the rounds' inputs (built once per conv width): the gather
+        of its computed entries' gate features and beta from computed order, their conv
+        windows over [stashed conv rows | computed rows], and the placement of those entries
+        beside the stashed KDA inputs of the replayed context rows (every entry is one or
+        the other, so nothing is zero-filled)."""
+        if W in self._consumer_pieces:
+            return self._consumer_pieces[W]
+        layout, dev = self.layout, self.device
+        rows_in = self._kda_in.index_host
+        own = layout.computed[rows_in]
+        at_own, at_ctx = np.flatnonzero(own), np.flatnonzero(~own)
+        comp = layout.computed_index
+        pos_in_computed = np.full(layout.num_rows, -1, dtype=np.int64)
+        pos_in_computed[comp] = np.arange(comp.size)
+        own_in = RowGather(pos_in_computed[rows_in[at_own]], comp.size, dev)
+        kept_kda = self.stash.input_rows["kda"]
+        ctx_rows = layout.rows[rows_in[at_ctx]]
+        at_kept = np.searchsorted(kept_kda, ctx_rows)
+        if ctx_rows.size and (at_kept.max() >= kept_kda.size or not np.array_equal(kept_kda[at_kept], ctx_rows)):
+            raise ValueError("the stash does not keep the KDA inputs of every context row the rounds replay")
+        # a context row replayed by several sequences occurs more than once: its stashed
+        # inputs are gathered per occurrence first (few rows), then placed
+        ctx_in = RowGather(at_kept, kept_kda.size, dev)
+        place = RowPlace(rows_in.size, at_own, at_ctx, np.arange(at_ctx.size), at_ctx.size, dev)
+        # conv source rows: the stashed conv inputs (their context rows), then the computed rows
+        kept_conv = self.stash.input_rows["conv"]
+        src_of_local = np.full(layout.num_rows, -1, dtype=np.int64)
+        ctx_idx = layout.context_index
+        at = np.searchsorted(kept_conv, layout.rows[ctx_idx])
+        ok = (at < kept_conv.size) & (kept_conv[np.minimum(at, max(kept_conv.size - 1, 0))] == layout.rows[ctx_idx]) \
+            if kept_conv.size else np.zeros(ctx_idx.size, bool)
+        src_of_local[ctx_idx[ok]] = at[ok]
+        src_of_local[comp] = kept_conv.size + np.arange(comp.size)
+        from harts.exec.ops.conv import window_from_parents
+
+        window = window_from_parents(torch.as_tensor(layout.parent), W).numpy()[rows_in[at_own]]
+        mapped = np.where(window >= 0, src_of_local[np.maximum(window, 0)], -1)
+        if ((window >= 0) & (mapped < 0)).any():
+            raise ValueError("a computed row's conv window reaches a context row the stash does not keep")
+        self._consumer_pieces[W] = (own_in, to_device(mapped, dev, torch.int64), ctx_in, place)
+        return self._consumer_pieces[W]
 
     def _round_window(self, W: int) -> Tensor:
         """[R, W]: the conv window of each row of the KDA rounds' inputs (rows of the local

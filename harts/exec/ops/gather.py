@@ -47,6 +47,7 @@ class RowGather:
             pos = np.flatnonzero(occurrence == k)
             levels.append((pos, index[pos]))
         self.index = to_device(index, device)
+        self.index_host = index
         # every row once, in order (a one-sequence round: a stepwise chain): x[index] is x
         self.identity = index.size == num_rows and bool((index == np.arange(num_rows)).all())
         self.covers_all = bool(levels) and levels[0][0].size == num_rows

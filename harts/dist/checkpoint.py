@@ -53,6 +53,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -151,6 +152,15 @@ def _quiet_no_dist() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
         yield
+
+
+def _describe(err: BaseException) -> str:
+    """One line for an error, DCP's (which wraps each failed rank's exception) included."""
+    if isinstance(err, CheckpointException) and err.failures:
+        rank, failure = min(err.failures.items())
+        inner = failure[0] if isinstance(failure, tuple) else failure
+        return f"rank {rank}: {type(inner).__name__}: {_one_line(inner)}"
+    return f"{type(err).__name__}: {_one_line(err)}"
 
 
 def _one_line(err: BaseException) -> str:
@@ -335,8 +345,8 @@ def save_checkpoint(
         try:
             with _quiet_no_dist():
                 dcp.save(sd, storage_writer=writer, process_group=group, no_dist=not comm.active)
-        except Exception as err:  # DCP has already made every rank raise
-            raise CheckpointError(f"writing {tmp}: {type(err).__name__}: {_one_line(err)}") from None
+        except (Exception, CheckpointException) as err:  # DCP has already made every rank raise
+            raise CheckpointError(f"writing {tmp}: {_describe(err)}") from None
 
         def write_own() -> None:
             _write_json(tmp / _rng_file(comm.rank), rng_state())
@@ -472,9 +482,8 @@ def load_checkpoint(
         load()
     except CheckpointError:
         raise
-    except Exception as err:  # DCP raises on every rank
-        raise CheckpointError(f"{path}: does not load into this model/optimizer: "
-                              f"{type(err).__name__}: {_one_line(err)}") from None
+    except (Exception, CheckpointException) as err:  # DCP raises on every rank
+        raise CheckpointError(f"{path}: does not load into this model/optimizer: {_describe(err)}") from None
     if restore_rng:
         def restore() -> None:
             own = path / _rng_file(comm.rank)

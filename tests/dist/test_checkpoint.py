@@ -355,7 +355,7 @@ def test_a_crash_while_writing_leaves_the_previous_checkpoint(tmp_path, monkeypa
     assert sorted(p.name for p in directory.iterdir()) == ["latest", "step-000001", "step-000002"]
 
 
-# ---- FSDP2 under gloo: saved with dp=2, loaded with dp=1
+# ---- FSDP2 under gloo: a rank killed after a checkpoint; saved with dp=2, loaded with dp=1
 
 
 def _shard(model: torch.nn.Module, mesh) -> torch.nn.Module:
@@ -367,14 +367,18 @@ def _shard(model: torch.nn.Module, mesh) -> torch.nn.Module:
     return fully_shard(model, mesh=mesh)
 
 
-def _dp2_worker(rank: int, world: int, port: int, directory: str, out: str) -> None:
-    """One rank of a dp=2 run: step 1, checkpoint, step 2; rank 0 writes step 2's numbers.
-    Every rank trains on the whole batch, so FSDP's averaged gradient is the batch's and the
+def _dp_worker(rank: int, world: int, port: int, directory: str, steps: int, out: str, kill_after: int = 0) -> None:
+    """One rank of a dp=`world` run of `steps` steps with a checkpoint after each, resuming
+    from `directory`'s latest if there is one; rank 1 SIGKILLs itself once the checkpoint of
+    step `kill_after` is complete. Rank 0 writes each step's numbers and the final weights.
+    Every rank trains on the whole batch, so FSDP's averaged gradient is the batch's and a
     dp=2 step is the single-process step (up to the order of the sharded norm's sums)."""
     from datetime import timedelta
 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
+
+    from harts.dist.checkpoint import CheckpointConfig, Checkpointer
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
@@ -382,39 +386,87 @@ def _dp2_worker(rank: int, world: int, port: int, directory: str, out: str) -> N
         model = build_model(_small_config(), seed=0, dtype=torch.float64)
         _shard(model, init_device_mesh("cpu", (world,), mesh_dim_names=("dp",)))
         trainer = ExpandedTrainer(model, OptimizerConfig(lr=1e-2, grad_clip=1.0))  # over the sharded parameters
+        checkpoints = Checkpointer(CheckpointConfig(Path(directory), every=1), model, trainer.optimizer)
+        resumed = checkpoints.resume()
+        start = 0 if resumed is None else resumed.step
         batch = _trajectories(48)
-        trainer.step(batch, 4096)
-        save_checkpoint(directory, TrainState(1, DataPosition("d", 1)), trainer.model, trainer.optimizer)
-        result = trainer.step(batch, 4096)
-        full = {k: v.full_tensor() for k, v in trainer.model.state_dict().items()}
+        record = {}
+        for step in range(start + 1, steps + 1):
+            result = trainer.step(batch, 4096)
+            record[step] = {**result.losses, "grad_norm": result.grad_norm}
+            checkpoints.after_step(TrainState(step, DataPosition("d", step)))
+            if step == kill_after and rank == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+        full = {k: v.full_tensor() for k, v in model.state_dict().items()}
         if rank == 0:
-            torch.save({"losses": result.losses, "grad_norm": result.grad_norm, "params": full}, out)
+            torch.save({"start": start, "steps": record, "params": full}, out)
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def test_fsdp_dp2_checkpoint_loads_under_dp1_and_the_next_step_agrees(tmp_path, children):
+def _start_dp2(children: _Children, directory: Path, steps: int, out: Path, kill_after: int = 0):
     port = _free_port()
-    directory, out = tmp_path / "ck", tmp_path / "dp2.pt"
-    procs = [children.start([sys.executable, "-c", "from tests.dist.test_checkpoint import _dp2_worker; "
-                             f"_dp2_worker({r}, 2, {port}, {str(directory)!r}, {str(out)!r})"]) for r in range(2)]
+    return [children.start([sys.executable, "-c", "from tests.dist.test_checkpoint import _dp_worker; "
+                            f"_dp_worker({r}, 2, {port}, {str(directory)!r}, {steps}, {str(out)!r}, {kill_after})"])
+            for r in range(2)]
+
+
+def _finish_all(children: _Children, procs) -> None:
     for p in procs:
         rc, _, err = children.finish(p)
         assert rc == 0, err
-    assert read_train_state(latest_checkpoint(directory)).world_size == 2
-    dp2 = torch.load(out, weights_only=True)
 
+
+@pytest.fixture(scope="module")
+def dp2_reference(tmp_path_factory):
+    """An uninterrupted dp=2 run of 3 steps, checkpointing after each: (its directory, its record)."""
+    base = tmp_path_factory.mktemp("dp2")
+    c = _Children()
+    try:
+        _finish_all(c, _start_dp2(c, base / "ck", 3, base / "out.pt"))
+    finally:
+        c.close()
+    return base / "ck", torch.load(base / "out.pt", weights_only=True)
+
+
+def test_dp2_rank_killed_after_a_checkpoint_resumes_bit_identically(tmp_path, children, dp2_reference):
+    _, reference = dp2_reference
+    directory, out = tmp_path / "ck", tmp_path / "out.pt"
+    rank0, rank1 = _start_dp2(children, directory, 3, out, kill_after=1)
+    rc, _, err = children.finish(rank1)
+    assert rc == -signal.SIGKILL, err
+    rank0.kill()  # its peer is gone: the run is over (gloo would fail it at the next collective)
+    children.finish(rank0)
+    assert latest_checkpoint(directory).name == "step-000001" and not out.exists()
+
+    _finish_all(children, _start_dp2(children, directory, 3, out))
+    resumed = torch.load(out, weights_only=True)
+    assert resumed["start"] == 1 and sorted(resumed["steps"]) == [2, 3]
+    for step in (2, 3):
+        assert resumed["steps"][step] == reference["steps"][step], step
+    assert resumed["params"].keys() == reference["params"].keys()
+    for k, v in resumed["params"].items():
+        assert torch.equal(v, reference["params"][k]), k
+
+
+def test_fsdp_dp2_checkpoint_loads_under_dp1_and_the_next_step_agrees(dp2_reference):
+    directory, reference = dp2_reference
+    path = directory / "step-000001"
+    assert read_train_state(path).world_size == 2
     trainer = _trainer(seed=9)  # other initial weights: everything must come from the checkpoint
-    assert load_checkpoint(latest_checkpoint(directory), trainer.model, trainer.optimizer).step == 1
+    assert load_checkpoint(path, trainer.model, trainer.optimizer).step == 1
     result = trainer.step(_trajectories(48), 4096)
 
-    for k in ("loss", "pg_loss", "entropy", "aux_loss"):
-        assert abs(result.losses[k] - dp2["losses"][k]) <= 1e-12 * max(1.0, abs(dp2["losses"][k])), k
-    assert abs(result.grad_norm - dp2["grad_norm"]) <= 1e-12 * dp2["grad_norm"]
+    ref = reference["steps"][2]
+    for k in ("loss", "pg_loss", "entropy", "aux_loss", "grad_norm"):
+        value = result.grad_norm if k == "grad_norm" else result.losses[k]
+        assert abs(value - ref[k]) <= 1e-12 * max(1.0, abs(ref[k])), (k, value, ref[k])
+    # after step 2 the weights equal the dp=2 run's after its step 2: its step-2 checkpoint
     params = trainer.model.state_dict()
-    assert params.keys() == dp2["params"].keys()
-    for k, v in params.items():
-        ref = dp2["params"][k]
-        err = float((v - ref).abs().max())
-        assert err <= 1e-12 * max(1.0, float(ref.abs().max())), (k, err)
+    saved = _trainer(seed=4)
+    load_checkpoint(directory / "step-000002", saved.model, saved.optimizer, restore_rng=False)
+    assert params.keys() == saved.model.state_dict().keys()
+    for k, want in saved.model.state_dict().items():
+        err = float((params[k] - want).abs().max())
+        assert err <= 1e-12 * max(1.0, float(want.abs().max())), (k, err)

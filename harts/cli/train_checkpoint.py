@@ -63,9 +63,11 @@ def data_source(args: argparse.Namespace) -> str:
 
 class RunCheckpoints:
     """The run's checkpointing: `start` is the number of steps already done, `after_step`
-    saves when due. Built after the trainer, so the checkpoint loads into its model and optimizer."""
+    saves when due. Built after the trainer, so the checkpoint loads into its model and optimizer;
+    under a process group every rank builds one with its own (sharded) model and `group`
+    (default: the default group, when one is initialized)."""
 
-    def __init__(self, args: argparse.Namespace, model: Any, optimizer: Any):
+    def __init__(self, args: argparse.Namespace, model: Any, optimizer: Any, *, group: Any = None):
         self.args = args
         self.start = 0
         self.checkpointer = None
@@ -76,7 +78,7 @@ class RunCheckpoints:
         self.source = data_source(args)
         self.meta = {k: getattr(args, k) for k in _RUN_FLAGS}
         self.checkpointer = Checkpointer(CheckpointConfig(Path(args.checkpoint_dir), every=args.checkpoint_every),
-                                         model, optimizer)
+                                         model, optimizer, group=group)
         try:
             latest = self.checkpointer.latest()
             if latest is not None and not args.resume:

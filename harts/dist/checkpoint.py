@@ -373,10 +373,9 @@ def save_checkpoint(
             os.replace(tmp, final)
             _fsync_dir(directory)
             _write_atomic(directory / LATEST, final.name + "\n")
-            if keep is not None:
-                for _, old in _step_dirs(directory)[:-keep]:
-                    if old.name != final.name:
-                        shutil.rmtree(old)
+            if keep is not None:  # the newest `keep` up to this step (a later one is a crash's orphan)
+                for _, old in [d for d in _step_dirs(directory) if d[0] <= state.step][:-keep]:
+                    shutil.rmtree(old)
 
         comm.run(finalize, f"finalizing {final}")
     except BaseException:

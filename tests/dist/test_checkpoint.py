@@ -470,3 +470,11 @@ def test_fsdp_dp2_checkpoint_loads_under_dp1_and_the_next_step_agrees(dp2_refere
     for k, want in saved.model.state_dict().items():
         err = float((params[k] - want).abs().max())
         assert err <= 1e-12 * max(1.0, float(want.abs().max())), (k, err)
+
+
+def test_keep_prunes_older_checkpoints_but_never_the_new_one(tmp_path):
+    trainer = _trainer()
+    for step in (1, 2, 3):
+        save_checkpoint(tmp_path, TrainState(step, DataPosition("d", step)), trainer.model, trainer.optimizer, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-000002", "step-000003"]
+    assert latest_checkpoint(tmp_path).name == "step-000003"

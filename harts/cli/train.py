@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import itertools
 
+from harts.cli import train_checkpoint
 from harts.cli.common import UserError, format_table, print_json, rollout_error
 
 # Refuse to build models this large on a CPU: the Table 1 configs are for GPUs (and the
@@ -40,6 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--recompute", action="store_true", help="activation recomputation per layer")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    train_checkpoint.add_flags(p)
     p.set_defaults(func=cmd_train)
 
 
@@ -65,6 +67,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
     if args.microbatch_tokens < 1:
         raise UserError(f"--microbatch-tokens must be >= 1, got {args.microbatch_tokens}")
+    train_checkpoint.check_flags(args)
 
     from harts.config.models import ConfigError, get_model_config, parameter_counts
 
@@ -124,16 +127,18 @@ def cmd_train(args: argparse.Namespace) -> int:
         PolicyLossConfig(agg_mode=args.agg_mode, kl_coef=args.kl_coef),
     )
 
+    checkpoints = train_checkpoint.RunCheckpoints(args, trainer.model, trainer.optimizer)
     records = []
     if args.old_logprobs == "recompute":  # each step's batch depends on the model the last step left
         def results():
-            for _ in range(args.steps):
+            for _ in range(checkpoints.start, args.steps):
                 yield trainer.step(trainer.recompute_old_logprobs(trajectories, args.microbatch_tokens),
                                    args.microbatch_tokens)
         stream = results()
     else:  # the same batch every step: its data side is prepared one step ahead
-        stream = run_steps(trainer, itertools.repeat(trajectories, args.steps), args.microbatch_tokens)
-    for step, result in enumerate(stream, start=1):
+        stream = run_steps(trainer, itertools.repeat(trajectories, args.steps - checkpoints.start),
+                           args.microbatch_tokens)
+    for step, result in enumerate(stream, start=checkpoints.start + 1):
         rec = {
             "step": step,
             **{k: v for k, v in result.losses.items()},
@@ -146,13 +151,16 @@ def cmd_train(args: argparse.Namespace) -> int:
             "tokens_per_s": result.tokens_per_second,
         }
         records.append(rec)
+        saved = checkpoints.after_step(step)
         if not args.json:
-            if step == 1:
+            if step == checkpoints.start + 1:
                 print(f"{config.name} ({args.mode}): {len(trajectories)} trajectories, {result.tokens} tokens "
                       f"-> {result.executed_rows} executed rows, {len(result.microbatches)} microbatches "
                       f"of <= {args.microbatch_tokens} tokens, {device}")
             print(f"step {step}  loss {rec['loss']:.6f}  pg {rec['pg_loss']:.6f}  aux {rec['aux_loss']:.3e}  "
                   f"grad_norm {rec['grad_norm']:.4f}  {rec['tokens_per_s']:,.0f} tok/s", flush=True)
+            if saved is not None:
+                print(f"checkpoint {saved}", flush=True)
     if args.json:
         print_json({"model": config.name, "mode": args.mode, "steps": records})
     else:

@@ -1,0 +1,1 @@
+"""Distributed execution on torch.distributed: checkpointing (`checkpoint`)."""

@@ -147,6 +147,7 @@ def run_case(kind: str, trajs, budget: int, args) -> dict:
     if plan is not None:
         out["windows"] = [{"producer": w.producer, "consumers": w.consumers, "producer_rows": w.producer_rows,
                            "context_rows_read": w.context_rows_read, "retained_bytes": w.retained_bytes,
+                           "held_bytes": w.held_bytes,
                            "plan_retained_tokens": plan.producer_retention * w.producer_rows}
                           for w in trainer.windows]
         out["producer_retention"] = plan.producer_retention
@@ -342,7 +343,9 @@ def main(argv: list[str]) -> int:
             if act_per_row and "windows" in win:
                 s["retained"] = [{"retained_bytes": w["retained_bytes"],
                                   "plan_estimate_bytes": w["plan_retained_tokens"] * act_per_row,
-                                  "measured_retention": w["retained_bytes"] / (w["producer_rows"] * act_per_row)}
+                                  "measured_retention": w["retained_bytes"] / (w["producer_rows"] * act_per_row),
+                                  "held_bytes": w.get("held_bytes"),
+                                  "measured_held_retention": (w.get("held_bytes") or 0) / (w["producer_rows"] * act_per_row)}
                                  for w in win["windows"]]
                 s["activation_bytes_per_row_unsplit"] = act_per_row
             summary[f"{wl}@{b}"] = s

@@ -73,6 +73,10 @@ class WindowStats:
     producer: int
     consumers: list[int]
     retained_bytes: int = 0
+    # CUDA: device memory the producer still held at the end of its forward (its autograd
+    # graph, its loss's saved tensors and the stash), measured as the change in allocated
+    # memory since its microbatch started; 0 elsewhere
+    held_bytes: int = 0
     producer_rows: int = 0
     context_rows_read: int = 0
 
@@ -85,6 +89,7 @@ class _Window:
     stash: Stash | None = None
     loss: torch.Tensor | None = None
     done: int = 0
+    mem_start: int = 0
     stats: WindowStats = field(default=None)  # type: ignore[assignment]
     # the contexts holding the window's state: released after the producer's backward
     producer_ctx: TreeContext | None = None
@@ -117,6 +122,8 @@ class _WindowRun:
             w.stash.keep(w.needs, out.hidden_TD)
             w.loss = loss
             w.stats.retained_bytes = w.stash.retained_bytes()
+            if ctx.device.type == "cuda":
+                w.stats.held_bytes = torch.cuda.memory_allocated(ctx.device) - w.mem_start
             tr = self.trainer
             tr._open_bytes += w.stats.retained_bytes
             tr.peak_retained_bytes = max(tr.peak_retained_bytes, tr._open_bytes)
@@ -141,6 +148,8 @@ class _WindowRun:
                 ctx.start_recording()
                 w = _Window(mb_id, self.consumers[mb_id], needs=ctx.record.needs, producer_ctx=ctx)
                 w.stats = WindowStats(mb_id, w.consumers, producer_rows=int(ctx.num_rows))
+                if ctx.device.type == "cuda":
+                    w.mem_start = torch.cuda.memory_allocated(ctx.device)
                 self.open[mb_id] = w
             yield mb
             if window is not None:

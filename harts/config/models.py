@@ -387,6 +387,7 @@ class ModelName(StrEnum):
     TINY = "tiny"
     FLASH = "flash"
     TINY_H200 = "tiny-h200"
+    QWEN3_NEXT_80B_A3B = "qwen3-next-80b-a3b"
 
 
 # Table 1 of the HARTS paper (total / active parameters, billions): what `tiny` and `flash`
@@ -477,5 +478,28 @@ _register(
         qk_rope_head_dim=64, v_head_dim=128, use_rope=False,
         num_dense_layers=1, dense_ffn_dim=8192, num_experts=64, top_k=8, expert_ffn_dim=512,
         num_shared_experts=1, router="sigmoid", aux_loss_coef=1e-3,
+    ),
+)
+
+# Qwen3-Next-80B-A3B (Qwen/Qwen3-Next-80B-A3B-Instruct's config.json, as published): 48
+# layers in 12 groups of 3 Gated DeltaNet (16 q/k heads, 32 value heads, 128 x 128) + 1
+# gated attention (16 query heads, 2 key/value heads, head dim 256, a quarter of it rotated,
+# rope_theta 1e7); every layer MoE: 512 experts of 512, top-10 softmax routing renormalised,
+# one gated shared expert of 512; zero-centred norms (eps 1e-6), untied 151,936-token
+# embeddings. Its multi-token-prediction head (`mtp.*`) is not part of the model. What
+# `harts.models.hf.qwen3_next.to_config` gives for that config.json (name aside).
+# Analytic count: 79.7B total / 3.87B active (3.25B without the embedding and LM head).
+_register(
+    ModelName.QWEN3_NEXT_80B_A3B,
+    ModelConfig(
+        name="qwen3-next-80b-a3b", vocab_size=151_936, d_model=2048, num_layers=48, kda_per_mla=0,
+        layer_kind_list=tuple(LayerKind.GATED_ATTENTION if (i + 1) % 4 == 0 else LayerKind.GDN for i in range(48)),
+        ffn_kind_list=(FFNKind.MOE,) * 48, conv_window=4, chunk_size=64,
+        gdn_num_k_heads=16, gdn_num_v_heads=32, gdn_head_k_dim=128, gdn_head_v_dim=128,
+        attn_num_heads=16, attn_num_kv_heads=2, attn_head_dim=256, attn_rotary_dim=64, rope_theta=10_000_000.0,
+        num_dense_layers=0, dense_ffn_dim=5120, num_experts=512, top_k=10, expert_ffn_dim=512,
+        num_shared_experts=1, shared_expert_ffn_dim=512, shared_expert_gate=True, router="softmax",
+        norm_topk_prob=True, aux_loss_coef=0.0, norm_eps=1e-6, norm_float32=True, norm_offset=True,
+        tie_embeddings=False, init_std=0.02,
     ),
 )

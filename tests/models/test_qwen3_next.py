@@ -42,7 +42,7 @@ HF_CONFIG = dict(
     linear_conv_kernel_dim=4, linear_key_head_dim=6, linear_value_head_dim=5,
     linear_num_key_heads=2, linear_num_value_heads=4,
     moe_intermediate_size=10, shared_expert_intermediate_size=14, num_experts_per_tok=2, num_experts=4,
-    mlp_only_layers=[1], norm_topk_prob=True, rms_norm_eps=1e-6,
+    mlp_only_layers=[1], norm_topk_prob=True, rms_norm_eps=1e-6, initializer_range=0.3,
     layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
 )
@@ -221,3 +221,77 @@ def test_tree_equals_expanded_in_float64(hf_model):
         assert err <= 1e-10 * max(1.0, abs(ref.losses[k])), (k, err)
     # every parameter received a gradient (routers, shared gates, norms, A_log, dt_bias ...)
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in tree_model.parameters())
+
+
+# Qwen/Qwen3-Next-80B-A3B-Instruct's config.json (the fields that shape the model)
+PUBLISHED_80B = {
+    "model_type": "qwen3_next", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5120,
+    "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+    "hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "attention_bias": False,
+    "attention_dropout": 0.0, "rope_theta": 10000000, "partial_rotary_factor": 0.25, "rope_scaling": None,
+    "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+    "decoder_sparse_step": 1, "mlp_only_layers": [], "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512, "num_experts_per_tok": 10, "num_experts": 512,
+    "norm_topk_prob": True, "router_aux_loss_coef": 0.001, "output_router_logits": False,
+    "initializer_range": 0.02, "max_position_embeddings": 262144,
+}
+
+
+def test_registered_80b_is_the_published_config_and_its_size():
+    from harts.config.models import get_model_config
+
+    registered = get_model_config("qwen3-next-80b-a3b")
+    assert ADAPTER.to_config(PUBLISHED_80B).replace(name=registered.name) == registered
+    counts = parameter_counts(registered)
+    # published: 80B total, 3B activated ("A3B", which leaves out the embedding and LM head)
+    assert abs(counts.total / 80e9 - 1) <= 0.02, counts.total
+    non_embedding_active = counts.active - counts.by_component["embedding"] - counts.by_component["lm_head"]
+    assert 3.0e9 <= non_embedding_active <= 3.5e9, non_embedding_active
+
+
+def test_simulator_counts_the_qwen3_next_layers():
+    from harts.config.models import get_model_config
+    from harts.config.parallel import ParallelConfig
+    from harts.sim.costs import make_cost_model
+    from harts.sim.hardware import load_hardware
+    from harts.sim.ops import OpKind, Phase
+    from harts.sim.parallel import stage_layers
+    from harts.sim.work import expanded_microbatch
+
+    model = get_model_config("qwen3-next-80b-a3b")
+    lays = stage_layers(model, 2)
+    assert sum(s.num_gdn for s in lays) == 36 and sum(s.num_gated_attention for s in lays) == 12
+    cost = make_cost_model("roofline", model, ParallelConfig(dp=4, pp=2, ep=4), load_hardware("h200"))
+    dense = sum(cost.stages[s].stage_params()[0] for s in range(2))
+    experts = sum(cost.stages[s].stage_params()[1] for s in range(2))
+    assert dense + experts == parameter_counts(model).total
+    n = 4096
+    w = expanded_microbatch(0, 0, [n])
+    ops = [op for s in range(2) for op in cost.stages[s].pass_ops(Phase.FWD, [w])]
+    names = {op.name for op in ops}
+    assert {"gdn.core", "gattn.attention", "moe.shared_expert_gate"} <= names
+    assert not any(name.startswith(("kda.", "mla.")) for name in names)
+    # forward GEMMs do 2 FLOPs per active weight per row; routed experts run k of E per row
+    gemm = sum(op.flops for op in ops if op.kind == OpKind.GEMM)
+    active = parameter_counts(model).active - parameter_counts(model).by_component["embedding"]
+    assert gemm == pytest.approx(2 * n * active, rel=0.01)
+    assert cost.forward(0, [w]).seconds > 0 and cost.backward(1, [w]).seconds > 0
+
+
+@pytest.mark.parametrize("planner", [None, "l1l2"])
+def test_verify_step_tree_equals_expanded(planner):
+    """`harts verify`'s check on the Qwen3-Next shape: whole trees, and a planner's plan with
+    a sharing window (the GDN conv inputs, KDA-round inputs and states handed from producer
+    to consumer), with and without replay."""
+    from harts.verify.equivalence import verify_step
+
+    config = ADAPTER.to_config(Qwen3NextConfig(**HF_CONFIG).to_dict()).replace(chunk_size=CHUNK)
+    r = verify_step(_forked_trajectories(2), model=config, dtype=torch.float64, planner=planner,
+                    microbatch_tokens=48)
+    assert r["max_rel_logprob_err"] <= 1e-10 and r["max_rel_grad_err"] <= 1e-10, r
+    assert r["no_replay"]["max_rel_grad_err"] <= 1e-10, r["no_replay"]
+    assert r["kda_layer"]["replay"]["bit_identical"]
+    assert r["rounds"] >= 2
+    if planner is not None:
+        assert r["sharing_windows"] >= 1

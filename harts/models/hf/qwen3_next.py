@@ -21,8 +21,6 @@ transformers reads and writes.
 
 from __future__ import annotations
 
-import re
-
 import torch
 from torch import Tensor
 
@@ -132,7 +130,6 @@ _ATTN_KEYS = {f"self_attn.{k}.weight": f"mixer.{k}.weight" for k in
 _DENSE_KEYS = {f"mlp.{k}.weight": f"ffn.{k}.weight" for k in ("gate_proj", "up_proj", "down_proj")}
 _MOE_KEYS = {"mlp.gate.weight": "ffn.router.weight", "mlp.shared_expert_gate.weight": "ffn.shared_gate.weight",
              **{f"mlp.shared_expert.{k}.weight": f"ffn.shared.{k}.weight" for k in ("gate_proj", "up_proj", "down_proj")}}
-_PER_EXPERT = re.compile(r"mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
 
 
 def _take(sd: dict[str, Tensor], used: set[str], key: str) -> Tensor:

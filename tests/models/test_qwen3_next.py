@@ -188,11 +188,11 @@ def _forked_trajectories(seed: int) -> list[Trajectory]:
 
     for g, fork in enumerate((3, CHUNK, CHUNK + 1)):
         prefix = tok(fork)
-        for j, tail in enumerate((5, 11, 2)):
+        for tail in (5, 11, 2):
             trajs.append((f"g{g}", prefix + tok(tail)))
     root = tok(5)
     mid = root + tok(2 * CHUNK - 2)
-    for j, seq in enumerate((root + tok(6), mid + tok(4), mid + tok(9), mid + tok(1))):
+    for seq in (root + tok(6), mid + tok(4), mid + tok(9), mid + tok(1)):
         trajs.append(("deep", seq))
     return [
         Trajectory.make(f"t{i}", group, tokens, advantage=float(rng.normal()), ref_logprobs=-rng.random(len(tokens)))
@@ -295,3 +295,23 @@ def test_verify_step_tree_equals_expanded(planner):
     assert r["rounds"] >= 2
     if planner is not None:
         assert r["sharing_windows"] >= 1
+
+
+def test_tied_embeddings_map_without_an_lm_head_tensor():
+    cfg = Qwen3NextConfig(**{**HF_CONFIG, "tie_word_embeddings": True})
+    config = ADAPTER.to_config(cfg.to_dict())
+    assert config.tie_embeddings
+    torch.manual_seed(0)
+    model = HybridModel(config).to(torch.float64)
+    hf = ADAPTER.to_hf(model.state_dict(), config, cfg.to_dict())
+    assert "lm_head.weight" not in hf  # a tied checkpoint's files hold the embedding only
+    back = ADAPTER.to_harts(hf, config)
+    assert sorted(back) == sorted(model.state_dict())
+    assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
+    # a state dict that lists the tied head too (transformers' state_dict()) maps the same
+    with_head = {**hf, "lm_head.weight": hf["model.embed_tokens.weight"]}
+    assert all(torch.equal(ADAPTER.to_harts(with_head, config)[k], back[k]) for k in back)
+    from harts.exec.model.weights import WeightLoadError
+
+    with pytest.raises(WeightLoadError, match="lm_head.weight"):
+        ADAPTER.to_harts({**hf, "lm_head.weight": hf["model.embed_tokens.weight"] + 1}, config)

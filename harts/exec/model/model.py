@@ -25,9 +25,9 @@ from torch.utils.checkpoint import checkpoint
 
 from harts.config.models import FFNKind, LayerKind, ModelConfig, get_model_config
 from harts.exec.model.context import MixingContext
-from harts.exec.model.kda import KDAMixer
 from harts.exec.model.gated_attention import GatedAttentionMixer
 from harts.exec.model.gdn import GDNMixer
+from harts.exec.model.kda import KDAMixer
 from harts.exec.model.layers import OffsetRMSNorm, RMSNorm, SwiGLU
 from harts.exec.model.mla import MLAMixer
 from harts.exec.model.moe import MoE

@@ -4,8 +4,6 @@ the decay's shape)."""
 
 from __future__ import annotations
 
-import torch
-
 from harts.exec.ops.kda.common import check_cu_seqlens, compute_dtype
 
 

@@ -125,6 +125,15 @@ class TokenPairCost:
         # chunkwise KDA per token: state read/update (~3 K x V products) and the
         # intra-chunk attention over B positions (K + V), forward; backward ~2x
         kda_flops = 3.0 * c.num_kda_layers * h * 2.0 * (3 * k * v + b * (k + v))
+        # Qwen3-Next's layers, where the config has them: gated attention pairs over its query
+        # heads (qk and v dims both attn_head_dim), GDN as the same chunkwise recurrence
+        kinds = list(getattr(c, "layer_kinds", ()))
+        n_ga, n_gdn = kinds.count("gated_attention"), kinds.count("gdn")
+        if n_ga:
+            pair_flops += 3.0 * n_ga * c.attn_num_heads * 2.0 * (2 * c.attn_head_dim)
+        if n_gdn:
+            gh, gk, gv = c.gdn_num_v_heads, c.gdn_head_k_dim, c.gdn_head_v_dim
+            kda_flops += 3.0 * n_gdn * gh * 2.0 * (3 * gk * gv + b * (gk + gv))
         token_flops = 6.0 * active_params + kda_flops
         return cls(pair_weight=pair_flops / token_flops)
 

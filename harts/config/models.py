@@ -31,6 +31,10 @@ class ConfigError(ValueError):
 class LayerKind(StrEnum):
     KDA = "kda"
     MLA = "mla"
+    # Qwen3-Next's linear attention: the gated delta rule with one decay per head
+    # (`harts.exec.model.gdn`), and its gated full attention (`harts.exec.model.gated_attention`)
+    GDN = "gdn"
+    GATED_ATTENTION = "gated_attention"
 
 
 class FFNKind(StrEnum):
@@ -95,6 +99,33 @@ class ModelConfig:
     norm_float32: bool = False
     tie_embeddings: bool = False
     init_std: float = 0.02
+    # --- Qwen3-Next (GDN + gated attention); defaults leave every other model unchanged ---
+    # Per-layer kinds as data (a checkpoint's `layer_types` / `mlp_only_layers`); None = the
+    # kda_per_mla / num_dense_layers pattern above.
+    layer_kind_list: tuple[LayerKind, ...] | None = None
+    ffn_kind_list: tuple[FFNKind, ...] | None = None
+    # Gated DeltaNet: q/k heads, value heads (a multiple: each q/k head serves
+    # gdn_num_v_heads / gdn_num_k_heads consecutive value heads), head dims. Its conv window
+    # is conv_window, its chunk size chunk_size.
+    gdn_num_k_heads: int = 2
+    gdn_num_v_heads: int = 2
+    gdn_head_k_dim: int = 32
+    gdn_head_v_dim: int = 32
+    # Gated full attention: query heads, key/value heads (GQA), head dim, rotated leading
+    # channels of each head (partial RoPE at the row's depth, rope_theta).
+    attn_num_heads: int = 2
+    attn_num_kv_heads: int = 2
+    attn_head_dim: int = 32
+    attn_rotary_dim: int = 16
+    # MoE variants: the shared expert's hidden width (None = expert_ffn_dim x
+    # num_shared_experts), a sigmoid gate on the shared expert's output (Linear d -> 1), and
+    # whether the top-k weights are renormalised to sum to one.
+    shared_expert_ffn_dim: int | None = None
+    shared_expert_gate: bool = False
+    norm_topk_prob: bool = True
+    # Zero-centred RMSNorm weights (Qwen3-Next): the stored weight w scales by (1 + w), for the
+    # block norms, the final norm and the attention q/k norms.
+    norm_offset: bool = False
 
     def validate(self) -> ModelConfig:
         """Raise ConfigError naming the first inconsistent field; return self when valid."""
@@ -111,7 +142,8 @@ class ModelConfig:
         if not self.name:
             raise ConfigError("name: must be non-empty")
         group = self.kda_per_mla + 1
-        if self.num_layers % group:
+        self._validate_kind_lists()
+        if self.layer_kind_list is None and self.num_layers % group:
             raise ConfigError(
                 f"kda_per_mla: a KDA:MLA ratio of {self.kda_per_mla}:1 needs num_layers to be a "
                 f"multiple of {group}, got num_layers={self.num_layers}"
@@ -129,7 +161,7 @@ class ModelConfig:
             raise ConfigError(
                 f"num_dense_layers: {self.num_dense_layers} > num_layers {self.num_layers}"
             )
-        if self.num_dense_layers and self.dense_ffn_dim < 1:
+        if self.num_dense_layers_effective and self.dense_ffn_dim < 1:
             raise ConfigError("dense_ffn_dim: must be >= 1 when there are dense FFN layers")
         if self.num_moe_layers:
             if self.num_experts < 1:
@@ -156,7 +188,43 @@ class ModelConfig:
             raise ConfigError(f"norm_float32: must be true or false, got {self.norm_float32!r}")
         if not self.rope_theta > 0:
             raise ConfigError("rope_theta: must be > 0")
+        self._validate_qwen3_next()
         return self
+
+    def _validate_kind_lists(self) -> None:
+        for field, enum in (("layer_kind_list", LayerKind), ("ffn_kind_list", FFNKind)):
+            kinds = getattr(self, field)
+            if kinds is None:
+                continue
+            if not isinstance(kinds, tuple) or len(kinds) != self.num_layers:
+                raise ConfigError(f"{field}: must be a tuple of num_layers={self.num_layers} kinds, got {kinds!r}")
+            for k in kinds:
+                if k not in set(enum):
+                    raise ConfigError(f"{field}: unknown kind {k!r}; known: {', '.join(enum)}")
+
+    def _validate_qwen3_next(self) -> None:
+        kinds = set(self.layer_kinds)
+        if LayerKind.GDN in kinds:
+            for f in ("gdn_num_k_heads", "gdn_num_v_heads", "gdn_head_k_dim", "gdn_head_v_dim"):
+                _check_int(f, getattr(self, f), minimum=1)
+            if self.gdn_num_v_heads % self.gdn_num_k_heads:
+                raise ConfigError(f"gdn_num_v_heads: {self.gdn_num_v_heads} must be a multiple of "
+                                  f"gdn_num_k_heads={self.gdn_num_k_heads}")
+        if LayerKind.GATED_ATTENTION in kinds:
+            for f in ("attn_num_heads", "attn_num_kv_heads", "attn_head_dim"):
+                _check_int(f, getattr(self, f), minimum=1)
+            _check_int("attn_rotary_dim", self.attn_rotary_dim, minimum=0)
+            if self.attn_num_heads % self.attn_num_kv_heads:
+                raise ConfigError(f"attn_num_kv_heads: {self.attn_num_kv_heads} must divide "
+                                  f"attn_num_heads={self.attn_num_heads}")
+            if self.attn_rotary_dim % 2 or self.attn_rotary_dim > self.attn_head_dim:
+                raise ConfigError(f"attn_rotary_dim: must be even and <= attn_head_dim={self.attn_head_dim}, "
+                                  f"got {self.attn_rotary_dim}")
+        if self.shared_expert_ffn_dim is not None:
+            _check_int("shared_expert_ffn_dim", self.shared_expert_ffn_dim, minimum=1)
+        for f in ("shared_expert_gate", "norm_topk_prob", "norm_offset"):
+            if not isinstance(getattr(self, f), bool):
+                raise ConfigError(f"{f}: must be true or false, got {getattr(self, f)!r}")
 
     def check_tree_mode(self) -> None:
         """Tree mode routes each compact row once and weights it by its occurrence count;
@@ -172,6 +240,8 @@ class ModelConfig:
 
     @property
     def layer_kinds(self) -> tuple[LayerKind, ...]:
+        if self.layer_kind_list is not None:
+            return tuple(LayerKind(k) for k in self.layer_kind_list)
         group = self.kda_per_mla + 1
         return tuple(
             LayerKind.MLA if (i + 1) % group == 0 else LayerKind.KDA for i in range(self.num_layers)
@@ -179,6 +249,8 @@ class ModelConfig:
 
     @property
     def ffn_kinds(self) -> tuple[FFNKind, ...]:
+        if self.ffn_kind_list is not None:
+            return tuple(FFNKind(k) for k in self.ffn_kind_list)
         return tuple(
             FFNKind.DENSE if i < self.num_dense_layers else FFNKind.MOE
             for i in range(self.num_layers)
@@ -194,7 +266,22 @@ class ModelConfig:
 
     @property
     def num_moe_layers(self) -> int:
-        return self.num_layers - self.num_dense_layers
+        return self.ffn_kinds.count(FFNKind.MOE)
+
+    @property
+    def num_dense_layers_effective(self) -> int:
+        """Dense-FFN layers: num_dense_layers, or those of ffn_kind_list when given."""
+        return self.ffn_kinds.count(FFNKind.DENSE)
+
+    @property
+    def shared_ffn_dim(self) -> int:
+        """Hidden width of the shared experts of an MoE layer (0: none)."""
+        if self.shared_expert_ffn_dim is not None:
+            return self.shared_expert_ffn_dim
+        return self.expert_ffn_dim * self.num_shared_experts
+
+    def num_layers_of(self, kind: LayerKind) -> int:
+        return self.layer_kinds.count(kind)
 
     @property
     def gate_rank(self) -> int:
@@ -249,6 +336,20 @@ def mla_layer_params(c: ModelConfig) -> int:
     return q + kv_a + kv_b + o
 
 
+def gdn_layer_params(c: ModelConfig) -> int:
+    """Gated DeltaNet (Qwen3-Next): in_proj_qkvz, in_proj_ba, one conv over q|k|v, A_log and
+    dt_bias per value head, the gated norm's weight, out_proj."""
+    d, hk, hv, k, v, w = c.d_model, c.gdn_num_k_heads, c.gdn_num_v_heads, c.gdn_head_k_dim, c.gdn_head_v_dim, c.conv_window
+    qkv = 2 * hk * k + hv * v
+    return d * (qkv + hv * v) + d * 2 * hv + w * qkv + 2 * hv + v + hv * v * d
+
+
+def gated_attention_layer_params(c: ModelConfig) -> int:
+    """Qwen3-Next gated attention: q_proj (query and gate), k_proj, v_proj, o_proj, q/k norms."""
+    d, h, kv, hd = c.d_model, c.attn_num_heads, c.attn_num_kv_heads, c.attn_head_dim
+    return d * 2 * h * hd + 2 * d * kv * hd + h * hd * d + 2 * hd
+
+
 def parameter_counts(config: ModelConfig) -> ParamCounts:
     """Exact parameter counts of `harts.exec.model.HybridModel(config)` without building it."""
     c = config.validate()
@@ -259,11 +360,18 @@ def parameter_counts(config: ModelConfig) -> ParamCounts:
         "norms": (2 * c.num_layers + 1) * d,
         "kda": c.num_kda_layers * kda_layer_params(c),
         "mla": c.num_mla_layers * mla_layer_params(c),
-        "dense_ffn": c.num_dense_layers * 3 * d * c.dense_ffn_dim,
+        "dense_ffn": c.num_dense_layers_effective * 3 * d * c.dense_ffn_dim,
         "router": c.num_moe_layers * c.num_experts * d,
-        "shared_experts": c.num_moe_layers * 3 * d * c.expert_ffn_dim * c.num_shared_experts,
+        "shared_experts": c.num_moe_layers * 3 * d * c.shared_ffn_dim,
         "routed_experts": c.num_moe_layers * c.num_experts * 3 * d * c.expert_ffn_dim,
     }
+    # Qwen3-Next components, listed only when present (other models' breakdowns unchanged)
+    extra = {
+        "gdn": c.num_layers_of(LayerKind.GDN) * gdn_layer_params(c),
+        "gated_attention": c.num_layers_of(LayerKind.GATED_ATTENTION) * gated_attention_layer_params(c),
+        "shared_expert_gate": c.num_moe_layers * d if c.shared_expert_gate and c.shared_ffn_dim else 0,
+    }
+    comp.update({k: n for k, n in extra.items() if n})
     active = dict(comp)
     if c.num_moe_layers:
         active["routed_experts"] = c.num_moe_layers * c.top_k * 3 * d * c.expert_ffn_dim
@@ -279,6 +387,7 @@ class ModelName(StrEnum):
     TINY = "tiny"
     FLASH = "flash"
     TINY_H200 = "tiny-h200"
+    QWEN3_NEXT_80B_A3B = "qwen3-next-80b-a3b"
 
 
 # Table 1 of the HARTS paper (total / active parameters, billions): what `tiny` and `flash`
@@ -369,5 +478,28 @@ _register(
         qk_rope_head_dim=64, v_head_dim=128, use_rope=False,
         num_dense_layers=1, dense_ffn_dim=8192, num_experts=64, top_k=8, expert_ffn_dim=512,
         num_shared_experts=1, router="sigmoid", aux_loss_coef=1e-3,
+    ),
+)
+
+# Qwen3-Next-80B-A3B (Qwen/Qwen3-Next-80B-A3B-Instruct's config.json, as published): 48
+# layers in 12 groups of 3 Gated DeltaNet (16 q/k heads, 32 value heads, 128 x 128) + 1
+# gated attention (16 query heads, 2 key/value heads, head dim 256, a quarter of it rotated,
+# rope_theta 1e7); every layer MoE: 512 experts of 512, top-10 softmax routing renormalised,
+# one gated shared expert of 512; zero-centred norms (eps 1e-6), untied 151,936-token
+# embeddings. Its multi-token-prediction head (`mtp.*`) is not part of the model. What
+# `harts.models.hf.qwen3_next.to_config` gives for that config.json (name aside).
+# Analytic count: 79.7B total / 3.87B active (3.25B without the embedding and LM head).
+_register(
+    ModelName.QWEN3_NEXT_80B_A3B,
+    ModelConfig(
+        name="qwen3-next-80b-a3b", vocab_size=151_936, d_model=2048, num_layers=48, kda_per_mla=0,
+        layer_kind_list=tuple(LayerKind.GATED_ATTENTION if (i + 1) % 4 == 0 else LayerKind.GDN for i in range(48)),
+        ffn_kind_list=(FFNKind.MOE,) * 48, conv_window=4, chunk_size=64,
+        gdn_num_k_heads=16, gdn_num_v_heads=32, gdn_head_k_dim=128, gdn_head_v_dim=128,
+        attn_num_heads=16, attn_num_kv_heads=2, attn_head_dim=256, attn_rotary_dim=64, rope_theta=10_000_000.0,
+        num_dense_layers=0, dense_ffn_dim=5120, num_experts=512, top_k=10, expert_ffn_dim=512,
+        num_shared_experts=1, shared_expert_ffn_dim=512, shared_expert_gate=True, router="softmax",
+        norm_topk_prob=True, aux_loss_coef=0.0, norm_eps=1e-6, norm_float32=True, norm_offset=True,
+        tie_embeddings=False, init_std=0.02,
     ),
 )

@@ -19,7 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from harts.config.models import ModelConfig, kda_layer_params, mla_layer_params
+from harts.config.models import (
+    ModelConfig,
+    gated_attention_layer_params,
+    gdn_layer_params,
+    kda_layer_params,
+    mla_layer_params,
+)
 from harts.config.parallel import ParallelConfig
 from harts.sim.parallel import StageLayers
 from harts.sim.work import MicrobatchWork
@@ -145,6 +151,55 @@ class StageCounter:
         ]
         return ops
 
+    def _gdn_layer(self, phase: Phase, n: float, works: Sequence[MicrobatchWork]) -> list[OpCall]:
+        """Qwen3-Next's Gated DeltaNet: in_proj_qkvz + in_proj_ba, one conv over q|k|v, the
+        recurrence as KDA rounds over the value heads (HARTS runs it through the KDA
+        kernels with the decay broadcast along K), the SiLU-gated norm, out_proj."""
+        m = self.m
+        d, hk, hv, k, v = m.d_model, m.gdn_num_k_heads, m.gdn_num_v_heads, m.gdn_head_k_dim, m.gdn_head_v_dim
+        qkv = 2 * hk * k + hv * v
+        ops = [
+            _elementwise("gdn.norm", phase, 2 * n * d * BF16, 1),
+            _gemm("gdn.in_proj", phase, n, d, qkv + hv * v + 2 * hv, 2),
+            _elementwise("gdn.conv", phase, 3 * n * qkv * BF16, 1),
+            _elementwise("gdn.qk_norm_gate", phase, 2 * n * (2 * hv * k + 2 * hv) * BF16, 3),
+        ]
+        for w in works:
+            for rnd in w.kda_rounds:
+                ops.append(OpCall("gdn.core", OpKind.KDA_CHUNK, phase, 1,
+                                  token_heads_kv=float(rnd.tokens) * hv * k * v,
+                                  chunk_steps=float(rnd.max_chunks)))
+        ops += [
+            _elementwise("gdn.out_norm_gate", phase, 3 * n * hv * v * BF16, 1),
+            _gemm("gdn.out_proj", phase, n, hv * v, d, 1),
+            _elementwise("gdn.residual", phase, 3 * n * d * BF16, 1),
+        ]
+        return ops
+
+    def _gated_attention_layer(self, phase: Phase, n: float, works: Sequence[MicrobatchWork]) -> list[OpCall]:
+        """Qwen3-Next's gated attention: q (with gate), k, v projections, q/k norms and
+        partial RoPE, attention over the query heads (keys/values repeated for GQA), the
+        sigmoid output gate, o_proj."""
+        m = self.m
+        d, h, g, e = m.d_model, m.attn_num_heads, m.attn_num_kv_heads, m.attn_head_dim
+        ops = [
+            _elementwise("gattn.norm", phase, 2 * n * d * BF16, 1),
+            _gemm("gattn.qkv", phase, n, d, 2 * h * e + 2 * g * e, 3),
+            _elementwise("gattn.qk_norm_rope", phase, 2 * n * (h + g) * e * BF16, 4),
+        ]
+        causal = sum(w.attn_pairs_causal for w in works)
+        tree = sum(w.attn_pairs_tree for w in works)
+        for kind, pairs in ((OpKind.ATTENTION_CAUSAL, causal), (OpKind.ATTENTION_TREE, tree)):
+            if pairs:
+                ops.append(OpCall("gattn.attention", kind, phase, 1, pair_heads=float(pairs) * h,
+                                  qk_v_dim=float(2 * e)))
+        ops += [
+            _elementwise("gattn.gate", phase, 3 * n * h * e * BF16, 1),
+            _gemm("gattn.o_proj", phase, n, h * e, d, 1),
+            _elementwise("gattn.residual", phase, 3 * n * d * BF16, 1),
+        ]
+        return ops
+
     def _dense_ffn(self, phase: Phase, n: float) -> list[OpCall]:
         d, f = self.m.d_model, self.m.dense_ffn_dim
         return [
@@ -178,13 +233,16 @@ class StageCounter:
             _elementwise("moe.act", phase, 3 * routed * f * BF16, 1),
             _gemm("moe.experts_down", phase, routed, f, d, 1, n_weights=local_e),
         ]
-        if m.num_shared_experts:
-            fs = f * m.num_shared_experts
+        if m.shared_ffn_dim:
+            fs = m.shared_ffn_dim
             ops += [
                 _gemm("moe.shared_gate_up", phase, n, d, 2 * fs, 1),
                 _elementwise("moe.shared_act", phase, 3 * n * fs * BF16, 1),
                 _gemm("moe.shared_down", phase, n, fs, d, 1),
             ]
+            if m.shared_expert_gate:
+                ops += [_gemm("moe.shared_expert_gate", phase, n, d, 1, 1),
+                        _elementwise("moe.shared_gate_mul", phase, 3 * n * d * BF16, 1)]
         ops.append(_elementwise("moe.residual", phase, 3 * n * d * BF16, 1))
         return ops
 
@@ -217,6 +275,8 @@ class StageCounter:
         for count, ops in (
             (lay.num_kda, lambda: self._kda_layer(phase, n, works)),
             (lay.num_mla, lambda: self._mla_layer(phase, n, works)),
+            (lay.num_gdn, lambda: self._gdn_layer(phase, n, works)),
+            (lay.num_gated_attention, lambda: self._gated_attention_layer(phase, n, works)),
             (lay.num_dense_ffn, lambda: self._dense_ffn(phase, n)),
             (lay.num_moe, lambda: self._moe_ffn(phase, n)),
         ):
@@ -245,9 +305,12 @@ class StageCounter:
         m, lay = self.m, self.layers
         d = m.d_model
         dense = lay.num_kda * kda_layer_params(m) + lay.num_mla * mla_layer_params(m)
+        dense += lay.num_gdn * gdn_layer_params(m) + lay.num_gated_attention * gated_attention_layer_params(m)
         dense += 2 * d * len(lay.layers)
         dense += lay.num_dense_ffn * 3 * d * m.dense_ffn_dim
-        dense += lay.num_moe * (m.num_experts * d + 3 * d * m.expert_ffn_dim * m.num_shared_experts)
+        dense += lay.num_moe * (m.num_experts * d + 3 * d * m.shared_ffn_dim)
+        if m.shared_expert_gate and m.shared_ffn_dim:
+            dense += lay.num_moe * d
         experts = lay.num_moe * m.num_experts * 3 * d * m.expert_ffn_dim
         if lay.has_embedding:
             dense += m.vocab_size * d
@@ -275,10 +338,20 @@ class StageCounter:
         mla = (2 * d + hm * qk + c + m.qk_rope_head_dim + c + hm * (m.qk_nope_head_dim + m.v_head_dim)
                + hm * m.v_head_dim) * BF16 + hm * FP32
         dense = (2 * d + 3 * m.dense_ffn_dim) * BF16
-        fs = m.expert_ffn_dim * m.num_shared_experts
+        fs = m.shared_ffn_dim
         moe = ((2 * d + m.top_k * (d + 3 * m.expert_ffn_dim) + 3 * fs) * BF16
                + m.num_experts * FP32 + m.top_k * FP32)
-        return {"kda": kda, "mla": mla, "dense": dense, "moe": moe}
+        hk, hv, gk, gv = m.gdn_num_k_heads, m.gdn_num_v_heads, m.gdn_head_k_dim, m.gdn_head_v_dim
+        gqkv = 2 * hk * gk + hv * gv
+        # input, projections (q|k|v|z, b|a), conv output, repeated normalised q/k, the
+        # broadcast decay (fp32, [H, K]), beta, recurrence output and its gated norm
+        gdn = ((2 * d + gqkv + hv * gv + 2 * hv + gqkv + 2 * hv * gk + 3 * hv * gv) * BF16
+               + hv * gk * FP32 + hv * FP32)
+        ha, ga, e = m.attn_num_heads, m.attn_num_kv_heads, m.attn_head_dim
+        # input, q|gate|k|v, normalised/rotated q and k (k, v repeated to the query heads),
+        # attention output, gated output, log-sum-exp
+        gattn = (2 * d + 2 * ha * e + 2 * ga * e + 3 * ha * e + 2 * ha * e) * BF16 + ha * FP32
+        return {"kda": kda, "mla": mla, "dense": dense, "moe": moe, "gdn": gdn, "gated_attention": gattn}
 
     def activation_bytes_per_token(self) -> float:
         """Held from a row's forward to its backward on this stage. With recomputation only
@@ -290,6 +363,7 @@ class StageCounter:
             return float(len(lay.layers) * d * BF16 + head)
         a = self._layer_activation_bytes()
         total = lay.num_kda * a["kda"] + lay.num_mla * a["mla"] + lay.num_dense_ffn * a["dense"] + lay.num_moe * a["moe"]
+        total += lay.num_gdn * a["gdn"] + lay.num_gated_attention * a["gated_attention"]
         return float(total + head)
 
     def recompute_working_bytes_per_token(self) -> float:
@@ -298,7 +372,8 @@ class StageCounter:
             return 0.0
         a = self._layer_activation_bytes()
         lay = self.layers
-        attn = max(a["kda"] if lay.num_kda else 0.0, a["mla"] if lay.num_mla else 0.0)
+        attn = max(a["kda"] if lay.num_kda else 0.0, a["mla"] if lay.num_mla else 0.0,
+                   a["gdn"] if lay.num_gdn else 0.0, a["gated_attention"] if lay.num_gated_attention else 0.0)
         ffn = max(a["dense"] if lay.num_dense_ffn else 0.0, a["moe"] if lay.num_moe else 0.0)
         return float(attn + ffn)
 
@@ -310,7 +385,9 @@ class StageCounter:
         qk = m.qk_nope_head_dim + m.qk_rope_head_dim
         mla = m.mla_num_heads * (qk + m.v_head_dim) * FP32
         kda = m.kda_num_heads * m.kda_head_dim * m.kda_head_v_dim * FP32 / m.chunk_size
-        return float(lay.num_mla * mla + lay.num_kda * kda)
+        gattn = m.attn_num_heads * 2 * m.attn_head_dim * FP32  # dK/dV after the GQA repeat
+        gdn = m.gdn_num_v_heads * m.gdn_head_k_dim * m.gdn_head_v_dim * FP32 / m.chunk_size
+        return float(lay.num_mla * mla + lay.num_kda * kda + lay.num_gated_attention * gattn + lay.num_gdn * gdn)
 
     def transient_bytes(self, works: Sequence[MicrobatchWork], phase: Phase = Phase.FWD) -> float:
         """Workspace live only during a pass: MoE dispatch buffers, one logits chunk, and in a

@@ -50,6 +50,8 @@ class StageLayers:
     num_moe: int
     has_embedding: bool
     has_lm_head: bool
+    num_gdn: int = 0  # Qwen3-Next's Gated DeltaNet layers
+    num_gated_attention: int = 0  # and its gated full-attention layers
 
 
 def stage_layers(model: ModelConfig, pp: int) -> tuple[StageLayers, ...]:
@@ -72,6 +74,8 @@ def stage_layers(model: ModelConfig, pp: int) -> tuple[StageLayers, ...]:
                 num_moe=sum(ffn[i] == FFNKind.MOE for i in idx),
                 has_embedding=s == 0,
                 has_lm_head=s == pp - 1,
+                num_gdn=sum(kinds[i] == LayerKind.GDN for i in idx),
+                num_gated_attention=sum(kinds[i] == LayerKind.GATED_ATTENTION for i in idx),
             )
         )
     return tuple(out)

@@ -1,4 +1,5 @@
-"""The hybrid-attention MoE model (KDA + MLA, dense/MoE FFN) and its mixing contexts."""
+"""The hybrid-attention MoE model (KDA + MLA, or Qwen3-Next's GDN + gated attention; dense/MoE
+FFN) and its mixing contexts."""
 
 from harts.exec.model.context import MixingContext, PackedContext
 from harts.exec.model.model import Block, HybridModel, ModelOutput, build_model

@@ -67,3 +67,35 @@ def apply_rope(x_THR: Tensor, position_ids_T: Tensor, theta: float) -> Tensor:
     x1, x2 = x_THR[..., : R // 2], x_THR[..., R // 2 :]
     rotated = torch.cat([-x2, x1], dim=-1)
     return x_THR * cos + rotated * sin
+
+
+class OffsetRMSNorm(nn.Module):
+    """Zero-centred RMSNorm (Qwen3-Next): x / rms(x) * (1 + w), the stored weight w an offset
+    from one (initialised to zeros). `float32`: normalised and scaled in float32, cast back
+    after the weight (Qwen3-Next's order, unlike Llama's); else in x's dtype throughout."""
+
+    def __init__(self, dim: int, eps: float, float32: bool = False):
+        super().__init__()
+        self.eps, self.float32 = eps, float32
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.float32 and x.dtype.itemsize < 4:
+            xf = x.float()
+            y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight.float())
+            return y.to(x.dtype)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight)
+
+
+class SiLUGatedRMSNorm(nn.Module):
+    """RMSNorm over the last dim times SiLU(gate) (Qwen3-Next's gated norm of the GDN output,
+    fla's FusedRMSNormGated with activation silu); the weight is plain (initialised to ones).
+    `float32`: normalised in float32, cast back before the weight (as the checkpoint's norm)."""
+
+    def __init__(self, dim: int, eps: float, float32: bool = False):
+        super().__init__()
+        self.eps, self.float32 = eps, float32
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor, gate: Tensor) -> Tensor:
+        return rms_norm(x, self.weight, self.eps, self.float32) * F.silu(gate)

@@ -25,10 +25,20 @@ from torch.utils.checkpoint import checkpoint
 
 from harts.config.models import FFNKind, LayerKind, ModelConfig, get_model_config
 from harts.exec.model.context import MixingContext
+from harts.exec.model.gated_attention import GatedAttentionMixer
+from harts.exec.model.gdn import GDNMixer
 from harts.exec.model.kda import KDAMixer
-from harts.exec.model.layers import RMSNorm, SwiGLU
+from harts.exec.model.layers import OffsetRMSNorm, RMSNorm, SwiGLU
 from harts.exec.model.mla import MLAMixer
 from harts.exec.model.moe import MoE
+
+# the mixer module of each layer kind
+_MIXERS: dict[LayerKind, type[nn.Module]] = {
+    LayerKind.KDA: KDAMixer,
+    LayerKind.MLA: MLAMixer,
+    LayerKind.GDN: GDNMixer,
+    LayerKind.GATED_ATTENTION: GatedAttentionMixer,
+}
 
 
 @dataclass(frozen=True)
@@ -44,9 +54,10 @@ class Block(nn.Module):
         self.layer = layer
         self.mixer_kind = config.layer_kinds[layer]
         self.ffn_kind = config.ffn_kinds[layer]
-        self.attn_norm = RMSNorm(config.d_model, config.norm_eps, config.norm_float32)
-        self.mixer = KDAMixer(config, layer) if self.mixer_kind == LayerKind.KDA else MLAMixer(config, layer)
-        self.ffn_norm = RMSNorm(config.d_model, config.norm_eps, config.norm_float32)
+        norm = OffsetRMSNorm if config.norm_offset else RMSNorm
+        self.attn_norm = norm(config.d_model, config.norm_eps, config.norm_float32)
+        self.mixer = _MIXERS[self.mixer_kind](config, layer)
+        self.ffn_norm = norm(config.d_model, config.norm_eps, config.norm_float32)
         if self.ffn_kind == FFNKind.DENSE:
             self.ffn: nn.Module = SwiGLU(config.d_model, config.dense_ffn_dim)
         else:
@@ -68,7 +79,8 @@ class HybridModel(nn.Module):
         self.recompute = recompute
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_layers))
-        self.norm = RMSNorm(config.d_model, config.norm_eps, config.norm_float32)
+        self.norm = (OffsetRMSNorm if config.norm_offset else RMSNorm)(config.d_model, config.norm_eps,
+                                                                      config.norm_float32)
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.reset_parameters()
 
@@ -93,8 +105,10 @@ class HybridModel(nn.Module):
             else:
                 p.normal_(0.0, std)
         for module in self.modules():
-            if isinstance(module, KDAMixer):
+            if isinstance(module, (KDAMixer, GDNMixer)):
                 module.reset_special_parameters()
+            elif isinstance(module, OffsetRMSNorm):
+                module.weight.zero_()  # zero-centred: scales by 1 + w
 
     def forward(self, input_ids_T: Tensor, ctx: MixingContext) -> ModelOutput:
         if input_ids_T.dim() != 1 or input_ids_T.shape[0] != ctx.num_rows:

@@ -4,7 +4,8 @@ Shapes: T rows, D model dim, E routed experts, k top-k, F expert FFN dim, L laye
 
 Routing is per row and deterministic: router logits -> scores (softmax, or sigmoid as in
 DeepSeek-V3 / Kimi), the k highest scores pick the experts and are renormalised to sum to
-one. A row therefore routes identically wherever it is computed, and a compact tree row
+one (`norm_topk_prob`; without it they weigh the experts as they are). A shared-expert gate
+(`shared_expert_gate`, Qwen3-Next) scales the shared experts' output by sigmoid(w^T x). A row therefore routes identically wherever it is computed, and a compact tree row
 that stands for q_r trajectory tokens is routed once and counted q_r times through
 `ctx.row_weight`:
 
@@ -93,7 +94,10 @@ class MoE(nn.Module):
         self.w_gate = nn.Parameter(torch.empty(E, F_, d))
         self.w_up = nn.Parameter(torch.empty(E, F_, d))
         self.w_down = nn.Parameter(torch.empty(E, d, F_))
-        self.shared = SwiGLU(d, F_ * c.num_shared_experts) if c.num_shared_experts else None
+        self.shared = SwiGLU(d, c.shared_ffn_dim) if c.shared_ffn_dim else None
+        # Qwen3-Next: the shared expert's output scaled by sigmoid(shared_gate x) per row
+        self.shared_gate = nn.Linear(d, 1, bias=False) if c.shared_expert_gate and self.shared is not None else None
+        self.norm_topk_prob = c.norm_topk_prob
 
     def route(self, x_TD: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(probs_TE for the aux loss, top_i_Tk expert ids, top_w_Tk renormalised weights)."""
@@ -105,7 +109,7 @@ class MoE(nn.Module):
             scores_TE = torch.sigmoid(logits_TE)
             probs_TE = scores_TE / scores_TE.sum(-1, keepdim=True)
         top_s_Tk, top_i_Tk = torch.topk(scores_TE, self.top_k, dim=-1)
-        top_w_Tk = top_s_Tk / top_s_Tk.sum(-1, keepdim=True)
+        top_w_Tk = top_s_Tk / top_s_Tk.sum(-1, keepdim=True) if self.norm_topk_prob else top_s_Tk
         return probs_TE, top_i_Tk, top_w_Tk
 
     def forward(self, x_TD: Tensor, ctx: MixingContext) -> tuple[Tensor, Tensor, Tensor]:
@@ -145,7 +149,10 @@ class MoE(nn.Module):
 
         y_TD = self._experts(x_TD, top_i_Tk, top_w_Tk, ctx)
         if self.shared is not None:
-            y_TD = y_TD + self.shared(x_TD)
+            shared_TD = self.shared(x_TD)
+            if self.shared_gate is not None:
+                shared_TD = torch.sigmoid(self.shared_gate(x_TD)) * shared_TD
+            y_TD = y_TD + shared_TD
         return y_TD, aux, load_E.detach()
 
     def _capacity_keep(self, top_i_Tk: Tensor, T: int) -> Tensor:

@@ -1,8 +1,8 @@
 """Sequence-mixing ops, one package per op family in fla's shape: `<op>/naive.py` is the
 readable reference (any device, every dtype), the other modules of the package are its
 faster forms, tested against it on outputs and every gradient. An op family the executor
-gains (e.g. Gated DeltaNet as `gdn/`) gets the same shape; which form a call runs is
-chosen by `harts.exec.backend` from the caller's `KernelConfig`.
+gains gets the same shape; which form a call runs is chosen by `harts.exec.backend` from
+the caller's `KernelConfig`.
 
 - `attention`: ancestor attention over a tree's compact layout and the baseline's causal
   attention: dense-mask reference, FlexAttention, varlen flash over root-to-row paths,
@@ -10,6 +10,11 @@ chosen by `harts.exec.backend` from the caller's `KernelConfig`.
 - `kda`: Kimi Delta Attention (gated delta rule with per-channel decay): token-by-token
   recurrence (`naive`), the chunkwise form (`chunk`), fla-core's kernels with the boundary
   states the tree needs (`fla`) and their Triton state backward (`dhu`).
+- `gdn`: Gated DeltaNet (gated delta rule with one decay per head): token-by-token
+  recurrence (`naive`), chunkwise (`chunk`), fla-core's `chunk_gated_delta_rule` (`fla`).
+  The model runs GDN layers through the KDA path with the decay broadcast along K (the same
+  recurrence), so trees get KDA's replay rounds and state handoff; the family is the
+  reference that identity is tested against.
 - `conv`: short causal depthwise convolution in gather form, so one op serves packed
   sequences (windows from cu_seqlens) and rollout trees (windows from parent pointers):
   `naive`, `gather`, fused Triton kernels (`triton`).

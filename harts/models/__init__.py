@@ -1,0 +1,1 @@
+"""Checkpoint families HARTS loads and saves (Hugging Face transformers directories)."""

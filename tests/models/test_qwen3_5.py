@@ -1,0 +1,104 @@
+"""Qwen3.5 text models (dense and MoE) in HARTS against transformers' own classes in float64:
+per-trajectory log-probs within 1e-9 absolute at every position, an exact round trip of the
+state dict (the split GDN projections permuted into Qwen3-Next's layout and back), and the
+multimodal composite refused with the field named."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from harts.config.models import ConfigError, FFNKind, parameter_counts
+from harts.exec.model import PackedContext
+from harts.exec.model.model import HybridModel
+from harts.models.hf import qwen3_5, qwen3_5_moe
+from tests.models.float64_reference import float64_module
+
+transformers = pytest.importorskip("transformers")
+from transformers import (  # noqa: E402
+    Qwen3_5ForCausalLM,
+    Qwen3_5MoeForCausalLM,
+    Qwen3_5MoeTextConfig,
+    Qwen3_5TextConfig,
+)
+from transformers.models.qwen3_5 import modeling_qwen3_5 as M5  # noqa: E402
+from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as M5moe  # noqa: E402
+
+COMMON = dict(
+    vocab_size=53, hidden_size=24, intermediate_size=36, num_hidden_layers=3,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+    linear_conv_kernel_dim=4, linear_key_head_dim=6, linear_value_head_dim=5,
+    linear_num_key_heads=2, linear_num_value_heads=6, initializer_range=0.3,
+    layer_types=["linear_attention", "full_attention", "linear_attention"],
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                     "mrope_section": [1, 1, 0], "mrope_interleaved": True},
+)
+MOE = dict(moe_intermediate_size=10, shared_expert_intermediate_size=14, num_experts_per_tok=2, num_experts=4)
+CASES = {
+    "dense": (Qwen3_5TextConfig, Qwen3_5ForCausalLM, M5, qwen3_5.ADAPTER, {}),
+    "moe": (Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM, M5moe, qwen3_5_moe.ADAPTER, MOE),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _few_threads():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request):
+    config_cls, model_cls, module, adapter, extra = CASES[request.param]
+    cfg = config_cls(**COMMON, **extra)
+    cfg._attn_implementation = "eager"
+    cfg._experts_implementation = "eager"
+    saved = module.torch_chunk_gated_delta_rule
+    module.torch_chunk_gated_delta_rule = saved.__wrapped__  # the pure-torch fallback
+    try:
+        with float64_module(module):
+            torch.manual_seed(1)
+            model = model_cls(cfg).to(torch.float64).eval()
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    if "norm" in name or name.endswith(("dt_bias", "A_log")):
+                        p.add_(0.1 * torch.randn_like(p))
+                    if name.endswith("mlp.gate.weight"):
+                        p.normal_(0.0, 0.5)
+            yield request.param, model, adapter
+    finally:
+        module.torch_chunk_gated_delta_rule = saved
+
+
+def test_logprobs_equal_transformers_and_round_trip_is_exact(case):
+    kind, hf_model, adapter = case
+    config = adapter.to_config(hf_model.config.to_dict())
+    assert set(config.ffn_kinds) == {FFNKind.MOE if kind == "moe" else FFNKind.DENSE}
+    sd = dict(hf_model.state_dict())
+    model = HybridModel(config).to(torch.float64)
+    model.load_state_dict(adapter.to_harts(sd, config), strict=True)
+    assert parameter_counts(config).total == model.num_parameters() == sum(p.numel() for p in hf_model.parameters())
+    rng = np.random.default_rng(0)
+    for length in (3, 17):
+        tokens = rng.integers(0, COMMON["vocab_size"], length)
+        ids = torch.as_tensor(tokens)
+        with torch.no_grad():
+            ref = torch.log_softmax(hf_model(ids[None]).logits[0], -1)
+            h = model(ids, PackedContext(torch.tensor([0, length]), chunk_size=8)).hidden_TD
+            ours = torch.log_softmax(h @ model.lm_head_weight.T, -1)
+        rows = torch.arange(length - 1)
+        err = (ours[rows, ids[1:]] - ref[rows, ids[1:]]).abs().max()
+        assert float(err) <= 1e-9, float(err)
+        assert float(ref[rows, ids[1:]].std()) > 0.1  # not a near-uniform model
+    back = adapter.to_hf(adapter.to_harts(sd, config), config, hf_model.config.to_dict())
+    assert sorted(back) == sorted(sd)
+    assert all(torch.equal(back[k], sd[k]) for k in sd)
+
+
+def test_the_multimodal_composite_is_refused_naming_the_field():
+    with pytest.raises(ConfigError, match="model_type.*text_config"):
+        qwen3_5.ADAPTER.to_config({"model_type": "qwen3_5", "text_config": {}})
+    with pytest.raises(ConfigError, match="model_type"):
+        qwen3_5_moe.ADAPTER.to_config({**COMMON, "model_type": "qwen3_5_text"})

@@ -1,0 +1,1 @@
+"""Distributed execution on torch.distributed: mesh, data, expert, tensor and pipeline parallelism, checkpoints."""

@@ -1,0 +1,189 @@
+"""Pipeline parallel (harts.dist.pipeline) on CPU with gloo, float64, 2 processes: a plan with
+sharing windows run under each simulator schedule equals the single-process expanded
+reference (log-probs, losses, expert loads, every gradient), and each rank runs exactly the
+passes the simulator scheduled for it, in its order."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from harts.config.models import get_model_config
+from harts.config.plan import PlanConfig
+from harts.exec.loss import PolicyLossConfig
+from harts.exec.model.model import build_model
+from harts.exec.trainer import ExpandedTrainer
+from harts.plan.planners import make_plan
+from harts.sim.schedule import ScheduleName
+from harts.tree import build_forest
+from harts.tree.workload import generate_trajectories
+from harts.verify.equivalence import max_rel
+
+TOL = 1e-10
+LOSS = PolicyLossConfig(kl_coef=0.1)
+CHUNK = 8
+SEED = 3
+JOIN_SECONDS = 120
+
+
+def _config(aux_scope: str = "global"):
+    return get_model_config("tiny-cpu").replace(chunk_size=CHUNK, aux_scope=aux_scope)
+
+
+def _case(dp: int = 1):
+    """tiny-treestep under a budget that splits its trees into sharing windows."""
+    trajs = generate_trajectories("tiny-treestep", seed=1)
+    forest = build_forest(trajs)
+    budget = max(int(forest.traj_length.max()) + 5, forest.compact_tokens // 3)
+    plan = make_plan(forest, "l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=CHUNK, pp=2, dp=dp))
+    return trajs, plan
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, schedule: str, aux_scope: str, dp: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from harts.dist.pipeline import PipelineTrainer, apply_pp
+
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=JOIN_SECONDS))
+        pp = world // dp
+        replica, stage = rank // pp, rank % pp
+        # one pipeline group per replica, one data-parallel group per stage (every rank
+        # creates every group, in the same order)
+        pp_groups = [dist.new_group(list(range(r * pp, (r + 1) * pp))) for r in range(dp)]
+        dp_groups = [dist.new_group(list(range(s, world, pp))) for s in range(pp)] if dp > 1 else None
+        trajs, plan = _case(dp)
+        model = build_model(_config(aux_scope), seed=SEED, dtype=torch.float64)
+        module = apply_pp(model, pp_groups[replica], pp)
+        trainer = PipelineTrainer(module, plan, schedule, group=pp_groups[replica], replica=replica,
+                                  dp_group=dp_groups[stage] if dp_groups else None, loss=LOSS)
+        result = trainer.forward_backward(trajs)
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        params = [n for n, _ in model.named_parameters()]
+        torch.save({"result": result, "grads": grads, "params": params, "stage": stage, "replica": replica},
+                   Path(out) / f"rank{rank}.pt")
+        dist.destroy_process_group()
+    except BaseException:
+        (Path(out) / f"rank{rank}.err").write_text(traceback.format_exc())
+        os._exit(1)
+
+
+def _launch(tmp_path: Path, schedule: str, aux_scope: str = "global", dp: int = 1) -> list[dict]:
+    world = 2 * dp
+    port = _free_port()
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_worker, args=(r, world, port, schedule, aux_scope, dp, str(tmp_path)), daemon=True)
+             for r in range(world)]
+    try:
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + JOIN_SECONDS
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        errors = [f.read_text() for f in sorted(tmp_path.glob("rank*.err"))]
+        hung = [i for i, p in enumerate(procs) if p.is_alive()]
+        codes = [p.exitcode for p in procs]
+        assert not errors, "\n".join(errors)
+        assert not hung, f"ranks {hung} did not finish in {JOIN_SECONDS} s"
+        assert codes == [0] * world, codes
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(10)
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def _reference(aux_scope: str = "global"):
+    trajs, _ = _case()
+    model = build_model(_config(aux_scope), seed=SEED, dtype=torch.float64)
+    ref = ExpandedTrainer(model, loss=LOSS).forward_backward(trajs, 1 << 20)
+    return trajs, model, ref
+
+
+def _check_against_reference(outs: list[dict], pp: int = 2) -> None:
+    _, ref_model, ref = _reference()
+    ref_grads = {n: p.grad for n, p in ref_model.named_parameters()}
+    seen: set[str] = set()
+    for out in outs:
+        r = out["result"]
+        # every rank holds the step's losses and expert loads
+        for name, value in ref.losses.items():
+            assert abs(r.losses[name] - value) <= TOL, (name, r.losses[name], value)
+        assert max_rel(r.expert_load, ref.expert_load) <= TOL
+        if r.stage == pp - 1 and r.replica == 0:
+            flat = lambda lps: np.concatenate([x[1:] for x in lps])  # noqa: E731
+            got_lp = flat(r.logprobs)
+            if len(outs) == pp:
+                assert max_rel(got_lp, flat(ref.logprobs)) <= TOL
+        for name, g in out["grads"].items():
+            err = max_rel(g.numpy(), ref_grads[name].numpy())
+            assert err <= TOL, (name, err)
+            seen.add(name)
+    # the stages' parameters split the model's: each rank keeps its own, every one of them
+    # has its gradient
+    owned = [set(out["params"]) for out in outs if out["replica"] == 0]
+    assert sum(len(o) for o in owned) == len(ref_grads) and set().union(*owned) == set(ref_grads)
+    assert seen == set(ref_grads), sorted(set(ref_grads) - seen)
+
+
+@pytest.mark.parametrize("schedule", [s.value for s in ScheduleName])
+def test_pp2_matches_expanded_and_runs_the_simulated_schedule(tmp_path, schedule):
+    trajs, plan = _case()
+    assert plan.consumers(), "the case must have sharing windows"
+    outs = _launch(tmp_path, schedule)
+    _check_against_reference(outs)
+    for out in outs:
+        r = out["result"]
+        assert r.schedule == schedule
+        assert r.executed == r.simulated, (r.stage, r.executed, r.simulated)
+    if schedule == ScheduleName.CONSUMER_1F1B:
+        assert any(op.fused for out in outs for op in out["result"].executed)
+    # stage 0 and stage 1 both ran every microbatch forward and backward
+    for out in outs:
+        ops = out["result"].executed
+        assert sorted(op.mbs[0] for op in ops if op.kind == "F") == sorted(m.id for m in plan.microbatches)
+        assert sorted(m for op in ops if op.kind == "B" for m in op.mbs) == sorted(m.id for m in plan.microbatches)
+
+
+def test_lowering_maps_passes_to_runtime_actions():
+    from torch.distributed.pipelining.schedules import FULL_BACKWARD, OVERLAP_F_B
+
+    from harts.dist.pipeline import lower_schedule
+    from harts.sim.adapter import step_from_plan
+    from harts.sim.schedule import build_schedule
+
+    trajs, plan = _case()
+    sched = build_schedule(ScheduleName.CONSUMER_1F1B, step_from_plan(plan, build_forest(trajs), CHUNK), 2)
+    order, actions = lower_schedule(sched, 0)
+    for s in range(2):
+        ops = sched.ops(0, s)
+        assert len(actions[s]) == len(ops)
+        for op, a in zip(ops, actions[s], strict=True):
+            if op.fused:
+                assert a.computation_type == OVERLAP_F_B
+                assert [order[x.microbatch_index] for x in a.sub_actions] == list(op.mbs)
+                assert all(x.computation_type == FULL_BACKWARD and x.stage_index == s for x in a.sub_actions)
+            else:
+                assert a.stage_index == s and order[a.microbatch_index] == op.mbs[0]
+                assert a.computation_type.value == op.kind
+    # runtime index i is the i-th forward
+    assert [order[a.microbatch_index] for a in actions[1] if a.computation_type.value == "F"] == \
+        [op.mbs[0] for op in sched.ops(0, 1) if op.kind == "F"]

@@ -90,6 +90,7 @@ __all__ = [
     "StageSpec",
     "apply_pp",
     "lower_schedule",
+    "pipeline_trainer",
     "pp_group_of",
 ]
 
@@ -410,8 +411,9 @@ def _fused_backward(action: _Action, pctx: _PipelineContext) -> None:
 class PipelineStepResult:
     """One step on one pipeline rank. `logprobs`/`entropy` (per trajectory of the step,
     NaN where another replica or position holds it) only on the last stage; `losses` are the
-    step's sums, the same on every rank of the pipeline; `expert_load` the step's [L, E]
-    routed-token counts of this replica (every MoE layer, gathered over the stages);
+    step's sums and `expert_load` its [L, E] routed-token counts (every MoE layer, gathered
+    over the stages; over the replicas too where the trainer has a `dp_group`), the same on
+    every rank;
     `executed` the passes this stage ran, in order, and `simulated` the simulator's list for
     the same rank."""
 
@@ -547,6 +549,8 @@ class PipelineTrainer(PlanTrainer):
             if part is not None:
                 load[moe_before: moe_before + part.shape[0]] += part.cpu()
         dist.all_reduce(totals, group=self.group)
+        if self.dp_group is not None:
+            dist.all_reduce(totals, group=self.dp_group)
         losses = dict(zip(_TERMS, totals[: len(_TERMS)].tolist(), strict=True))
         expert_load = (totals[len(_TERMS):].view(num_moe, config.num_experts).numpy().copy() if num_moe
                        else np.zeros((0, config.num_experts)))
@@ -574,11 +578,9 @@ class PipelineTrainer(PlanTrainer):
         module = step.module
         spec = module.spec
         config = module.config
-        rank = dist.get_rank()
         group_ranks = dist.get_process_group_ranks(self.group)
         prev = group_ranks[spec.stage - 1] if not spec.is_first else None
         nxt = group_ranks[spec.stage + 1] if not spec.is_last else None
-        del rank
         load = torch.zeros(num_moe, config.num_experts, dtype=torch.float64)
         total_weight = 0.0
         dtype = next(module.parameters()).dtype
@@ -610,6 +612,12 @@ class PipelineTrainer(PlanTrainer):
         finally:
             module._step = None
         dist.all_reduce(load, group=self.group)
+        if self.dp_group is not None:
+            # the other replicas' microbatches: their loads and row weights
+            weight = torch.tensor([total_weight], dtype=torch.float64)
+            dist.all_reduce(load, group=self.dp_group)
+            dist.all_reduce(weight, group=self.dp_group)
+            total_weight = float(weight[0])
         return MoEGlobalStats.from_loads(load, total_weight, config.top_k)
 
     def _reduce_grads(self) -> None:
@@ -647,3 +655,21 @@ class PipelineTrainer(PlanTrainer):
                         p.grad.mul_(coef)
         self.optimizer.step()
         return PipelineStepResult(**{**result.__dict__, "seconds": time.perf_counter() - start})
+
+
+def pipeline_trainer(model: HybridModel, mesh: object, plan: Plan, schedule: ScheduleName | str,
+                     **kwargs) -> PipelineTrainer:
+    """This rank's pipeline trainer on a device mesh with a "pp" dimension (and optionally
+    "dp"): `apply_pp` over the mesh's pipeline group, the replica its "dp" coordinate, the
+    gradients all-reduced over the "dp" group when it has more than one rank. `kwargs` go
+    to `PipelineTrainer` (optimizer, loss, kernels)."""
+    names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
+    if "pp" not in names:
+        raise ValueError(f"pipeline_trainer needs a mesh with a 'pp' dimension; it has {names}")
+    group = mesh.get_group("pp")  # type: ignore[attr-defined]
+    module = apply_pp(model, group)
+    replica, dp_group = 0, None
+    if "dp" in names and mesh["dp"].size() > 1:  # type: ignore[index]
+        replica = mesh.get_local_rank("dp")  # type: ignore[attr-defined]
+        dp_group = mesh.get_group("dp")  # type: ignore[attr-defined]
+    return PipelineTrainer(module, plan, schedule, group=group, replica=replica, dp_group=dp_group, **kwargs)

@@ -16,9 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from harts.config.models import get_model_config
 from harts.config.plan import PlanConfig
+from harts.dist.pipeline import lower_schedule, pipeline_trainer
 from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.model import build_model
 from harts.exec.trainer import ExpandedTrainer
@@ -55,25 +58,17 @@ def _free_port() -> int:
 
 
 def _worker(rank: int, world: int, port: int, schedule: str, aux_scope: str, dp: int, out: str) -> None:
-    import torch.distributed as dist
-
-    from harts.dist.pipeline import PipelineTrainer, apply_pp
-
     try:
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=JOIN_SECONDS))
         pp = world // dp
-        replica, stage = rank // pp, rank % pp
-        # one pipeline group per replica, one data-parallel group per stage (every rank
-        # creates every group, in the same order)
-        pp_groups = [dist.new_group(list(range(r * pp, (r + 1) * pp))) for r in range(dp)]
-        dp_groups = [dist.new_group(list(range(s, world, pp))) for s in range(pp)] if dp > 1 else None
+        mesh = init_device_mesh("cpu", (dp, pp), mesh_dim_names=("dp", "pp"))
         trajs, plan = _case(dp)
         model = build_model(_config(aux_scope), seed=SEED, dtype=torch.float64)
-        module = apply_pp(model, pp_groups[replica], pp)
-        trainer = PipelineTrainer(module, plan, schedule, group=pp_groups[replica], replica=replica,
-                                  dp_group=dp_groups[stage] if dp_groups else None, loss=LOSS)
+        trainer = pipeline_trainer(model, mesh, plan, schedule, loss=LOSS)
+        stage, replica = trainer.spec.stage, trainer.replica
+        assert (replica, stage) == (rank // pp, rank % pp)
         result = trainer.forward_backward(trajs)
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         params = [n for n, _ in model.named_parameters()]
@@ -88,7 +83,10 @@ def _worker(rank: int, world: int, port: int, schedule: str, aux_scope: str, dp:
 def _launch(tmp_path: Path, schedule: str, aux_scope: str = "global", dp: int = 1) -> list[dict]:
     world = 2 * dp
     port = _free_port()
-    ctx = mp.get_context("spawn")
+    # children forked from one server that has imported torch and harts once (a spawned
+    # child would import them again, ~10 s of CPU each)
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
     procs = [ctx.Process(target=_worker, args=(r, world, port, schedule, aux_scope, dp, str(tmp_path)), daemon=True)
              for r in range(world)]
     try:
@@ -111,32 +109,42 @@ def _launch(tmp_path: Path, schedule: str, aux_scope: str = "global", dp: int = 
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
-def _reference(aux_scope: str = "global"):
+@pytest.fixture(scope="module")
+def reference():
+    """The single-process expanded step from the same weights (computed once per module)."""
     trajs, _ = _case()
-    model = build_model(_config(aux_scope), seed=SEED, dtype=torch.float64)
+    model = build_model(_config(), seed=SEED, dtype=torch.float64)
     ref = ExpandedTrainer(model, loss=LOSS).forward_backward(trajs, 1 << 20)
-    return trajs, model, ref
+    return {n: p.grad for n, p in model.named_parameters()}, ref
 
 
-def _check_against_reference(outs: list[dict], pp: int = 2) -> None:
-    _, ref_model, ref = _reference()
-    ref_grads = {n: p.grad for n, p in ref_model.named_parameters()}
+def _flat(lps) -> np.ndarray:
+    return np.concatenate([x[1:] for x in lps])  # position 0 has no target
+
+
+def _check_against_reference(outs: list[dict], reference, pp: int = 2) -> None:
+    ref_grads, ref = reference
     seen: set[str] = set()
+    logprobs = np.full(_flat(ref.logprobs).size, np.nan)
     for out in outs:
         r = out["result"]
         # every rank holds the step's losses and expert loads
         for name, value in ref.losses.items():
             assert abs(r.losses[name] - value) <= TOL, (name, r.losses[name], value)
         assert max_rel(r.expert_load, ref.expert_load) <= TOL
-        if r.stage == pp - 1 and r.replica == 0:
-            flat = lambda lps: np.concatenate([x[1:] for x in lps])  # noqa: E731
-            got_lp = flat(r.logprobs)
-            if len(outs) == pp:
-                assert max_rel(got_lp, flat(ref.logprobs)) <= TOL
+        if r.stage == pp - 1:
+            # each replica's last stage holds the log-probs of its trajectories
+            mine = _flat(r.logprobs)
+            have = ~np.isnan(mine)
+            assert np.isnan(logprobs[have]).all(), "two replicas computed the same target"
+            logprobs[have] = mine[have]
+        else:
+            assert r.logprobs is None
         for name, g in out["grads"].items():
             err = max_rel(g.numpy(), ref_grads[name].numpy())
             assert err <= TOL, (name, err)
             seen.add(name)
+    assert max_rel(logprobs, _flat(ref.logprobs)) <= TOL
     # the stages' parameters split the model's: each rank keeps its own, every one of them
     # has its gradient
     owned = [set(out["params"]) for out in outs if out["replica"] == 0]
@@ -145,11 +153,11 @@ def _check_against_reference(outs: list[dict], pp: int = 2) -> None:
 
 
 @pytest.mark.parametrize("schedule", [s.value for s in ScheduleName])
-def test_pp2_matches_expanded_and_runs_the_simulated_schedule(tmp_path, schedule):
+def test_pp2_matches_expanded_and_runs_the_simulated_schedule(tmp_path, reference, schedule):
     trajs, plan = _case()
     assert plan.consumers(), "the case must have sharing windows"
     outs = _launch(tmp_path, schedule)
-    _check_against_reference(outs)
+    _check_against_reference(outs, reference)
     for out in outs:
         r = out["result"]
         assert r.schedule == schedule
@@ -166,7 +174,6 @@ def test_pp2_matches_expanded_and_runs_the_simulated_schedule(tmp_path, schedule
 def test_lowering_maps_passes_to_runtime_actions():
     from torch.distributed.pipelining.schedules import FULL_BACKWARD, OVERLAP_F_B
 
-    from harts.dist.pipeline import lower_schedule
     from harts.sim.adapter import step_from_plan
     from harts.sim.schedule import build_schedule
 
@@ -187,3 +194,21 @@ def test_lowering_maps_passes_to_runtime_actions():
     # runtime index i is the i-th forward
     assert [order[a.microbatch_index] for a in actions[1] if a.computation_type.value == "F"] == \
         [op.mbs[0] for op in sched.ops(0, 1) if op.kind == "F"]
+
+
+def test_dp2_pp2_matches_expanded(tmp_path, reference):
+    """Two replicas of a two-stage pipeline (4 processes): each runs its replica's windows
+    in the simulator's schedule; the stage gradients are summed over the replicas."""
+    trajs, plan = _case(dp=2)
+    assert plan.consumers() and {m.replica for m in plan.microbatches} == {0, 1}
+    outs = _launch(tmp_path, ScheduleName.CONSUMER_1F1B.value, dp=2)
+    _check_against_reference(outs, reference)
+    for out in outs:
+        r = out["result"]
+        assert r.executed == r.simulated, (r.replica, r.stage, r.executed, r.simulated)
+    # both replicas' ranks of one stage hold the same (all-reduced) gradients
+    by_stage: dict[int, list[dict]] = {}
+    for out in outs:
+        by_stage.setdefault(out["stage"], []).append(out["grads"])
+    for a, b in by_stage.values():
+        assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)

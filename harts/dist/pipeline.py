@@ -28,9 +28,12 @@ backward runs, after the window's last consumer, as the schedule orders.
 Schedules. The simulator's `Schedule` (`harts.sim.schedule`) gives each (replica, stage)
 rank its passes; `lower_schedule` turns them into the runtime's compute actions
 (`_Action`): F m -> FORWARD, B m -> FULL_BACKWARD, the fused consumer + producer backward
-B c+B p (consumer-1f1b) -> one OVERLAP_F_B container whose sub-actions are the two full
-backwards, run back to back with no communication between them by a custom function
-(`register_custom_function`), which the runtime allows for exactly this action type.
+B c+B p (consumer-1f1b) -> one OVERLAP_F_B container (the runtime's only compound action)
+whose sub-actions are the two full backwards, run back to back with no communication
+between them by a custom function (`register_custom_function`, `_fused_backward`). A
+producer's backward is the runtime's FULL_BACKWARD of its microbatch (the injection above
+makes it the whole producer backward); the retained producer state (its stash, the
+consumers' bindings to it) is released by the stage right after that backward.
 `_PipelineScheduleRuntime._prepare_schedule_with_comms` adds the sends and receives; the
 runtime executes the list; each stage records the passes it ran (`executed`), which
 `PipelineStepResult` holds beside the simulated list for the same rank.
@@ -41,7 +44,15 @@ full-batch gradient; the runtime does not rescale (`scale_grads=False`). The MoE
 loss is per microbatch (`aux_scope="microbatch"`, each scaled by its share of the step's
 tokens) or global (`aux_scope="global"`): then a no-grad pass over every microbatch, stage
 after stage in forward order, sums the expert loads of each stage's layers and the pipeline
-group all-reduces them into the step-global statistics before the training pass.
+group all-reduces them into the step-global statistics before the training pass. That pass
+sends the residual stream with `torch.distributed` send/recv rather than through the
+runtime: a forward-only run of the same stage would switch the runtime's mode and rebuild
+its receive buffers twice a step, and the pass has no loss and no schedule to follow.
+
+Data parallel (`dp_group`, `pipeline_trainer` on a ("dp", "pp") mesh): each replica runs
+its own microbatches on its own pipeline; losses, expert loads, MoE statistics and, once
+per step, every stage's gradients are summed over the replicas. This is a plain all-reduce
+of unsharded gradients; FSDP2 sharding of the stage modules is `harts.dist.parallelize`'s.
 """
 
 from __future__ import annotations
@@ -68,7 +79,7 @@ from torch.distributed.pipelining.schedules import (
 from torch.utils.checkpoint import checkpoint
 
 from harts.config.kernels import KernelConfig
-from harts.config.models import FFNKind
+from harts.config.models import FFNKind, ModelConfig
 from harts.config.optimizer import OptimizerConfig
 from harts.exec.loss import PolicyLossConfig, policy_loss
 from harts.exec.model.model import HybridModel
@@ -92,6 +103,7 @@ __all__ = [
     "lower_schedule",
     "pipeline_trainer",
     "pp_group_of",
+    "stage_spec",
 ]
 
 
@@ -128,6 +140,20 @@ def pp_group_of(pp: dist.ProcessGroup | object) -> dist.ProcessGroup:
     if hasattr(pp, "get_group") and getattr(pp, "ndim", 1) == 1:
         return pp.get_group()  # type: ignore[attr-defined]
     raise ValueError("apply_pp needs a process group or a device mesh with a 'pp' dimension")
+
+
+def stage_spec(config: ModelConfig, num_stages: int, stage: int) -> StageSpec:
+    """Stage `stage` of `num_stages` under the simulator's split (`stage_layers`); checked
+    before anything is built or communicated."""
+    if num_stages < 1 or not 0 <= stage < num_stages:
+        raise ValueError(f"stage {stage} of {num_stages} pipeline stages")
+    if num_stages > config.num_layers:
+        raise ValueError(f"pp={num_stages} is larger than the layer count of {config.name} ({config.num_layers})")
+    if config.tie_embeddings and num_stages > 1:
+        raise ValueError("pipeline parallelism with tied embeddings is not supported (the first and last "
+                         "stages would share the embedding)")
+    split = stage_layers(config, num_stages)[stage]
+    return StageSpec(stage, num_stages, split.layers, split.has_embedding, split.has_lm_head)
 
 
 class PipelineStageModule(nn.Module):
@@ -193,14 +219,7 @@ def apply_pp(model: HybridModel, pp: dist.ProcessGroup | object, num_stages: int
         raise ValueError(f"{num_stages} pipeline stages on a pipeline group of {size} ranks "
                          "(one stage per rank)")
     config = model.config
-    if num_stages > config.num_layers:
-        raise ValueError(f"pp={num_stages} is larger than the layer count of {config.name} ({config.num_layers})")
-    if config.tie_embeddings and num_stages > 1:
-        raise ValueError("pipeline parallelism with tied embeddings is not supported (the first and last "
-                         "stages would share the embedding)")
-    stage = dist.get_rank(group) if stage is None else stage
-    split = stage_layers(config, num_stages)[stage]
-    spec = StageSpec(stage, num_stages, split.layers, split.has_embedding, split.has_lm_head)
+    spec = stage_spec(config, num_stages, dist.get_rank(group) if stage is None else stage)
     module = PipelineStageModule(model, spec)
     for i in range(config.num_layers):
         if i not in spec.layers:
@@ -442,12 +461,15 @@ class PipelineTrainer(PlanTrainer):
     the step loop is the pipelining runtime's. `step` clips by the global gradient norm (the
     stages' squared norms all-reduced over the pipeline group, and over `dp_group` when
     given) and steps AdamW on this stage's parameters. With `dp_group` (the ranks of the
-    same stage on the other replicas) the gradients are all-reduced over it once per step."""
+    same stage on the other replicas) the step's losses and statistics are summed over it,
+    and with `reduce_grads` its gradients too, once per step (False where the stage module
+    is FSDP-sharded: FSDP2 reduces them itself at the runtime's REDUCE_GRAD)."""
 
     def __init__(self, module: PipelineStageModule, plan: Plan, schedule: ScheduleName | str, *,
                  group: dist.ProcessGroup | None = None, replica: int = 0,
-                 dp_group: dist.ProcessGroup | None = None, optimizer: OptimizerConfig | None = None,
-                 loss: PolicyLossConfig | None = None, kernels: KernelConfig | None = None):
+                 dp_group: dist.ProcessGroup | None = None, reduce_grads: bool = True,
+                 optimizer: OptimizerConfig | None = None, loss: PolicyLossConfig | None = None,
+                 kernels: KernelConfig | None = None):
         if plan.mode != PlanMode.TREE:
             raise ValueError("pipeline execution runs tree-mode plans")
         if not 0 <= replica < plan.dp:
@@ -455,6 +477,7 @@ class PipelineTrainer(PlanTrainer):
         self.schedule_name = ScheduleName(schedule)
         self.group = group if group is not None else dist.group.WORLD
         self.dp_group = dp_group
+        self.reduce_grads = reduce_grads
         self.replica = replica
         self.spec = module.spec
         super().__init__(module, plan, optimizer, loss, kernels=kernels)  # type: ignore[arg-type]
@@ -554,7 +577,7 @@ class PipelineTrainer(PlanTrainer):
         losses = dict(zip(_TERMS, totals[: len(_TERMS)].tolist(), strict=True))
         expert_load = (totals[len(_TERMS):].view(num_moe, config.num_experts).numpy().copy() if num_moe
                        else np.zeros((0, config.num_experts)))
-        if self.dp_group is not None:
+        if self.dp_group is not None and self.reduce_grads:
             self._reduce_grads()
         grad_norm = self._global_grad_norm()
         return PipelineStepResult(
@@ -666,10 +689,13 @@ def pipeline_trainer(model: HybridModel, mesh: object, plan: Plan, schedule: Sch
     names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
     if "pp" not in names:
         raise ValueError(f"pipeline_trainer needs a mesh with a 'pp' dimension; it has {names}")
+    dp = mesh["dp"].size() if "dp" in names else 1  # type: ignore[index]
+    if plan.dp != dp:
+        raise ValueError(f"the plan was made for dp={plan.dp}; the mesh has dp={dp}")
     group = mesh.get_group("pp")  # type: ignore[attr-defined]
     module = apply_pp(model, group)
     replica, dp_group = 0, None
-    if "dp" in names and mesh["dp"].size() > 1:  # type: ignore[index]
+    if dp > 1:
         replica = mesh.get_local_rank("dp")  # type: ignore[attr-defined]
         dp_group = mesh.get_group("dp")  # type: ignore[attr-defined]
     return PipelineTrainer(module, plan, schedule, group=group, replica=replica, dp_group=dp_group, **kwargs)

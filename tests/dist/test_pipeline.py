@@ -21,10 +21,11 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from harts.config.models import get_model_config
 from harts.config.plan import PlanConfig
-from harts.dist.pipeline import lower_schedule, pipeline_trainer
+from harts.dist.pipeline import lower_schedule, pipeline_trainer, stage_spec
 from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.model import build_model
 from harts.exec.trainer import ExpandedTrainer
+from harts.exec.window import PlanTrainer
 from harts.plan.planners import make_plan
 from harts.sim.schedule import ScheduleName
 from harts.tree import build_forest
@@ -93,12 +94,16 @@ def _launch(tmp_path: Path, schedule: str, aux_scope: str = "global", dp: int = 
         for p in procs:
             p.start()
         deadline = time.monotonic() + JOIN_SECONDS
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
+        # until every rank is done, one fails (its peers would wait for it until the
+        # process group's timeout) or the deadline passes
+        while time.monotonic() < deadline and any(p.is_alive() for p in procs):
+            if any(p.exitcode not in (None, 0) for p in procs):
+                break
+            procs[0].join(0.2)
         errors = [f.read_text() for f in sorted(tmp_path.glob("rank*.err"))]
-        hung = [i for i, p in enumerate(procs) if p.is_alive()]
         codes = [p.exitcode for p in procs]
         assert not errors, "\n".join(errors)
+        hung = [i for i, p in enumerate(procs) if p.is_alive()]
         assert not hung, f"ranks {hung} did not finish in {JOIN_SECONDS} s"
         assert codes == [0] * world, codes
     finally:
@@ -109,13 +114,17 @@ def _launch(tmp_path: Path, schedule: str, aux_scope: str = "global", dp: int = 
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
+def _single_process(trainer_cls, aux_scope: str, *args):
+    trajs, _ = _case()
+    model = build_model(_config(aux_scope), seed=SEED, dtype=torch.float64)
+    ref = trainer_cls(model, *args, loss=LOSS).forward_backward(trajs, 1 << 20)
+    return {n: p.grad for n, p in model.named_parameters()}, ref
+
+
 @pytest.fixture(scope="module")
 def reference():
     """The single-process expanded step from the same weights (computed once per module)."""
-    trajs, _ = _case()
-    model = build_model(_config(), seed=SEED, dtype=torch.float64)
-    ref = ExpandedTrainer(model, loss=LOSS).forward_backward(trajs, 1 << 20)
-    return {n: p.grad for n, p in model.named_parameters()}, ref
+    return _single_process(ExpandedTrainer, "global")
 
 
 def _flat(lps) -> np.ndarray:
@@ -212,3 +221,26 @@ def test_dp2_pp2_matches_expanded(tmp_path, reference):
         by_stage.setdefault(out["stage"], []).append(out["grads"])
     for a, b in by_stage.values():
         assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+
+
+def test_microbatch_aux_scope_matches_the_single_process_plan_step(tmp_path):
+    """With per-microbatch aux losses (each scaled by its share of the step's tokens, the
+    running aux passed stage to stage) the pipelined step is the single-process plan step."""
+    _, plan = _case()
+    outs = _launch(tmp_path, ScheduleName.OVERLAP_BWD_FIRST.value, aux_scope="microbatch")
+    _check_against_reference(outs, _single_process(PlanTrainer, "microbatch", plan))
+    assert all(o["result"].losses["aux_loss"] > 0 for o in outs)
+
+
+def test_stage_split_is_the_simulators_and_bad_splits_are_refused():
+    cfg = _config()
+    specs = [stage_spec(cfg, 2, s) for s in range(2)]
+    assert [s.layers for s in specs] == [(0, 1), (2, 3)]
+    assert specs[0].has_embedding and not specs[0].has_lm_head
+    assert specs[1].has_lm_head and not specs[1].has_embedding
+    with pytest.raises(ValueError, match="larger than the layer count"):
+        stage_spec(cfg, 5, 0)
+    with pytest.raises(ValueError, match="tied embeddings"):
+        stage_spec(cfg.replace(tie_embeddings=True), 2, 0)
+    with pytest.raises(ValueError, match="stage 2 of 2"):
+        stage_spec(cfg, 2, 2)

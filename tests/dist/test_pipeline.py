@@ -58,7 +58,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, schedule: str, aux_scope: str, dp: int, out: str) -> None:
+def _worker(rank: int, world: int, port: int, schedule: str, aux_scope: str, dp: int, update: bool,
+            out: str) -> None:
     try:
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -70,9 +71,10 @@ def _worker(rank: int, world: int, port: int, schedule: str, aux_scope: str, dp:
         trainer = pipeline_trainer(model, mesh, plan, schedule, loss=LOSS)
         stage, replica = trainer.spec.stage, trainer.replica
         assert (replica, stage) == (rank // pp, rank % pp)
-        result = trainer.forward_backward(trajs)
+        # `update`: a whole step (clipped by the global norm, AdamW) instead of forward/backward
+        result = trainer.step(trajs) if update else trainer.forward_backward(trajs)
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-        params = [n for n, _ in model.named_parameters()]
+        params = {n: p.detach().clone() for n, p in model.named_parameters()}
         torch.save({"result": result, "grads": grads, "params": params, "stage": stage, "replica": replica},
                    Path(out) / f"rank{rank}.pt")
         dist.destroy_process_group()
@@ -81,14 +83,15 @@ def _worker(rank: int, world: int, port: int, schedule: str, aux_scope: str, dp:
         os._exit(1)
 
 
-def _launch(tmp_path: Path, schedule: str, aux_scope: str = "global", dp: int = 1) -> list[dict]:
+def _launch(tmp_path: Path, schedule: str, aux_scope: str = "global", dp: int = 1,
+            update: bool = False) -> list[dict]:
     world = 2 * dp
     port = _free_port()
     # children forked from one server that has imported torch and harts once (a spawned
     # child would import them again, ~10 s of CPU each)
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([__name__])
-    procs = [ctx.Process(target=_worker, args=(r, world, port, schedule, aux_scope, dp, str(tmp_path)), daemon=True)
+    procs = [ctx.Process(target=_worker, args=(r, world, port, schedule, aux_scope, dp, update, str(tmp_path)), daemon=True)
              for r in range(world)]
     try:
         for p in procs:
@@ -114,11 +117,12 @@ def _launch(tmp_path: Path, schedule: str, aux_scope: str = "global", dp: int = 
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
-def _single_process(trainer_cls, aux_scope: str, *args):
+def _single_process(trainer_cls, aux_scope: str, *args, update: bool = False):
     trajs, _ = _case()
     model = build_model(_config(aux_scope), seed=SEED, dtype=torch.float64)
-    ref = trainer_cls(model, *args, loss=LOSS).forward_backward(trajs, 1 << 20)
-    return {n: p.grad for n, p in model.named_parameters()}, ref
+    trainer = trainer_cls(model, *args, loss=LOSS)
+    ref = trainer.step(trajs, 1 << 20) if update else trainer.forward_backward(trajs, 1 << 20)
+    return {n: p.grad for n, p in model.named_parameters()}, ref, {n: p.detach() for n, p in model.named_parameters()}
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +136,7 @@ def _flat(lps) -> np.ndarray:
 
 
 def _check_against_reference(outs: list[dict], reference, pp: int = 2) -> None:
-    ref_grads, ref = reference
+    ref_grads, ref, _ = reference
     seen: set[str] = set()
     logprobs = np.full(_flat(ref.logprobs).size, np.nan)
     for out in outs:
@@ -157,6 +161,7 @@ def _check_against_reference(outs: list[dict], reference, pp: int = 2) -> None:
     # the stages' parameters split the model's: each rank keeps its own, every one of them
     # has its gradient
     owned = [set(out["params"]) for out in outs if out["replica"] == 0]
+    assert all(set(out["grads"]) == set(out["params"]) for out in outs)
     assert sum(len(o) for o in owned) == len(ref_grads) and set().union(*owned) == set(ref_grads)
     assert seen == set(ref_grads), sorted(set(ref_grads) - seen)
 
@@ -205,13 +210,21 @@ def test_lowering_maps_passes_to_runtime_actions():
         [op.mbs[0] for op in sched.ops(0, 1) if op.kind == "F"]
 
 
-def test_dp2_pp2_matches_expanded(tmp_path, reference):
-    """Two replicas of a two-stage pipeline (4 processes): each runs its replica's windows
-    in the simulator's schedule; the stage gradients are summed over the replicas."""
+def test_dp2_pp2_step_matches_expanded(tmp_path):
+    """Two replicas of a two-stage pipeline (4 processes) run one update: each replica its
+    windows in the simulator's schedule, the stage gradients summed over the replicas,
+    clipped by the global norm, AdamW; gradients, losses and the updated weights equal the
+    single-process expanded step's."""
     trajs, plan = _case(dp=2)
     assert plan.consumers() and {m.replica for m in plan.microbatches} == {0, 1}
-    outs = _launch(tmp_path, ScheduleName.CONSUMER_1F1B.value, dp=2)
+    outs = _launch(tmp_path, ScheduleName.CONSUMER_1F1B.value, dp=2, update=True)
+    reference = _single_process(ExpandedTrainer, "global", update=True)
     _check_against_reference(outs, reference)
+    ref_params = reference[2]
+    for out in outs:
+        assert abs(out["result"].grad_norm - reference[1].grad_norm) <= TOL * reference[1].grad_norm
+        for name, p in out["params"].items():
+            assert max_rel(p.numpy(), ref_params[name].numpy()) <= TOL, name
     for out in outs:
         r = out["result"]
         assert r.executed == r.simulated, (r.replica, r.stage, r.executed, r.simulated)

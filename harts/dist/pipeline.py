@@ -100,6 +100,7 @@ __all__ = [
     "ScheduleName",
     "StageSpec",
     "apply_pp",
+    "executed_schedule",
     "lower_schedule",
     "pipeline_trainer",
     "pp_group_of",
@@ -448,6 +449,18 @@ class PipelineStepResult:
     entropy: list[np.ndarray] | None = None
     seconds: float = 0.0
     layout: list[dict] = field(default_factory=list)
+
+
+def executed_schedule(result: PipelineStepResult, group: dist.ProcessGroup | None = None) -> Schedule:
+    """What every rank of `group` (default: the world, every replica's pipeline) ran, as a
+    simulator `Schedule`: its text compares line by line with the simulated schedule's
+    (`Schedule.to_text`). A collective: every rank of the group calls it."""
+    mine = (result.replica, result.stage, result.executed)
+    gathered: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, mine, group=group)
+    ranks = tuple(sorted(((r, s), tuple(ops)) for r, s, ops in gathered))
+    return Schedule(result.schedule, max(s for _, s, _ in gathered) + 1,
+                    max(r for r, _, _ in gathered) + 1, ranks)
 
 
 _TERMS = ("loss", "pg_loss", "kl", "entropy", "aux_loss", "clip_frac", "ppo_kl")

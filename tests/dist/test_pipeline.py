@@ -21,7 +21,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from harts.config.models import get_model_config
 from harts.config.plan import PlanConfig
-from harts.dist.pipeline import lower_schedule, pipeline_trainer, stage_spec
+from harts.dist.pipeline import executed_schedule, lower_schedule, pipeline_trainer, stage_spec
 from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.model import build_model
 from harts.exec.trainer import ExpandedTrainer
@@ -75,8 +75,11 @@ def _worker(rank: int, world: int, port: int, schedule: str, aux_scope: str, dp:
         result = trainer.step(trajs) if update else trainer.forward_backward(trajs)
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         params = {n: p.detach().clone() for n, p in model.named_parameters()}
-        torch.save({"result": result, "grads": grads, "params": params, "stage": stage, "replica": replica},
-                   Path(out) / f"rank{rank}.pt")
+        # the whole run's order, gathered (every rank), against the simulator's text
+        ran = executed_schedule(result).to_text()
+        simulated = trainer.simulated_schedule(trajs).to_text()
+        torch.save({"result": result, "grads": grads, "params": params, "stage": stage, "replica": replica,
+                    "ran": ran, "simulated": simulated}, Path(out) / f"rank{rank}.pt")
         dist.destroy_process_group()
     except BaseException:
         (Path(out) / f"rank{rank}.err").write_text(traceback.format_exc())
@@ -176,6 +179,7 @@ def test_pp2_matches_expanded_and_runs_the_simulated_schedule(tmp_path, referenc
         r = out["result"]
         assert r.schedule == schedule
         assert r.executed == r.simulated, (r.stage, r.executed, r.simulated)
+        assert out["ran"] == out["simulated"], out["ran"]
     if schedule == ScheduleName.CONSUMER_1F1B:
         assert any(op.fused for out in outs for op in out["result"].executed)
     # stage 0 and stage 1 both ran every microbatch forward and backward
@@ -228,6 +232,7 @@ def test_dp2_pp2_step_matches_expanded(tmp_path):
     for out in outs:
         r = out["result"]
         assert r.executed == r.simulated, (r.replica, r.stage, r.executed, r.simulated)
+        assert out["ran"] == out["simulated"] and "replicas 2" in out["ran"]
     # both replicas' ranks of one stage hold the same (all-reduced) gradients
     by_stage: dict[int, list[dict]] = {}
     for out in outs:

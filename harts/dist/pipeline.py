@@ -478,6 +478,9 @@ class PipelineTrainer(PlanTrainer):
     and with `reduce_grads` its gradients too, once per step (False where the stage module
     is FSDP-sharded: FSDP2 reduces them itself at the runtime's REDUCE_GRAD)."""
 
+    # `run_steps` steps it one batch at a time (its step builds the data side itself)
+    preparable = False
+
     def __init__(self, module: PipelineStageModule, plan: Plan, schedule: ScheduleName | str, *,
                  group: dist.ProcessGroup | None = None, replica: int = 0,
                  dp_group: dist.ProcessGroup | None = None, reduce_grads: bool = True,
@@ -671,6 +674,9 @@ class PipelineTrainer(PlanTrainer):
             sq += float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))) ** 2
         dist.all_reduce(sq, group=self.group)
         return float(sq.sqrt())
+
+    def prepare(self, *args, **kwargs):  # noqa: ANN002, ANN003
+        raise NotImplementedError("a pipeline step builds its data side itself; it is not prepared ahead")
 
     def evaluate(self, *args, **kwargs):  # noqa: ANN002, ANN003
         raise NotImplementedError("a forward-only pipeline step is not implemented")

@@ -1,1 +1,2 @@
-"""Distributed execution on torch.distributed: checkpointing (`checkpoint`)."""
+"""Distributed execution on torch.distributed: mesh, data, expert, tensor and pipeline
+parallelism (`pipeline`), checkpoints (`checkpoint`)."""

@@ -238,8 +238,9 @@ class PlanTrainer(ExpandedTrainer):
 
     def _window_run(self, trajectories: Sequence[Trajectory]) -> _WindowRun:
         model, plan = self.model, self.plan
-        device = model.lm_head_weight.device
-        dtype = model.lm_head_weight.dtype
+        # any parameter's device and dtype (a pipeline stage's module holds no LM head)
+        ref = next(model.parameters())
+        device, dtype = ref.device, ref.dtype
         forest = build_forest(trajectories)
         plan.validate(forest)
         mbs = {m.id: m for m in plan.microbatches}

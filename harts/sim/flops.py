@@ -163,8 +163,10 @@ def ideal_speedup(expanded_seconds: Mapping[WorkKind | str, float], expanded_wor
 
 def step_work(forest: RolloutForest, mode: str, chunk_size: int = 64) -> MicrobatchWork:
     """The whole step as one microbatch: 'tree' (compact rows, ancestor pairs, the KDA
-    rounds of the minimum-call plan with their replay) or 'expanded' (every trajectory
-    token, causal pairs, one KDA call over independent sequences)."""
+    rounds of the minimum-call plan with their replay), 'expanded' (every trajectory
+    token, causal pairs, one KDA call over independent sequences) or 'prefix-merged' (the
+    expanded layout of the hosts only, `harts.tree.prefix`: every sequence that is a
+    prefix of another runs inside it)."""
     if mode == "tree":
         from harts.plan.kda_calls import plan_kda_calls_for
 
@@ -189,7 +191,12 @@ def step_work(forest: RolloutForest, mode: str, chunk_size: int = 64) -> Microba
                               expanded_tokens=forest.expanded_tokens)
     if mode == "expanded":
         return expanded_microbatch(0, 0, forest.traj_length.tolist(), chunk_size)
-    raise ValueError(f"mode must be 'tree' or 'expanded', got {mode!r}")
+    if mode == "prefix-merged":
+        from harts.tree.prefix import forest_host_lengths
+
+        w = expanded_microbatch(0, 0, forest_host_lengths(forest).tolist(), chunk_size)
+        return replace(w, expanded_tokens=forest.expanded_tokens)
+    raise ValueError(f"mode must be 'tree', 'expanded' or 'prefix-merged', got {mode!r}")
 
 
 def work_counts(model: ModelConfig, work: MicrobatchWork, recompute: bool = True) -> dict[WorkKind, float]:
@@ -250,11 +257,12 @@ def simulated_op_seconds(model: ModelConfig, work: MicrobatchWork, hardware, rec
     return out
 
 
-def simulated_ideal(forest: RolloutForest, model: ModelConfig, hardware, recompute: bool = True
-                    ) -> tuple[IdealSpeedup, float]:
-    """(the ideal weighted by the simulator's expanded per-op times, the simulator's own
-    speedup of the one-microbatch tree step over the one-microbatch expanded step)."""
-    exp, tree = step_work(forest, "expanded", model.chunk_size), step_work(forest, "tree", model.chunk_size)
+def simulated_ideal(forest: RolloutForest, model: ModelConfig, hardware, recompute: bool = True,
+                    baseline: str = "expanded") -> tuple[IdealSpeedup, float]:
+    """(the ideal weighted by the simulator's per-op times of the baseline step, the
+    simulator's own speedup of the one-microbatch tree step over the one-microbatch
+    baseline step); `baseline` is 'expanded' (packed) or 'prefix-merged'."""
+    exp, tree = step_work(forest, baseline, model.chunk_size), step_work(forest, "tree", model.chunk_size)
     exp_secs = simulated_op_seconds(model, exp, hardware, recompute)
     tree_secs = simulated_op_seconds(model, tree, hardware, recompute)
     ideal = ideal_speedup(exp_secs, work_counts(model, exp, recompute), work_counts(model, tree, recompute))

@@ -17,7 +17,7 @@ import numpy as np
 
 from harts.tree.forest import RolloutForest
 
-__all__ = ["forest_host_lengths", "prefix_hosts"]
+__all__ = ["duplicate_counts", "forest_host_lengths", "prefix_hosts"]
 
 
 def prefix_hosts(token_seqs: Sequence[np.ndarray]) -> np.ndarray:
@@ -44,3 +44,11 @@ def forest_host_lengths(forest: RolloutForest) -> np.ndarray:
     ends at a node with children or shares its end node with another trajectory."""
     leaves = np.flatnonzero(forest.node_num_children == 0)
     return forest.node_end[leaves].astype(np.int64)
+
+
+def duplicate_counts(forest: RolloutForest) -> dict[str, int]:
+    """{'distinct_trajectories', 'duplicate_trajectories'}: trajectories of a group that end
+    at the same node are identical sequences; each such set counts once as distinct and
+    its other members as duplicates."""
+    distinct = int(np.unique(forest.traj_node).size)
+    return {"distinct_trajectories": distinct, "duplicate_trajectories": forest.num_trajectories - distinct}

@@ -115,6 +115,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UserError(str(err)) from None
     if args.steps < 1 or args.microbatch_tokens < 1:
         raise UserError("--steps and --microbatch-tokens must be >= 1")
+    from harts.exec.bench import largest_fitting_budget, memory_plan
+
+    capacity = torch.cuda.get_device_properties(0).total_memory
+    plan = memory_plan(args.model, args.microbatch_tokens)
+    print(f"[bench] planned peak {plan['total_bytes'] / 2**30:.1f} GiB of {capacity / 2**30:.1f} GiB "
+          f"(weights+grads+AdamW {plan['static_bytes'] / 2**30:.1f}, activations "
+          f"{plan['activation_bytes'] / 2**30:.1f}, LM head chunk {plan['lm_head_bytes'] / 2**30:.1f})",
+          file=sys.stderr, flush=True)
+    if plan["total_bytes"] > capacity:
+        fits = largest_fitting_budget(args.model, capacity)
+        raise UserError(f"{args.model} at --microbatch-tokens {args.microbatch_tokens} plans "
+                        f"{plan['total_bytes'] / 2**30:.1f} GiB, more than this GPU's {capacity / 2**30:.1f} GiB; "
+                        + (f"--microbatch-tokens {fits} fits" if fits else "its weights and optimizer state alone "
+                           "do not fit one GPU"))
     kernels = kernel_config(args)
     baselines = BASELINE_CHOICES[args.baseline]
     runs = []

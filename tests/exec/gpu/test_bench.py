@@ -58,3 +58,20 @@ def test_kernel_kinds():
 def test_unknown_baseline_is_refused():
     with pytest.raises(ValueError, match="unknown baseline"):
         step_benchmark([], model="tiny-cpu", baselines=("stepwise",), device="cpu")
+
+
+def test_memory_plan_of_tiny_on_one_h200():
+    from harts.exec.bench import largest_fitting_budget, memory_plan
+
+    h200 = 139.8 * 2**30
+    plan = memory_plan("tiny", 131072)
+    parts = plan["static_bytes"] + plan["activation_bytes"] + plan["lm_head_bytes"]
+    assert plan["total_bytes"] == pytest.approx(parts)
+    # the chunked LM head keeps one chunk's logits: tiny's 131k-row step plans under one H200;
+    # the unchunked [rows, vocab] log-softmax alone would not fit
+    assert plan["lm_head_bytes"] <= 3 * 4 * 2**27
+    assert plan["total_bytes"] < h200 < plan["unchunked_lm_head_bytes"]
+    fits = largest_fitting_budget("tiny", h200)
+    assert fits >= 131072 and fits % 4096 == 0
+    assert memory_plan("tiny", fits)["total_bytes"] <= h200 < memory_plan("tiny", fits + 4096)["total_bytes"]
+    assert largest_fitting_budget("tiny", plan["static_bytes"] / 2) == 0

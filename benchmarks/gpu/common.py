@@ -123,8 +123,16 @@ def ends_from_parents(par: np.ndarray) -> np.ndarray:
 # ------------------------------------------------------------------- provenance
 
 
-# provenance is the library's (harts.exec.bench), shared with `harts bench --out`
-from harts.exec.bench import PACKAGES, device_info, package_versions, provenance  # noqa: E402,F401
+# provenance is the library's (harts.exec.bench), shared with `harts bench --out`; the
+# suites add the environment variables that change kernel numerics or the device seen
+from harts.exec.bench import PACKAGES, device_info, package_versions  # noqa: E402,F401
+from harts.exec.bench import provenance as _provenance  # noqa: E402
+
+
+def provenance(argv: list[str] | None = None) -> dict[str, Any]:
+    """`harts.exec.bench.provenance` plus TRITON_F32_DEFAULT / CUDA_VISIBLE_DEVICES where set."""
+    return {**_provenance(argv),
+            "env": {k: os.environ[k] for k in ("TRITON_F32_DEFAULT", "CUDA_VISIBLE_DEVICES") if k in os.environ}}
 
 
 def _jsonable(o: Any) -> Any:

@@ -52,7 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=2, help="timed steps per mode (median reported)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--out", metavar="PATH", help="write {'runs': [...], 'provenance': ...} here (its folder must exist)")
-    p.add_argument("--json", action="store_true", help="print {'runs': [...]} on stdout instead of the table")
+    p.add_argument("--json", action="store_true",
+                   help="print {'runs': [...], 'provenance': ...} on stdout instead of the table")
     add_attention_args(p)
     p.set_defaults(func=cmd_bench)
 
@@ -152,11 +153,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          f"{r['tree']['seconds']:.2f}", f"{v['speedup']:.2f}", f"{v['of_ideal']:.2f}",
                          f"{v['speedup_inline']:.2f}", f"{r[key]['peak_bytes'] / 2**30:.1f}",
                          f"{r['tree']['peak_bytes'] / 2**30:.1f}"))
-    doc = {"runs": runs}
-    if args.out:
-        from harts.exec.bench import provenance
+    from harts.exec.bench import provenance
 
-        write_output(args.out, "--out", json.dumps({**doc, "provenance": provenance()}, indent=1, default=str))
+    doc = {"runs": runs, "provenance": provenance()}
+    if args.out:
+        write_output(args.out, "--out", json.dumps(doc, indent=1, default=str))
     if args.json:
         print_json(doc)
         if args.out:

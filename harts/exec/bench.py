@@ -27,7 +27,6 @@ from __future__ import annotations
 import datetime as _dt
 import gc
 import importlib.metadata as _md
-import os
 import shlex
 import statistics
 import subprocess
@@ -99,7 +98,6 @@ def provenance(argv: list[str] | None = None) -> dict[str, Any]:
         "packages": package_versions(),
         "python": sys.version.split()[0],
         "device": device_info(),
-        "env": {k: os.environ[k] for k in ("TRITON_F32_DEFAULT", "CUDA_VISIBLE_DEVICES") if k in os.environ},
         "date_utc": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
 
@@ -174,7 +172,7 @@ def kernel_kind(name: str):
         return WorkKind.KDA_CHUNK_STEPS
     if any(k in n for k in ("kda", "chunk_", "wy_", "recompute_w_u", "solve_tril", "kkt", "gated_delta")):
         return WorkKind.KDA_TOKENS
-    if any(k in n for k in ("adam", "multi_tensor", "foreach", "l2norm")):
+    if any(k in n for k in ("adam", "multi_tensor", "foreach")):
         return WorkKind.PARAMETERS
     return WorkKind.TOKENS
 

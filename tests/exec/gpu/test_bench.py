@@ -51,6 +51,7 @@ def test_kernel_kinds():
     assert kernel_kind("chunk_kda_fwd_kernel_intra_sub_chunk") == WorkKind.KDA_TOKENS
     assert kernel_kind("void multi_tensor_apply_kernel<FusedAdamMathFunctor>") == WorkKind.PARAMETERS
     assert kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32") == WorkKind.TOKENS
+    assert kernel_kind("l2norm_fwd_kernel") == WorkKind.TOKENS  # KDA's q/k norms run per row
     assert kind_seconds({"flash_fwd": 1.0, "gemm": 2.0, "flash_bwd": 0.5}) == {
         WorkKind.ATTENTION_PAIRS: 1.5, WorkKind.TOKENS: 2.0}
 

@@ -76,15 +76,18 @@ def _steps(args: argparse.Namespace, vocab: int) -> list[tuple[str, str, dict, l
     if args.workload:
         from harts.cli.tree import workload_config
 
-        cfg = workload_config(args.workload, None, args.set)
-        over = {s.partition("=")[0]: s.partition("=")[2] for s in args.set}
+        sets = list(args.set)
+        if not any(s.partition("=")[0] == "vocab_size" for s in sets):
+            sets.append(f"vocab_size={vocab}")  # the model's vocabulary unless asked otherwise
+        cfg = workload_config(args.workload, None, sets)
+        over = {s.partition("=")[0]: s.partition("=")[2] for s in sets}
         try:
             trajs = generate(cfg).trajectories()
         except ValueError as err:
             raise UserError(str(err)) from None
         if max(int(t.tokens.max()) for t in trajs) >= vocab:
             raise UserError(f"--workload {args.workload}: token ids reach the workload's vocab_size "
-                            f"{cfg.vocab_size}, beyond the model's {vocab}: add --set vocab_size={vocab}")
+                            f"{cfg.vocab_size}, beyond the model's {vocab}: set vocab_size <= {vocab}")
         return [(args.workload, args.workload, over, trajs)]
     out = []
     for scheme in args.schemes or ["treestep", "stepwise"]:

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 
+import pytest
 import torch
 
 from harts.cli.main import main
@@ -37,3 +38,20 @@ def test_tree_stats_counts_duplicates(capsys, tmp_path):
     stats = json.loads(capsys.readouterr().out)
     assert stats["duplicate_trajectories"] == 1
     assert stats["distinct_trajectories"] == len(trajs)
+
+
+def test_bench_workload_steps_take_the_models_vocabulary():
+    import argparse
+
+    from harts.cli.bench import _steps
+
+    args = argparse.Namespace(input=None, workload="tiny-treestep", set=["num_groups=1"], schemes=None)
+    [(label, name, over, trajs)] = _steps(args, vocab=300)
+    assert (label, name) == ("tiny-treestep", "tiny-treestep")
+    assert over == {"num_groups": "1", "vocab_size": "300"}
+    assert len({t.group for t in trajs}) == 1 and max(int(t.tokens.max()) for t in trajs) < 300
+    args.set = ["vocab_size=512"]
+    from harts.cli.common import UserError
+
+    with pytest.raises(UserError, match="beyond the model's 300"):
+        _steps(args, vocab=300)

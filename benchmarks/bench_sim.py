@@ -133,7 +133,8 @@ def main() -> None:
           f"{time.perf_counter() - t0:.1f} s")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"table6": t6, "speedups": sp, "speedups_65536": sp_small}, fh, indent=1)
+            from harts.exec.bench import provenance  # git revision, command, packages, device
+            json.dump({"provenance": provenance(), "table6": t6, "speedups": sp, "speedups_65536": sp_small}, fh, indent=1)
 
 
 if __name__ == "__main__":

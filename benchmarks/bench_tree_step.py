@@ -4,8 +4,8 @@
 
 tiny-cpu model, float32, the same trajectories and token budget for both modes, best of
 `--repeats` steps each (timings on a shared 2-core machine are noisy; the ratio within
-one run is what to read). Reported next to the compression that bounds the speedup:
-`compression` = expanded / compact tokens, and `flop_limit` = expanded / (compact +
+one run is what to read). Reported next to the work ratios (summaries of work, not bounds):
+`compression` = expanded / compact tokens, and `token_ratio` = expanded / (compact +
 KDA replay) tokens, the executed-token ratio.
 """
 
@@ -55,7 +55,7 @@ def bench(scheme: str, repeats: int, budget: int) -> dict:
         "compact_tokens": compact,
         "replay_tokens": replay,
         "compression": expanded_tokens / compact,
-        "flop_limit": expanded_tokens / (compact + replay),
+        "token_ratio": expanded_tokens / (compact + replay),
         "expanded_seconds": times["expanded"],
         "tree_seconds": times["tree"],
         "speedup": times["expanded"] / times["tree"],
@@ -73,13 +73,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     rows = [bench(s, args.repeats, args.microbatch_tokens) for s in WORKLOADS]
     if args.json:
-        print(json.dumps(rows, indent=2))
+        from harts.exec.bench import provenance  # git revision, command, packages, device
+        print(json.dumps({"provenance": provenance(), "rows": rows}, indent=2))
         return
     print(f"{'scheme':9} {'expanded':>9} {'compact':>8} {'replay':>7} {'compress':>9} {'flop lim':>9} "
           f"{'exp s':>7} {'tree s':>7} {'speedup':>8}")
     for r in rows:
         print(f"{r['scheme']:9} {r['expanded_tokens']:9d} {r['compact_tokens']:8d} {r['replay_tokens']:7d} "
-              f"{r['compression']:8.2f}x {r['flop_limit']:8.2f}x {r['expanded_seconds']:7.2f} "
+              f"{r['compression']:8.2f}x {r['token_ratio']:8.2f}x {r['expanded_seconds']:7.2f} "
               f"{r['tree_seconds']:7.2f} {r['speedup']:7.2f}x")
 
 

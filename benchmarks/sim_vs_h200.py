@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
                      "simulated": {c: sim[c] for c in CATEGORIES}})
     scale = None if cal is None else cal.elementwise_scale
     if args.json:
-        print(json.dumps({"cost_model": args.cost_model, "hardware": args.hardware, "elementwise_scale": scale,
+        from harts.exec.bench import provenance  # git revision, command, packages, device
+        print(json.dumps({"provenance": provenance(), "cost_model": args.cost_model, "hardware": args.hardware, "elementwise_scale": scale,
                           "fit_elementwise": args.fit_elementwise, "fit_kda": args.fit_kda, "rows": rows}, indent=1))
         return 0
     fitted = ([f"elementwise scale {scale:.2f} fitted on {args.fit_elementwise}"] if args.fit_elementwise else []) + (

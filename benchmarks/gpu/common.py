@@ -20,12 +20,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as _dt
-import importlib.metadata as _md
 import json
 import os
-import shlex
-import subprocess
 import sys
 import time
 import traceback
@@ -127,65 +123,16 @@ def ends_from_parents(par: np.ndarray) -> np.ndarray:
 # ------------------------------------------------------------------- provenance
 
 
-PACKAGES = ("torch", "triton", "fla-core", "nvidia-cudnn-frontend", "numpy", "einops")
-
-
-def _git(*args: str) -> str | None:
-    try:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10,
-                              check=True).stdout.strip()
-    except Exception:  # noqa: BLE001 - a copy of the tree without .git has no revision
-        return None
-
-
-def package_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for name in PACKAGES:
-        try:
-            out[name] = _md.version(name)
-        except _md.PackageNotFoundError:
-            out[name] = None
-    if out.get("fla-core") is None:  # a wheel installed with --target has no dist-info lookup path
-        try:
-            import fla
-
-            out["fla-core"] = fla.__version__
-        except Exception:  # noqa: BLE001
-            pass
-    return out
-
-
-def device_info() -> dict[str, Any]:
-    """The GPU, CUDA and cuDNN the run saw (None fields on a machine without CUDA)."""
-    info: dict[str, Any] = {"cuda_available": torch.cuda.is_available(), "cuda": torch.version.cuda,
-                            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}
-    if torch.cuda.is_available():
-        p = torch.cuda.get_device_properties(0)
-        info.update(name=torch.cuda.get_device_name(0), sms=p.multi_processor_count,
-                    memory_gib=round(p.total_memory / 2**30, 1), count=torch.cuda.device_count())
-    try:
-        import cudnn
-
-        info["cudnn_frontend_backend"] = cudnn.backend_version()
-    except Exception:  # noqa: BLE001 - the frontend is optional
-        pass
-    return info
+# provenance is the library's (harts.exec.bench), shared with `harts bench --out`; the
+# suites add the environment variables that change kernel numerics or the device seen
+from harts.exec.bench import PACKAGES, device_info, package_versions  # noqa: E402,F401
+from harts.exec.bench import provenance as _provenance  # noqa: E402
 
 
 def provenance(argv: list[str] | None = None) -> dict[str, Any]:
-    """Where a result comes from: git revision (and whether the tree had local changes),
-    the exact command, package versions, device and the UTC date (`run_suite` adds the
-    suite's options and its kernel config)."""
-    status = _git("status", "--porcelain", "--untracked-files=no")
-    return {
-        "git_revision": _git("rev-parse", "HEAD"),
-        "git_dirty": None if status is None else bool(status),
-        "command": shlex.join([sys.executable.rsplit("/", 1)[-1], *(sys.argv if argv is None else argv)]),
-        "packages": package_versions(),
-        "device": device_info(),
-        "env": {k: os.environ[k] for k in ("TRITON_F32_DEFAULT", "CUDA_VISIBLE_DEVICES") if k in os.environ},
-        "date_utc": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
+    """`harts.exec.bench.provenance` plus TRITON_F32_DEFAULT / CUDA_VISIBLE_DEVICES where set."""
+    return {**_provenance(argv),
+            "env": {k: os.environ[k] for k in ("TRITON_F32_DEFAULT", "CUDA_VISIBLE_DEVICES") if k in os.environ}}
 
 
 def _jsonable(o: Any) -> Any:

@@ -33,6 +33,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from benchmarks.gpu.common import Section, add_kernel_args, run_suite  # noqa: E402
 from benchmarks.gpu.step import STEP_WORKLOADS  # noqa: E402
 from harts.config.models import get_model_config  # noqa: E402
+from harts.exec.bench import kind_seconds  # noqa: E402
 from harts.exec.model.model import build_model  # noqa: E402
 from harts.exec.trainer import ExpandedTrainer  # noqa: E402
 from harts.exec.tree_trainer import TreeTrainer  # noqa: E402
@@ -80,7 +81,9 @@ def sec_profile(args):
         # every kernel (sorted): with only the top 40 the tail (0.11 s tree / 0.32 s
         # expanded in the fourth session) lands in sim_vs_h200's "other" category, GEMMs included
         top = sorted(agg.items(), key=lambda kv: -kv[1][0])
-        out[mode] = {"wall_s": wall, "kernel_s": busy, "busy_share": busy / wall,
+        # kernel time by the work it scales with: what the ideal speedup is weighted with
+        by_kind = {k.value: t for k, t in kind_seconds({n: v[0] for n, v in agg.items()}).items()}
+        out[mode] = {"wall_s": wall, "kernel_s": busy, "busy_share": busy / wall, "kind_seconds": by_kind,
                      "top": [{"kernel": k[:160], "seconds": v[0], "calls": v[1]} for k, v in top]}
         print(f"[profile] {mode}: wall {wall:.2f}s kernels {busy:.2f}s", flush=True)
         for k, v in top[:25]:

@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu/run.sh SUITE... # e.g. run.sh step "attention pairs" tests
 #
 # A SUITE is a suite name, optionally followed by its own arguments in the same (quoted)
-# word: "step --schemes treestep --steps 3". Suites: step attention kda conv fidelity
+# word: "step --schemes treestep --steps 3". Suites: step baselines attention kda conv fidelity
 # op_profile calib moe windows (benchmarks/gpu/<name>.py), and tests (the GPU correctness
 # tests: python3 -m pytest -q -m cuda tests/cuda). Each writes under $OUT/<name>/ (default
 # /tmp/out) and runs under `timeout` (TIMEOUT_<name> seconds, else the default below).
@@ -21,7 +21,7 @@ else
 fi
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
-declare -A LIMIT=([step]=420 [attention]=150 [kda]=200 [conv]=100 [fidelity]=90 [op_profile]=200 [calib]=150
+declare -A LIMIT=([step]=420 [baselines]=560 [attention]=150 [kda]=200 [conv]=100 [fidelity]=90 [op_profile]=200 [calib]=150
                   [moe]=60 [windows]=540 [tests]=540)
 [ $# -gt 0 ] || { echo "usage: $0 SUITE... (${!LIMIT[*]})" >&2; exit 2; }
 rc=0

@@ -4,7 +4,9 @@ tiny-h200 on a generated SWE workload, timed both ways on one GPU (bf16, recompu
     python3 benchmarks/gpu/step.py [step] [--schemes treestep stepwise] [--steps 5] [--out DIR]
 
 Reports the speedup (expanded seconds / tree seconds, data side prepared one step ahead),
-the FLOP and token limits of the layout (harts.sim.flops), both peaks and seconds. Kernel
+the ideal speedup (the expanded step's profiled kernel time by work kind, scaled by each
+kind's work ratio: harts.sim.flops.ideal_speedup), the FLOP and token ratios of the layout,
+both peaks and seconds. The prefix-merged baseline is benchmarks/gpu/baselines.py's. Kernel
 choices: `--tree-attention`, `--baseline-attention`, `--conv`, `--fwd-h` (the library's
 defaults when left out).
 """
@@ -55,19 +57,19 @@ def sec_step(args):
                            steps=args.steps, warmup=1, kernels=args.kernels)
         r.update(scheme=scheme, workload=name, overrides=over, kernel_config=args.kernels.to_dict())
         runs.append(r)
-        print(f"[step] {scheme}: speedup {r.get('speedup'):.2f}x limit {r['flop_limit']:.2f}x "
-              f"(tokens {r['token_limit']:.2f}x) exp {r['expanded']['seconds']:.2f}s "
+        print(f"[step] {scheme}: speedup {r.get('speedup'):.2f}x ideal {r['ideal']:.2f}x "
+              f"(tokens {r['token_ratio']:.2f}x, FLOPs {r['flop_ratio']:.2f}x) exp {r['expanded']['seconds']:.2f}s "
               f"tree {r['tree']['seconds']:.2f}s peak exp {r['expanded_peak_bytes'] / 2**30:.1f} GiB "
               f"tree {r['tree_peak_bytes'] / 2**30:.1f} GiB", flush=True)
     return runs
 
 
 def summary(runs):
-    return [(r["scheme"], f"{r['speedup']:.3f}x (limit {r['flop_limit']:.3f}x, {r['speedup_over_limit']:.3f} of it); "
+    return [(r["scheme"], f"{r['speedup']:.3f}x (ideal {r['ideal']:.3f}x, {r['of_ideal']:.3f} of it); "
              f"expanded {r['expanded']['seconds']:.3f} s, tree {r['tree']['seconds']:.3f} s") for r in runs]
 
 
-SECTIONS = [Section("step", sec_step, "tree vs expanded update step per scheme (speedup, limits, peaks)", summary)]
+SECTIONS = [Section("step", sec_step, "tree vs expanded update step per scheme (speedup, ideal, ratios, peaks)", summary)]
 
 
 def add_args(ap) -> None:

@@ -135,6 +135,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     forest = load_forest(args)
     stats = forest.stats()
+    from harts.tree.prefix import duplicate_counts
+
+    stats.update(duplicate_counts(forest))
     stats["build_seconds"] = time.perf_counter() - start
     if args.json:
         print_json(stats)

@@ -42,6 +42,12 @@ class WorkloadConfig:
     microbatch_tokens: int = 131072
     # treestep: a chain branches after this fraction (uniform) of the turns it has left
     branch_window: tuple[float, float] = (0.4, 0.9)
+    # treestep: whether a fork may resample only the final action (a continuation of one
+    # turn); off, every continuation runs at least two turns of its own
+    last_turn_branching: bool = False
+    # treestep: leaves that reach the context cap together end as identical sequences;
+    # off, each distinct sequence is emitted once (the group then has fewer leaves)
+    allow_duplicates: bool = False
     vocab_size: int = 151_936
     with_ref_logprobs: bool = True
     seed: int = 0

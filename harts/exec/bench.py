@@ -9,8 +9,11 @@ step's data side (partition, layouts, index copies) prepared one step ahead in a
 background thread (`prefetched_steps`; the same for both modes), the same without
 (`inline_seconds`: everything on the critical path) and the preparation's own host time, the
 expanded tokens per second, and the peak allocated memory over the timed steps; plus the
-token limit expanded / (compact + KDA replay) tokens and the FLOP-compression limit
-(GEMM + attention FLOPs, `harts.sim.flops`) that bound the speedup.
+token ratio expanded / (compact + KDA replay) tokens, the FLOP ratio (GEMM + attention
+FLOPs, `harts.sim.flops`), which summarise the work but do not bound the speedup, and per
+baseline (packed, prefix-merged) the ideal speedup (`harts.sim.flops.ideal_speedup`): the
+baseline's per-op times (profiled kernel time by work kind on CUDA, the simulator's per-op
+prices elsewhere) scaled by each kind's work ratio, tree over baseline.
 
 Per-op benchmarks (`op_benchmarks`): fla's chunk_kda vs our replay path (boundary states
 out, their gradients in; all of them, and a sparse request of a few as a tree round makes)
@@ -21,13 +24,82 @@ go out in the simulator's profile schema (`harts.sim.profile/v1`).
 
 from __future__ import annotations
 
+import datetime as _dt
 import gc
+import importlib.metadata as _md
+import shlex
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+PACKAGES = ("torch", "triton", "fla-core", "nvidia-cudnn-frontend", "numpy", "einops", "transformers", "ortools")
+
+
+def _git(*args: str) -> str | None:
+    try:
+        return subprocess.run(["git", *args], cwd=_ROOT, capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
+    except Exception:  # noqa: BLE001 - a copy of the tree without .git has no revision
+        return None
+
+
+def package_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = _md.version(name)
+        except _md.PackageNotFoundError:
+            out[name] = None
+    if out.get("fla-core") is None:  # a wheel installed with --target has no dist-info lookup path
+        try:
+            import fla
+
+            out["fla-core"] = fla.__version__
+        except Exception:  # noqa: BLE001
+            pass
+    return out
+
+
+def device_info() -> dict[str, Any]:
+    """The GPU, CUDA and cuDNN the run saw (None fields on a machine without CUDA)."""
+    info: dict[str, Any] = {"cuda_available": torch.cuda.is_available(), "cuda": torch.version.cuda,
+                            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        info.update(name=torch.cuda.get_device_name(0), sms=p.multi_processor_count,
+                    memory_gib=round(p.total_memory / 2**30, 1), count=torch.cuda.device_count())
+    try:
+        import cudnn
+
+        info["cudnn_frontend_backend"] = cudnn.backend_version()
+    except Exception:  # noqa: BLE001 - the frontend is optional
+        pass
+    return info
+
+
+def provenance(argv: list[str] | None = None) -> dict[str, Any]:
+    """Where a result comes from: git revision (and whether the tree had local changes),
+    the exact command, package versions, Python, device and the UTC date (the GPU suites'
+    `run_suite` adds the suite's options and its kernel config)."""
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "git_revision": _git("rev-parse", "HEAD"),
+        "git_dirty": None if status is None else bool(status),
+        "command": shlex.join([sys.executable.rsplit("/", 1)[-1], *(sys.argv if argv is None else argv)]),
+        "packages": package_versions(),
+        "python": sys.version.split()[0],
+        "device": device_info(),
+        "date_utc": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
 
 
 def _sync() -> None:
@@ -82,26 +154,132 @@ def prefetched_steps(trainer, trajectories, microbatch_tokens: int, steps: int) 
     return times, prep_seconds[1:]
 
 
+BASELINES = ("packed", "prefix-merged")  # the non-tree baselines `step_benchmark` can time
+_MODE_KEY = {"packed": "expanded", "prefix-merged": "prefix_merged"}
+
+
+def kernel_kind(name: str):
+    """The `harts.sim.flops.WorkKind` a CUDA kernel's time scales with, from its name:
+    attention kernels by attended pairs, the KDA state recurrence (fla's `fwd_h` / `dhu`
+    kernels and HARTS's) by chunk steps, the other KDA kernels by executed KDA tokens, the
+    optimizer's and clipping's multi-tensor kernels by parameters, everything else by rows."""
+    from harts.sim.flops import WorkKind
+
+    n = name.lower()
+    if any(k in n for k in ("fmha", "flash", "attn", "attention", "sdpa", "flex", "cudnn_generated")):
+        return WorkKind.ATTENTION_PAIRS
+    if any(k in n for k in ("fwd_h", "kernel_h_", "dhu", "bwd_h")):
+        return WorkKind.KDA_CHUNK_STEPS
+    if any(k in n for k in ("kda", "chunk_", "wy_", "recompute_w_u", "solve_tril", "kkt", "gated_delta")):
+        return WorkKind.KDA_TOKENS
+    if any(k in n for k in ("adam", "multi_tensor", "foreach")):
+        return WorkKind.PARAMETERS
+    return WorkKind.TOKENS
+
+
+def profile_kernel_seconds(trainer, trajectories, microbatch_tokens: int) -> dict[str, float]:
+    """CUDA kernel seconds by kernel name of one update step (data side prepared first),
+    under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prepared = trainer.prepare(trajectories, microbatch_tokens)
+    _sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        trainer.step(trajectories, microbatch_tokens, prepared=prepared)
+        _sync()
+    out: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            out[e.name] = out.get(e.name, 0.0) + e.device_time / 1e6
+    return out
+
+
+def kind_seconds(kernel_seconds: dict[str, float]) -> dict:
+    """Kernel seconds summed by `kernel_kind`."""
+    out: dict = {}
+    for name, t in kernel_seconds.items():
+        k = kernel_kind(name)
+        out[k] = out.get(k, 0.0) + t
+    return out
+
+
+def measured_work(mode: str, trajectories, forest, rows: int, replay: int, partition, chunk_size: int,
+                  parameters: int) -> dict:
+    """Work per `WorkKind` of the step a trainer ran: rows it computed, attended pairs
+    (causal over its sequences, or the forest's ancestor pairs in tree mode), KDA tokens
+    (replay included), chunk steps (per microbatch, the longest sequence's chunks; tree
+    mode: the rounds of the forest's minimum-call plan) and parameters."""
+    from harts.sim.flops import WorkKind, step_work
+    from harts.sim.work import chain_pairs
+    from harts.tree.prefix import prefix_hosts
+
+    lengths = np.asarray([len(t) for t in trajectories], dtype=np.int64)
+    if mode == "tree":
+        w = step_work(forest, "tree", chunk_size)
+        pairs, steps = w.attn_pairs, sum(r.max_chunks for r in w.kda_rounds)
+    else:
+        seqs = []
+        for b in partition:
+            b = list(b)
+            if mode == "prefix-merged":
+                host = prefix_hosts([trajectories[j].tokens for j in b])
+                b = [b[i] for i in range(len(b)) if host[i] == i]
+            seqs.append(lengths[b])
+        pairs = sum(chain_pairs(x) for x in seqs)
+        steps = sum(int(-(-x.max() // chunk_size)) for x in seqs)
+    return {WorkKind.TOKENS: rows, WorkKind.ATTENTION_PAIRS: pairs, WorkKind.KDA_TOKENS: rows + replay,
+            WorkKind.KDA_CHUNK_STEPS: steps, WorkKind.PARAMETERS: parameters}
+
+
 def step_benchmark(trajectories, *, model: str = "tiny-h200", dtype: torch.dtype = torch.bfloat16,
                    microbatch_tokens: int = 131072, steps: int = 2, warmup: int = 1,
-                   device: str = "cuda", modes=("expanded", "tree"), seed: int = 0,
-                   kernels=None) -> dict[str, Any]:
-    """`kernels`: both modes' KernelConfig (default: `KernelConfig.from_env()`); each mode's
-    result records it and what its ops ran ("kernels")."""
+                   device: str = "cuda", baselines=("packed",), tree: bool = True, seed: int = 0,
+                   kernels=None, op_seconds: str = "auto", hardware: str = "h200") -> dict[str, Any]:
+    """`baselines`: which of `BASELINES` to time beside the tree step ("packed": the
+    trajectory-expanded trainer, result key "expanded"; "prefix-merged": its
+    prefix-merged variant, key "prefix_merged"). `kernels`: every mode's KernelConfig
+    (default: `KernelConfig.from_env()`); each mode's result records it and what its ops
+    ran ("kernels"). `op_seconds`: where the baseline's per-op times that weight the ideal
+    come from: "profile" (one more step of the baseline under torch.profiler, kernel time
+    by `kernel_kind`), "simulated" (the simulator's per-op prices on `hardware`, with its
+    own work counts: what CPU runs use), "auto" (profile on CUDA, else simulated)."""
     from harts.config.kernels import KernelConfig
-    from harts.config.models import get_model_config
+    from harts.config.models import get_model_config, parameter_counts
     from harts.exec.model.model import build_model
+    from harts.exec.prefix_trainer import PrefixMergedTrainer
     from harts.exec.trainer import ExpandedTrainer
     from harts.exec.tree_trainer import TreeTrainer
+    from harts.sim.flops import (
+        flop_ratio,
+        ideal_speedup,
+        simulated_op_seconds,
+        step_work,
+        work_counts,
+    )
     from harts.tree import build_forest
 
+    unknown = [b for b in baselines if b not in BASELINES]
+    if unknown:
+        raise ValueError(f"unknown baseline(s) {unknown}; known: {', '.join(BASELINES)}")
+    if op_seconds not in ("auto", "profile", "simulated"):
+        raise ValueError(f"op_seconds must be auto, profile or simulated; got {op_seconds!r}")
+    if op_seconds == "auto":
+        op_seconds = "profile" if str(device).startswith("cuda") and torch.cuda.is_available() else "simulated"
     cfg = get_model_config(model)
     kernels = kernels if kernels is not None else KernelConfig.from_env()
+    trainers = {"packed": ExpandedTrainer, "prefix-merged": PrefixMergedTrainer, "tree": TreeTrainer}
+    modes = list(baselines) + (["tree"] if tree else [])
     out: dict[str, Any] = {"model": cfg.name, "dtype": str(dtype).removeprefix("torch."),
-                           "microbatch_tokens": microbatch_tokens, "trajectories": len(trajectories)}
+                           "microbatch_tokens": microbatch_tokens, "trajectories": len(trajectories),
+                           "baselines": {}}
+    forest = build_forest(trajectories)
+    params = parameter_counts(cfg).total
+    work: dict[str, dict] = {}
+    profiles: dict[str, dict] = {}
     for mode in modes:
+        key = _MODE_KEY.get(mode, mode)
         net = build_model(cfg, seed=seed, dtype=dtype, device=device, recompute=True)
-        trainer = (TreeTrainer if mode == "tree" else ExpandedTrainer)(net, kernels=kernels)
+        trainer = trainers[mode](net, kernels=kernels)
         for _ in range(warmup):
             trainer.step(trajectories, microbatch_tokens)
         _sync()
@@ -114,7 +292,7 @@ def step_benchmark(trajectories, *, model: str = "tiny-h200", dtype: torch.dtype
             _sync()
             inline.append(time.perf_counter() - t0)
         times, prep = prefetched_steps(trainer, trajectories, microbatch_tokens, steps)
-        out[mode] = {
+        out[key] = {
             "seconds": statistics.median(times), "all_seconds": times,
             "inline_seconds": statistics.median(inline), "all_inline_seconds": inline,
             "prepare_seconds": statistics.median(prep),
@@ -123,34 +301,101 @@ def step_benchmark(trajectories, *, model: str = "tiny-h200", dtype: torch.dtype
             "tokens_per_second": res.tokens / statistics.median(times), "loss": res.losses["loss"],
             "kernels": trainer.kernels_used(),
         }
+        replay = 0
         if mode == "tree":
-            out[mode]["kda_rounds"] = max(m["kda_rounds"] for m in res.layout)
-            out[mode]["replay_tokens"] = sum(m["replay_tokens"] for m in res.layout)
+            out[key]["kda_rounds"] = max(m["kda_rounds"] for m in res.layout)
+            out[key]["replay_tokens"] = replay = sum(m["replay_tokens"] for m in res.layout)
+        work[mode] = measured_work(mode, trajectories, forest, res.executed_rows, replay, res.microbatches,
+                                   cfg.chunk_size, params)
+        if mode != "tree" and op_seconds == "profile":
+            profiles[mode] = profile_kernel_seconds(trainer, trajectories, microbatch_tokens)
         out["expanded_tokens"] = res.tokens
         del trainer, net, res
         gc.collect()
         torch.cuda.empty_cache()
-    forest = build_forest(trajectories)
     out["compact_tokens"] = forest.compact_tokens
     out["compression"] = forest.expanded_tokens / forest.compact_tokens
     if "tree" in out:
-        from harts.sim.flops import flop_limit
-
         replay = out["tree"]["replay_tokens"]
-        # per-token ops are bounded by the token ratio; GEMM + attention FLOPs by the
-        # FLOP limit (attention compresses less than tokens: harts.sim.flops)
-        out["token_limit"] = out["expanded_tokens"] / (out["tree"]["rows"] + replay)
-        fl = flop_limit(forest, cfg)
-        out["flop_limit"] = fl.pop("flop_limit")
-        out["flop_limit_parts"] = fl
-    if "tree" in out and "expanded" in out:
-        out["speedup"] = out["expanded"]["seconds"] / out["tree"]["seconds"]
-        out["speedup_inline"] = out["expanded"]["inline_seconds"] / out["tree"]["inline_seconds"]
-        out["speedup_over_limit"] = out["speedup"] / out["flop_limit"]
-        out["speedup_over_token_limit"] = out["speedup"] / out["token_limit"]
-        out["tree_peak_bytes"] = out["tree"]["peak_bytes"]
-        out["expanded_peak_bytes"] = out["expanded"]["peak_bytes"]
+        # token ratio and FLOP ratio summarise the work; neither bounds the speedup (the
+        # ideal below does)
+        out["token_ratio"] = out["expanded_tokens"] / (out["tree"]["rows"] + replay)
+        fl = flop_ratio(forest, cfg)
+        out["flop_ratio"] = fl.pop("flop_ratio")
+        out["flop_ratio_parts"] = fl
+        for mode in baselines:
+            key = _MODE_KEY[mode]
+            base = out[key]
+            if op_seconds == "profile":
+                ideal = ideal_speedup(kind_seconds(profiles[mode]), work[mode], work["tree"])
+            else:
+                sim_mode = "expanded" if mode == "packed" else mode
+                from harts.sim.hardware import load_hardware
+
+                hw = load_hardware(hardware)
+                bw, tw = step_work(forest, sim_mode, cfg.chunk_size), step_work(forest, "tree", cfg.chunk_size)
+                ideal = ideal_speedup(simulated_op_seconds(cfg, bw, hw), work_counts(cfg, bw), work_counts(cfg, tw))
+            speedup = base["seconds"] / out["tree"]["seconds"]
+            out["baselines"][mode] = {
+                "speedup": speedup, "speedup_inline": base["inline_seconds"] / out["tree"]["inline_seconds"],
+                "ideal": ideal.ideal, "of_ideal": speedup / ideal.ideal, "ideal_parts": ideal.to_dict(),
+                "op_seconds": op_seconds if op_seconds == "profile" else f"simulated ({hardware})",
+                "rows": base["rows"], "token_ratio": base["rows"] / (out["tree"]["rows"] + replay),
+                "work": {k.value: v for k, v in work[mode].items()},
+            }
+        out["tree"]["work"] = {k.value: v for k, v in work["tree"].items()}
+        first = out["baselines"][baselines[0]] if baselines else None
+        if first is not None:
+            # headline fields: the first baseline's (packed unless only prefix-merged ran)
+            out.update(speedup=first["speedup"], speedup_inline=first["speedup_inline"], ideal=first["ideal"],
+                       of_ideal=first["of_ideal"], baseline=baselines[0])
+            out["tree_peak_bytes"] = out["tree"]["peak_bytes"]
+            out[f"{_MODE_KEY[baselines[0]]}_peak_bytes"] = out[_MODE_KEY[baselines[0]]]["peak_bytes"]
     return out
+
+
+# measured activation bytes per computed row of tiny-h200 at 131,072 rows (267 KB, the
+# windows section of docs/BENCHMARKS.md) over the simulator's estimate for it (138 KB)
+MEASURED_OVER_SIMULATED_ACTIVATIONS = 1.93
+
+
+def memory_plan(model: str, microbatch_tokens: int, param_bytes: int = 2,
+                lm_head_chunk_elements: int | None = None) -> dict[str, float]:
+    """Planned peak bytes of one update step on one GPU: weights, gradients and AdamW's two
+    moments in the parameters' dtype (`param_bytes` each), activations of a
+    recomputing microbatch (the simulator's per-row estimate scaled by the measured
+    ratio `MEASURED_OVER_SIMULATED_ACTIVATIONS`), and the LM head's largest logits
+    workspace (three float32 [chunk, vocab] tensors in the chunked head, three
+    [rows, vocab] without it). An estimate to plan the budget with, not a measurement."""
+    from harts.config.models import get_model_config, parameter_counts
+    from harts.exec.loss import DEFAULT_LM_HEAD_CHUNK_ELEMENTS
+    from harts.sim.ops import StageCounter
+    from harts.sim.parallel import default_parallel, stage_layers
+
+    cfg = get_model_config(model)
+    counter = StageCounter(cfg, default_parallel(cfg, 1), stage_layers(cfg, 1)[0], 8, True)
+    params = parameter_counts(cfg).total
+    static = params * param_bytes * 4  # weights, gradients, exp_avg, exp_avg_sq
+    per_row = (counter.activation_bytes_per_token() + counter.recompute_working_bytes_per_token())
+    activations = per_row * MEASURED_OVER_SIMULATED_ACTIVATIONS * microbatch_tokens
+    chunk = DEFAULT_LM_HEAD_CHUNK_ELEMENTS if lm_head_chunk_elements is None else lm_head_chunk_elements
+    logits = 3 * 4 * min(chunk, microbatch_tokens * cfg.vocab_size)
+    return {"parameters": float(params), "static_bytes": float(static), "activation_bytes": activations,
+            "lm_head_bytes": float(logits), "total_bytes": static + activations + logits,
+            "unchunked_lm_head_bytes": float(3 * 4 * microbatch_tokens * cfg.vocab_size)}
+
+
+def largest_fitting_budget(model: str, capacity_bytes: float, param_bytes: int = 2) -> int:
+    """The largest microbatch token budget (a multiple of 4096) whose `memory_plan` fits
+    `capacity_bytes`; 0 if even the weights and optimizer state do not."""
+    lo, hi = 0, 1 << 22
+    while hi - lo > 4096:
+        mid = (lo + hi) // 2 // 4096 * 4096
+        if memory_plan(model, mid, param_bytes)["total_bytes"] <= capacity_bytes:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _kda_inputs(T: int, H: int, K: int, V: int, dtype, device, seed: int = 0):

@@ -8,6 +8,9 @@ advantage, old log-prob, ref log-prob). `row` is the hidden row whose logits pre
 `label` (the row of position p-1 in trajectory layout, a compact row in tree layout, where
 one row may serve several targets with different labels). Log-softmax runs ONCE per
 distinct row, then each target gathers one scalar, so expanded vocabulary rows never exist.
+Past `PolicyLossConfig.lm_head_chunk_elements` logits per microbatch the LM head runs in
+row chunks (`target_logprobs(chunk_rows=...)`): logsumexp and entropy per chunk, their
+backward recomputing each chunk's logits, so no [rows, vocab] tensor exists at any vocabulary.
 
 Aggregation (verl's `agg_loss` modes) with denominators passed in, computed once over the
 whole step (`loss_denominators`):
@@ -36,6 +39,7 @@ from harts.exec.transfer import to_device
 
 AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 AGG_MODES: tuple[str, ...] = get_args(AggMode)
+DEFAULT_LM_HEAD_CHUNK_ELEMENTS = 1 << 27  # logits per row chunk (128M: 256 MB in bf16, 512 MB fp32)
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,10 @@ class PolicyLossConfig:
     kl_coef: float = 0.0  # k3 ("low_var_kl") KL to the reference log-probs
     entropy_coef: float = 0.0
     agg_mode: AggMode = "token-mean"
+    # the LM head runs in row chunks of at most this many logits when a microbatch's
+    # [rows, vocab] logits exceed it (no [rows, vocab] tensor is formed); None: always the
+    # unchunked reference (one log-softmax over all rows)
+    lm_head_chunk_elements: int | None = DEFAULT_LM_HEAD_CHUNK_ELEMENTS
 
     def validate(self) -> PolicyLossConfig:
         if self.agg_mode not in AGG_MODES:
@@ -57,6 +65,8 @@ class PolicyLossConfig:
             raise ValueError(f"clip_ratio_c must be > 1 or None; got {self.clip_ratio_c}")
         if self.kl_coef < 0 or self.entropy_coef < 0:
             raise ValueError("kl_coef and entropy_coef must be >= 0")
+        if self.lm_head_chunk_elements is not None and self.lm_head_chunk_elements < 1:
+            raise ValueError(f"lm_head_chunk_elements must be >= 1 or None; got {self.lm_head_chunk_elements}")
         return self
 
 
@@ -128,16 +138,91 @@ def loss_denominators(trained_tokens_per_traj: Sequence[float] | np.ndarray | Te
     return LossDenominators(float(counts.sum()), int(counts.numel()), counts)
 
 
+class _ChunkedLogSumExpEntropy(torch.autograd.Function):
+    """(logsumexp_U, entropy_U) of the logits h_UD @ W_VD^T, computed and differentiated
+    in chunks of `chunk_rows` rows: the forward keeps no logits, the backward recomputes
+    each chunk's, so no [U, V] tensor ever exists (peak: one [chunk_rows, V] chunk and its
+    softmax). Logits are formed in float32 at least (float64 stays float64).
+
+    Gradients: d lse / dz = p; d H / dz = -p (log p + H); dz flows to h (dz @ W) and to W
+    (dz^T h), chunk by chunk."""
+
+    @staticmethod
+    def forward(ctx, hidden_UD: Tensor, weight_VD: Tensor, chunk_rows: int):
+        work = torch.promote_types(hidden_UD.dtype, torch.float32)
+        U = hidden_UD.shape[0]
+        lse_U = hidden_UD.new_empty(U, dtype=work)
+        ent_U = hidden_UD.new_empty(U, dtype=work)
+        for a in range(0, U, chunk_rows):
+            z = (hidden_UD[a:a + chunk_rows] @ weight_VD.T).to(work)
+            lse = torch.logsumexp(z, dim=-1)
+            p = torch.exp(z - lse[:, None])
+            lse_U[a:a + chunk_rows] = lse
+            ent_U[a:a + chunk_rows] = lse - (p * z).sum(-1)
+            del z, p
+        ctx.save_for_backward(hidden_UD, weight_VD, lse_U, ent_U)
+        ctx.chunk_rows = chunk_rows
+        return lse_U, ent_U
+
+    @staticmethod
+    def backward(ctx, g_lse: Tensor | None, g_ent: Tensor | None):
+        hidden_UD, weight_VD, lse_U, ent_U = ctx.saved_tensors
+        n = ctx.chunk_rows
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        d_h = torch.zeros_like(hidden_UD) if need_h else None
+        d_w = torch.zeros(weight_VD.shape, dtype=lse_U.dtype, device=weight_VD.device) if need_w else None
+        for a in range(0, hidden_UD.shape[0], n):
+            h = hidden_UD[a:a + n]
+            z = (h @ weight_VD.T).to(lse_U.dtype)
+            logp = z - lse_U[a:a + n, None]
+            p = torch.exp(logp)
+            dz = torch.zeros_like(z)
+            if g_lse is not None:
+                dz += p * g_lse[a:a + n, None]
+            if g_ent is not None:
+                dz -= p * (logp + ent_U[a:a + n, None]) * g_ent[a:a + n, None]
+            del z, logp, p
+            dz = dz.to(hidden_UD.dtype)
+            if need_h:
+                d_h[a:a + n] = dz @ weight_VD
+            if need_w:
+                d_w += (dz.T @ h).to(d_w.dtype)
+            del dz
+        return d_h, (d_w.to(weight_VD.dtype) if need_w else None), None
+
+
+def lm_head_chunk_rows(rows: int, vocab: int, chunk_elements: int | None) -> int | None:
+    """Rows per chunk of the LM head for `rows` x `vocab` logits under a budget of
+    `chunk_elements` logits per chunk; None (one unchunked pass) when the whole fits the
+    budget or the budget is None."""
+    if chunk_elements is None or rows * vocab <= chunk_elements:
+        return None
+    return max(1, chunk_elements // vocab)
+
+
 def target_logprobs(
     hidden_TD: Tensor, lm_head_VD: Tensor, row_N: Tensor, label_N: Tensor, *, entropy_grad: bool = False,
-    unique: tuple[Tensor, Tensor] | None = None,
+    unique: tuple[Tensor, Tensor] | None = None, chunk_rows: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(logprob_N, entropy_N): log-softmax once per distinct row, gathered per target.
 
     The entropy is of the full next-token distribution at the target's row; it carries a
     gradient only with entropy_grad (an entropy bonus), otherwise it is a statistic.
-    `unique`: (distinct rows sorted, each target's index into them), if already known."""
+    `unique`: (distinct rows sorted, each target's index into them), if already known.
+    `chunk_rows`: None runs the reference (one [U, V] log-softmax); a row count runs the
+    chunked LM head (`_ChunkedLogSumExpEntropy`: no [U, V] tensor, logits recomputed per
+    chunk in the backward), log-prob = label logit - logsumexp."""
     rows_U, inverse_N = unique if unique is not None else torch.unique(row_N, return_inverse=True)
+    if chunk_rows is not None:
+        if chunk_rows < 1:
+            raise ValueError(f"chunk_rows must be >= 1 or None; got {chunk_rows}")
+        hidden_UD = hidden_TD[rows_U]
+        lse_U, entropy_U = _ChunkedLogSumExpEntropy.apply(hidden_UD, lm_head_VD, int(chunk_rows))
+        label_logit_N = (hidden_UD[inverse_N] * lm_head_VD[label_N]).sum(-1).to(lse_U.dtype)
+        logprob_N = (label_logit_N - lse_U[inverse_N]).to(hidden_TD.dtype)
+        if not (entropy_grad and torch.is_grad_enabled()):
+            entropy_U = entropy_U.detach()
+        return logprob_N, entropy_U.to(hidden_TD.dtype)[inverse_N]
     logits_UV = hidden_TD[rows_U] @ lm_head_VD.T
     logp_UV = torch.log_softmax(logits_UV, dim=-1)
     logprob_N = logp_UV[inverse_N, label_N]
@@ -180,8 +265,12 @@ def policy_loss(
 ) -> PolicyLossOutput:
     cfg = config or PolicyLossConfig()
     unique = None if table.unique_rows is None else (table.unique_rows, table.row_inverse)
+    if unique is None:
+        unique = torch.unique(table.row, return_inverse=True)
+    chunk = lm_head_chunk_rows(int(unique[0].numel()), int(lm_head_VD.shape[0]), cfg.lm_head_chunk_elements)
     logprob_N, entropy_N = target_logprobs(
-        hidden_TD, lm_head_VD, table.row, table.label, entropy_grad=cfg.entropy_coef > 0, unique=unique
+        hidden_TD, lm_head_VD, table.row, table.label, entropy_grad=cfg.entropy_coef > 0, unique=unique,
+        chunk_rows=chunk,
     )
     dtype = logprob_N.dtype
     adv_N = table.advantage.to(dtype)

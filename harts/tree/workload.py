@@ -29,6 +29,12 @@ OpenHands trajectories on SWE-bench; they are assumptions, every one can be over
 - treestep branch points: a chain branches after U(0.4, 0.9) of the turns it has left.
   No public statistic fixes this; it is our assumption, chosen so a prompt's tree shares
   about as much as the paper's Tree-Step trees (Table 3: 3.91x in-microbatch on Tiny/8).
+- `last_turn_branching` (default off): off, every continuation after a fork runs at least
+  two turns of its own (action, observation, action), so no fork resamples only the final
+  action; on, a continuation may be one action (the generator before the knob).
+- `allow_duplicates` (default off): leaves that reach the context cap together would end
+  as identical sequences; off, the generator emits each distinct sequence once (such a
+  group has fewer leaves than `rollouts_per_group`); on, it emits every copy.
 
 Large presets are generated as *structure only*: segments with lengths, never token ids,
 so a 64-GPU step of hundreds of millions of expanded tokens costs seconds. Small presets
@@ -182,16 +188,20 @@ def _rollout_turns(wl: Workload, rng: np.random.Generator, prompt: int, sibling:
 def _tree_rollouts(wl: Workload, rng: np.random.Generator, group: str, prompt: int) -> None:
     cfg = wl.config
     leaf_counter = [0]
+    emitted: set[tuple[str, bytes]] = set()
+    # turns a continuation runs after a fork, at least (one: it may resample only the last action)
+    min_after = 1 if cfg.last_turn_branching else 2
 
-    def grow(path: list[int], context: int, leaves: int, turns_left: int, sibling: int) -> None:
+    def grow(path: list[int], context: int, leaves: int, turns_left: int, sibling: int, root: bool) -> None:
         # a chain of turns; while more than one leaf remains it branches after a random
         # fraction of the turns it has left, splitting the leaves among the continuations
         if leaves > 1:
             frac = rng.uniform(*cfg.branch_window)
-            # at least one turn before each branch point (except right after the prompt), so
-            # a fork never stacks on another at the same depth
-            least = 0 if len(path) == 1 else 1
-            run = int(np.clip(round(turns_left * frac), least, max(turns_left - 1, least)))
+            # at least one turn before each branch point (except the first chain's, right
+            # after the prompt), so a fork never stacks on another at the same depth (with
+            # last_turn_branching, as before the knob: any chain that starts at the prompt)
+            least = 0 if len(path) == 1 and (root or cfg.last_turn_branching) else 1
+            run = int(np.clip(round(turns_left * frac), least, max(turns_left - min_after, least)))
         else:
             run = turns_left
         path = list(path)
@@ -205,9 +215,17 @@ def _tree_rollouts(wl: Workload, rng: np.random.Generator, group: str, prompt: i
             context = nxt
         if leaves <= 1 or capped:
             # drop the trailing observation: a sequence ends with the action it trains.
-            # Leaves cut short by the context cap end here together (identical sequences).
+            # Leaves cut short by the context cap end here together (identical sequences,
+            # emitted once unless allow_duplicates); a chain capped before its first own turn
+            # ends where a sibling's did.
             symbols = np.asarray(path[:-1], dtype=np.int64)
             trained = symbols[np.asarray([wl.seg_kind[s] == ACTION for s in symbols])]
+            key = (group, symbols.tobytes())
+            if not cfg.allow_duplicates:
+                if key in emitted:
+                    return
+                leaves = 1  # leaves cut short together by the cap: one sequence, not copies
+            emitted.add(key)
             for _ in range(leaves):
                 wl.seq_symbols.append(symbols)
                 wl.seq_group.append(group)
@@ -215,16 +233,16 @@ def _tree_rollouts(wl: Workload, rng: np.random.Generator, group: str, prompt: i
                 wl.seq_trained.append(trained)
                 leaf_counter[0] += 1
             return
-        remaining = max(turns_left - run, 1)
+        remaining = max(turns_left - run, min_after)
         k = min(cfg.branching, leaves)
         shares = [leaves // k + (1 if i < leaves % k else 0) for i in range(k)]
         for i, share in enumerate(shares):
             # each continuation draws its own remaining length around what is left
-            own = max(1, int(round(remaining * np.exp(0.25 * rng.normal()))))
-            grow(path, context, share, own, sibling=i)
+            own = max(min_after, int(round(remaining * np.exp(0.25 * rng.normal()))))
+            grow(path, context, share, own, sibling=i, root=False)
 
     total = _lognormal_int(rng, cfg.turns_median, cfg.turns_sigma, cfg.turns_range)
-    grow([prompt], wl.seg_length[prompt], cfg.rollouts_per_group, total, sibling=0)
+    grow([prompt], wl.seg_length[prompt], cfg.rollouts_per_group, total, sibling=0, root=True)
 
 
 def generate_trajectories(name: str, seed: int | None = None, **overrides: Any) -> list[Trajectory]:

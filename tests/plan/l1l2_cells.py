@@ -29,7 +29,9 @@ def swe64_32k_dp8():
     """(forest, config, plan, metrics) of l1l2 on swe-treestep-64 at a 32k cap and budget,
     DP 8 (the issue's slot-balance setting), built once; the plan validated, every row
     computed exactly once, on no more slots than l1's."""
-    forest = generate(preset("swe-treestep-64", max_context=32768)).forest()
+    # the shape these targets were set on: the generator with its copies at the context cap
+    # and last-turn forks (`allow_duplicates`, `last_turn_branching`)
+    forest = generate(preset("swe-treestep-64", max_context=32768, allow_duplicates=True, last_turn_branching=True)).forest()
     config = PlanConfig(dp=8, microbatch_tokens=32768)
     plan = make_plan(forest, "l1l2", config)
     plan.validate(forest, cost_model=config.cost_model)

@@ -80,7 +80,9 @@ def test_one_slot_windows_at_a_32k_cap():
     arranged, windows re-cut, slots handed over) shortens the first stage's critical path
     and lifts its slot balance. (Property form of a test that pinned the balance to one
     measurement.)"""
-    forest = generate(preset("swe-treestep-64", max_context=32768)).forest()
+    # the shape these targets were set on: the generator with its copies at the context cap
+    # and last-turn forks (`allow_duplicates`, `last_turn_branching`)
+    forest = generate(preset("swe-treestep-64", max_context=32768, allow_duplicates=True, last_turn_branching=True)).forest()
     config = PlanConfig(dp=8, microbatch_tokens=32768)
     idx = ForestIndex(forest, config.cost_model)
     solver = CellSolver(idx, config)

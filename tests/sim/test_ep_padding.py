@@ -45,7 +45,9 @@ def test_a_planned_step_runs_in_lockstep():
     the EP group's passes run as gangs (before padding the simulator fell back)."""
     model = get_model_config("tiny")
     par = default_parallel(model, 8)
-    forest = generate(preset("swe-treestep-8")).forest()
+    # the shape these targets were set on: the generator with its copies at the context cap
+    # and last-turn forks (`allow_duplicates`, `last_turn_branching`)
+    forest = generate(preset("swe-treestep-8", allow_duplicates=True, last_turn_branching=True)).forest()
     plan = make_plan(forest, "l1l2", PlanConfig(dp=par.dp, pp=par.pp, microbatch_tokens=65536))
     step = step_from_plan(plan, forest, model.chunk_size)
     assert len({tuple(_shape(step, r)) for r in range(par.dp)}) > 1

@@ -1,5 +1,5 @@
 """`step_benchmark` (behind `harts bench`) runs end to end on CPU with the CUDA memory
-calls stubbed: both modes train, the limits are consistent, the speedup is a ratio of the
+calls stubbed: every mode trains, the ratios and the ideal are consistent, the speedup is a ratio of the
 measured times (no number here is asserted about speed)."""
 
 import pytest
@@ -15,16 +15,64 @@ def test_step_benchmark_on_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     trajs = generate(preset("tiny-treestep", vocab_size=512)).trajectories()
     r = step_benchmark(trajs, model="tiny-cpu", dtype=torch.float32, microbatch_tokens=4096, steps=1,
-                       warmup=0, device="cpu")
+                       warmup=0, device="cpu", baselines=("packed", "prefix-merged"))
     assert r["expanded_tokens"] == sum(len(t) for t in trajs)
     assert r["speedup"] == pytest.approx(r["expanded"]["seconds"] / r["tree"]["seconds"])
     assert r["speedup_inline"] == pytest.approx(r["expanded"]["inline_seconds"] / r["tree"]["inline_seconds"])
-    for mode in ("expanded", "tree"):  # one timed step each way, the data side prepared ahead or inline
+    for mode in ("expanded", "prefix_merged", "tree"):  # one timed step each way, prepared ahead or inline
         assert len(r[mode]["all_seconds"]) == len(r[mode]["all_inline_seconds"]) == 1
         assert r[mode]["prepare_seconds"] > 0
-    assert r["speedup_over_limit"] == pytest.approx(r["speedup"] / r["flop_limit"])
-    # GEMM FLOPs follow the row ratio, attention less: the FLOP limit lies between
-    parts = r["flop_limit_parts"]
-    assert parts["attention_ratio"] <= r["flop_limit"] <= parts["gemm_ratio"]
+    # GEMM FLOPs follow the row ratio, attention less: the FLOP ratio lies between
+    parts = r["flop_ratio_parts"]
+    assert parts["attention_ratio"] <= r["flop_ratio"] <= parts["gemm_ratio"]
     assert parts["gemm_ratio"] == pytest.approx(r["expanded_tokens"] / r["tree"]["rows"])
     assert r["tree"]["loss"] == pytest.approx(r["expanded"]["loss"], rel=1e-4)
+    assert r["prefix_merged"]["loss"] == pytest.approx(r["expanded"]["loss"], rel=1e-4)
+    # the prefix-merged baseline computes no more rows than the packed one, the tree fewest
+    assert r["tree"]["rows"] <= r["prefix_merged"]["rows"] <= r["expanded"]["rows"]
+    for name, key in (("packed", "expanded"), ("prefix-merged", "prefix_merged")):
+        b = r["baselines"][name]
+        assert b["speedup"] == pytest.approx(r[key]["seconds"] / r["tree"]["seconds"])
+        assert b["of_ideal"] == pytest.approx(b["speedup"] / b["ideal"])
+        assert b["op_seconds"] == "simulated (h200)"
+        assert b["work"]["tokens"] == r[key]["rows"]
+    assert r["ideal"] == r["baselines"]["packed"]["ideal"]
+    # less work to save against the stronger baseline: its ideal is no higher
+    assert r["baselines"]["prefix-merged"]["ideal"] <= r["baselines"]["packed"]["ideal"]
+
+
+def test_kernel_kinds():
+    from harts.exec.bench import kernel_kind, kind_seconds
+    from harts.sim.flops import WorkKind
+
+    assert kernel_kind("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") == WorkKind.ATTENTION_PAIRS
+    assert kernel_kind("chunk_gated_delta_rule_fwd_kernel_h_blockdim64") == WorkKind.KDA_CHUNK_STEPS
+    assert kernel_kind("bwd_dhu_inject_kernel") == WorkKind.KDA_CHUNK_STEPS
+    assert kernel_kind("chunk_kda_fwd_kernel_intra_sub_chunk") == WorkKind.KDA_TOKENS
+    assert kernel_kind("void multi_tensor_apply_kernel<FusedAdamMathFunctor>") == WorkKind.PARAMETERS
+    assert kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32") == WorkKind.TOKENS
+    assert kernel_kind("l2norm_fwd_kernel") == WorkKind.TOKENS  # KDA's q/k norms run per row
+    assert kind_seconds({"flash_fwd": 1.0, "gemm": 2.0, "flash_bwd": 0.5}) == {
+        WorkKind.ATTENTION_PAIRS: 1.5, WorkKind.TOKENS: 2.0}
+
+
+def test_unknown_baseline_is_refused():
+    with pytest.raises(ValueError, match="unknown baseline"):
+        step_benchmark([], model="tiny-cpu", baselines=("stepwise",), device="cpu")
+
+
+def test_memory_plan_of_tiny_on_one_h200():
+    from harts.exec.bench import largest_fitting_budget, memory_plan
+
+    h200 = 139.8 * 2**30
+    plan = memory_plan("tiny", 131072)
+    parts = plan["static_bytes"] + plan["activation_bytes"] + plan["lm_head_bytes"]
+    assert plan["total_bytes"] == pytest.approx(parts)
+    # the chunked LM head keeps one chunk's logits: tiny's 131k-row step plans under one H200;
+    # the unchunked [rows, vocab] log-softmax alone would not fit
+    assert plan["lm_head_bytes"] <= 3 * 4 * 2**27
+    assert plan["total_bytes"] < h200 < plan["unchunked_lm_head_bytes"]
+    fits = largest_fitting_budget("tiny", h200)
+    assert fits >= 131072 and fits % 4096 == 0
+    assert memory_plan("tiny", fits)["total_bytes"] <= h200 < memory_plan("tiny", fits + 4096)["total_bytes"]
+    assert largest_fitting_budget("tiny", plan["static_bytes"] / 2) == 0

@@ -1,0 +1,274 @@
+"""The online RL loop: sample -> allocate -> score -> plan -> tree-train -> repeat.
+
+One step: P prompts (episode seeds, fresh each step) get root episodes from the current
+policy (`harts.rl.sample`); an allocation spends the rest of the step's rollout budget on
+continuations from intermediate turn boundaries, which makes each prompt's rollouts a tree;
+the rewards are turned into per-token advantages (GRPO's group-normalised episode
+advantage, or RTMC's per-step one); the rollouts become trajectories with the sampler's
+log-probs as `old_logprobs`, and one update runs through the batch API (`harts.rl.api`) in
+tree or expanded mode. Both modes see the same samples; in float64 their updates agree to
+rounding, so their reward curves are the same.
+
+Per step the loop records the mean reward, the loss terms, the rollout-vs-training log-prob
+gap (mean |training-time log-prob - rollout log-prob| over the trained tokens, both from
+the same weights: the training forward runs before the optimizer step), the forest's
+compression (expanded tokens / executed rows), the share of prompts with mixed rewards
+and timings.
+
+The pluggable parts are one call each: `advantages_for` (grpo | rtmc) and
+`expansion_for` (uniform | trace).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from harts.config.models import ModelConfig
+from harts.rl.env import EnvConfig, Switchboard, get_env_config, make_env
+from harts.rl.sample import HartsPolicy, Prefix, Rollout, SamplingConfig, sample_tree_rollouts
+
+ADVANTAGES = ("grpo", "rtmc")
+ALLOCATIONS = ("uniform", "trace")
+MODES = ("tree", "expanded")
+
+
+class LoopError(ValueError):
+    """A loop config the loop cannot run; the message names the field."""
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    env: str = "switchboard"
+    steps: int = 30
+    mode: str = "tree"
+    advantage: str = "grpo"
+    allocation: str = "uniform"
+    dtype: str = "float32"
+    seed: int = 0
+    prompts: int = 8  # prompts per step
+    roots: int = 4  # root episodes per prompt
+    expansions: int = 4  # continuations per prompt from intermediate prefixes (the rest of the budget)
+    lr: float = 3e-3
+    grad_clip: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    microbatch_tokens: int = 4096
+    d_model: int = 32
+    num_layers: int = 2
+
+    def validate(self) -> RLConfig:
+        if self.steps < 1:
+            raise LoopError(f"steps must be >= 1, got {self.steps}")
+        for name, value, known in (("mode", self.mode, MODES), ("advantage", self.advantage, ADVANTAGES),
+                                   ("allocation", self.allocation, ALLOCATIONS),
+                                   ("dtype", self.dtype, ("float32", "float64"))):
+            if value not in known:
+                raise LoopError(f"{name}: unknown {value!r}; known: {', '.join(known)}")
+        for name in ("prompts", "roots", "microbatch_tokens", "d_model", "num_layers"):
+            if getattr(self, name) < 1:
+                raise LoopError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.expansions < 0:
+            raise LoopError(f"expansions must be >= 0, got {self.expansions}")
+        if not self.lr > 0:
+            raise LoopError(f"lr must be > 0, got {self.lr}")
+        get_env_config(self.env)
+        return self
+
+    @property
+    def budget(self) -> int:
+        """Rollouts per step."""
+        return self.prompts * (self.roots + self.expansions)
+
+
+def toy_model_config(env: EnvConfig, d_model: int = 32, num_layers: int = 2) -> ModelConfig:
+    """A tiny HARTS model for a toy environment: the environment's vocabulary, KDA and MLA
+    layers in a 1:1 pattern, dense FFNs (no MoE, so no aux loss and nothing that depends
+    on the microbatch split)."""
+    heads, head = 2, max(8, d_model // 2)
+    return ModelConfig(
+        name=f"rl-{env.name}", vocab_size=env.vocab_size, d_model=d_model, num_layers=num_layers,
+        kda_per_mla=1, kda_num_heads=heads, kda_head_dim=head, kda_head_v_dim=head, conv_window=4,
+        chunk_size=16, mla_num_heads=heads, kv_lora_rank=head, q_lora_rank=None, qk_nope_head_dim=head,
+        qk_rope_head_dim=8, v_head_dim=head, use_rope=False, num_dense_layers=num_layers,
+        dense_ffn_dim=2 * d_model, num_experts=0, top_k=0, expert_ffn_dim=0, num_shared_experts=0,
+        aux_loss_coef=0.0,
+    ).validate()
+
+
+# ---- scoring: one call per advantage kind ------------------------------------------------
+
+def grpo_episode_advantages(rollouts: Sequence[Rollout], eps: float = 1e-6) -> list[float]:
+    """GRPO: each rollout's reward minus its prompt group's mean, over the group's std."""
+    groups: dict[int, list[int]] = {}
+    for i, r in enumerate(rollouts):
+        groups.setdefault(r.prompt, []).append(i)
+    adv = [0.0] * len(rollouts)
+    for members in groups.values():
+        rew = np.array([rollouts[i].reward for i in members])
+        std = rew.std()
+        for i, x in zip(members, (rew - rew.mean()) / (std + eps), strict=True):
+            adv[i] = float(x)
+    return adv
+
+
+def advantages_for(kind: str, rollouts: Sequence[Rollout], trajectories: Sequence) -> list[np.ndarray]:
+    """Per-token advantages of every rollout (aligned with its tokens; read where the loss
+    mask is set)."""
+    if kind == "grpo":
+        return [np.full(len(r.tokens), a) for r, a in zip(rollouts, grpo_episode_advantages(rollouts), strict=True)]
+    if kind == "rtmc":
+        try:
+            from harts.rl.rtmc import rtmc_advantages
+        except ImportError as err:
+            raise LoopError(f"--advantage rtmc needs harts.rl.rtmc ({err})") from None
+        groups: dict[int, list[int]] = {}
+        for i, r in enumerate(rollouts):
+            groups.setdefault(r.prompt, []).append(i)
+        out: list[np.ndarray | None] = [None] * len(rollouts)
+        for members in groups.values():
+            adv = rtmc_advantages([trajectories[i] for i in members], [rollouts[i].reward for i in members])
+            for i, a in zip(members, adv, strict=True):
+                out[i] = np.asarray(a, dtype=np.float64)
+        return out  # type: ignore[return-value]
+    raise LoopError(f"advantage: unknown {kind!r}; known: {', '.join(ADVANTAGES)}")
+
+
+# ---- allocation: one call per allocation kind --------------------------------------------
+
+def uniform_expansion(per_prompt: int) -> Callable[[Sequence[Prefix]], list[int]]:
+    """`per_prompt` continuations per prompt, spread round-robin over its candidate
+    prefixes in the order they were reached (earliest turn boundaries first)."""
+    def expand(candidates: Sequence[Prefix]) -> list[int]:
+        counts = [0] * len(candidates)
+        by_prompt: dict[int, list[int]] = {}
+        for i, c in enumerate(candidates):
+            by_prompt.setdefault(c.prompt, []).append(i)
+        for members in by_prompt.values():
+            members = sorted(members, key=lambda i: (candidates[i].turn, i))
+            for k in range(per_prompt):
+                counts[members[k % len(members)]] += 1
+        return counts
+    return expand
+
+
+def expansion_for(kind: str, config: RLConfig, env: Switchboard) -> Callable[[Sequence[Prefix]], list[int]]:
+    if kind == "uniform":
+        return uniform_expansion(config.expansions)
+    if kind == "trace":
+        try:
+            from harts.rl import trace
+        except ImportError as err:
+            raise LoopError(f"--allocation trace needs harts.rl.trace ({err})") from None
+        budget = config.prompts * config.expansions
+
+        def expand(candidates: Sequence[Prefix]) -> list[int]:
+            return list(trace.allocate(candidates, budget, None).counts)  # interface of harts.rl.trace
+        return expand
+    raise LoopError(f"allocation: unknown {kind!r}; known: {', '.join(ALLOCATIONS)}")
+
+
+# ---- the loop ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int
+    reward_mean: float
+    reward_std: float
+    loss: float
+    pg_loss: float
+    entropy: float
+    logprob_gap: float
+    compression: float
+    mixed_share: float  # prompts whose rollouts' rewards are not all equal
+    rollouts: int
+    tokens: int
+    executed_rows: int
+    grad_norm: float
+    sample_seconds: float
+    train_seconds: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    config: RLConfig
+    model: str
+    steps: list[StepRecord] = field(default_factory=list)
+    random_reward: float = 0.0
+    seconds: float = 0.0
+
+
+def rollout_batch(rollouts: Sequence[Rollout], advantages: Sequence[np.ndarray], step: int):
+    from harts.rl.api import SequenceBatch
+
+    return SequenceBatch.make(
+        [r.tokens for r in rollouts], [r.loss_mask for r in rollouts], advantages,
+        [r.old_logprobs for r in rollouts], [f"s{step}-p{r.prompt}" for r in rollouts],
+        ids=[f"s{step}-p{r.prompt}-{'.'.join(map(str, r.path))}" for r in rollouts],
+        turns=[r.turns for r in rollouts])
+
+
+def run(config: RLConfig, on_step: Callable[[StepRecord], None] | None = None, *, model=None,
+        device: str = "cpu") -> RunResult:
+    """Run the loop; `on_step` sees each step's record as it finishes."""
+    import torch
+
+    from harts.config.optimizer import OptimizerConfig
+    from harts.exec.loss import PolicyLossConfig
+    from harts.exec.model import build_model
+    from harts.rl.api import RLPolicy
+
+    config = config.validate()
+    start = time.perf_counter()
+    env = make_env(config.env)
+    dtype = {"float32": torch.float32, "float64": torch.float64}[config.dtype]
+    if model is None:
+        model = build_model(toy_model_config(env.config, config.d_model, config.num_layers), seed=config.seed,
+                            dtype=dtype, device=device)
+    policy = RLPolicy(model, mode=config.mode,
+                      optimizer=OptimizerConfig(lr=config.lr, grad_clip=config.grad_clip if config.grad_clip > 0 else None),
+                      loss=PolicyLossConfig(), microbatch_tokens=config.microbatch_tokens)
+    sampler = HartsPolicy(model)
+    sampling = SamplingConfig(config.temperature, config.top_p, config.seed).validate()
+    expand = expansion_for(config.allocation, config, env) if config.expansions else None
+    records = []
+    for step in range(1, config.steps + 1):
+        t0 = time.perf_counter()
+        prompts = [(config.seed * 1_000_003 + step * config.prompts + i) for i in range(config.prompts)]
+        rollouts = sample_tree_rollouts(sampler, env, prompts, [config.roots] * config.prompts, expand, sampling,
+                                        step=step)
+        t1 = time.perf_counter()
+        batch0 = rollout_batch(rollouts, [np.zeros(len(r.tokens)) for r in rollouts], step)
+        advantages = advantages_for(config.advantage, rollouts, batch0.trajectories())
+        batch = rollout_batch(rollouts, advantages, step)
+        result = policy.update(batch)
+        gaps = [np.abs(lp[r.loss_mask] - r.old_logprobs[r.loss_mask])
+                for lp, r in zip(result.stats.log_probs, rollouts, strict=True)]
+        rewards = np.array([r.reward for r in rollouts])
+        by_prompt: dict[int, list[float]] = {}
+        for r in rollouts:
+            by_prompt.setdefault(r.prompt, []).append(r.reward)
+        rec = StepRecord(
+            step=step, reward_mean=float(rewards.mean()), reward_std=float(rewards.std()),
+            loss=result.losses["loss"], pg_loss=result.losses["pg_loss"], entropy=result.losses["entropy"],
+            logprob_gap=float(np.concatenate(gaps).mean()), compression=result.compression,
+            mixed_share=float(np.mean([len(set(v)) > 1 for v in by_prompt.values()])),
+            rollouts=len(rollouts), tokens=result.tokens, executed_rows=result.executed_rows,
+            grad_norm=result.grad_norm, sample_seconds=t1 - t0, train_seconds=time.perf_counter() - t1)
+        records.append(rec)
+        if on_step is not None:
+            on_step(rec)
+    return RunResult(config, model.config.name, records, env.random_reward(), time.perf_counter() - start)
+
+
+__all__ = [
+    "ADVANTAGES", "ALLOCATIONS", "LoopError", "MODES", "RLConfig", "RunResult", "StepRecord",
+    "advantages_for", "expansion_for", "grpo_episode_advantages", "rollout_batch", "run", "toy_model_config",
+    "uniform_expansion",
+]

@@ -190,6 +190,7 @@ class StepRecord:
     grad_norm: float
     sample_seconds: float
     train_seconds: float
+    sample_digest: str  # sha256 of every rollout's tokens, in order: equal digests, equal samples
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -212,6 +213,16 @@ def rollout_batch(rollouts: Sequence[Rollout], advantages: Sequence[np.ndarray],
         [r.old_logprobs for r in rollouts], [f"s{step}-p{r.prompt}" for r in rollouts],
         ids=[f"s{step}-p{r.prompt}-{'.'.join(map(str, r.path))}" for r in rollouts],
         turns=[r.turns for r in rollouts])
+
+
+def _digest(rollouts: Sequence[Rollout]) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for r in rollouts:
+        h.update(r.tokens.astype("<i8").tobytes())
+        h.update(b"|")
+    return h.hexdigest()[:16]
 
 
 def run(config: RLConfig, on_step: Callable[[StepRecord], None] | None = None, *, model=None,
@@ -260,15 +271,77 @@ def run(config: RLConfig, on_step: Callable[[StepRecord], None] | None = None, *
             logprob_gap=float(np.concatenate(gaps).mean()), compression=result.compression,
             mixed_share=float(np.mean([len(set(v)) > 1 for v in by_prompt.values()])),
             rollouts=len(rollouts), tokens=result.tokens, executed_rows=result.executed_rows,
-            grad_norm=result.grad_norm, sample_seconds=t1 - t0, train_seconds=time.perf_counter() - t1)
+            grad_norm=result.grad_norm, sample_seconds=t1 - t0, train_seconds=time.perf_counter() - t1,
+            sample_digest=_digest(rollouts))
         records.append(rec)
         if on_step is not None:
             on_step(rec)
     return RunResult(config, model.config.name, records, env.random_reward(), time.perf_counter() - start)
 
 
+# ---- tracking -------------------------------------------------------------------------------
+
+RL_EXPERIMENT = "harts-rl"
+RL_STUDY = "rl"
+
+
+def reward_change(steps: Sequence[StepRecord], window: int = 5) -> float:
+    """Mean reward of the last `window` steps minus that of the first `window`."""
+    rw = [s.reward_mean for s in steps]
+    w = min(window, len(rw))
+    return float(np.mean(rw[-w:]) - np.mean(rw[:w])) if rw else 0.0
+
+
+def steps_table(result: RunResult) -> dict:
+    """The steps as a report table (`harts report`'s table format)."""
+    cols = ["step", "reward", "loss", "log-prob gap", "compression", "mixed prompts", "rollouts"]
+    cells = [[str(s.step), f"{s.reward_mean:.3f}", f"{s.loss:.4f}", f"{s.logprob_gap:.2e}",
+              f"{s.compression:.2f}x", f"{s.mixed_share:.2f}", str(s.rollouts)] for s in result.steps]
+    c = result.config
+    return {"title": f"online RL on {c.env} ({c.mode} mode, {c.advantage} advantages, {c.allocation} allocation, "
+                     f"{c.dtype})",
+            "columns": [{"label": x, "kind": "key" if x == "step" else "ours"} for x in cols],
+            "cells": cells,
+            "note": f"random-policy reward {result.random_reward:.3f}; last-5 minus first-5 mean reward "
+                    f"{reward_change(result.steps):+.3f}; {result.seconds:.0f} s"}
+
+
+def log_run(result: RunResult, tracking_uri: str | None = None) -> str:
+    """Log the run as the `rl` study (a report section): per-step metrics with their step
+    numbers, the final values, the steps as `rl_steps.json` (which `harts report` plots)
+    and as a table. Returns the run id."""
+    import json
+    import time as _time
+
+    from harts.track.record import RunRecord, client_for, log_record
+
+    c = result.config
+    last = result.steps[-1]
+    record = RunRecord(
+        name=f"rl {c.env} {c.mode} {c.advantage} {c.allocation}",
+        params={**asdict(c), "model": result.model},
+        metrics={"reward_mean": last.reward_mean, "logprob_gap": last.logprob_gap, "loss": last.loss,
+                 "compression": last.compression, "reward_change": reward_change(result.steps),
+                 "random_reward": result.random_reward, "study_seconds": result.seconds},
+        tags={"harts.kind": "study", "harts.study": RL_STUDY, "harts.config": c.env,
+              "harts.title": "online RL on a toy environment: reward and rollout-vs-training log-prob gap"},
+        artifacts={"rl_steps.json": json.dumps([s.to_dict() for s in result.steps], indent=1),
+                   "tables.json": json.dumps([steps_table(result)], indent=1)},
+    )
+    run_id = log_record(record, RL_EXPERIMENT, tracking_uri)
+    from mlflow.entities import Metric
+
+    now = int(_time.time() * 1000)
+    keys = ("reward_mean", "loss", "logprob_gap", "compression", "mixed_share", "entropy", "grad_norm")
+    metrics = [Metric(f"step.{k}", float(getattr(s, k)), now, s.step) for s in result.steps for k in keys]
+    client = client_for(tracking_uri)
+    for i in range(0, len(metrics), 1000):
+        client.log_batch(run_id, metrics=metrics[i : i + 1000])
+    return run_id
+
+
 __all__ = [
     "ADVANTAGES", "ALLOCATIONS", "LoopError", "MODES", "RLConfig", "RunResult", "StepRecord",
-    "advantages_for", "expansion_for", "grpo_episode_advantages", "rollout_batch", "run", "toy_model_config",
+    "RL_EXPERIMENT", "RL_STUDY", "advantages_for", "expansion_for", "log_run", "reward_change", "steps_table", "grpo_episode_advantages", "rollout_batch", "run", "toy_model_config",
     "uniform_expansion",
 ]

@@ -16,7 +16,7 @@ compression (expanded tokens / executed rows), the share of prompts with mixed r
 and timings.
 
 The pluggable parts are one call each: `advantages_for` (grpo | rtmc) and
-`expansion_for` (uniform | trace).
+`allocator_for` (uniform | trace).
 """
 
 from __future__ import annotations
@@ -29,7 +29,15 @@ import numpy as np
 
 from harts.config.models import ModelConfig
 from harts.rl.env import EnvConfig, Switchboard, get_env_config, make_env
-from harts.rl.sample import HartsPolicy, Prefix, Rollout, SamplingConfig, sample_tree_rollouts
+from harts.rl.sample import (
+    Expansion,
+    HartsPolicy,
+    Prefix,
+    Rollout,
+    SamplingConfig,
+    boundary_prefixes,
+    sample_tree_rollouts,
+)
 
 ADVANTAGES = ("grpo", "rtmc")
 ALLOCATIONS = ("uniform", "trace")
@@ -139,37 +147,114 @@ def advantages_for(kind: str, rollouts: Sequence[Rollout], trajectories: Sequenc
 
 # ---- allocation: one call per allocation kind --------------------------------------------
 
-def uniform_expansion(per_prompt: int) -> Callable[[Sequence[Prefix]], list[int]]:
+def uniform_counts(candidates: Sequence[Prefix], per_prompt: int) -> list[int]:
     """`per_prompt` continuations per prompt, spread round-robin over its candidate
-    prefixes in the order they were reached (earliest turn boundaries first)."""
-    def expand(candidates: Sequence[Prefix]) -> list[int]:
-        counts = [0] * len(candidates)
-        by_prompt: dict[int, list[int]] = {}
-        for i, c in enumerate(candidates):
-            by_prompt.setdefault(c.prompt, []).append(i)
-        for members in by_prompt.values():
-            members = sorted(members, key=lambda i: (candidates[i].turn, i))
-            for k in range(per_prompt):
-                counts[members[k % len(members)]] += 1
-        return counts
+    prefixes, earliest turn boundaries first (then in the order given)."""
+    counts = [0] * len(candidates)
+    by_prompt: dict[int, list[int]] = {}
+    for i, c in enumerate(candidates):
+        by_prompt.setdefault(c.prompt, []).append(i)
+    for members in by_prompt.values():
+        members = sorted(members, key=lambda i: (candidates[i].turn, i))
+        for k in range(per_prompt):
+            counts[members[k % len(members)]] += 1
+    return counts
+
+
+def uniform_expansion(env: Switchboard, per_prompt: int) -> Expansion:
+    """The uniform tree baseline: every root episode's intermediate turn boundaries are
+    candidates, each prompt's continuations spread evenly over its own (`uniform_counts`)."""
+    def expand(rollouts: Sequence[Rollout]) -> list[tuple[Prefix, int]]:
+        cands = [p for r in rollouts for p in boundary_prefixes(env, r)]
+        return list(zip(cands, uniform_counts(cands, per_prompt), strict=True))
     return expand
 
 
-def expansion_for(kind: str, config: RLConfig, env: Switchboard) -> Callable[[Sequence[Prefix]], list[int]]:
-    if kind == "uniform":
-        return uniform_expansion(config.expansions)
-    if kind == "trace":
+def _by_prompt(rollouts: Sequence[Rollout]) -> dict[int, list[int]]:
+    groups: dict[int, list[int]] = {}
+    for i, r in enumerate(rollouts):
+        groups.setdefault(r.prompt, []).append(i)
+    return groups
+
+
+def group_id(step: int, prompt: int) -> str:
+    return f"s{step}-p{prompt}"
+
+
+class UniformAllocator:
+    """`roots` episodes per prompt, `expansions` continuations per prompt spread evenly
+    over its prefixes."""
+
+    def __init__(self, config: RLConfig, env: Switchboard):
+        self.config, self.env = config, env
+
+    def roots(self, step: int, prompts: Sequence[int]) -> list[int]:
+        return [self.config.roots] * len(prompts)
+
+    def expansion(self, step: int, prompts: Sequence[int]) -> Expansion | None:
+        return uniform_expansion(self.env, self.config.expansions) if self.config.expansions else None
+
+    def observe(self, step: int, rollouts: Sequence[Rollout]) -> None:
+        return None
+
+
+class TraceAllocation:
+    """TRACE (`harts.rl.trace.TraceAllocator`): the step's root budget (prompts x roots)
+    over prompts, then the continuation budget (prompts x expansions) over the root
+    episodes' turn-boundary prefixes, by the predicted chance of mixed outcomes; the
+    predictor learns from each scored step's trees. Prompt features: the one-hot start
+    state."""
+
+    def __init__(self, config: RLConfig, env: Switchboard):
         try:
-            from harts.rl import trace
+            from harts.rl.trace import TraceAllocator
         except ImportError as err:
             raise LoopError(f"--allocation trace needs harts.rl.trace ({err})") from None
-        budget = config.prompts * config.expansions
+        self.config, self.env = config, env
+        self.tracer = TraceAllocator(env.config.num_states, seed=config.seed)
 
-        def expand(candidates: Sequence[Prefix]) -> list[int]:
-            return list(trace.allocate(candidates, budget, None).counts)  # interface of harts.rl.trace
+    def _features(self, prompt: int) -> list[float]:
+        f = [0.0] * self.env.config.num_states
+        f[self.env.reset(prompt)[1].observation] = 1.0
+        return f
+
+    def roots(self, step: int, prompts: Sequence[int]) -> list[int]:
+        cands = [self.tracer.root(group_id(step, p), self._features(p)) for p in prompts]
+        return [int(c) for c in self.tracer.allocate(cands, len(prompts) * self.config.roots).counts]
+
+    def expansion(self, step: int, prompts: Sequence[int]) -> Expansion | None:
+        if not self.config.expansions:
+            return None
+        budget = len(prompts) * self.config.expansions
+
+        def expand(rollouts: Sequence[Rollout]) -> list[tuple[Prefix, int]]:
+            trajs = rollout_batch(rollouts, [np.zeros(len(r.tokens)) for r in rollouts], step).trajectories()
+            by_id = {t.id: r for t, r in zip(trajs, rollouts, strict=True)}
+            cands = []
+            for prompt, members in _by_prompt(rollouts).items():
+                cands += self.tracer.prefixes([trajs[i] for i in members], [rollouts[i].reward for i in members],
+                                              self._features(prompt))
+            if not cands:
+                return []
+            alloc = self.tracer.allocate(cands, budget)
+            return [(boundary_prefixes(self.env, by_id[c.source])[c.depth - 1], int(n))
+                    for c, n in zip(cands, alloc.counts, strict=True) if n]
         return expand
-    raise LoopError(f"allocation: unknown {kind!r}; known: {', '.join(ALLOCATIONS)}")
 
+    def observe(self, step: int, rollouts: Sequence[Rollout]) -> None:
+        trajs = rollout_batch(rollouts, [np.zeros(len(r.tokens)) for r in rollouts], step).trajectories()
+        for prompt, members in _by_prompt(rollouts).items():
+            self.tracer.observe([trajs[i] for i in members], [rollouts[i].reward for i in members],
+                                self._features(prompt))
+
+
+def allocator_for(kind: str, config: RLConfig, env: Switchboard) -> UniformAllocator | TraceAllocation:
+    """The step's allocation: one call per kind."""
+    if kind == "uniform":
+        return UniformAllocator(config, env)
+    if kind == "trace":
+        return TraceAllocation(config, env)
+    raise LoopError(f"allocation: unknown {kind!r}; known: {', '.join(ALLOCATIONS)}")
 
 # ---- the loop ------------------------------------------------------------------------------
 
@@ -210,8 +295,8 @@ def rollout_batch(rollouts: Sequence[Rollout], advantages: Sequence[np.ndarray],
 
     return SequenceBatch.make(
         [r.tokens for r in rollouts], [r.loss_mask for r in rollouts], advantages,
-        [r.old_logprobs for r in rollouts], [f"s{step}-p{r.prompt}" for r in rollouts],
-        ids=[f"s{step}-p{r.prompt}-{'.'.join(map(str, r.path))}" for r in rollouts],
+        [r.old_logprobs for r in rollouts], [group_id(step, r.prompt) for r in rollouts],
+        ids=[f"{group_id(step, r.prompt)}-{'.'.join(map(str, r.path))}" for r in rollouts],
         turns=[r.turns for r in rollouts])
 
 
@@ -247,18 +332,19 @@ def run(config: RLConfig, on_step: Callable[[StepRecord], None] | None = None, *
                       loss=PolicyLossConfig(), microbatch_tokens=config.microbatch_tokens)
     sampler = HartsPolicy(model)
     sampling = SamplingConfig(config.temperature, config.top_p, config.seed).validate()
-    expand = expansion_for(config.allocation, config, env) if config.expansions else None
+    allocator = allocator_for(config.allocation, config, env)
     records = []
     for step in range(1, config.steps + 1):
         t0 = time.perf_counter()
         prompts = [(config.seed * 1_000_003 + step * config.prompts + i) for i in range(config.prompts)]
-        rollouts = sample_tree_rollouts(sampler, env, prompts, [config.roots] * config.prompts, expand, sampling,
-                                        step=step)
+        rollouts = sample_tree_rollouts(sampler, env, prompts, allocator.roots(step, prompts),
+                                        allocator.expansion(step, prompts), sampling, step=step)
         t1 = time.perf_counter()
         batch0 = rollout_batch(rollouts, [np.zeros(len(r.tokens)) for r in rollouts], step)
         advantages = advantages_for(config.advantage, rollouts, batch0.trajectories())
         batch = rollout_batch(rollouts, advantages, step)
         result = policy.update(batch)
+        allocator.observe(step, rollouts)
         gaps = [np.abs(lp[r.loss_mask] - r.old_logprobs[r.loss_mask])
                 for lp, r in zip(result.stats.log_probs, rollouts, strict=True)]
         rewards = np.array([r.reward for r in rollouts])
@@ -342,6 +428,6 @@ def log_run(result: RunResult, tracking_uri: str | None = None) -> str:
 
 __all__ = [
     "ADVANTAGES", "ALLOCATIONS", "LoopError", "MODES", "RLConfig", "RunResult", "StepRecord",
-    "RL_EXPERIMENT", "RL_STUDY", "advantages_for", "expansion_for", "log_run", "reward_change", "steps_table", "grpo_episode_advantages", "rollout_batch", "run", "toy_model_config",
+    "RL_EXPERIMENT", "RL_STUDY", "advantages_for", "allocator_for", "group_id", "uniform_counts", "log_run", "reward_change", "steps_table", "grpo_episode_advantages", "rollout_batch", "run", "toy_model_config",
     "uniform_expansion",
 ]

@@ -21,8 +21,9 @@ seeded from (seed, step, prompt, phase, index), so a rollout does not depend on 
 other rollouts were advanced in the same batch.
 
 Trees: `sample_tree_rollouts` first runs `roots[p]` episodes from each prompt p, then
-offers every intermediate prefix (a turn boundary inside an unfinished episode) to an
-allocation, which returns how many further continuations each gets; the continuations
+hands the finished root episodes to an expansion allocation, which picks intermediate
+prefixes (turn boundaries inside an episode, `boundary_prefixes`) and how many further
+continuations each gets; the continuations
 share the prefix token for token, so `build_forest` merges them into one tree per prompt.
 """
 
@@ -34,7 +35,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from harts.rl.env import CALL_TOKENS, EpisodeState, Switchboard, Turn
+from harts.rl.env import CALL_TOKENS, OBS_TOKENS, EpisodeState, Switchboard, Turn
 
 
 class SamplingError(ValueError):
@@ -179,11 +180,9 @@ class Rollout:
 
 
 def run_episodes(policy: Policy, env: Switchboard, starts: Sequence[Prefix],
-                 rngs: Sequence[np.random.Generator], config: SamplingConfig,
-                 on_boundary: Callable[[Prefix], None] | None = None) -> list[Rollout]:
+                 rngs: Sequence[np.random.Generator], config: SamplingConfig) -> list[Rollout]:
     """Run every start prefix to the end of its episode, all advanced together one token
-    per policy call. `on_boundary` sees every intermediate turn boundary reached (not the
-    starts themselves)."""
+    per policy call."""
     config = config.validate()
     if len(starts) != len(rngs):
         raise SamplingError("one generator per start prefix")
@@ -210,9 +209,6 @@ def run_episodes(policy: Policy, env: Switchboard, starts: Sequence[Prefix],
                                   np.asarray(lps, dtype=np.float64), out.state.history, float(out.reward),
                                   s.path, branch_turn=s.turn)
             else:
-                if on_boundary is not None:
-                    on_boundary(Prefix(starts[i].prompt, tuple(toks), tuple(lps), tuple(mask), out.state,
-                                       starts[i].path))
                 nxt.append((i, toks, lps, mask, out.state))
         active = nxt
     return [done[i] for i in range(len(starts))]
@@ -227,16 +223,32 @@ def _rng(config: SamplingConfig, step: int, prompt: int, phase: int, index: int)
     return np.random.default_rng(np.random.SeedSequence([config.seed, step, prompt, phase, index]))
 
 
-# An expansion allocation: given the intermediate prefixes of the root episodes, how many
-# continuations each gets (same length as the candidates, non-negative).
-Expansion = Callable[[Sequence[Prefix]], Sequence[int]]
+def boundary_prefixes(env: Switchboard, rollout: Rollout) -> list[Prefix]:
+    """The intermediate turn boundaries of a finished episode (after turn t for t = 1 ..
+    T - 1: the episode still running there), replayed through the environment so each
+    carries its state."""
+    tokens, state = env.reset(rollout.prompt)
+    out = []
+    for turn in rollout.turns[:-1]:
+        step = env.step(state, tuple(int(x) for x in rollout.tokens[turn.start:turn.end]), turn.start)
+        state = step.state
+        end = turn.end + OBS_TOKENS
+        out.append(Prefix(rollout.prompt, tuple(int(x) for x in rollout.tokens[:end]),
+                          tuple(float(x) for x in rollout.old_logprobs[:end]),
+                          tuple(bool(x) for x in rollout.loss_mask[:end]), state, rollout.path))
+    return out
+
+
+# An expansion allocation: given the finished root episodes, which prefixes get how many
+# further continuations ((prefix, count) pairs; counts >= 0).
+Expansion = Callable[[Sequence[Rollout]], Sequence[tuple[Prefix, int]]]
 
 
 def sample_tree_rollouts(policy: Policy, env: Switchboard, prompts: Sequence[int], roots: Sequence[int],
                          expand: Expansion | None, config: SamplingConfig, step: int = 0) -> list[Rollout]:
     """Root episodes (`roots[i]` from prompt i), then continuations from the intermediate
     prefixes the `expand` allocation picks. Rollouts come back prompt by prompt, roots
-    first, then continuations in candidate order."""
+    first, then continuations in the allocation's order."""
     if len(prompts) != len(roots):
         raise SamplingError("one root count per prompt")
     if any(r < 0 for r in roots):
@@ -247,15 +259,13 @@ def sample_tree_rollouts(policy: Policy, env: Switchboard, prompts: Sequence[int
         for k in range(r):
             starts.append(Prefix(base.prompt, base.tokens, base.logprobs, base.mask, base.state, (k,)))
             rngs.append(_rng(config, step, prompt, 0, k))
-    candidates: list[Prefix] = []
-    rollouts = run_episodes(policy, env, starts, rngs, config, on_boundary=candidates.append)
-    if expand is not None and candidates:
-        counts = [int(c) for c in expand(candidates)]
-        if len(counts) != len(candidates) or any(c < 0 for c in counts):
-            raise SamplingError("the expansion allocation must give a count >= 0 per candidate prefix")
+    rollouts = run_episodes(policy, env, starts, rngs, config)
+    if expand is not None and rollouts:
         more, more_rngs = [], []
-        for ci, (cand, c) in enumerate(zip(candidates, counts, strict=True)):
-            for k in range(c):
+        for ci, (cand, c) in enumerate(expand(rollouts)):
+            if int(c) < 0:
+                raise SamplingError("the expansion allocation must give counts >= 0")
+            for k in range(int(c)):
                 more.append(Prefix(cand.prompt, cand.tokens, cand.logprobs, cand.mask, cand.state,
                                    cand.path + (cand.turn, k)))
                 more_rngs.append(_rng(config, step, cand.prompt, 1 + ci, k))
@@ -265,6 +275,6 @@ def sample_tree_rollouts(policy: Policy, env: Switchboard, prompts: Sequence[int
 
 
 __all__ = [
-    "Expansion", "HFCausalLMPolicy", "HartsPolicy", "Policy", "Prefix", "Rollout", "SamplingConfig",
+    "Expansion", "HFCausalLMPolicy", "boundary_prefixes", "HartsPolicy", "Policy", "Prefix", "Rollout", "SamplingConfig",
     "SamplingError", "draw", "prompt_prefix", "run_episodes", "sample_tree_rollouts",
 ]

@@ -65,11 +65,14 @@ def test_padded_and_prompt_completion_layouts_give_the_same_batch():
         olds[b, T - len(c):] = old[b]
     a = SequenceBatch.from_padded(ids, att, resp, advs, olds, ["g0", "g1"])
     P, C = 3, 3
-    p_ids = np.zeros((2, P), np.int64); p_mask = np.zeros((2, P), np.int64)
-    c_ids = np.zeros((2, C), np.int64); c_mask = np.zeros((2, C), np.int64); c_old = np.zeros((2, C))
+    p_ids, p_mask = np.zeros((2, P), np.int64), np.zeros((2, P), np.int64)
+    c_ids, c_mask, c_old = np.zeros((2, C), np.int64), np.zeros((2, C), np.int64), np.zeros((2, C))
     for b, (p, c) in enumerate(zip(prompts, comps, strict=True)):
-        p_ids[b, P - len(p):] = p; p_mask[b, P - len(p):] = 1
-        c_ids[b, :len(c)] = c; c_mask[b, :len(c)] = 1; c_old[b, :len(c)] = old[b]
+        p_ids[b, P - len(p):] = p
+        p_mask[b, P - len(p):] = 1
+        c_ids[b, :len(c)] = c
+        c_mask[b, :len(c)] = 1
+        c_old[b, :len(c)] = old[b]
     b2 = SequenceBatch.from_prompt_completion(p_ids, p_mask, c_ids, c_mask, adv, c_old, ["g0", "g1"])
     for x, y in zip(a.input_ids + a.old_log_probs, b2.input_ids + b2.old_log_probs, strict=True):
         assert np.array_equal(x, y)

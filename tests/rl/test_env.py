@@ -7,7 +7,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harts.rl.env import (
-    BOS, END, FAIL, OK, STATE_BASE, TOOL_NAMES, EnvConfig, EnvError, get_env_config, known_envs, make_env,
+    BOS,
+    END,
+    FAIL,
+    OK,
+    STATE_BASE,
+    TOOL_NAMES,
+    EnvConfig,
+    EnvError,
+    get_env_config,
+    known_envs,
+    make_env,
 )
 
 ENV = make_env("switchboard")
@@ -35,7 +45,7 @@ def test_reset_is_deterministic_and_seeds_differ():
 def test_right_calls_clear_the_chain_and_end_with_reward_one():
     prompt, state = ENV.reset(3)
     start = len(prompt)
-    for k in range(ENV.config.depth):
+    for _ in range(ENV.config.depth):
         out = ENV.step(state, _right_tokens(ENV, state), start)
         assert out.observation[0] == OK
         state, start = out.state, start + 4

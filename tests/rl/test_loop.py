@@ -10,7 +10,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from harts.rl.loop import LoopError, RLConfig, advantages_for, grpo_episode_advantages, run, uniform_expansion
+from harts.rl.loop import (
+    LoopError,
+    RLConfig,
+    advantages_for,
+    grpo_episode_advantages,
+    run,
+    uniform_counts,
+)
 from harts.rl.sample import Prefix
 
 SMALL = RLConfig(steps=3, prompts=2, roots=2, expansions=2, dtype="float64", seed=4)
@@ -32,6 +39,7 @@ def test_grpo_advantages_are_group_normalised():
     class R:
         def __init__(self, prompt, reward):
             self.prompt, self.reward, self.tokens = prompt, reward, np.zeros(3)
+
     rs = [R(0, 1.0), R(1, 0.5), R(0, 0.0), R(1, 0.5)]
     adv = grpo_episode_advantages(rs)
     assert adv[0] == pytest.approx(1.0, abs=1e-5) and adv[2] == pytest.approx(-1.0, abs=1e-5)
@@ -40,11 +48,12 @@ def test_grpo_advantages_are_group_normalised():
 
 
 def test_uniform_expansion_spreads_each_prompts_budget_over_its_prefixes():
+    from harts.rl.env import EpisodeState
+
     def pre(prompt, turns):
-        from harts.rl.env import EpisodeState
         return Prefix(prompt, (0,), (0.0,), (False,), EpisodeState((0, 0), 0, turns))
     cands = [pre(0, 2), pre(0, 1), pre(1, 1), pre(0, 1)]
-    assert uniform_expansion(4)(cands) == [1, 2, 4, 1]  # prompt 0: turn-1 prefixes first
+    assert uniform_counts(cands, 4) == [1, 2, 4, 1]  # prompt 0: turn-1 prefixes first
 
 
 def test_unknown_names_are_refused():

@@ -7,7 +7,14 @@ import pytest
 from harts.rl.env import make_env
 from harts.rl.loop import toy_model_config, uniform_expansion
 from harts.rl.sample import (
-    HartsPolicy, SamplingConfig, SamplingError, draw, prompt_prefix, run_episodes, sample_tree_rollouts,
+    HartsPolicy,
+    SamplingConfig,
+    SamplingError,
+    boundary_prefixes,
+    draw,
+    prompt_prefix,
+    run_episodes,
+    sample_tree_rollouts,
 )
 from harts.tree import build_forest
 from harts.tree.trajectory import Trajectory
@@ -51,8 +58,9 @@ def test_sampling_config_is_checked():
 
 def test_tree_rollouts_are_deterministic_and_continuations_share_their_prefix():
     cfg = SamplingConfig(seed=3)
-    run = lambda: sample_tree_rollouts(TablePolicy(), ENV, [10, 11], [3, 3], uniform_expansion(3), cfg, step=1)
-    a, b = run(), run()
+    def sample():
+        return sample_tree_rollouts(TablePolicy(), ENV, [10, 11], [3, 3], uniform_expansion(ENV, 3), cfg, step=1)
+    a, b = sample(), sample()
     assert [r.tokens.tolist() for r in a] == [r.tokens.tolist() for r in b]
     assert [r.prompt for r in a] == sorted(r.prompt for r in a)
     roots = [r for r in a if r.branch_turn == 0]
@@ -77,15 +85,24 @@ def test_a_rollout_does_not_depend_on_what_else_is_in_the_batch():
     cfg = SamplingConfig(seed=1)
     base = prompt_prefix(ENV, 4)
     other = prompt_prefix(ENV, 5)
-    rng = lambda k: np.random.default_rng(np.random.SeedSequence([9, k]))
+    def rng(k):
+        return np.random.default_rng(np.random.SeedSequence([9, k]))
     alone = run_episodes(TablePolicy(), ENV, [base], [rng(0)], cfg)
     together = run_episodes(TablePolicy(), ENV, [other, base, other], [rng(1), rng(0), rng(2)], cfg)
     assert alone[0].tokens.tolist() == together[1].tokens.tolist()
 
 
-def test_the_expansion_count_must_match_the_candidates():
-    with pytest.raises(SamplingError, match="a count >= 0 per candidate"):
-        sample_tree_rollouts(TablePolicy(), ENV, [1], [2], lambda c: [1], SamplingConfig(), step=0)
+def test_boundary_prefixes_replay_the_episode_and_negative_counts_are_refused():
+    roots = sample_tree_rollouts(TablePolicy(), ENV, [3, 4], [2, 2], None, SamplingConfig(seed=2))
+    for r in roots:
+        pre = boundary_prefixes(ENV, r)
+        assert len(pre) == len(r.turns) - 1
+        for t, p in enumerate(pre, start=1):
+            assert p.turn == t and list(p.tokens) == r.tokens[: 2 + 4 * t].tolist()
+            assert p.state.history == r.turns[:t]
+    with pytest.raises(SamplingError, match="counts >= 0"):
+        sample_tree_rollouts(TablePolicy(), ENV, [1], [2], lambda rs: [(boundary_prefixes(ENV, rs[0])[0], -1)]
+                             if len(rs[0].turns) > 1 else [(prompt_prefix(ENV, 1), -1)], SamplingConfig())
 
 
 def test_harts_policy_matches_one_forward_per_prefix():

@@ -122,3 +122,20 @@ def test_harts_policy_matches_one_forward_per_prefix():
             want = torch.log_softmax(h @ model.lm_head_weight.T, -1).numpy()
         np.testing.assert_allclose(row, want, rtol=0, atol=1e-12)
     np.testing.assert_allclose(np.exp(got).sum(1), 1.0, atol=1e-12)
+
+
+def test_the_transformers_hook_matches_one_forward_per_prefix():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from harts.rl.sample import HFCausalLMPolicy
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2)).double().eval()
+    prefixes = [np.array([0, 5, 3]), np.array([0, 6]), np.array([0, 7, 1, 2, 9])]
+    got = HFCausalLMPolicy(model).next_logprobs(prefixes)
+    for p, row in zip(prefixes, got, strict=True):
+        with torch.no_grad():
+            want = torch.log_softmax(model(input_ids=torch.from_numpy(p)[None]).logits[0, -1], -1).numpy()
+        np.testing.assert_allclose(row, want, rtol=0, atol=1e-10)

@@ -44,11 +44,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UserError(f"no tracking store at {uri}: run a study first (harts experiment NAME)")
     out = check_output_path(args.out or (store / "report.html" if store is not None else "report.html"), "--out")
     runs = latest_runs(uri, kind="study", group_by="harts.study",
-                       artifacts=("tables.json", "table.json", "figures.json"), artifact_dirs=("plots",))
+                       artifacts=("tables.json", "table.json", "figures.json", RL_STEPS), artifact_dirs=("plots",))
     order = _study_order(runs)
     page = render_html(runs, order, uri)
     write_output(out, "--out", page)
-    plots = sum(sum(1 for f in r.files if f.endswith(".png")) for r in runs.values())
+    plots = sum(sum(1 for f in r.files if f.endswith(".png")) + (RL_STEPS in r.files) for r in runs.values())
     missing = [s for s in order if s not in runs]
     if args.json:
         print_json({"out": str(out), "tracking_uri": uri, "studies": {s: r.run_id for s, r in runs.items()},
@@ -158,6 +158,9 @@ def render_html(runs: dict[str, Any], order: list[str], uri: str) -> str:
         if not tables:
             parts.append('<p class="missing">this run has no table artifact</p>')
         parts += [render_table(t) for t in tables]
+        if RL_STEPS in run.files:
+            b64 = base64.b64encode(rl_curve_png(json.loads(run.files[RL_STEPS]))).decode("ascii")
+            parts.append(f'<div><img alt="reward and log-prob gap over steps" src="data:image/png;base64,{b64}"></div>')
         for path in _plot_order(run.files):
             b64 = base64.b64encode(run.files[path]).decode("ascii")
             parts.append(f'<div><img alt="{_e(path)}" src="data:image/png;base64,{b64}"></div>')
@@ -166,6 +169,37 @@ def render_html(runs: dict[str, Any], order: list[str], uri: str) -> str:
             parts += [f'<div class="note">note: {_e(n)}</div>' for n in note.split("\n\n") if n.strip()]
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+RL_STEPS = "rl_steps.json"  # an online RL run's per-step records (harts.rl.loop.log_run)
+
+
+def rl_curve_png(steps: list[dict[str, Any]]) -> bytes:
+    """Reward and rollout-vs-training log-prob gap over the steps of an online RL run (the
+    paper's Figure 6 analogue): mean reward on the left axis, the gap (log scale) on the right."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [s["step"] for s in steps]
+    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=110)
+    ax.plot(x, [s["reward_mean"] for s in steps], color="#0b4f9c", marker="o", ms=3, label="mean reward")
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean reward", color="#0b4f9c")
+    ax.set_ylim(0, 1)
+    gap = ax.twinx()
+    gap.plot(x, [max(s["logprob_gap"], 1e-18) for s in steps], color="#c0392b", lw=1, label="log-prob gap")
+    gap.set_yscale("log")
+    gap.set_ylabel("|rollout - training log-prob|", color="#c0392b")
+    ax.set_title("online RL: reward and rollout-vs-training log-prob gap")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
 
 
 def _plot_order(files: dict[str, bytes]) -> list[str]:

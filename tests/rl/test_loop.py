@@ -1,0 +1,118 @@
+"""The online loop: tree and expanded modes give the same run in float64, the plug points
+are one call each, the run is logged and reported, and the default run learns."""
+
+import json
+import resource
+import subprocess
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from harts.rl.loop import (
+    LoopError,
+    RLConfig,
+    advantages_for,
+    grpo_episode_advantages,
+    run,
+    uniform_counts,
+)
+from harts.rl.sample import Prefix
+
+SMALL = RLConfig(steps=3, prompts=2, roots=2, expansions=2, dtype="float64", seed=4)
+
+
+def test_float64_tree_and_expanded_runs_have_the_same_samples_and_updates():
+    res = {mode: run(replace(SMALL, mode=mode)) for mode in ("tree", "expanded")}
+    for a, b in zip(res["tree"].steps, res["expanded"].steps, strict=True):
+        assert a.sample_digest == b.sample_digest
+        assert a.reward_mean == b.reward_mean
+        assert abs(a.loss - b.loss) < 1e-10 and abs(a.grad_norm - b.grad_norm) < 1e-10
+        assert abs(a.logprob_gap - b.logprob_gap) < 1e-10
+        assert a.compression > 1.0 and b.compression == 1.0
+    assert all(s.grad_norm > 0 for s in res["tree"].steps)  # every step updated the policy
+
+
+def test_grpo_advantages_are_group_normalised():
+    class R:
+        def __init__(self, prompt, reward):
+            self.prompt, self.reward, self.tokens = prompt, reward, np.zeros(3)
+
+    rs = [R(0, 1.0), R(1, 0.5), R(0, 0.0), R(1, 0.5)]
+    adv = grpo_episode_advantages(rs)
+    assert adv[0] == pytest.approx(1.0, abs=1e-5) and adv[2] == pytest.approx(-1.0, abs=1e-5)
+    assert adv[1] == adv[3] == 0.0
+    assert advantages_for("grpo", rs, None)[0].tolist() == pytest.approx([adv[0]] * 3)
+
+
+def test_uniform_expansion_spreads_each_prompts_budget_over_its_prefixes():
+    from harts.rl.env import EpisodeState
+
+    def pre(prompt, turns):
+        return Prefix(prompt, (0,), (0.0,), (False,), EpisodeState((0, 0), 0, turns))
+    cands = [pre(0, 2), pre(0, 1), pre(1, 1), pre(0, 1)]
+    assert uniform_counts(cands, 4) == [1, 2, 4, 1]  # prompt 0: turn-1 prefixes first
+
+
+def test_unknown_names_are_refused():
+    with pytest.raises(LoopError, match="advantage: unknown 'ppo'"):
+        RLConfig(advantage="ppo").validate()
+    with pytest.raises(LoopError, match="mode: unknown"):
+        RLConfig(mode="window").validate()
+
+
+def test_a_logged_run_is_plotted_by_the_report(tmp_path):
+    from harts.cli.main import main
+    from harts.track.query import latest_runs
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    assert main(["rl", "run", "--steps", "2", "--prompts", "2", "--roots", "2", "--expansions", "1",
+                 "--tracking-uri", uri, "--json"]) == 0
+    runs = latest_runs(uri, kind="study", group_by="harts.study", artifacts=("rl_steps.json",))
+    steps = json.loads(runs["rl"].files["rl_steps.json"])
+    assert [s["step"] for s in steps] == [1, 2]
+    out = tmp_path / "r.html"
+    assert main(["report", "--tracking-uri", uri, "--out", str(out), "--json"]) == 0
+    page = out.read_text()
+    assert 'alt="reward and log-prob gap over steps"' in page and "online RL on switchboard" in page
+
+
+@pytest.mark.slow
+def test_the_default_run_learns():
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run([sys.executable, "-m", "harts", "rl", "run", "--steps", "30", "--json", "--no-track"],
+                          capture_output=True, text=True, timeout=3000, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    steps = json.loads(proc.stdout)["steps"]
+    rewards = [s["reward_mean"] for s in steps]
+    assert len(rewards) == 30
+    assert np.mean(rewards[-5:]) - np.mean(rewards[:5]) >= 0.25, rewards
+    assert max(s["logprob_gap"] for s in steps) < 1e-4  # float32 sampling vs tree training forward
+    # CPU seconds the run used (not wall time, which a shared machine's load inflates)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert cpu < 600, cpu
+
+
+def test_rtmc_is_called_once_per_prompt_group_and_its_advantages_are_used(monkeypatch):
+    import types
+
+    from harts.rl.env import make_env
+    from harts.rl.loop import rollout_batch
+    from harts.rl.sample import SamplingConfig, sample_tree_rollouts
+    from tests.rl.test_sample import TablePolicy
+
+    env = make_env("switchboard")
+    rollouts = sample_tree_rollouts(TablePolicy(), env, [1, 2], [2, 2], None, SamplingConfig(seed=5))
+    trajs = rollout_batch(rollouts, [np.zeros(len(r.tokens)) for r in rollouts], 1).trajectories()
+    calls = []
+
+    def fake_rtmc(group, rewards):
+        calls.append(([t.id for t in group], list(rewards)))
+        return [np.full(len(t), 10.0 * len(calls) + k) for k, t in enumerate(group)]
+
+    monkeypatch.setitem(sys.modules, "harts.rl.rtmc", types.SimpleNamespace(rtmc_advantages=fake_rtmc))
+    adv = advantages_for("rtmc", rollouts, trajs)
+    assert [ids for ids, _ in calls] == [[t.id for t in trajs[:2]], [t.id for t in trajs[2:]]]
+    assert calls[0][1] == [r.reward for r in rollouts[:2]]
+    assert [float(a[0]) for a in adv] == [10.0, 11.0, 20.0, 21.0]

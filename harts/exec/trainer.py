@@ -338,7 +338,7 @@ class ExpandedTrainer:
         config = model.config
         stats, stats_loads = None, []
         if config.aux_scope == "global" and config.num_moe_layers and config.aux_loss_coef:
-            stats, stats_loads = moe_statistics_pass(model, microbatches())
+            stats, stats_loads = self._statistics_pass(microbatches())
         for i, mb in enumerate(microbatches()):
             if stats is not None:
                 set_moe_global(mb.ctx, stats)
@@ -393,6 +393,11 @@ class ExpandedTrainer:
             layout=infos,
             kernels=self.kernels_used(),
         )
+
+    def _statistics_pass(self, microbatches: Iterable[Microbatch]) -> tuple[MoEGlobalStats, list[torch.Tensor]]:
+        """The step-global MoE statistics (`moe_statistics_pass`); a distributed trainer
+        sums them over its replicas."""
+        return moe_statistics_pass(self.model, microbatches)
 
     def kernels_used(self) -> dict:
         """{"config": the KernelConfig, "ran": {op: [impl]}, "fallbacks": [...]}: for results."""

@@ -243,6 +243,9 @@ class DistPlanTrainer(PlanTrainer):
         both = both.cpu()
         return MoEGlobalStats.from_loads(both[:-1].view_as(local), float(both[-1]), cfg.top_k), loads
 
+    def _grad_norm(self) -> float:
+        return float("nan")  # before the gradients are reduced; `_run` sets the full gradient's
+
     def _run(self, trajectories, microbatch_tokens, backward, partition=None, prepared=None) -> StepResult:
         start = time.perf_counter()
         self.pm.unshard()

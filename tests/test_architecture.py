@@ -96,11 +96,12 @@ def test_no_import_cycle():
 
 
 @pytest.mark.parametrize("layer, forbidden", [
-    ("tree", {"plan", "sim", "exec", "verify", "cli"}),
-    ("config", {"plan", "sim", "exec", "verify", "cli"}),
-    ("plan", {"exec", "verify", "cli"}),
-    ("sim", {"exec", "verify", "cli"}),
-    ("exec", {"verify", "cli"}),
+    ("tree", {"plan", "sim", "exec", "dist", "verify", "cli"}),
+    ("config", {"plan", "sim", "exec", "dist", "verify", "cli"}),
+    ("plan", {"exec", "dist", "verify", "cli"}),
+    ("sim", {"exec", "dist", "verify", "cli"}),
+    ("exec", {"dist", "verify", "cli"}),
+    ("dist", {"verify", "cli"}),
 ])
 def test_layers_import_only_downwards(layer, forbidden):
     bad = sorted((m, t) for m, (internal, _) in IMPORTS.items() if _layer(m) == layer

@@ -67,7 +67,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.parallel is not None:
         from harts.cli.train_dist import cmd_train_distributed
 
-        return cmd_train_distributed(args)
+        return cmd_train_distributed(args, _load_trajectories)
     if args.plan is not None:
         raise UserError("--plan needs --parallel")
     if args.steps < 1:

@@ -10,13 +10,13 @@ import argparse
 from harts.cli.common import UserError, format_table, print_json
 
 
-def cmd_train_distributed(args: argparse.Namespace) -> int:
+def cmd_train_distributed(args: argparse.Namespace, load_trajectories) -> int:
+    """`load_trajectories(args, vocab_size)`: train's --workload / --input reader."""
     import torch
     import torch.distributed as dist
 
-    from harts.cli.train import _load_trajectories
     from harts.config.models import ConfigError, get_model_config
-    from harts.dist.mesh import LaunchError, backend_for, check_launch, init_mesh, parse_parallel
+    from harts.dist.mesh import LaunchError, backend_for, check_launch, parse_parallel
 
     if args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
@@ -35,7 +35,7 @@ def cmd_train_distributed(args: argparse.Namespace) -> int:
         config.check_tree_mode()
     except (LaunchError, ConfigError) as err:
         raise UserError(str(err)) from None
-    trajectories = _load_trajectories(args, config.vocab_size)
+    trajectories = load_trajectories(args, config.vocab_size)
     if not trajectories:
         raise UserError("no trajectories to train on")
     plan = _plan(args, trajectories, config, parallel.dp)

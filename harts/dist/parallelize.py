@@ -231,7 +231,11 @@ def apply_tp(model: nn.Module, mesh: DistMesh, shards: dict[str, ShardInfo]) -> 
     tp = mesh.parallel.tp
     if tp == 1:
         return False
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
 
     tp_mesh = mesh.submesh("tp")
     group = mesh.group("tp")

@@ -121,7 +121,7 @@ def joint_events(plan: Plan, replicas: Sequence[int]) -> list[JointEvent]:
         items.extend(own)
     items.sort(key=lambda x: (x[0], x[1], x[2]))
     events: list[JointEvent] = []
-    for slot, phase, r, kind, mb in items:
+    for slot, _phase, r, kind, mb in items:
         if kind == "FB" and events and events[-1].kind == "FB" and events[-1].key == slot \
                 and r not in events[-1].members:
             events[-1].members[r] = mb

@@ -118,13 +118,15 @@ def verify_distributed(
     """One distributed forward/backward under `parallel` against the single-process
     expanded step; the comparison report (`compare_steps`'s fields, the step's shape,
     `world_size` and the mesh). Launch checks (`check_launch`) run before any process starts."""
-    from harts.dist.mesh import check_launch
+    from harts.dist.mesh import LaunchError, check_launch
     from harts.dist.runner import launch
 
     config = get_model_config(model) if isinstance(model, str) else model
     config = config.replace(aux_scope="global")
     trajectories = list(trajectories)
     check_launch(parallel, parallel.world_size, config)
+    if parallel.pp > 1:
+        raise LaunchError(f"pp={parallel.pp}: the pipeline runner (harts.dist.pipeline) runs pp > 1 steps")
     if loss is None:
         has_ref = all(t.ref_logprobs is not None for t in trajectories)
         loss = PolicyLossConfig(kl_coef=0.1 if has_ref else 0.0)

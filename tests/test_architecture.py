@@ -96,11 +96,12 @@ def test_no_import_cycle():
 
 
 @pytest.mark.parametrize("layer, forbidden", [
-    ("tree", {"plan", "sim", "exec", "verify", "rl", "cli"}),
-    ("config", {"plan", "sim", "exec", "verify", "rl", "cli"}),
-    ("plan", {"exec", "verify", "rl", "cli"}),
-    ("sim", {"exec", "verify", "rl", "cli"}),
-    ("exec", {"verify", "rl", "cli"}),
+    ("tree", {"plan", "sim", "exec", "dist", "verify", "rl", "cli"}),
+    ("config", {"plan", "sim", "exec", "dist", "verify", "rl", "cli"}),
+    ("plan", {"exec", "dist", "verify", "rl", "cli"}),
+    ("sim", {"exec", "dist", "verify", "rl", "cli"}),
+    ("exec", {"dist", "verify", "rl", "cli"}),
+    ("dist", {"verify", "rl", "cli"}),
     ("rl", {"verify", "experiments", "cli"}),
 ])
 def test_layers_import_only_downwards(layer, forbidden):

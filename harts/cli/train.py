@@ -40,6 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--recompute", action="store_true", help="activation recomputation per layer")
+    p.add_argument("--parallel", default=None, metavar="SPEC",
+                   help="distributed: dp=N,pp=N,ep=N,tp=N (under torchrun --nproc-per-node N; needs --mode tree)")
+    p.add_argument("--plan", default=None, metavar="FILE.json", help="with --parallel: run this saved plan")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     train_checkpoint.add_flags(p)
     p.set_defaults(func=cmd_train)
@@ -63,6 +66,12 @@ def _load_trajectories(args: argparse.Namespace, vocab_size: int) -> list:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    if args.parallel is not None:
+        from harts.cli.train_dist import cmd_train_distributed
+
+        return cmd_train_distributed(args, _load_trajectories)
+    if args.plan is not None:
+        raise UserError("--plan needs --parallel")
     if args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
     if args.microbatch_tokens < 1:

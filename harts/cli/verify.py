@@ -64,6 +64,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tolerance", type=float, default=None, metavar="REL",
                    help="relative tolerance of the verdict (default by dtype: "
                    + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_TOLERANCE.items()) + "; bfloat16: none)")
+    p.add_argument("--parallel", default=None, metavar="SPEC",
+                   help="instead: the distributed step (dp=N,pp=N,ep=N,tp=N; worker processes started here, "
+                   "gloo on CPU, NCCL with --device cuda) against the single-process expanded step")
     p.add_argument("--json", action="store_true", help="machine-readable output (with 'passed' and 'tolerance')")
     add_attention_args(p)  # with --divergence --device cuda
     p.set_defaults(func=cmd_verify)
@@ -119,6 +122,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         raise UserError("--divergence and --fidelity are separate reports: pick one")
     if args.divergence is not None:
         return cmd_divergence(args, trajectories)
+    if args.parallel is not None:
+        return cmd_parallel(args, trajectories)
     if args.fidelity:
         return cmd_fidelity(args, trajectories)
     if args.norm_float32:
@@ -287,3 +292,47 @@ def cmd_divergence(args: argparse.Namespace, trajectories: list) -> int:
         print(divergence_table(report))
     return 0
 
+
+
+def cmd_parallel(args: argparse.Namespace, trajectories: list) -> int:
+    """`harts verify --parallel SPEC`: `harts.verify.distributed.verify_distributed`, with
+    the step check's verdict; launch errors are one line, exit code 2, before any worker starts."""
+    import torch
+
+    from harts.config.models import ConfigError, get_model_config
+    from harts.dist.mesh import LaunchError, parse_parallel
+
+    if args.fidelity:
+        raise UserError("--parallel and --fidelity are separate reports: pick one")
+    dtype = _device_and_dtype(args, "", default=torch.float64)
+    try:
+        parallel = parse_parallel(args.parallel)
+        config = get_model_config(args.model)
+    except (LaunchError, ConfigError) as err:
+        raise UserError(str(err)) from None
+    from harts.verify.distributed import verify_distributed
+
+    try:
+        report = verify_distributed(trajectories, parallel=parallel, model=config, dtype=dtype, seed=args.seed,
+                                    microbatch_tokens=args.microbatch_tokens, planner=args.planner or "l1l2",
+                                    device=args.device, recompute_old_logprobs=args.old_logprobs == "recompute",
+                                    kernels=kernel_config(args))
+    except ValueError as err:  # LaunchError included; planners refusing a budget
+        raise UserError(str(err)) from None
+    tolerance = DEFAULT_TOLERANCE.get(report["dtype"]) if args.tolerance is None else args.tolerance
+    passed, verdict = _verdict(report, tolerance)
+    verdict = verdict.replace("tree == expanded", f"distributed ({report['parallel']}) == expanded")
+    report.update(tolerance=tolerance, passed=passed, verdict=verdict)
+    if args.json:
+        print_json(report)
+    else:
+        print(f"{report['num_trajectories']} trajectories, {report['microbatches']} microbatch(es), "
+              f"{report['sharing_windows']} sharing window(s), world size {report['world_size']} "
+              f"({report['parallel']}, applied: {', '.join(report['applied']) or 'none'}), {report['dtype']} on "
+              f"{args.device}")
+        rows = [(k.replace("_", " "), report[k]) for k in ("max_rel_logprob_err", "rms_rel_logprob_err",
+                "max_rel_entropy_err", "max_rel_grad_err", "rms_rel_grad_err", "max_rel_expert_load_err")]
+        rows.append(("loss abs err", report["loss_abs_err"]["loss"]))
+        print(format_table(["vs expanded", "distributed"], rows))
+        print(verdict)
+    return 0 if passed is not False else 1

@@ -338,7 +338,7 @@ class ExpandedTrainer:
         config = model.config
         stats, stats_loads = None, []
         if config.aux_scope == "global" and config.num_moe_layers and config.aux_loss_coef:
-            stats, stats_loads = moe_statistics_pass(model, microbatches())
+            stats, stats_loads = self._statistics_pass(microbatches())
         for i, mb in enumerate(microbatches()):
             if stats is not None:
                 set_moe_global(mb.ctx, stats)
@@ -377,9 +377,7 @@ class ExpandedTrainer:
                 info["moe_stats_drift"] = float((load_t - stats_loads[i]).abs().sum()) / 2
             infos.append(info)
 
-        grads = [p.grad for p in model.parameters() if p.grad is not None] if backward else []
-        # one multi-tensor norm kernel rather than one launch per parameter
-        grad_norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))) if grads else 0.0
+        grad_norm = self._grad_norm() if backward else 0.0
         return StepResult(
             logprobs=np.split(logprob_flat, starts[1:-1]),
             entropy=np.split(entropy_flat, starts[1:-1]),
@@ -393,6 +391,17 @@ class ExpandedTrainer:
             layout=infos,
             kernels=self.kernels_used(),
         )
+
+    def _grad_norm(self) -> float:
+        """L2 norm of the accumulated .grad: one multi-tensor norm kernel rather than one
+        launch per parameter (a distributed trainer computes it over the full gradient)."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))) if grads else 0.0
+
+    def _statistics_pass(self, microbatches: Iterable[Microbatch]) -> tuple[MoEGlobalStats, list[torch.Tensor]]:
+        """The step-global MoE statistics (`moe_statistics_pass`); a distributed trainer
+        sums them over its replicas."""
+        return moe_statistics_pass(self.model, microbatches)
 
     def kernels_used(self) -> dict:
         """{"config": the KernelConfig, "ran": {op: [impl]}, "fallbacks": [...]}: for results."""

@@ -1,0 +1,128 @@
+"""`harts train --parallel dp=2,ep=2,tp=1 ...`: the distributed training loop, one process
+per rank (`torchrun --nproc-per-node N -m harts train --parallel ...`; without torchrun, a
+mesh of one rank). Every launch check runs before the mesh's first collective; each
+failure is one line and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+
+from harts.cli.common import UserError, format_table, print_json
+
+
+def cmd_train_distributed(args: argparse.Namespace, load_trajectories) -> int:
+    """`load_trajectories(args, vocab_size)`: train's --workload / --input reader."""
+    import torch
+    import torch.distributed as dist
+
+    from harts.config.models import ConfigError, get_model_config
+    from harts.dist.mesh import LaunchError, backend_for, check_launch, parse_parallel
+
+    if args.steps < 1:
+        raise UserError(f"--steps must be >= 1, got {args.steps}")
+    if args.mode != "tree":
+        raise UserError("--parallel runs a step plan: add --mode tree")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    launched = dist.is_torchelastic_launched()
+    if launched and not dist.is_initialized():
+        # the rendezvous only: rank and world size, before any collective
+        dist.init_process_group(backend_for(device))
+    world = dist.get_world_size() if launched else 1
+    rank = dist.get_rank() if launched else 0
+    try:
+        parallel = parse_parallel(args.parallel, world)
+        config = get_model_config(args.model)
+        config.check_tree_mode()
+    except (LaunchError, ConfigError) as err:
+        raise UserError(str(err)) from None
+    trajectories = load_trajectories(args, config.vocab_size)
+    if not trajectories:
+        raise UserError("no trajectories to train on")
+    plan = _plan(args, trajectories, config, parallel.dp)
+    try:
+        check_launch(parallel, world, config, plan)
+    except LaunchError as err:
+        raise UserError(str(err)) from None
+    if not launched:
+        from harts.dist.runner import free_port
+
+        dist.init_process_group(backend_for(device), init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                                world_size=1)
+    if torch.device(device).type == "cuda":
+        device = f"cuda:{rank % torch.cuda.device_count()}"
+        torch.cuda.set_device(torch.device(device))
+    try:
+        return _train(args, parallel, config, plan, trajectories, device, rank)
+    finally:
+        dist.destroy_process_group()
+
+
+def _plan(args: argparse.Namespace, trajectories: list, config, dp: int):
+    from harts.plan.plan import Plan
+    from harts.tree import build_forest
+
+    forest = build_forest(trajectories)
+    if args.plan is not None:
+        try:
+            plan = Plan.load(args.plan)
+            plan.validate(forest)
+        except (OSError, ValueError, KeyError) as err:
+            raise UserError(f"--plan {args.plan}: {err}") from None
+        return plan
+    from harts.config.plan import PlanConfig
+    from harts.plan.planners import known_planners, make_plan
+
+    planner = args.planner or "l1l2"
+    if planner not in known_planners():
+        raise UserError(f"unknown planner {planner!r}; known: {', '.join(known_planners())}")
+    try:
+        return make_plan(forest, planner, PlanConfig(microbatch_tokens=args.microbatch_tokens,
+                                                     chunk_size=config.chunk_size, dp=dp))
+    except ValueError as err:
+        raise UserError(str(err)) from None
+
+
+def _train(args, parallel, config, plan, trajectories, device: str, rank: int) -> int:
+    import itertools
+
+    import torch
+
+    from harts.config.optimizer import OptimizerConfig
+    from harts.dist.mesh import init_mesh
+    from harts.dist.parallelize import parallelize
+    from harts.dist.runner import DistPlanTrainer
+    from harts.exec.loss import PolicyLossConfig
+    from harts.exec.model import build_model
+    from harts.exec.trainer import run_steps
+
+    dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
+    mesh = init_mesh(parallel, device)
+    model = build_model(config, seed=args.seed, dtype=dtype, device=device, recompute=args.recompute)
+    pm = parallelize(model, mesh)
+    trainer = DistPlanTrainer(
+        pm, plan, OptimizerConfig(lr=args.lr, grad_clip=args.grad_clip if args.grad_clip > 0 else None),
+        PolicyLossConfig(agg_mode=args.agg_mode, kl_coef=args.kl_coef))
+    mbt = args.microbatch_tokens
+    if args.old_logprobs == "recompute":
+        stream = (trainer.step(trainer.recompute_old_logprobs(trajectories, mbt), mbt) for _ in range(args.steps))
+    else:
+        stream = run_steps(trainer, itertools.repeat(trajectories, args.steps), mbt)
+    records = []
+    for step, result in enumerate(stream, start=1):
+        rec = {"step": step, **result.losses, "grad_norm": result.grad_norm, "tokens": result.tokens,
+               "microbatches": len(result.microbatches), "executed_rows": result.executed_rows,
+               "seconds": result.seconds, "tokens_per_s": result.tokens_per_second}
+        records.append(rec)
+        if rank == 0 and not args.json:
+            print(f"step {step}  loss {rec['loss']:.6f}  pg {rec['pg_loss']:.6f}  aux {rec['aux_loss']:.3e}  "
+                  f"grad_norm {rec['grad_norm']:.4f}  {rec['tokens_per_s']:,.0f} tok/s", flush=True)
+    if rank == 0:
+        if args.json:
+            print_json({"model": config.name, "mode": "tree", "parallel": parallel.spec(),
+                        "world_size": mesh.world_size, "mesh": mesh.describe(), "applied": pm.applied,
+                        "steps": records})
+        else:
+            print(format_table(["step", "loss", "pg_loss", "aux_loss", "grad_norm", "tokens/s"],
+                               [(r["step"], r["loss"], r["pg_loss"], r["aux_loss"], r["grad_norm"],
+                                 round(r["tokens_per_s"])) for r in records]))
+    return 0

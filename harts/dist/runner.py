@@ -1,0 +1,376 @@
+"""The distributed step: each DP replica runs its microbatches of the plan, in lockstep.
+
+`DistPlanTrainer` is `harts.exec.window.PlanTrainer` restricted to this rank's replica
+(`Microbatch.replica` = the rank's "dp" coordinate): the same step loop, loss, window
+machinery (producer stash, consumers, producer backward after the last consumer) and
+optimizer. What the distribution adds sits around that loop, never inside it:
+
+- Denominators. Every rank holds the step's trajectories (the plan refers to the whole
+  forest), so `step_denominators` are the step's on every rank without a collective.
+- MoE global statistics. The no-grad statistics pass sums this replica's loads and row
+  weights; one all-reduce over "dp" makes them the step's (`_statistics_pass`).
+- Collectives during microbatches. FSDP2 is driven so that it has none: every unit is
+  all-gathered once when the step starts and keeps its gradients unreduced. Expert
+  parallel has one all-to-all pair per MoE layer in every forward and backward, so the
+  replicas of an EP group must run the same sequence of forwards and backwards. The
+  group's *joint events* (`joint_events`) give that sequence from the plan's slots: per
+  slot, each producer's forward (one producer per event), then one event for every
+  replica's non-producer microbatch of the slot (forward and backward), then each window's
+  producer backward. A replica without a microbatch in an event runs a *shadow*: a
+  forward (and backward) over zero rows that takes part in the all-to-alls and computes
+  the other replicas' rows on its experts. Without EP the group is the replica alone and
+  no shadow runs.
+- Gradients are reduced once per step: after the last microbatch every rank runs one
+  zero-row forward/backward with FSDP's gradient sync on, which reduce-scatters
+  (sums) every unit's accumulated gradient, then reshards.
+- Results (log-probs, losses, expert loads, layouts) are gathered over "dp", so each rank's
+  `StepResult` is the step's; `grad_norm` is the norm of the full gradient, and clipping
+  uses it.
+
+`launch` starts `nprocs` worker processes on one host (torch.multiprocessing, gloo on CPU
+or NCCL on CUDA, a free TCP port), joins them under a timeout and kills them on failure.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from harts.config.kernels import KernelConfig
+from harts.config.optimizer import OptimizerConfig
+from harts.dist.mesh import LaunchError, backend_for
+from harts.dist.parallelize import ParallelModel
+from harts.exec.loss import PolicyLossConfig
+from harts.exec.model.moe import MoEGlobalStats
+from harts.exec.trainer import Microbatch, StepResult, moe_statistics_pass
+from harts.exec.window import PlanTrainer
+from harts.plan.plan import Plan, PlanMode
+
+__all__ = ["DistPlanTrainer", "JointEvent", "NullContext", "free_port", "full_gradients", "joint_events",
+           "launch"]
+
+
+class NullContext:
+    """A MixingContext over zero rows: what a shadow forward runs on."""
+
+    num_rows = 0
+    allows_token_dropping = True
+
+    def __init__(self, device: torch.device, num_moe_layers: int, num_experts: int):
+        self.row_weight = torch.zeros(0, dtype=torch.float64, device=device)
+        self.position_ids = torch.zeros(0, dtype=torch.int64, device=device)
+        # global statistics of zeros: the aux term is 0 without dividing by a zero weight
+        self.moe_global_f = [torch.zeros(num_experts, dtype=torch.float64, device=device)
+                             for _ in range(num_moe_layers)]
+        self.moe_total_weight = 1.0
+
+    def attention(self, layer, q_THD, k_THD, v_THE, scale):
+        return v_THE
+
+    def short_conv(self, layer, name, x_TD, weight_DW, bias_D):
+        return x_TD
+
+    def kda(self, layer, q_THK, k_THK, v_THV, g_THK, beta_TH, scale):
+        return v_THV
+
+    def kda_mixing(self, layer, q_TD, k_TD, v_TD, convs, gate_TR, gate, beta_TH, scale):
+        H = beta_TH.shape[1]
+        return v_TD.view(0, H, v_TD.shape[1] // H)
+
+
+@dataclass(frozen=True)
+class JointEvent:
+    """One step of an EP group's lockstep: `kind` F (a producer's forward), FB (forward and
+    backward of non-producers) or B (a producer's backward), and the microbatch each
+    replica runs in it (replicas not named run a shadow)."""
+
+    kind: str
+    members: dict[int, int]
+    key: int  # the producer id for F and B (pairs a shadow forward with its backward)
+
+
+def joint_events(plan: Plan, replicas: Sequence[int]) -> list[JointEvent]:
+    """The lockstep of `replicas` (an EP group) for `plan`, from the slots (module
+    docstring); each replica's own events are in its plan order (checked)."""
+    consumers = plan.consumers()
+    by_id = {m.id: m for m in plan.microbatches}
+    items = []  # (slot, phase, replica, kind, mb)
+    for r in replicas:
+        seq = sorted((m for m in plan.microbatches if m.replica == r), key=lambda m: m.order)
+        own = []
+        for m in seq:
+            if m.id in consumers:
+                own.append((m.slot, 0, r, "F", m.id))
+            else:
+                own.append((m.slot, 1, r, "FB", m.id))
+                if m.producer is not None:
+                    cs = consumers[m.producer]
+                    if max(cs, key=lambda c: by_id[c].order) == m.id:
+                        own.append((m.slot, 2, r, "B", m.producer))
+        if [x[:2] for x in own] != sorted(x[:2] for x in own):
+            raise ValueError(f"replica {r}: its microbatch order does not follow its slots; "
+                             "the replicas' collectives cannot be aligned")
+        items.extend(own)
+    items.sort(key=lambda x: (x[0], x[1], x[2]))
+    events: list[JointEvent] = []
+    for slot, _phase, r, kind, mb in items:
+        if kind == "FB" and events and events[-1].kind == "FB" and events[-1].key == slot \
+                and r not in events[-1].members:
+            events[-1].members[r] = mb
+        else:
+            events.append(JointEvent(kind, {r: mb}, slot if kind == "FB" else mb))
+    return events
+
+
+_END = object()
+
+
+class _ReplicaRun:
+    """This replica's microbatches (from PlanTrainer's window run or packed layout) as the
+    step loop iterates them, with the EP group's shadows run between them."""
+
+    def __init__(self, trainer: DistPlanTrainer, source: Callable[[], Any], ids: list[int]):
+        self.trainer = trainer
+        self.source = source  # a fresh iterator of this replica's Microbatch objects
+        self.ids = ids  # their plan ids, in that order
+        self.inner = None
+
+    def __iter__(self):
+        tr = self.trainer
+        me = tr.mesh.replica
+        source = iter(self.source())
+        pending: list[Microbatch] = []
+        taken = 0
+        grad = torch.is_grad_enabled()
+        open_shadows: dict[int, Any] = {}
+        for ev in tr.events:
+            mine = ev.members.get(me)
+            if ev.kind == "B":
+                if mine is not None:
+                    # resuming the window run runs the producer's backward (its last consumer is done)
+                    nxt = next(source, _END)
+                    if nxt is not _END:
+                        pending.append(nxt)
+                elif ev.key in open_shadows:
+                    tr.shadow_backward(open_shadows.pop(ev.key))
+            elif mine is not None:
+                if mine != self.ids[taken]:
+                    raise RuntimeError(f"replica {me}: event order runs microbatch {mine}, the window run "
+                                       f"yields {self.ids[taken]}")
+                taken += 1
+                yield pending.pop(0) if pending else next(source)
+            else:
+                out = tr.shadow_forward()
+                if grad and ev.kind == "FB":
+                    tr.shadow_backward(out)
+                elif grad:
+                    open_shadows[ev.key] = out
+        if next(source, _END) is not _END or pending:
+            raise RuntimeError(f"replica {me}: microbatches left after the step's events")
+
+
+class DistPlanTrainer(PlanTrainer):
+    """PlanTrainer for one DP replica of a distributed step (module docstring)."""
+
+    def __init__(self, pm: ParallelModel, plan: Plan, optimizer: OptimizerConfig | None = None,
+                 loss: PolicyLossConfig | None = None, *, kernels: KernelConfig | None = None):
+        mesh = pm.mesh
+        if plan.dp != mesh.parallel.dp:
+            raise LaunchError(f"the plan was made for dp={plan.dp} replicas; this launch has dp={mesh.parallel.dp}")
+        if mesh.parallel.pp > 1:
+            raise NotImplementedError("pp > 1 runs on the pipeline schedule runner (harts.dist.pipeline)")
+        super().__init__(pm.model, plan, optimizer, loss, kernels=kernels)
+        self.pm, self.mesh = pm, mesh
+        me = mesh.replica
+        self.execution_order = [m.id for m in sorted((m for m in plan.microbatches if m.replica == me),
+                                                     key=lambda m: m.order)]
+        ep = mesh.parallel.ep
+        first = me - me % ep
+        self.events = joint_events(plan, range(first, first + ep))
+        cfg = self.model.config
+        self._null = NullContext(mesh.device, cfg.num_moe_layers, cfg.num_experts)
+        self._dp_group = mesh.group("dp")
+
+    # ---- the window run and packed layouts, wrapped with the group's shadows -------------
+
+    def _window_run(self, trajectories):
+        run = super()._window_run(trajectories)
+        return _ReplicaRun(self, lambda: iter(run), list(self.execution_order))
+
+    def _microbatches(self, trajectories, partition):
+        if self.plan.mode == PlanMode.EXPANDED:
+            return _ReplicaRun(self, lambda: PlanTrainer._microbatches(self, trajectories, partition),
+                               list(self.execution_order))
+        return super()._microbatches(trajectories, partition)
+
+    def _bins(self, trajectories, microbatch_tokens, partition):
+        # this replica's trajectories only; the plan's validation checks the whole step's cover
+        return [list(b) for b in partition] if partition is not None else self.partition(trajectories,
+                                                                                         microbatch_tokens)
+
+    def shadow_forward(self):
+        ids = torch.zeros(0, dtype=torch.int64, device=self.mesh.device)
+        return self.model(ids, self._null)
+
+    @staticmethod
+    def shadow_backward(out) -> None:
+        (out.hidden_TD.sum() + out.aux_loss).backward()
+
+    # ---- the step ---------------------------------------------------------------------------
+
+    def _statistics_pass(self, microbatches):
+        """This replica's statistics pass, summed over "dp" into the step's."""
+        cfg = self.model.config
+        loads: list[torch.Tensor] = []
+        local = torch.zeros(cfg.num_moe_layers, cfg.num_experts, dtype=torch.float64)
+        weight = 0.0
+        if self.execution_order:
+            stats, loads = moe_statistics_pass(self.model, microbatches)
+            local, weight = torch.stack(loads).sum(0), stats.total_weight
+        else:
+            for _ in microbatches:  # a replica without microbatches only runs the group's shadows
+                pass
+        both = torch.cat([local.reshape(-1), torch.tensor([weight], dtype=torch.float64)]).to(self.mesh.device)
+        dist.all_reduce(both, group=self._dp_group)
+        both = both.cpu()
+        return MoEGlobalStats.from_loads(both[:-1].view_as(local), float(both[-1]), cfg.top_k), loads
+
+    def _grad_norm(self) -> float:
+        return float("nan")  # before the gradients are reduced; `_run` sets the full gradient's
+
+    def _run(self, trajectories, microbatch_tokens, backward, partition=None, prepared=None) -> StepResult:
+        start = time.perf_counter()
+        self.pm.unshard()
+        result = super()._run(trajectories, microbatch_tokens, backward, partition, prepared)
+        if backward:
+            self.pm.enable_gradient_sync()
+            self.shadow_backward(self.shadow_forward())  # every unit's one reduce-scatter
+        self.pm.reshard()
+        result = self._gather(result)
+        norm = global_grad_norm(self.pm) if backward else 0.0
+        return replace(result, grad_norm=norm, seconds=time.perf_counter() - start)
+
+    def _gather(self, result: StepResult) -> StepResult:
+        parts: list[Any] = [None] * dist.get_world_size(self._dp_group)
+        mine = (result.logprobs, result.entropy, result.losses, result.expert_load, result.layout,
+                result.microbatches)
+        dist.all_gather_object(parts, mine, group=self._dp_group)
+        logprobs = [np.array(a) for a in parts[0][0]]
+        entropy = [np.array(a) for a in parts[0][1]]
+        for lp, ent, *_ in parts[1:]:
+            for j in range(len(logprobs)):
+                logprobs[j] = np.where(np.isnan(logprobs[j]), lp[j], logprobs[j])
+                entropy[j] = np.where(np.isnan(entropy[j]), ent[j], entropy[j])
+        losses = {k: sum(p[2][k] for p in parts) for k in result.losses}
+        loads = [p[3] for p in parts if p[3] is not None]
+        return replace(result, logprobs=logprobs, entropy=entropy, losses=losses,
+                       expert_load=sum(loads[1:], loads[0]) if loads else None,
+                       layout=[x for p in parts for x in p[4]], microbatches=[x for p in parts for x in p[5]])
+
+    def step(self, trajectories, microbatch_tokens, partition=None, prepared=None) -> StepResult:
+        """One update: zero grads, the distributed forward/backward, clipping by the full
+        gradient's norm (torch's clip_grad_norm_ rule), AdamW on the local shards."""
+        start = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        result = self.forward_backward(trajectories, microbatch_tokens, partition, prepared)
+        max_norm = self.optimizer_config.grad_clip
+        if max_norm is not None:
+            coef = min(max_norm / (result.grad_norm + 1e-6), 1.0)
+            with torch.no_grad():
+                for p in self.model.parameters():
+                    if p.grad is not None:
+                        p.grad.mul_(coef)
+        self.optimizer.step()
+        return replace(result, seconds=time.perf_counter() - start)
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def global_grad_norm(pm: ParallelModel) -> float:
+    """L2 norm of the full gradient: DTensor norms over their meshes, local slices summed
+    over the ranks holding the other slices; the same value on every rank."""
+    total = 0.0
+    for name, p in pm.model.named_parameters():
+        if p.grad is None:
+            continue
+        sq = _full(torch.linalg.vector_norm(p.grad.detach().to(torch.float64))) ** 2
+        info = pm.shards.get(name)
+        if info is not None:
+            sq = sq.reshape(1).clone()
+            dist.all_reduce(sq, group=pm.mesh.group(info.mesh_dim))
+        total += float(sq.sum())
+    return math.sqrt(total)
+
+
+def full_gradients(pm: ParallelModel) -> dict[str, torch.Tensor]:
+    """Every parameter's full gradient under its single-process name (CPU), on every rank."""
+    out: dict[str, torch.Tensor] = {}
+    for name, p in pm.model.named_parameters():
+        g = p.grad if p.grad is not None else torch.zeros_like(p)
+        g = _full(g).detach()
+        info = pm.shards.get(name)
+        if info is not None:
+            group = pm.mesh.group(info.mesh_dim)
+            parts = [torch.empty_like(g) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(parts, g.contiguous(), group=group)
+            g, name = torch.cat(parts, dim=info.dim), info.name
+        out[name] = g.cpu()
+    return out
+
+
+# ---- launching workers on one host ----------------------------------------------------------
+
+
+def free_port() -> int:
+    """A TCP port free now on 127.0.0.1 (bound and released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(index: int, fn: Callable, port: int, nprocs: int, device: str, args: tuple) -> None:
+    import datetime
+
+    torch.set_num_threads(1)
+    kw = {}
+    if torch.device(device).type == "cuda":
+        torch.cuda.set_device(index % torch.cuda.device_count())
+        kw["device_id"] = torch.device("cuda", index % torch.cuda.device_count())
+    dist.init_process_group(backend_for(device), init_method=f"tcp://127.0.0.1:{port}", rank=index,
+                            world_size=nprocs, timeout=datetime.timedelta(seconds=120), **kw)
+    try:
+        fn(*args)
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(fn: Callable, args: tuple, nprocs: int, *, device: str = "cpu", timeout: float = 300.0) -> None:
+    """Run `fn(*args)` in `nprocs` new processes forming one process group (rank = process
+    index); raise if any fails or the whole run exceeds `timeout` seconds, killing the rest."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(_worker, args=(fn, free_port(), nprocs, device, args), nprocs=nprocs,
+                             join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout
+    try:
+        while not ctx.join(timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"distributed workers still running after {timeout:.0f} s")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+        for p in ctx.processes:
+            p.join(timeout=10)

@@ -1,0 +1,142 @@
+"""The distributed step against the single-process expanded reference.
+
+`verify_distributed` starts `world_size` worker processes (`harts.dist.runner.launch`:
+gloo on CPU, NCCL on CUDA), each building the same model from the seed, the same plan for
+`dp` replicas and its share of the mesh; they run one distributed forward/backward
+(`DistPlanTrainer`) and assemble the full gradients. Rank 0 then runs the single-process
+`ExpandedTrainer` from the same weights and compares every log-prob, entropy, loss term,
+expert load and parameter gradient (`compare_steps`), as `harts verify` does for one
+process. The MoE aux loss is in the step-global scope on both sides, the scope whose value
+does not depend on how the step is split.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harts.config.kernels import KernelConfig
+from harts.config.models import ModelConfig, get_model_config
+from harts.config.parallel import ParallelConfig
+from harts.exec.loss import PolicyLossConfig
+from harts.tree import Trajectory
+
+__all__ = ["verify_distributed"]
+
+
+def _plan(trajectories, config: ModelConfig, planner: str, microbatch_tokens: int, dp: int):
+    from harts.config.plan import PlanConfig
+    from harts.plan.planners import make_plan
+    from harts.tree import build_forest
+
+    return make_plan(build_forest(trajectories), planner,
+                     PlanConfig(microbatch_tokens=microbatch_tokens, chunk_size=config.chunk_size, dp=dp))
+
+
+def _worker(payload: dict, out_path: str) -> None:
+    import torch.distributed as dist
+
+    from harts.dist.mesh import init_mesh
+    from harts.dist.parallelize import parallelize
+    from harts.dist.runner import DistPlanTrainer, full_gradients
+    from harts.exec.model.model import build_model
+    from harts.exec.trainer import ExpandedTrainer
+    from harts.verify.equivalence import compare_steps
+
+    parallel: ParallelConfig = payload["parallel"]
+    config: ModelConfig = payload["config"]
+    device, dtype, loss = payload["device"], payload["dtype"], payload["loss"]
+    mbt = payload["microbatch_tokens"]
+    trajectories = payload["trajectories"]
+    mesh = init_mesh(parallel, device)
+    template = build_model(config, seed=payload["seed"], dtype=dtype, device=device)
+    if payload["recompute_old_logprobs"]:
+        box = [None]
+        if dist.get_rank() == 0:
+            box[0] = ExpandedTrainer(copy.deepcopy(template), loss=loss).recompute_old_logprobs(trajectories, mbt)
+        dist.broadcast_object_list(box, src=0)
+        trajectories = box[0]
+    plan = _plan(trajectories, config, payload["planner"], mbt, parallel.dp)
+    pm = parallelize(copy.deepcopy(template), mesh)
+    trainer = DistPlanTrainer(pm, plan, loss=loss, kernels=payload["kernels"])
+    got = trainer.forward_backward(trajectories, mbt)
+    grads = full_gradients(pm)
+    if dist.get_rank() != 0:
+        return
+    ref_model = copy.deepcopy(template)
+    ref = ExpandedTrainer(ref_model, loss=loss, kernels=payload["kernels"]).forward_backward(trajectories, mbt)
+    got_model = copy.deepcopy(template)
+    for name, p in got_model.named_parameters():
+        p.grad = grads[name].to(device=p.device, dtype=p.dtype)
+    report: dict[str, Any] = {
+        "model": config.name,
+        "dtype": str(dtype).removeprefix("torch."),
+        "planner": payload["planner"],
+        "aux_scope": config.aux_scope,
+        "num_trajectories": len(trajectories),
+        "num_targets": int(sum(len(t) - 1 for t in trajectories)),
+        "microbatches": len(plan.microbatches),
+        "sharing_windows": len(plan.consumers()),
+        "expanded_tokens": got.tokens,
+        "compact_tokens": sum(m["rows"] for m in got.layout),
+        "rounds": max(m.get("kda_rounds", 0) for m in got.layout),
+        "replay_tokens": sum(m.get("replay_tokens", 0) for m in got.layout),
+        "world_size": dist.get_world_size(),
+        "parallel": parallel.spec(),
+        "mesh": mesh.describe(),
+        "applied": pm.applied,
+        "grad_norm": got.grad_norm,
+        "ref_grad_norm": ref.grad_norm,
+        "losses": got.losses,
+        "ref_losses": ref.losses,
+        **compare_steps(ref, ref_model, got, got_model),
+    }
+    Path(out_path).write_text(json.dumps(report))
+
+
+def verify_distributed(
+    trajectories: Sequence[Trajectory],
+    *,
+    parallel: ParallelConfig,
+    model: str | ModelConfig = "tiny-cpu",
+    dtype: torch.dtype = torch.float64,
+    seed: int = 0,
+    microbatch_tokens: int = 1 << 20,
+    planner: str = "l1l2",
+    loss: PolicyLossConfig | None = None,
+    device: str = "cpu",
+    recompute_old_logprobs: bool = True,
+    kernels: KernelConfig | None = None,
+    timeout: float = 300.0,
+) -> dict[str, Any]:
+    """One distributed forward/backward under `parallel` against the single-process
+    expanded step; the comparison report (`compare_steps`'s fields, the step's shape,
+    `world_size` and the mesh). Launch checks (`check_launch`) run before any process starts."""
+    from harts.dist.mesh import LaunchError, check_launch
+    from harts.dist.runner import launch
+
+    config = get_model_config(model) if isinstance(model, str) else model
+    config = config.replace(aux_scope="global")
+    trajectories = list(trajectories)
+    check_launch(parallel, parallel.world_size, config)
+    if parallel.pp > 1:
+        raise LaunchError(f"pp={parallel.pp}: the pipeline runner (harts.dist.pipeline) runs pp > 1 steps")
+    if loss is None:
+        has_ref = all(t.ref_logprobs is not None for t in trajectories)
+        loss = PolicyLossConfig(kl_coef=0.1 if has_ref else 0.0)
+    # the plan is made here first so a planner's refusal is reported before workers start
+    _plan(trajectories, config, planner, microbatch_tokens, parallel.dp)
+    payload = {"parallel": parallel, "config": config, "device": device, "dtype": dtype, "loss": loss,
+               "microbatch_tokens": microbatch_tokens, "trajectories": trajectories, "seed": seed,
+               "planner": planner, "recompute_old_logprobs": recompute_old_logprobs,
+               "kernels": kernels if kernels is not None else KernelConfig.from_env()}
+    with tempfile.TemporaryDirectory(prefix="harts-verify-") as tmp:
+        out = Path(tmp) / "report.json"
+        launch(_worker, (payload, str(out)), parallel.world_size, device=device, timeout=timeout)
+        return json.loads(out.read_text())

@@ -1,0 +1,126 @@
+"""Launch checks (one line each, exit code 2, before any collective), `--parallel`
+parsing, the replicas' joint events, and the worker launcher's failure handling."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from harts.cli.main import main
+from harts.config.plan import PlanConfig
+from harts.dist.mesh import LaunchError, check_launch, parse_parallel
+from harts.dist.runner import joint_events, launch
+from harts.plan.planners import make_plan
+from harts.tree import build_forest
+from tests.dist.cases import BUDGET, small_config, small_trajectories
+
+
+def test_parse_parallel():
+    p = parse_parallel("dp=2,pp=1,ep=2,tp=1")
+    assert (p.dp, p.pp, p.ep, p.tp) == (2, 1, 2, 1) and p.world_size == 2
+    assert parse_parallel("tp=2").world_size == 2
+    assert parse_parallel("tp=2", world_size=8).dp == 4  # dp fills the ranks the others leave
+    assert parse_parallel(p.spec()) == p
+    for bad in ("dp=2,dp=2", "xp=2", "dp=two", "dp=0", "dp", "dp=2,ep=3"):
+        with pytest.raises(LaunchError) as err:
+            parse_parallel(bad)
+        assert "\n" not in str(err.value)
+
+
+def _one_line_error(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err and "\n" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("dp=3,ep=3", "does not divide the 8 experts"),
+    ("pp=5", "larger than the 4 layers"),
+    ("tp=3", "does not divide"),
+])
+def test_bad_launches_are_refused_before_workers_start(capsys, spec, words):
+    start = time.perf_counter()
+    err = _one_line_error(capsys, ["verify", "--parallel", spec, "--workload", "tiny-treestep"])
+    assert words in err
+    assert time.perf_counter() - start < 60  # no worker was started
+
+
+def test_a_mesh_larger_than_the_world_is_refused(capsys):
+    # without torchrun the world is this one process
+    err = _one_line_error(capsys, ["train", "--mode", "tree", "--parallel", "dp=2", "--steps", "1"])
+    assert "does not divide the world size 1" in err
+
+
+def test_a_plan_for_another_dp_size_is_refused(capsys, tmp_path):
+    trajectories = small_trajectories()
+    plan = make_plan(build_forest(trajectories), "l1l2", PlanConfig(microbatch_tokens=BUDGET, chunk_size=8, dp=2))
+    with pytest.raises(LaunchError, match="made for dp=2 replicas; this launch has dp=1"):
+        check_launch(parse_parallel("dp=1"), 1, small_config(), plan)
+    from harts.tree.workload import generate_trajectories
+
+    wl = generate_trajectories("tiny-treestep", seed=0)
+    path = tmp_path / "plan.json"
+    make_plan(build_forest(wl), "l1l2", PlanConfig(microbatch_tokens=130, chunk_size=64, dp=2)).save(path)
+    err = _one_line_error(capsys, ["train", "--mode", "tree", "--parallel", "dp=1", "--plan", str(path),
+                                   "--steps", "1", "--microbatch-tokens", "130"])
+    assert "made for dp=2 replicas; this launch has dp=1" in err
+
+
+def test_joint_events_keep_each_replicas_plan_order_and_pair_every_microbatch():
+    plan = make_plan(build_forest(small_trajectories()), "l1l2",
+                     PlanConfig(microbatch_tokens=BUDGET, chunk_size=8, dp=2))
+    events = joint_events(plan, [0, 1])
+    consumers = plan.consumers()
+    for r in (0, 1):
+        own = [e.members[r] for e in events if r in e.members and e.kind != "B"]
+        assert own == [m.id for m in sorted(plan.replica_sequence(r), key=lambda m: m.order)]
+        backs = [e.members[r] for e in events if r in e.members and e.kind == "B"]
+        assert sorted(backs) == sorted(p for p in consumers if plan.microbatches[p].replica == r)
+    # a producer's forward is an event of its own; its backward follows its last consumer
+    assert all(len(e.members) == 1 for e in events if e.kind in ("F", "B"))
+    position = {(e.kind, mb): i for i, e in enumerate(events) for mb in e.members.values()}
+    for p, cs in consumers.items():
+        assert all(position[("F", p)] < position[("FB", c)] < position[("B", p)] for c in cs)
+    # replicas with work in the same slot share one forward/backward event
+    assert any(len(e.members) == 2 for e in events if e.kind == "FB")
+
+
+def _fail(seconds: float) -> None:
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise RuntimeError("worker 1 fails")
+    time.sleep(seconds)
+
+
+def test_launch_raises_and_kills_the_other_workers_when_one_fails():
+    start = time.perf_counter()
+    with pytest.raises(Exception, match="worker 1 fails"):
+        launch(_fail, (600.0,), 2, timeout=120)
+    assert time.perf_counter() - start < 110
+
+
+def test_launch_times_out():
+    with pytest.raises(TimeoutError):
+        launch(time.sleep, (600.0,), 1, timeout=15)
+
+
+def test_train_parallel_on_one_rank_takes_the_single_process_steps(capsys, tmp_path):
+    import json
+
+    from harts.tree.io import save_jsonl
+
+    path = tmp_path / "rollouts.jsonl"
+    save_jsonl(small_trajectories(), path)
+    args = ["--mode", "tree", "--steps", "2", "--json", "--input", str(path), "--microbatch-tokens", str(BUDGET),
+            "--dtype", "float64", "--old-logprobs", "input"]
+    assert main(["train", "--planner", "l1l2", *args]) == 0
+    single = json.loads(capsys.readouterr().out)["steps"]
+    assert main(["train", "--parallel", "dp=1", *args]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["world_size"] == 1 and out["parallel"] == "dp=1,pp=1,ep=1,tp=1"
+    for a, b in zip(out["steps"], single, strict=True):
+        for key in ("loss", "pg_loss", "kl", "aux_loss", "grad_norm"):
+            assert abs(a[key] - b[key]) <= 1e-10 * max(1.0, abs(b[key])), key

@@ -73,7 +73,7 @@ class RunCheckpoints:
         self.checkpointer = None
         if args.checkpoint_dir is None:
             return
-        from harts.dist.checkpoint import CheckpointConfig, CheckpointError, Checkpointer
+        from harts.dist.checkpoint import CheckpointConfig, Checkpointer, CheckpointError
 
         self.source = data_source(args)
         self.meta = {k: getattr(args, k) for k in _RUN_FLAGS}

@@ -95,6 +95,25 @@ class ModelConfig:
     norm_float32: bool = False
     tie_embeddings: bool = False
     init_std: float = 0.02
+    # --- Fields a Hugging Face checkpoint sets (harts.models.hf); their defaults keep the
+    # registered HARTS models as they are.
+    # Explicit mixer per layer (LayerKind values), in place of the kda_per_mla groups
+    # (Kimi-Linear-48B: 27 layers, full attention at layers 4, 8, ..., 24 and 27).
+    layer_pattern: tuple[str, ...] | None = None
+    # Bias of the KDA output gate's second projection (Kimi-Linear's g_b_proj has none).
+    kda_gate_bias: bool = True
+    # Epsilon of MLA's q_a / kv_a RMSNorms; None = norm_eps (Kimi-Linear: 1e-6 beside 1e-5).
+    mla_norm_eps: float | None = None
+    # DeepSeek-V3 / Kimi-Linear routing: the scores plus a per-expert correction bias (a
+    # buffer, not trained) choose the experts, first keeping the router_topk_groups best of
+    # router_groups expert groups (a group scores the sum of its two best); the weights are
+    # the chosen experts' plain scores, renormalised to sum to one when router_renormalize,
+    # times routed_scaling_factor.
+    router_score_bias: bool = False
+    router_groups: int = 1
+    router_topk_groups: int = 1
+    router_renormalize: bool = True
+    routed_scaling_factor: float = 1.0
 
     def validate(self) -> ModelConfig:
         """Raise ConfigError naming the first inconsistent field; return self when valid."""
@@ -111,7 +130,14 @@ class ModelConfig:
         if not self.name:
             raise ConfigError("name: must be non-empty")
         group = self.kda_per_mla + 1
-        if self.num_layers % group:
+        if self.layer_pattern is not None:
+            if len(self.layer_pattern) != self.num_layers or any(
+                    v not in tuple(LayerKind) for v in self.layer_pattern):
+                raise ConfigError(
+                    f"layer_pattern: needs num_layers={self.num_layers} entries of "
+                    f"{[k.value for k in LayerKind]}, got {list(self.layer_pattern)}"
+                )
+        elif self.num_layers % group:
             raise ConfigError(
                 f"kda_per_mla: a KDA:MLA ratio of {self.kda_per_mla}:1 needs num_layers to be a "
                 f"multiple of {group}, got num_layers={self.num_layers}"
@@ -156,6 +182,34 @@ class ModelConfig:
             raise ConfigError(f"norm_float32: must be true or false, got {self.norm_float32!r}")
         if not self.rope_theta > 0:
             raise ConfigError("rope_theta: must be > 0")
+        if self.mla_norm_eps is not None and not (isinstance(self.mla_norm_eps, (int, float))
+                                                   and self.mla_norm_eps > 0):
+            raise ConfigError(f"mla_norm_eps: must be > 0 or None, got {self.mla_norm_eps!r}")
+        for f in ["kda_gate_bias", "router_score_bias", "router_renormalize"]:
+            if not isinstance(getattr(self, f), bool):
+                raise ConfigError(f"{f}: must be true or false, got {getattr(self, f)!r}")
+        _check_int("router_groups", self.router_groups, minimum=1)
+        _check_int("router_topk_groups", self.router_topk_groups, minimum=1)
+        if self.router_groups > 1:
+            if self.router != "sigmoid":
+                raise ConfigError("router_groups: grouped top-k is defined for the sigmoid router only")
+            if self.num_experts % self.router_groups or self.num_experts // self.router_groups < 2:
+                raise ConfigError(
+                    f"router_groups: {self.router_groups} groups need num_experts={self.num_experts} "
+                    "to split into groups of at least two"
+                )
+            if self.router_topk_groups > self.router_groups:
+                raise ConfigError(
+                    f"router_topk_groups: {self.router_topk_groups} > router_groups {self.router_groups}"
+                )
+            if self.router_topk_groups * (self.num_experts // self.router_groups) < self.top_k:
+                raise ConfigError(
+                    f"router_topk_groups: {self.router_topk_groups} groups of "
+                    f"{self.num_experts // self.router_groups} experts hold fewer than top_k={self.top_k}"
+                )
+        v = self.routed_scaling_factor
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ConfigError(f"routed_scaling_factor: must be a number > 0, got {v!r}")
         return self
 
     def check_tree_mode(self) -> None:
@@ -172,6 +226,8 @@ class ModelConfig:
 
     @property
     def layer_kinds(self) -> tuple[LayerKind, ...]:
+        if self.layer_pattern is not None:
+            return tuple(LayerKind(v) for v in self.layer_pattern)
         group = self.kda_per_mla + 1
         return tuple(
             LayerKind.MLA if (i + 1) % group == 0 else LayerKind.KDA for i in range(self.num_layers)
@@ -230,7 +286,7 @@ def kda_layer_params(c: ModelConfig) -> int:
     conv = w * (2 * h * k + h * v)
     forget_gate = d * r + r * h * k + h + h * k  # low-rank f_proj, A_log [H], dt_bias [HK]
     beta = d * h
-    out_gate = d * r + r * h * v + h * v  # low-rank g_proj with bias
+    out_gate = d * r + r * h * v + (h * v if c.kda_gate_bias else 0)  # low-rank g_proj (+ bias)
     o_norm = v
     o_proj = h * v * d
     return qk + vp + conv + forget_gate + beta + out_gate + o_norm + o_proj

@@ -24,6 +24,11 @@ VARIANTS = [
     {"kda_gate_rank": 5, "kda_head_v_dim": 12, "conv_window": 3},
     {"num_dense_layers": 4, "num_experts": 0, "top_k": 0},
     {"qk_rope_head_dim": 0},
+    # Hugging Face (Kimi-Linear) fields: an explicit layer pattern, no output-gate bias, the
+    # router's correction bias (a buffer, not a parameter) and grouped top-k
+    {"layer_pattern": ("kda", "mla", "kda", "kda", "mla"), "num_layers": 5, "kda_gate_bias": False,
+     "router": "sigmoid", "router_score_bias": True, "router_groups": 2, "router_topk_groups": 1,
+     "routed_scaling_factor": 2.5, "router_renormalize": False, "mla_norm_eps": 1e-6},
 ]
 
 

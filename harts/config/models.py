@@ -335,10 +335,17 @@ class ModelName(StrEnum):
     TINY = "tiny"
     FLASH = "flash"
     TINY_H200 = "tiny-h200"
+    KIMI_LINEAR_48B = "kimi-linear-48b-a3b"
 
 
 # Table 1 of the HARTS paper (total / active parameters, billions): what `tiny` and `flash`
 # are sized to match.
+# Published totals (total / active parameters, billions) of the released models registered
+# below, as their names give them.
+PUBLISHED_PARAMS_B: dict[ModelName, tuple[float, float]] = {
+    ModelName.KIMI_LINEAR_48B: (48.0, 3.0),
+}
+
 TABLE1_PARAMS_B: dict[ModelName, tuple[float, float]] = {
     ModelName.TINY: (7.9, 1.3),
     ModelName.FLASH: (124.0, 5.1),
@@ -425,5 +432,30 @@ _register(
         qk_rope_head_dim=64, v_head_dim=128, use_rope=False,
         num_dense_layers=1, dense_ffn_dim=8192, num_experts=64, top_k=8, expert_ffn_dim=512,
         num_shared_experts=1, router="sigmoid", aux_loss_coef=1e-3,
+    ),
+)
+
+# Kimi-Linear-48B-A3B (moonshotai/Kimi-Linear-48B-A3B-Instruct config.json, what
+# transformers' KimiLinearConfig defaults to): 27 layers, full attention (MLA) at layers 4, 8,
+# 12, 16, 20, 24 and 27 (1-based), KDA elsewhere (32 heads x 128, conv 4, gate rank 128, no
+# output-gate bias); MLA 32 heads, latent 512, no q LoRA, qk 128 + 64, value 128, no RoPE
+# (its two latent norms at eps 1e-6); layer 1 dense (9216), layers 2-27 MoE: 256 experts
+# of 1024, top-8, one shared expert, sigmoid router with correction bias, one group,
+# renormalised, scaled by 2.446; RMSNorm eps 1e-5 in float32; untied head. The same config
+# that `harts.models.hf.kimi_linear` derives from that config.json.
+_KIMI_LINEAR_FULL_ATTN = (4, 8, 12, 16, 20, 24, 27)
+_register(
+    ModelName.KIMI_LINEAR_48B,
+    ModelConfig(
+        name="kimi-linear-48b-a3b", vocab_size=_KIMI_VOCAB, d_model=2304, num_layers=27,
+        layer_pattern=tuple("mla" if i + 1 in _KIMI_LINEAR_FULL_ATTN else "kda" for i in range(27)),
+        kda_num_heads=32, kda_head_dim=128, kda_head_v_dim=128, kda_gate_rank=128, conv_window=4,
+        chunk_size=64, kda_gate_bias=False,
+        mla_num_heads=32, kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128,
+        qk_rope_head_dim=64, v_head_dim=128, use_rope=False, mla_norm_eps=1e-6,
+        num_dense_layers=1, dense_ffn_dim=9216, num_experts=256, top_k=8, expert_ffn_dim=1024,
+        num_shared_experts=1, router="sigmoid", aux_loss_coef=0.0, router_score_bias=True,
+        router_groups=1, router_topk_groups=1, router_renormalize=True, routed_scaling_factor=2.446,
+        norm_eps=1e-5, norm_float32=True, tie_embeddings=False,
     ),
 )

@@ -72,8 +72,8 @@ def load(path: str | os.PathLike[str], *, dtype: torch.dtype | None = None, devi
     try:
         state = adapter.to_harts(ckpt.tensors, config)
     except CheckpointKeyError as err:
-        file = ckpt.files.get(err.tensor or "")
-        where = ckpt.path / file if file else ckpt.path
+        # a missing tensor is in no file: name the one that lists the weights
+        where = ckpt.path / ckpt.files.get(err.tensor or "", ckpt.weights)
         raise CheckpointError(f"{where}: {err}") from None
     dtype = dtype if dtype is not None else _main_dtype(ckpt.tensors)
     with torch.device("meta"):

@@ -50,6 +50,7 @@ class Checkpoint:
     hf_config: dict
     tensors: dict[str, Tensor]
     files: dict[str, str]  # tensor name -> file name within `path`
+    weights: str  # the file that lists the weights: model.safetensors, or the index
 
 
 def read_config(path: str | os.PathLike[str]) -> dict:
@@ -132,9 +133,11 @@ def read_checkpoint(path: str | os.PathLike[str], *, allow_pickle: bool = False)
     hf = read_config(root)
     if (root / INDEX).is_file():
         tensors, files = _read_index(root, INDEX, _read_safetensors)
+        weights = INDEX
     elif (root / SAFETENSORS).is_file():
         tensors = _read_safetensors(root / SAFETENSORS)
         files = dict.fromkeys(tensors, SAFETENSORS)
+        weights = SAFETENSORS
     elif (root / PICKLE).is_file() or (root / PICKLE_INDEX).is_file():
         name = PICKLE if (root / PICKLE).is_file() else PICKLE_INDEX
         if not allow_pickle:
@@ -145,9 +148,10 @@ def read_checkpoint(path: str | os.PathLike[str], *, allow_pickle: bool = False)
             files = dict.fromkeys(tensors, PICKLE)
         else:
             tensors, files = _read_index(root, PICKLE_INDEX, _read_pickle)
+        weights = name
     else:
         raise CheckpointError(f"{root}: no {SAFETENSORS} or {INDEX} (weights) in the checkpoint directory")
-    return Checkpoint(root, hf, tensors, files)
+    return Checkpoint(root, hf, tensors, files, weights)
 
 
 def _save_file(tensors: dict[str, Tensor], file: Path) -> None:

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from harts.config.models import ConfigError, LayerKind, ModelConfig
-from harts.models.hf import CheckpointKeyError, HFAdapter
+from harts.models.hf.adapter import CheckpointKeyError, HFAdapter
 
 MODEL_TYPE = "kimi_linear"
 
@@ -144,7 +144,7 @@ def to_config(hf: dict) -> ModelConfig:
     if hf.get("model_type") != MODEL_TYPE:
         raise ConfigError(f"config.json: field 'model_type' is {hf.get('model_type')!r}, not {MODEL_TYPE!r}")
     known = set(_DEFAULTS) | {a for v in _ALIASES.values() for a in v} | _IGNORED | set(_FIXED) | {
-        "linear_attn_config", "layer_types", "mlp_layer_types"}
+        "linear_attn_config", "layer_types", "mlp_layer_types", "use_grouped_topk"}
     unknown = sorted(set(hf) - known)
     if unknown:
         raise ConfigError(f"config.json: field {unknown[0]!r} is not supported by the {MODEL_TYPE} adapter")

@@ -17,6 +17,7 @@ from harts.cli.common import (
     say_wrote,
     write_output,
 )
+from harts.cli.model_source import add_model_args
 
 SCHEMES = {
     # the generator's SWE calibration, one prompt group (one GPU)
@@ -33,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "SWE-shaped rollouts. Step times are steady-state steps with each step's data side (partition, "
                     "layouts) prepared one step ahead in a background thread, the same for both modes; the "
                     "inline speedup (data side on the critical path) is reported next to it.")
-    p.add_argument("--model", default="tiny-h200", help="model config (tiny-h200: Tiny-shaped, fits one H200)")
+    add_model_args(p, "tiny-h200", "model config (tiny-h200: Tiny-shaped, fits one H200)")
     p.add_argument("--schemes", nargs="+", choices=sorted(SCHEMES), default=["treestep", "stepwise"])
     p.add_argument("--microbatch-tokens", type=int, default=131072)
     p.add_argument("--steps", type=int, default=2, help="timed steps per mode (median reported)")
@@ -49,7 +50,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     import torch
 
-    from harts.config.models import ConfigError, get_model_config
+    from harts.cli.model_source import load_checkpoint, model_config
     from harts.exec.bench import step_benchmark
     from harts.tree.workload import generate, preset
 
@@ -57,10 +58,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         check_output_path(args.out, "--out")
     if not torch.cuda.is_available():
         raise UserError("harts bench needs a CUDA device")
-    try:
-        cfg = get_model_config(args.model)
-    except ConfigError as err:
-        raise UserError(str(err)) from None
+    cfg = model_config(args)  # --model, or --model-path's config.json
+    # a checkpoint's weights, read once on the host (each mode copies them to the device)
+    model = args.model if not args.model_path else load_checkpoint(args, torch.bfloat16, "cpu").model
     if args.steps < 1 or args.microbatch_tokens < 1:
         raise UserError("--steps and --microbatch-tokens must be >= 1")
     kernels = kernel_config(args)
@@ -71,7 +71,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"[bench] {scheme}: {len(trajs)} trajectories, {sum(len(t) for t in trajs)} tokens; "
               f"{args.warmup} warm-up + {args.steps} timed steps per mode, inline and prepared ahead",
               file=sys.stderr, flush=True)
-        r = step_benchmark(trajs, model=args.model, microbatch_tokens=args.microbatch_tokens,
+        r = step_benchmark(trajs, model=model, microbatch_tokens=args.microbatch_tokens,
                            steps=args.steps, warmup=args.warmup, kernels=kernels)
         r.update(scheme=scheme, workload=name, overrides=over, kernels=kernels.to_dict())
         runs.append(r)

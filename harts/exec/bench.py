@@ -21,6 +21,7 @@ go out in the simulator's profile schema (`harts.sim.profile/v1`).
 
 from __future__ import annotations
 
+import copy
 import gc
 import statistics
 import time
@@ -82,7 +83,7 @@ def prefetched_steps(trainer, trajectories, microbatch_tokens: int, steps: int) 
     return times, prep_seconds[1:]
 
 
-def step_benchmark(trajectories, *, model: str = "tiny-h200", dtype: torch.dtype = torch.bfloat16,
+def step_benchmark(trajectories, *, model: str | torch.nn.Module = "tiny-h200", dtype: torch.dtype = torch.bfloat16,
                    microbatch_tokens: int = 131072, steps: int = 2, warmup: int = 1,
                    device: str = "cuda", modes=("expanded", "tree"), seed: int = 0,
                    kernels=None) -> dict[str, Any]:
@@ -95,12 +96,18 @@ def step_benchmark(trajectories, *, model: str = "tiny-h200", dtype: torch.dtype
     from harts.exec.tree_trainer import TreeTrainer
     from harts.tree import build_forest
 
-    cfg = get_model_config(model)
+    # a registered name (weights from `seed`), or a model whose weights each mode copies
+    source = model if isinstance(model, torch.nn.Module) else None
+    cfg = source.config if source is not None else get_model_config(model)
     kernels = kernels if kernels is not None else KernelConfig.from_env()
     out: dict[str, Any] = {"model": cfg.name, "dtype": str(dtype).removeprefix("torch."),
                            "microbatch_tokens": microbatch_tokens, "trajectories": len(trajectories)}
     for mode in modes:
-        net = build_model(cfg, seed=seed, dtype=dtype, device=device, recompute=True)
+        if source is None:
+            net = build_model(cfg, seed=seed, dtype=dtype, device=device, recompute=True)
+        else:
+            net = copy.deepcopy(source).to(device=device, dtype=dtype)
+            net.recompute = True
         trainer = (TreeTrainer if mode == "tree" else ExpandedTrainer)(net, kernels=kernels)
         for _ in range(warmup):
             trainer.step(trajectories, microbatch_tokens)

@@ -86,3 +86,18 @@ def test_unsupported_values_are_refused_naming_the_field(changes, field):
     with pytest.raises(ConfigError) as err:
         to_config({**KIMI_48B_CONFIG, **changes})
     assert field in str(err.value) and "config.json" in str(err.value)
+
+
+def test_sim_prices_a_checkpoint_directory_by_its_config(tmp_path, capsys):
+    import json
+
+    from harts.cli.main import main
+
+    (tmp_path / "config.json").write_text(json.dumps(KIMI_48B_CONFIG))  # the shapes need no weights
+    common = ["sim", "--workload", "swe-treestep-8", "--gpus", "8", "--json"]
+    assert main([*common, "--model-path", str(tmp_path)]) == 0
+    by_path = json.loads(capsys.readouterr().out)
+    assert main([*common, "--model", "kimi-linear-48b-a3b"]) == 0
+    by_name = json.loads(capsys.readouterr().out)
+    assert by_path["step_seconds"] == by_name["step_seconds"] > 0
+    assert by_path["peak_memory_bytes"] == by_name["peak_memory_bytes"]

@@ -44,7 +44,8 @@ def cmd_params(args: argparse.Namespace) -> int:
             "table1_total": None if paper is None else int(paper[0] * 1e9),
             "table1_active": None if paper is None else int(paper[1] * 1e9),
             "layers": config.num_layers,
-            "kda_mla": f"{config.kda_per_mla}:1",
+            "kda_mla": (f"{config.kda_per_mla}:1" if config.layer_pattern is None
+                        else f"{config.num_kda_layers}:{config.num_mla_layers}"),
             "experts_topk": f"{config.num_experts}/{config.top_k}",
             "by_component": counts.by_component,
         })

@@ -114,6 +114,9 @@ class ModelConfig:
     router_topk_groups: int = 1
     router_renormalize: bool = True
     routed_scaling_factor: float = 1.0
+    # Router logits and scores in float32 for half-precision inputs (transformers'
+    # KimiLinearTopkRouter), so a bf16 model picks the experts its checkpoint's model picks.
+    router_float32: bool = False
 
     def validate(self) -> ModelConfig:
         """Raise ConfigError naming the first inconsistent field; return self when valid."""
@@ -185,7 +188,7 @@ class ModelConfig:
         if self.mla_norm_eps is not None and not (isinstance(self.mla_norm_eps, (int, float))
                                                    and self.mla_norm_eps > 0):
             raise ConfigError(f"mla_norm_eps: must be > 0 or None, got {self.mla_norm_eps!r}")
-        for f in ["kda_gate_bias", "router_score_bias", "router_renormalize"]:
+        for f in ["kda_gate_bias", "router_score_bias", "router_renormalize", "router_float32"]:
             if not isinstance(getattr(self, f), bool):
                 raise ConfigError(f"{f}: must be true or false, got {getattr(self, f)!r}")
         _check_int("router_groups", self.router_groups, minimum=1)
@@ -456,6 +459,6 @@ _register(
         num_dense_layers=1, dense_ffn_dim=9216, num_experts=256, top_k=8, expert_ffn_dim=1024,
         num_shared_experts=1, router="sigmoid", aux_loss_coef=0.0, router_score_bias=True,
         router_groups=1, router_topk_groups=1, router_renormalize=True, routed_scaling_factor=2.446,
-        norm_eps=1e-5, norm_float32=True, tie_embeddings=False,
+        router_float32=True, norm_eps=1e-5, norm_float32=True, tie_embeddings=False,
     ),
 )

@@ -216,7 +216,7 @@ def test_train_model_path_save(ckpt, rollouts, tmp_path, capsys):
     path, _ = rollouts
     out = tmp_path / "ckpt-out"
     rc = main(["train", "--model-path", str(ckpt), "--input", str(path), "--mode", "tree", "--steps", "1",
-               "--dtype", "float64", "--save", str(out), "--json"])
+               "--old-logprobs", "input", "--dtype", "float64", "--save", str(out), "--json"])
     assert rc == 0
     assert f"wrote {out}" in capsys.readouterr().err
     back, info = KimiLinearForCausalLM.from_pretrained(out, dtype=torch.float64, output_loading_info=True)
@@ -320,3 +320,20 @@ def test_model_path_and_model_are_exclusive(ckpt, capsys):
     rc = main(["verify", "--model", "tiny-cpu", "--model-path", str(ckpt), "--json"])
     assert rc == 2
     assert "not allowed with" in json.loads(capsys.readouterr().out)["error"]
+
+
+def test_bf16_routing_is_the_checkpoints(ckpt, hf_model):
+    # transformers routes in float32 whatever the model's dtype; so does the loaded model
+    loaded = load(ckpt, dtype=torch.bfloat16)
+    layer = next(i for i, k in enumerate(loaded.config.ffn_kinds) if k.value == "moe")
+    ours = loaded.model.layers[layer].ffn
+    theirs = modeling_kimi_linear.KimiLinearTopkRouter(hf_model.config)
+    with torch.no_grad():
+        theirs.weight.copy_(hf_model.model.layers[layer].mlp.gate.weight.to(torch.bfloat16))
+        theirs.e_score_correction_bias.copy_(hf_model.model.layers[layer].mlp.gate.e_score_correction_bias)
+        x = torch.randn(257, loaded.config.d_model, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+        _, w_ref, i_ref = theirs.to(torch.bfloat16)(x)
+        _, i_got, w_got = ours.route(x)
+    order_ref, order_got = i_ref.argsort(-1), i_got.argsort(-1)
+    assert torch.equal(i_ref.gather(1, order_ref), i_got.gather(1, order_got))
+    assert torch.equal(w_ref.gather(1, order_ref), w_got.gather(1, order_got).to(w_ref.dtype))

@@ -96,6 +96,7 @@ class MoE(nn.Module):
         self.shared = SwiGLU(d, F_ * c.num_shared_experts) if c.num_shared_experts else None
         self.groups, self.topk_groups = c.router_groups, c.router_topk_groups
         self.renormalize, self.scaling = c.router_renormalize, c.routed_scaling_factor
+        self.router_float32 = c.router_float32
         # DeepSeek-V3's e_score_correction_bias: shifts which experts are chosen, not their
         # weights; a buffer (balanced outside the gradient), saved with the weights
         self.score_bias = nn.Buffer(torch.zeros(E)) if c.router_score_bias else None
@@ -104,7 +105,10 @@ class MoE(nn.Module):
 
     def route(self, x_TD: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(probs_TE for the aux loss, top_i_Tk expert ids, top_w_Tk renormalised weights)."""
-        logits_TE = self.router(x_TD)
+        if self.router_float32 and x_TD.dtype.itemsize < 4:
+            logits_TE = F.linear(x_TD.float(), self.router.weight.float())
+        else:
+            logits_TE = self.router(x_TD)
         if self.router_kind == "softmax":
             scores_TE = torch.softmax(logits_TE, dim=-1)
             probs_TE = scores_TE

@@ -20,8 +20,8 @@ What the transformers model computes, and where HARTS computes the same:
 - MoE: sigmoid scores; the experts are chosen on scores + e_score_correction_bias within the
   best `topk_group` of `n_group` groups; weights the chosen scores, renormalised when
   `norm_topk_prob` (denominator + 1e-20), times `routed_scaling_factor`; plus the shared
-  experts (`moe_intermediate_size` x `n_shared_experts`). No auxiliary loss
-  (`aux_loss_coef=0`).
+  experts (`moe_intermediate_size` x `n_shared_experts`). The router computes in float32
+  for half-precision inputs (`router_float32`). No auxiliary loss (`aux_loss_coef=0`).
 - RMSNorms compute in float32 for half-precision inputs (`norm_float32=True`); untied LM head
   (`KimiLinearForCausalLM` never ties, whatever `tie_word_embeddings` says).
 
@@ -197,7 +197,7 @@ def to_config(hf: dict) -> ModelConfig:
         num_experts=experts, top_k=_int(hf, "num_experts_per_tok"), expert_ffn_dim=_int(hf, "moe_intermediate_size"),
         num_shared_experts=shared, router="sigmoid", aux_loss_coef=0.0,
         router_score_bias=True, router_groups=groups, router_topk_groups=_int(hf, "topk_group"),
-        router_renormalize=renorm, routed_scaling_factor=scaling,
+        router_renormalize=renorm, routed_scaling_factor=scaling, router_float32=True,
         norm_eps=eps, norm_float32=True, tie_embeddings=False,
     )
     try:

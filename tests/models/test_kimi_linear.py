@@ -337,3 +337,31 @@ def test_bf16_routing_is_the_checkpoints(ckpt, hf_model):
     order_ref, order_got = i_ref.argsort(-1), i_got.argsort(-1)
     assert torch.equal(i_ref.gather(1, order_ref), i_got.gather(1, order_got))
     assert torch.equal(w_ref.gather(1, order_ref), w_got.gather(1, order_got).to(w_ref.dtype))
+
+
+VARIANTS = [
+    # full-rank q, one expert group, weights not renormalised, tied flag (transformers never ties)
+    {"q_lora_rank": None, "n_group": 1, "topk_group": 1, "norm_topk_prob": False, "tie_word_embeddings": True},
+    # two dense layers, MLA first, four groups keeping two, no shared-prefix help from layer 0's KDA
+    {"first_k_dense_replace": 2, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 3, "rms_norm_eps": 1e-6,
+     "linear_attn_config": {"kda_layers": [2, 3], "full_attn_layers": [1, 4], "head_dim": 8, "num_heads": 3,
+                            "short_conv_kernel_size": 3}},
+]
+
+
+@pytest.mark.parametrize("over", VARIANTS, ids=["full-q-unnormalised", "mla-first-grouped"])
+def test_config_variants_equal_transformers(over, tmp_path):
+    model = _hf_model(**over)
+    model.save_pretrained(tmp_path / "ckpt")
+    loaded = load(tmp_path / "ckpt")
+    from harts.exec.tree_trainer import TreeTrainer
+
+    rng = np.random.default_rng(3)
+    prefix = rng.integers(0, VOCAB, 9)
+    trajs = [Trajectory.make(f"t{i}", "g", np.concatenate([prefix, rng.integers(0, VOCAB, n)]))
+             for i, n in enumerate((12, 5))]
+    result = TreeTrainer(loaded.model).evaluate(trajs, 1 << 16)
+    for t, lp, ent in zip(trajs, result.logprobs, result.entropy, strict=True):
+        lp_ref, ent_ref = _reference(model, t.tokens)
+        np.testing.assert_allclose(lp[1:], lp_ref, rtol=0, atol=1e-9)
+        np.testing.assert_allclose(ent[1:], ent_ref, rtol=0, atol=1e-9)

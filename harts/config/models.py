@@ -1,7 +1,8 @@
 """Model configurations of the hybrid-attention MoE models HARTS trains, as plain data.
 
 A model is Kimi-Linear-shaped: `num_layers` decoder blocks in repeating groups of
-`kda_per_mla` KDA (linear attention) layers followed by one MLA (full attention) layer;
+`kda_per_mla` KDA (linear attention) layers followed by one MLA (full attention) layer
+(or any order given as `layer_pattern`, as a Hugging Face checkpoint's config sets it);
 the first `num_dense_layers` blocks use a dense SwiGLU FFN, the rest a top-k MoE with
 shared experts. Nothing here imports torch: the simulator and planners read these configs
 and `parameter_counts` derives the parameter counts analytically, so the Table 1 models

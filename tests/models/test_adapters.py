@@ -101,3 +101,20 @@ def test_sim_prices_a_checkpoint_directory_by_its_config(tmp_path, capsys):
     by_name = json.loads(capsys.readouterr().out)
     assert by_path["step_seconds"] == by_name["step_seconds"] > 0
     assert by_path["peak_memory_bytes"] == by_name["peak_memory_bytes"]
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"layer_pattern": ("kda", "mla")}, "layer_pattern"),  # 4 layers
+    ({"layer_pattern": ("kda", "kda", "gdn", "mla")}, "layer_pattern"),
+    ({"router": "softmax", "router_groups": 2}, "router_groups"),
+    ({"router": "sigmoid", "router_groups": 3}, "router_groups"),  # 8 experts do not split in 3
+    ({"router": "sigmoid", "router_groups": 4, "router_topk_groups": 5}, "router_topk_groups"),
+    ({"router": "sigmoid", "router_groups": 4, "router_topk_groups": 1, "top_k": 3}, "router_topk_groups"),
+    ({"routed_scaling_factor": 0.0}, "routed_scaling_factor"),
+    ({"mla_norm_eps": -1.0}, "mla_norm_eps"),
+    ({"kda_gate_bias": 1}, "kda_gate_bias"),
+])
+def test_new_model_fields_are_validated(changes, field):
+    base = get_model_config("tiny-cpu")
+    with pytest.raises(ConfigError, match=field):
+        base.replace(**changes)

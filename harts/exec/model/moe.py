@@ -6,7 +6,10 @@ Routing is per row and deterministic: router logits -> scores (softmax, or sigmo
 DeepSeek-V3 / Kimi), the k highest scores pick the experts and are renormalised to sum to
 one. A row therefore routes identically wherever it is computed, and a compact tree row
 that stands for q_r trajectory tokens is routed once and counted q_r times through
-`ctx.row_weight`:
+`ctx.row_weight`. A Hugging Face checkpoint may configure DeepSeek-V3 / Kimi-Linear routing
+instead (`MoE._select`: a correction bias on the choice, grouped top-k, weights not
+renormalised, a routed scaling factor, the router in float32); it is per row too. The
+routing statistics:
 
     f_i = sum_r w_r 1[i in topk(r)] / (k sum_r w_r)      (routed fraction, not differentiable)
     P_i = sum_r w_r p_ri / sum_r w_r                      (mean router probability)

@@ -14,7 +14,14 @@ import argparse
 import json
 import math
 
-from harts.cli.common import UserError, atomic_output, check_output_path, print_json, rollout_error, say_wrote
+from harts.cli.common import (
+    UserError,
+    atomic_output,
+    check_output_path,
+    print_json,
+    rollout_error,
+    say_wrote,
+)
 
 _DTYPES = ("float32", "float64", "bfloat16")
 

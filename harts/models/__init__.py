@@ -24,7 +24,13 @@ from torch import Tensor
 from harts.config.models import ConfigError, ModelConfig
 from harts.exec.model.model import HybridModel
 from harts.models.hf import CheckpointKeyError, HFAdapter, get_adapter
-from harts.models.hf.io import DEFAULT_SHARD_BYTES, CheckpointError, read_checkpoint, read_config, write_checkpoint
+from harts.models.hf.io import (
+    DEFAULT_SHARD_BYTES,
+    CheckpointError,
+    read_checkpoint,
+    read_config,
+    write_checkpoint,
+)
 
 __all__ = ["CheckpointError", "ConfigError", "LoadedModel", "load", "load_config", "save"]
 

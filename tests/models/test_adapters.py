@@ -7,8 +7,20 @@ import dataclasses
 
 import pytest
 
-from harts.config.models import PUBLISHED_PARAMS_B, ConfigError, ModelName, get_model_config, parameter_counts
-from harts.models.hf import HFAdapter, HFModelType, get_adapter, register_adapter, supported_model_types
+from harts.config.models import (
+    PUBLISHED_PARAMS_B,
+    ConfigError,
+    ModelName,
+    get_model_config,
+    parameter_counts,
+)
+from harts.models.hf import (
+    HFAdapter,
+    HFModelType,
+    get_adapter,
+    register_adapter,
+    supported_model_types,
+)
 from harts.models.hf.kimi_linear import ADAPTER, to_config
 
 # config.json of moonshotai/Kimi-Linear-48B-A3B-Instruct as published (the fields that

@@ -365,3 +365,17 @@ def test_config_variants_equal_transformers(over, tmp_path):
         lp_ref, ent_ref = _reference(model, t.tokens)
         np.testing.assert_allclose(lp[1:], lp_ref, rtol=0, atol=1e-9)
         np.testing.assert_allclose(ent[1:], ent_ref, rtol=0, atol=1e-9)
+
+
+def test_load_then_save_writes_the_same_bf16_tensors(tmp_path):
+    from safetensors.torch import load_file
+
+    _hf_model().to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    loaded = load(tmp_path / "bf16")
+    assert loaded.model.lm_head_weight.dtype == torch.bfloat16  # the checkpoint's dtype by default
+    out = save(loaded, tmp_path / "out")
+    src, got = load_file(tmp_path / "bf16" / "model.safetensors"), load_file(out / "model.safetensors")
+    assert set(src) == set(got)
+    for name, t in src.items():
+        assert got[name].dtype == t.dtype == torch.bfloat16 and torch.equal(got[name], t), name
+    assert (out / "generation_config.json").read_text() == (tmp_path / "bf16" / "generation_config.json").read_text()

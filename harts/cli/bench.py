@@ -19,6 +19,7 @@ from harts.cli.common import (
     say_wrote,
     write_output,
 )
+from harts.cli.model_source import add_model_args
 
 SCHEMES = {
     # the generator's SWE calibration, one prompt group (one GPU)
@@ -38,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "(partition, layouts) prepared one step ahead in a background thread, the same for every mode; "
                     "the inline speedup (data side on the critical path) is reported next to it, and the ideal "
                     "speedup (each op's baseline time scaled by its own work ratio) next to the token ratio.")
-    p.add_argument("--model", default="tiny-h200", help="model config (tiny-h200: Tiny-shaped, fits one H200)")
+    add_model_args(p, "tiny-h200", "model config (tiny-h200: Tiny-shaped, fits one H200)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--schemes", nargs="+", choices=sorted(SCHEMES), default=None,
                      help="built-in SWE-shaped steps (default: treestep stepwise)")
@@ -101,7 +102,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     import torch
 
-    from harts.config.models import ConfigError, get_model_config
+    from harts.cli.model_source import load_checkpoint, model_config
     from harts.exec.bench import step_benchmark
 
     if args.set and not args.workload:
@@ -113,23 +114,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise UserError(f"harts bench --input {args.input}: no CUDA device here; timing update steps needs a "
                             "GPU (`harts tree stats --input` and `harts sim` work on CPU)")
         raise UserError("harts bench needs a CUDA device")
-    try:
-        cfg = get_model_config(args.model)
-    except ConfigError as err:
-        raise UserError(str(err)) from None
+    cfg = model_config(args)  # --model, or --model-path's config.json
+    # a checkpoint's weights, read once on the host (each mode copies them to the device)
+    model = args.model if not args.model_path else load_checkpoint(args, torch.bfloat16, "cpu").model
     if args.steps < 1 or args.microbatch_tokens < 1:
         raise UserError("--steps and --microbatch-tokens must be >= 1")
     from harts.exec.bench import largest_fitting_budget, memory_plan
 
     capacity = torch.cuda.get_device_properties(0).total_memory
-    plan = memory_plan(args.model, args.microbatch_tokens)
+    plan = memory_plan(cfg, args.microbatch_tokens)
     print(f"[bench] planned peak {plan['total_bytes'] / 2**30:.1f} GiB of {capacity / 2**30:.1f} GiB "
           f"(weights+grads+AdamW {plan['static_bytes'] / 2**30:.1f}, activations "
           f"{plan['activation_bytes'] / 2**30:.1f}, LM head chunk {plan['lm_head_bytes'] / 2**30:.1f})",
           file=sys.stderr, flush=True)
     if plan["total_bytes"] > capacity:
-        fits = largest_fitting_budget(args.model, capacity)
-        raise UserError(f"{args.model} at --microbatch-tokens {args.microbatch_tokens} plans "
+        fits = largest_fitting_budget(cfg, capacity)
+        raise UserError(f"{cfg.name} at --microbatch-tokens {args.microbatch_tokens} plans "
                         f"{plan['total_bytes'] / 2**30:.1f} GiB, more than this GPU's {capacity / 2**30:.1f} GiB; "
                         + (f"--microbatch-tokens {fits} fits" if fits else "its weights and optimizer state alone "
                            "do not fit one GPU"))
@@ -140,7 +140,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"[bench] {label}: {len(trajs)} trajectories, {sum(len(t) for t in trajs)} tokens; "
               f"{args.warmup} warm-up + {args.steps} timed steps per mode ({', '.join(baselines)}, tree)",
               file=sys.stderr, flush=True)
-        r = step_benchmark(trajs, model=args.model, microbatch_tokens=args.microbatch_tokens,
+        r = step_benchmark(trajs, model=model, microbatch_tokens=args.microbatch_tokens,
                            steps=args.steps, warmup=args.warmup, kernels=kernels, baselines=baselines)
         r.update(scheme=label, workload=name, overrides=over, kernels=kernels.to_dict())
         runs.append(r)

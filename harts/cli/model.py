@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from harts.cli.common import UserError, format_table, print_json
+from harts.cli.model_source import add_model_args, model_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -13,7 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     params = model_sub.add_parser(
         "params", help="total / active parameter counts of each config, next to the paper's Table 1"
     )
-    params.add_argument("--model", metavar="NAME", default=None, help="one config (default: all)")
+    add_model_args(params, None, "one config (default: all)")
     params.add_argument("--json", action="store_true", help="machine-readable output")
     params.set_defaults(func=cmd_params)
 
@@ -28,15 +29,18 @@ def cmd_params(args: argparse.Namespace) -> int:
         parameter_counts,
     )
 
-    names = known_models() if args.model is None else [args.model]
-    records = []
-    for name in names:
+    if args.model_path:  # one checkpoint directory's config.json
+        configs = [model_config(args)]
+    else:
         try:
-            config = get_model_config(name)
+            configs = [get_model_config(n) for n in (known_models() if args.model is None else [args.model])]
         except ConfigError as err:
             raise UserError(str(err)) from None
+    records = []
+    for config in configs:
+        name = config.name
         counts = parameter_counts(config)
-        paper = TABLE1_PARAMS_B.get(ModelName(name))
+        paper = TABLE1_PARAMS_B.get(ModelName(name)) if name in set(known_models()) else None
         records.append({
             "model": name,
             "total": counts.total,
@@ -44,7 +48,8 @@ def cmd_params(args: argparse.Namespace) -> int:
             "table1_total": None if paper is None else int(paper[0] * 1e9),
             "table1_active": None if paper is None else int(paper[1] * 1e9),
             "layers": config.num_layers,
-            "kda_mla": f"{config.kda_per_mla}:1",
+            "kda_mla": (f"{config.kda_per_mla}:1" if config.layer_kind_list is None
+                        else f"{config.num_kda_layers}:{config.num_mla_layers}"),
             "experts_topk": f"{config.num_experts}/{config.top_k}",
             "by_component": counts.by_component,
         })

@@ -22,6 +22,7 @@ from harts.cli.common import (
     say_wrote,
     write_output,
 )
+from harts.cli.model_source import add_model_args, model_config
 from harts.cli.sim_rollout import add_rollout_parser
 
 SCHEDULE_NAMES = ("non-overlap", "overlap-bwd-first", "consumer-1f1b")
@@ -32,7 +33,7 @@ BASELINE = "expanded-ffd"
 def _add_common(p: argparse.ArgumentParser, sweep: bool) -> None:
     p.add_argument("--workload", required=sweep, help="workload preset (harts workload presets)"
                    + ("; comma-separated for several" if sweep else ""))
-    p.add_argument("--model", default="tiny", help="model config name (tiny, flash, tiny-cpu)")
+    add_model_args(p, "tiny", "model config name (tiny, flash, tiny-cpu, kimi-linear-48b-a3b)")
     p.add_argument("--gpus", type=int, default=8, help="GPUs (DP x PP)")
     p.add_argument("--dp", type=int, help="data-parallel replicas (default: from --gpus)")
     p.add_argument("--pp", type=int, help="pipeline stages (default: 2 for tiny at >= 8 GPUs, 4 for flash)")
@@ -80,15 +81,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 class _Setup:
     def __init__(self, args: argparse.Namespace):
-        from harts.config.models import ConfigError, get_model_config
         from harts.config.parallel import ParallelConfig
         from harts.sim.hardware import load_hardware
         from harts.sim.parallel import default_ep, default_parallel
 
-        try:
-            self.model = get_model_config(args.model)
-        except ConfigError as err:
-            raise UserError(str(err)) from None
+        self.model = model_config(args)  # --model, or --model-path's config.json
         try:
             self.hardware = load_hardware(args.hardware)
         except (KeyError, OSError, ValueError) as err:

@@ -6,7 +6,8 @@ import argparse
 import itertools
 
 from harts.cli import train_checkpoint
-from harts.cli.common import UserError, format_table, print_json, rollout_error
+from harts.cli.common import UserError, format_table, print_json, rollout_error, say_wrote
+from harts.cli.model_source import add_model_args, load_checkpoint, model_config
 
 # Refuse to build models this large on a CPU: the Table 1 configs are for GPUs (and the
 # simulator), and allocating them here would only exhaust memory.
@@ -17,7 +18,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="run RL policy-update steps (PPO/GRPO loss) on rollouts")
     p.add_argument("--mode", choices=["expanded", "tree"], default="expanded",
                    help="expanded: trajectory-by-trajectory baseline; tree: rollout-tree execution")
-    p.add_argument("--model", default="tiny-cpu", metavar="NAME", help="model config (see `harts model params`)")
+    add_model_args(p, "tiny-cpu")
+    p.add_argument("--save", metavar="DIR", default=None,
+                   help="with --model-path: write the trained weights there as a Hugging Face checkpoint "
+                   "(the source's config.json, tensor names and dtypes)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--workload", metavar="PRESET", default=None,
                      help="generated workload preset (default tiny-treestep)")
@@ -37,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="recompute: current policy's log-probs before the step (on-policy, "
                    "as verl's actor); input: the rollouts' old_logprobs (each step's data side is then "
                    "prepared one step ahead, in a background thread)")
-    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--dtype", choices=["float32", "float64", "bfloat16"], default=None,
+                   help="default float32; with --model-path the checkpoint's")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--recompute", action="store_true", help="activation recomputation per layer")
     p.add_argument("--parallel", default=None, metavar="SPEC",
@@ -78,18 +83,19 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UserError(f"--microbatch-tokens must be >= 1, got {args.microbatch_tokens}")
     train_checkpoint.check_flags(args)
 
-    from harts.config.models import ConfigError, get_model_config, parameter_counts
+    from harts.config.models import ConfigError, parameter_counts
 
-    try:
-        config = get_model_config(args.model)
-    except ConfigError as err:
-        raise UserError(str(err)) from None
+    if args.save is not None:
+        if not args.model_path:
+            raise UserError("--save writes a Hugging Face checkpoint: it needs --model-path", field="--save")
+        _check_save_dir(args.save)
+    config = model_config(args)
     trajectories = _load_trajectories(args, config.vocab_size)
     if not trajectories:
         raise UserError("no trajectories to train on")
     from harts.cli.verify import check_vocab
 
-    check_vocab(trajectories, config.name)  # generated workloads (a file is checked as it loads)
+    check_vocab(trajectories, config)  # generated workloads (a file is checked as it loads)
     if args.kl_coef > 0 and any(t.ref_logprobs is None for t in trajectories):
         raise UserError("--kl-coef > 0 needs ref_logprobs in every trajectory")
 
@@ -105,8 +111,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     total = parameter_counts(config).total
     if torch.device(device).type == "cpu" and total > _CPU_MAX_PARAMS:
         raise UserError(f"{config.name} has {total / 1e9:.1f}B parameters: too large to train on a CPU")
-    dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
-    model = build_model(config, seed=args.seed, dtype=dtype, device=device, recompute=args.recompute)
+    dtype = None if args.dtype is None else getattr(torch, args.dtype)
+    loaded = None
+    if args.model_path:
+        loaded = load_checkpoint(args, dtype, device)
+        model = loaded.model
+        model.recompute = args.recompute
+    else:
+        model = build_model(config, seed=args.seed, dtype=dtype or torch.float32, device=device,
+                            recompute=args.recompute)
     if args.mode == "tree":
         try:
             config.check_tree_mode()
@@ -170,6 +183,13 @@ def cmd_train(args: argparse.Namespace) -> int:
                   f"grad_norm {rec['grad_norm']:.4f}  {rec['tokens_per_s']:,.0f} tok/s", flush=True)
             if saved is not None:
                 print(f"checkpoint {saved}", flush=True)
+    if loaded is not None and args.save is not None:
+        from harts.models import CheckpointError, save
+
+        try:
+            save(loaded, args.save)
+        except CheckpointError as err:
+            raise UserError(str(err), field="--save") from None
     if args.json:
         print_json({"model": config.name, "mode": args.mode, "steps": records})
     else:
@@ -179,4 +199,21 @@ def cmd_train(args: argparse.Namespace) -> int:
               r["clip_frac"], round(r["tokens_per_s"]))
              for r in records],
         ))
+    if loaded is not None and args.save is not None:
+        say_wrote(args.save, args.json, "Hugging Face checkpoint")
     return 0
+
+
+def _check_save_dir(path: str) -> None:
+    """--save's target, checked before any work: its folder exists, and it is new, empty or
+    a checkpoint directory (what `harts.models.save` replaces)."""
+    from pathlib import Path
+
+    target = Path(path)
+    if not target.parent.is_dir():
+        raise UserError(f"--save {path}: folder {target.parent} does not exist (create it first)", field="--save")
+    if target.exists() and not target.is_dir():
+        raise UserError(f"--save {path}: exists and is not a directory", field="--save")
+    if target.is_dir() and any(target.iterdir()) and not (target / "config.json").is_file():
+        raise UserError(f"--save {path}: a non-empty directory that is not a checkpoint; not replacing it",
+                        field="--save")

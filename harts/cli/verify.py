@@ -19,6 +19,7 @@ from harts.cli.common import (
     print_json,
     rollout_error,
 )
+from harts.cli.model_source import add_model_args, load_checkpoint, model_config
 
 # relative tolerances of the verdict by dtype: float64 is equality up to summation order;
 # float32 bounds rounding differences (about 25x the errors of the tiny configs on CPU; on
@@ -39,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--input", metavar="FILE.jsonl", help="rollout JSONL file")
     src.add_argument("--workload", metavar="PRESET", help="generated workload preset (default tiny-treestep)")
-    p.add_argument("--model", default="tiny-cpu", help="model config (CPU-sized)")
+    add_model_args(p, "tiny-cpu", "model config (CPU-sized)")
     p.add_argument("--dtype", choices=["float64", "float32", "bfloat16"], default=None,
                    help="float64 (default), float32 or bfloat16 (then also the baseline against a rerun "
                    "and a repacking of itself; the default of --divergence and --fidelity)")
@@ -76,13 +77,9 @@ def load_trajectories(args: argparse.Namespace, default: str = "tiny-treestep") 
     """--input (token ids checked against --model's vocabulary, by file and line) or the
     generated --workload."""
     if args.input:
-        from harts.config.models import ConfigError, get_model_config
         from harts.tree.io import RolloutFormatError, load_jsonl
 
-        try:
-            vocab = get_model_config(args.model).vocab_size
-        except ConfigError as err:
-            raise UserError(str(err)) from None
+        vocab = model_config(args).vocab_size
         try:
             return load_jsonl(args.input, vocab_size=vocab)
         except RolloutFormatError as err:
@@ -95,11 +92,12 @@ def load_trajectories(args: argparse.Namespace, default: str = "tiny-treestep") 
         raise UserError(str(err).strip("'\"")) from None
 
 
-def check_vocab(trajectories: list, model: str) -> None:
+def check_vocab(trajectories: list, model) -> None:
+    """Every token id inside the vocabulary of `model` (a registered name or a ModelConfig)."""
     from harts.config.models import ConfigError, get_model_config
 
     try:
-        cfg = get_model_config(model)
+        cfg = get_model_config(model) if isinstance(model, str) else model
     except ConfigError as err:
         raise UserError(str(err)) from None
     for t in trajectories:
@@ -111,7 +109,7 @@ def check_vocab(trajectories: list, model: str) -> None:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     trajectories = load_trajectories(args)
-    check_vocab(trajectories, args.model)
+    check_vocab(trajectories, model_config(args))
     if args.microbatch_tokens < 1:
         raise UserError("--microbatch-tokens must be >= 1")
     if args.tolerance is not None and not args.tolerance >= 0:
@@ -120,6 +118,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     if args.divergence is not None and args.fidelity:
         raise UserError("--divergence and --fidelity are separate reports: pick one")
+    if args.model_path and (args.divergence is not None or args.fidelity):
+        raise UserError("--model-path runs the step check; --divergence and --fidelity take --model", field="--model-path")
     if args.divergence is not None:
         return cmd_divergence(args, trajectories)
     if args.parallel is not None:
@@ -140,8 +140,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
         if args.planner not in known_planners():
             raise UserError(f"unknown planner {args.planner!r}; known: {', '.join(known_planners())}")
+    model = args.model if not args.model_path else load_checkpoint(args, dtype, args.device).model
     try:
-        report = verify_step(trajectories, model=args.model, dtype=dtype, seed=args.seed,
+        report = verify_step(trajectories, model=model, dtype=dtype, seed=args.seed,
                              microbatch_tokens=args.microbatch_tokens, planner=args.planner,
                              recompute_old_logprobs=args.old_logprobs == "recompute", device=args.device,
                              baseline_variation=dtype == torch.bfloat16, kernels=kernels)

@@ -1,8 +1,10 @@
 """Model configurations of the hybrid-attention MoE models HARTS trains, as plain data.
 
 A model is Kimi-Linear-shaped: `num_layers` decoder blocks in repeating groups of
-`kda_per_mla` KDA (linear attention) layers followed by one MLA (full attention) layer;
-the first `num_dense_layers` blocks use a dense SwiGLU FFN, the rest a top-k MoE with
+`kda_per_mla` KDA (linear attention) layers followed by one MLA (full attention) layer
+(or any order given as `layer_kind_list`, as a Hugging Face checkpoint's config sets it,
+Gated DeltaNet and gated attention layers included); the first `num_dense_layers` blocks
+(or `ffn_kind_list`) use a dense SwiGLU FFN, the rest a top-k MoE with
 shared experts. Nothing here imports torch: the simulator and planners read these configs
 and `parameter_counts` derives the parameter counts analytically, so the Table 1 models
 (7.9B and 124B parameters) are never instantiated on a CPU. `tests/config` proves the
@@ -118,14 +120,32 @@ class ModelConfig:
     attn_head_dim: int = 32
     attn_rotary_dim: int = 16
     # MoE variants: the shared expert's hidden width (None = expert_ffn_dim x
-    # num_shared_experts), a sigmoid gate on the shared expert's output (Linear d -> 1), and
-    # whether the top-k weights are renormalised to sum to one.
+    # num_shared_experts) and a sigmoid gate on the shared expert's output (Linear d -> 1);
+    # whether the top-k weights are renormalised is `router_renormalize` below.
     shared_expert_ffn_dim: int | None = None
     shared_expert_gate: bool = False
-    norm_topk_prob: bool = True
     # Zero-centred RMSNorm weights (Qwen3-Next): the stored weight w scales by (1 + w), for the
     # block norms, the final norm and the attention q/k norms.
     norm_offset: bool = False
+    # --- Fields a Hugging Face checkpoint sets (harts.models.hf); their defaults keep the
+    # registered HARTS models as they are.
+    # Bias of the KDA output gate's second projection (Kimi-Linear's g_b_proj has none).
+    kda_gate_bias: bool = True
+    # Epsilon of MLA's q_a / kv_a RMSNorms; None = norm_eps (Kimi-Linear: 1e-6 beside 1e-5).
+    mla_norm_eps: float | None = None
+    # DeepSeek-V3 / Kimi-Linear routing: the scores plus a per-expert correction bias (a
+    # buffer, not trained) choose the experts, first keeping the router_topk_groups best of
+    # router_groups expert groups (a group scores the sum of its two best); the weights are
+    # the chosen experts' plain scores, renormalised to sum to one when router_renormalize,
+    # times routed_scaling_factor.
+    router_score_bias: bool = False
+    router_groups: int = 1
+    router_topk_groups: int = 1
+    router_renormalize: bool = True
+    routed_scaling_factor: float = 1.0
+    # Router logits and scores in float32 for half-precision inputs (transformers'
+    # KimiLinearTopkRouter), so a bf16 model picks the experts its checkpoint's model picks.
+    router_float32: bool = False
 
     def validate(self) -> ModelConfig:
         """Raise ConfigError naming the first inconsistent field; return self when valid."""
@@ -189,6 +209,34 @@ class ModelConfig:
         if not self.rope_theta > 0:
             raise ConfigError("rope_theta: must be > 0")
         self._validate_qwen3_next()
+        if self.mla_norm_eps is not None and not (isinstance(self.mla_norm_eps, (int, float))
+                                                   and self.mla_norm_eps > 0):
+            raise ConfigError(f"mla_norm_eps: must be > 0 or None, got {self.mla_norm_eps!r}")
+        for f in ["kda_gate_bias", "router_score_bias", "router_renormalize", "router_float32"]:
+            if not isinstance(getattr(self, f), bool):
+                raise ConfigError(f"{f}: must be true or false, got {getattr(self, f)!r}")
+        _check_int("router_groups", self.router_groups, minimum=1)
+        _check_int("router_topk_groups", self.router_topk_groups, minimum=1)
+        if self.router_groups > 1:
+            if self.router != "sigmoid":
+                raise ConfigError("router_groups: grouped top-k is defined for the sigmoid router only")
+            if self.num_experts % self.router_groups or self.num_experts // self.router_groups < 2:
+                raise ConfigError(
+                    f"router_groups: {self.router_groups} groups need num_experts={self.num_experts} "
+                    "to split into groups of at least two"
+                )
+            if self.router_topk_groups > self.router_groups:
+                raise ConfigError(
+                    f"router_topk_groups: {self.router_topk_groups} > router_groups {self.router_groups}"
+                )
+            if self.router_topk_groups * (self.num_experts // self.router_groups) < self.top_k:
+                raise ConfigError(
+                    f"router_topk_groups: {self.router_topk_groups} groups of "
+                    f"{self.num_experts // self.router_groups} experts hold fewer than top_k={self.top_k}"
+                )
+        v = self.routed_scaling_factor
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ConfigError(f"routed_scaling_factor: must be a number > 0, got {v!r}")
         return self
 
     def _validate_kind_lists(self) -> None:
@@ -222,7 +270,7 @@ class ModelConfig:
                                   f"got {self.attn_rotary_dim}")
         if self.shared_expert_ffn_dim is not None:
             _check_int("shared_expert_ffn_dim", self.shared_expert_ffn_dim, minimum=1)
-        for f in ("shared_expert_gate", "norm_topk_prob", "norm_offset"):
+        for f in ("shared_expert_gate", "norm_offset"):
             if not isinstance(getattr(self, f), bool):
                 raise ConfigError(f"{f}: must be true or false, got {getattr(self, f)!r}")
 
@@ -317,7 +365,7 @@ def kda_layer_params(c: ModelConfig) -> int:
     conv = w * (2 * h * k + h * v)
     forget_gate = d * r + r * h * k + h + h * k  # low-rank f_proj, A_log [H], dt_bias [HK]
     beta = d * h
-    out_gate = d * r + r * h * v + h * v  # low-rank g_proj with bias
+    out_gate = d * r + r * h * v + (h * v if c.kda_gate_bias else 0)  # low-rank g_proj (+ bias)
     o_norm = v
     o_proj = h * v * d
     return qk + vp + conv + forget_gate + beta + out_gate + o_norm + o_proj
@@ -388,10 +436,17 @@ class ModelName(StrEnum):
     FLASH = "flash"
     TINY_H200 = "tiny-h200"
     QWEN3_NEXT_80B_A3B = "qwen3-next-80b-a3b"
+    KIMI_LINEAR_48B = "kimi-linear-48b-a3b"
 
 
 # Table 1 of the HARTS paper (total / active parameters, billions): what `tiny` and `flash`
 # are sized to match.
+# Published totals (total / active parameters, billions) of the released models registered
+# below, as their names give them.
+PUBLISHED_PARAMS_B: dict[ModelName, tuple[float, float]] = {
+    ModelName.KIMI_LINEAR_48B: (48.0, 3.0),
+}
+
 TABLE1_PARAMS_B: dict[ModelName, tuple[float, float]] = {
     ModelName.TINY: (7.9, 1.3),
     ModelName.FLASH: (124.0, 5.1),
@@ -499,7 +554,32 @@ _register(
         attn_num_heads=16, attn_num_kv_heads=2, attn_head_dim=256, attn_rotary_dim=64, rope_theta=10_000_000.0,
         num_dense_layers=0, dense_ffn_dim=5120, num_experts=512, top_k=10, expert_ffn_dim=512,
         num_shared_experts=1, shared_expert_ffn_dim=512, shared_expert_gate=True, router="softmax",
-        norm_topk_prob=True, aux_loss_coef=0.0, norm_eps=1e-6, norm_float32=True, norm_offset=True,
+        router_renormalize=True, aux_loss_coef=0.0, norm_eps=1e-6, norm_float32=True, norm_offset=True,
         tie_embeddings=False, init_std=0.02,
+    ),
+)
+
+# Kimi-Linear-48B-A3B (moonshotai/Kimi-Linear-48B-A3B-Instruct config.json, what
+# transformers' KimiLinearConfig defaults to): 27 layers, full attention (MLA) at layers 4, 8,
+# 12, 16, 20, 24 and 27 (1-based), KDA elsewhere (32 heads x 128, conv 4, gate rank 128, no
+# output-gate bias); MLA 32 heads, latent 512, no q LoRA, qk 128 + 64, value 128, no RoPE
+# (its two latent norms at eps 1e-6); layer 1 dense (9216), layers 2-27 MoE: 256 experts
+# of 1024, top-8, one shared expert, sigmoid router with correction bias, one group,
+# renormalised, scaled by 2.446; RMSNorm eps 1e-5 in float32; untied head. The same config
+# that `harts.models.hf.kimi_linear` derives from that config.json.
+_KIMI_LINEAR_FULL_ATTN = (4, 8, 12, 16, 20, 24, 27)
+_register(
+    ModelName.KIMI_LINEAR_48B,
+    ModelConfig(
+        name="kimi-linear-48b-a3b", vocab_size=_KIMI_VOCAB, d_model=2304, num_layers=27,
+        layer_kind_list=tuple(LayerKind.MLA if i + 1 in _KIMI_LINEAR_FULL_ATTN else LayerKind.KDA for i in range(27)),
+        kda_num_heads=32, kda_head_dim=128, kda_head_v_dim=128, kda_gate_rank=128, conv_window=4,
+        chunk_size=64, kda_gate_bias=False,
+        mla_num_heads=32, kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128,
+        qk_rope_head_dim=64, v_head_dim=128, use_rope=False, mla_norm_eps=1e-6,
+        num_dense_layers=1, dense_ffn_dim=9216, num_experts=256, top_k=8, expert_ffn_dim=1024,
+        num_shared_experts=1, router="sigmoid", aux_loss_coef=0.0, router_score_bias=True,
+        router_groups=1, router_topk_groups=1, router_renormalize=True, routed_scaling_factor=2.446,
+        router_float32=True, norm_eps=1e-5, norm_float32=True, tie_embeddings=False,
     ),
 )

@@ -24,6 +24,7 @@ go out in the simulator's profile schema (`harts.sim.profile/v1`).
 
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import gc
 import importlib.metadata as _md
@@ -33,10 +34,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from harts.config.models import ModelConfig
 
 _ROOT = Path(__file__).resolve().parents[2]
 
@@ -231,7 +235,7 @@ def measured_work(mode: str, trajectories, forest, rows: int, replay: int, parti
             WorkKind.KDA_CHUNK_STEPS: steps, WorkKind.PARAMETERS: parameters}
 
 
-def step_benchmark(trajectories, *, model: str = "tiny-h200", dtype: torch.dtype = torch.bfloat16,
+def step_benchmark(trajectories, *, model: str | torch.nn.Module = "tiny-h200", dtype: torch.dtype = torch.bfloat16,
                    microbatch_tokens: int = 131072, steps: int = 2, warmup: int = 1,
                    device: str = "cuda", baselines=("packed",), tree: bool = True, seed: int = 0,
                    kernels=None, op_seconds: str = "auto", hardware: str = "h200") -> dict[str, Any]:
@@ -265,7 +269,9 @@ def step_benchmark(trajectories, *, model: str = "tiny-h200", dtype: torch.dtype
         raise ValueError(f"op_seconds must be auto, profile or simulated; got {op_seconds!r}")
     if op_seconds == "auto":
         op_seconds = "profile" if str(device).startswith("cuda") and torch.cuda.is_available() else "simulated"
-    cfg = get_model_config(model)
+    # a registered name (weights from `seed`), or a model whose weights each mode copies
+    source = model if isinstance(model, torch.nn.Module) else None
+    cfg = source.config if source is not None else get_model_config(model)
     kernels = kernels if kernels is not None else KernelConfig.from_env()
     trainers = {"packed": ExpandedTrainer, "prefix-merged": PrefixMergedTrainer, "tree": TreeTrainer}
     modes = list(baselines) + (["tree"] if tree else [])
@@ -278,7 +284,11 @@ def step_benchmark(trajectories, *, model: str = "tiny-h200", dtype: torch.dtype
     profiles: dict[str, dict] = {}
     for mode in modes:
         key = _MODE_KEY.get(mode, mode)
-        net = build_model(cfg, seed=seed, dtype=dtype, device=device, recompute=True)
+        if source is None:
+            net = build_model(cfg, seed=seed, dtype=dtype, device=device, recompute=True)
+        else:
+            net = copy.deepcopy(source).to(device=device, dtype=dtype)
+            net.recompute = True
         trainer = trainers[mode](net, kernels=kernels)
         for _ in range(warmup):
             trainer.step(trajectories, microbatch_tokens)
@@ -359,7 +369,7 @@ def step_benchmark(trajectories, *, model: str = "tiny-h200", dtype: torch.dtype
 MEASURED_OVER_SIMULATED_ACTIVATIONS = 1.93
 
 
-def memory_plan(model: str, microbatch_tokens: int, param_bytes: int = 2,
+def memory_plan(model: str | ModelConfig, microbatch_tokens: int, param_bytes: int = 2,
                 lm_head_chunk_elements: int | None = None) -> dict[str, float]:
     """Planned peak bytes of one update step on one GPU: weights, gradients and AdamW's two
     moments in the parameters' dtype (`param_bytes` each), activations of a
@@ -372,7 +382,7 @@ def memory_plan(model: str, microbatch_tokens: int, param_bytes: int = 2,
     from harts.sim.ops import StageCounter
     from harts.sim.parallel import default_parallel, stage_layers
 
-    cfg = get_model_config(model)
+    cfg = get_model_config(model) if isinstance(model, str) else model
     counter = StageCounter(cfg, default_parallel(cfg, 1), stage_layers(cfg, 1)[0], 8, True)
     params = parameter_counts(cfg).total
     static = params * param_bytes * 4  # weights, gradients, exp_avg, exp_avg_sq
@@ -385,7 +395,7 @@ def memory_plan(model: str, microbatch_tokens: int, param_bytes: int = 2,
             "unchunked_lm_head_bytes": float(3 * 4 * microbatch_tokens * cfg.vocab_size)}
 
 
-def largest_fitting_budget(model: str, capacity_bytes: float, param_bytes: int = 2) -> int:
+def largest_fitting_budget(model: str | ModelConfig, capacity_bytes: float, param_bytes: int = 2) -> int:
     """The largest microbatch token budget (a multiple of 4096) whose `memory_plan` fits
     `capacity_bytes`; 0 if even the weights and optimizer state do not."""
     lo, hi = 0, 1 << 22

@@ -162,7 +162,7 @@ def kda_layer_check(model: HybridModel, trajectories: Sequence[Trajectory],
 def verify_step(
     trajectories: Sequence[Trajectory],
     *,
-    model: str | ModelConfig = "tiny-cpu",
+    model: str | ModelConfig | HybridModel = "tiny-cpu",
     dtype: torch.dtype = torch.float64,
     seed: int = 0,
     microbatch_tokens: int = 1 << 20,
@@ -175,6 +175,9 @@ def verify_step(
     kernels: KernelConfig | None = None,
 ) -> dict[str, Any]:
     """One forward/backward in both modes from identical weights; the comparison report.
+
+    `model`: a registered name or a ModelConfig (weights initialised from `seed`), or a
+    HybridModel whose weights every run copies (a loaded checkpoint, `harts.models.load`).
 
     `baseline_variation` (for bf16, where no run is exact): also the expanded baseline
     against a rerun of itself and against itself repacked one trajectory per microbatch
@@ -197,13 +200,21 @@ def verify_step(
     if loss is None:
         has_ref = all(t.ref_logprobs is not None for t in trajectories)
         loss = PolicyLossConfig(kl_coef=0.1 if has_ref else 0.0)
-    config = get_model_config(model) if isinstance(model, str) else model
+    source = model if isinstance(model, HybridModel) else None
+    if source is not None:
+        config = source.config
+    else:
+        config = get_model_config(model) if isinstance(model, str) else model
     kernels = kernels if kernels is not None else KernelConfig.from_env()
     if planner is not None:
         config = config.replace(aux_scope="global")
     # every run starts from a copy of one initialised model: the same weights as building
     # each from the seed, without initialising a large model on the host once per run
-    template = build_model(config, seed=seed, dtype=dtype, device=device)
+    if source is None:
+        template = build_model(config, seed=seed, dtype=dtype, device=device)
+    else:  # given weights (a loaded checkpoint): copied, the caller's model is left as it is
+        template = copy.deepcopy(source).to(dtype=dtype, device=device)
+        template.config = config
 
     def fresh() -> HybridModel:
         return copy.deepcopy(template)

@@ -6,7 +6,8 @@ R gate rank.
 q/k/v: linear projection, short causal conv + SiLU (through the context), q/k L2-normalised
 per head. beta = sigmoid(b_proj x). Forget gate in log space per key channel:
 g = -exp(A_log[h]) * softplus(f_proj(x) + dt_bias), f_proj low-rank D -> R -> HK. Output:
-RMSNorm(o) * w * sigmoid(g_proj(x)) per head (g_proj low-rank with bias), then o_proj.
+RMSNorm(o) * w * sigmoid(g_proj(x)) per head (g_proj low-rank, with a bias unless
+`kda_gate_bias` is off), then o_proj.
 The convs and the recurrence run through the context (`kda_mixing`: `ctx.short_conv`, `ctx.kda`,
 or the context's own fused form), so this module never sees sequence structure.
 """
@@ -42,7 +43,7 @@ class KDAMixer(nn.Module):
         self.b_proj = nn.Linear(d, H, bias=False)
         self.A_log = nn.Parameter(torch.empty(H))
         self.dt_bias = nn.Parameter(torch.empty(H * K))
-        self.g_proj = nn.Sequential(nn.Linear(d, R, bias=False), nn.Linear(R, H * V, bias=True))
+        self.g_proj = nn.Sequential(nn.Linear(d, R, bias=False), nn.Linear(R, H * V, bias=c.kda_gate_bias))
         self.o_norm = GatedRMSNorm(V, c.norm_eps, c.norm_float32)
         self.o_proj = nn.Linear(H * V, d, bias=False)
 

@@ -30,14 +30,15 @@ class MLAMixer(nn.Module):
         self.kv_rank = c.kv_lora_rank
         self.use_rope, self.rope_theta = c.use_rope, c.rope_theta
         d, qk = c.d_model, self.nope + self.rope
+        eps = c.norm_eps if c.mla_norm_eps is None else c.mla_norm_eps
         if c.q_lora_rank is None:
             self.q_proj = nn.Linear(d, H * qk, bias=False)
         else:
             self.q_a_proj = nn.Linear(d, c.q_lora_rank, bias=False)
-            self.q_a_norm = RMSNorm(c.q_lora_rank, c.norm_eps, c.norm_float32)
+            self.q_a_norm = RMSNorm(c.q_lora_rank, eps, c.norm_float32)
             self.q_b_proj = nn.Linear(c.q_lora_rank, H * qk, bias=False)
         self.kv_a_proj = nn.Linear(d, self.kv_rank + self.rope, bias=False)
-        self.kv_a_norm = RMSNorm(self.kv_rank, c.norm_eps, c.norm_float32)
+        self.kv_a_norm = RMSNorm(self.kv_rank, eps, c.norm_float32)
         self.kv_b_proj = nn.Linear(self.kv_rank, H * (self.nope + self.v_dim), bias=False)
         self.o_proj = nn.Linear(H * self.v_dim, d, bias=False)
 

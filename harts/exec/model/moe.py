@@ -4,10 +4,13 @@ Shapes: T rows, D model dim, E routed experts, k top-k, F expert FFN dim, L laye
 
 Routing is per row and deterministic: router logits -> scores (softmax, or sigmoid as in
 DeepSeek-V3 / Kimi), the k highest scores pick the experts and are renormalised to sum to
-one (`norm_topk_prob`; without it they weigh the experts as they are). A shared-expert gate
+one (`router_renormalize`; without it they weigh the experts as they are). A shared-expert gate
 (`shared_expert_gate`, Qwen3-Next) scales the shared experts' output by sigmoid(w^T x). A row therefore routes identically wherever it is computed, and a compact tree row
 that stands for q_r trajectory tokens is routed once and counted q_r times through
-`ctx.row_weight`:
+`ctx.row_weight`. A Hugging Face checkpoint may configure DeepSeek-V3 / Kimi-Linear routing
+instead (`MoE._select`: a correction bias on the choice, grouped top-k, weights not
+renormalised, a routed scaling factor, the router in float32); it is per row too. The
+routing statistics:
 
     f_i = sum_r w_r 1[i in topk(r)] / (k sum_r w_r)      (routed fraction, not differentiable)
     P_i = sum_r w_r p_ri / sum_r w_r                      (mean router probability)
@@ -97,20 +100,52 @@ class MoE(nn.Module):
         self.shared = SwiGLU(d, c.shared_ffn_dim) if c.shared_ffn_dim else None
         # Qwen3-Next: the shared expert's output scaled by sigmoid(shared_gate x) per row
         self.shared_gate = nn.Linear(d, 1, bias=False) if c.shared_expert_gate and self.shared is not None else None
-        self.norm_topk_prob = c.norm_topk_prob
+        self.groups, self.topk_groups = c.router_groups, c.router_topk_groups
+        self.renormalize, self.scaling = c.router_renormalize, c.routed_scaling_factor
+        self.router_float32 = c.router_float32
+        # DeepSeek-V3's e_score_correction_bias: shifts which experts are chosen, not their
+        # weights; a buffer (balanced outside the gradient), saved with the weights
+        self.score_bias = nn.Buffer(torch.zeros(E)) if c.router_score_bias else None
+        self._plain_topk = (not c.router_score_bias and c.router_groups == 1 and c.router_renormalize
+                            and c.routed_scaling_factor == 1.0)
 
     def route(self, x_TD: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(probs_TE for the aux loss, top_i_Tk expert ids, top_w_Tk renormalised weights)."""
-        logits_TE = self.router(x_TD)
+        if self.router_float32 and x_TD.dtype.itemsize < 4:
+            logits_TE = F.linear(x_TD.float(), self.router.weight.float())
+        else:
+            logits_TE = self.router(x_TD)
         if self.router_kind == "softmax":
             scores_TE = torch.softmax(logits_TE, dim=-1)
             probs_TE = scores_TE
         else:
             scores_TE = torch.sigmoid(logits_TE)
             probs_TE = scores_TE / scores_TE.sum(-1, keepdim=True)
+        if not self._plain_topk:
+            return (probs_TE, *self._select(scores_TE))
         top_s_Tk, top_i_Tk = torch.topk(scores_TE, self.top_k, dim=-1)
-        top_w_Tk = top_s_Tk / top_s_Tk.sum(-1, keepdim=True) if self.norm_topk_prob else top_s_Tk
+        top_w_Tk = top_s_Tk / top_s_Tk.sum(-1, keepdim=True)
         return probs_TE, top_i_Tk, top_w_Tk
+
+    def _select(self, scores_TE: Tensor) -> tuple[Tensor, Tensor]:
+        """(top_i_Tk, top_w_Tk) as transformers' KimiLinearTopkRouter / DeepSeek-V3 compute
+        them: choose on scores + score_bias within the best router_topk_groups groups (a
+        group's score: the sum of its two best), weigh by the plain scores, renormalised
+        (denominator + 1e-20, as there) when configured, times routed_scaling_factor."""
+        T, E = scores_TE.shape
+        choice_TE = scores_TE if self.score_bias is None else scores_TE + self.score_bias.to(scores_TE.dtype)
+        if self.groups > 1:
+            G = self.groups
+            group_TG = choice_TE.view(T, G, E // G).topk(2, dim=-1)[0].sum(-1)
+            keep_TG = torch.zeros_like(group_TG).scatter_(
+                1, torch.topk(group_TG, self.topk_groups, dim=-1)[1], 1.0)
+            keep_TE = keep_TG.unsqueeze(-1).expand(T, G, E // G).reshape(T, E).bool()
+            choice_TE = choice_TE.masked_fill(~keep_TE, float("-inf"))
+        top_i_Tk = torch.topk(choice_TE, self.top_k, dim=-1)[1]
+        top_w_Tk = scores_TE.gather(1, top_i_Tk)
+        if self.renormalize:
+            top_w_Tk = top_w_Tk / (top_w_Tk.sum(-1, keepdim=True) + 1e-20)
+        return top_i_Tk, top_w_Tk * self.scaling
 
     def forward(self, x_TD: Tensor, ctx: MixingContext) -> tuple[Tensor, Tensor, Tensor]:
         """(y_TD, aux loss scalar, load_E)."""

@@ -1,23 +1,57 @@
-"""Adapters between Hugging Face transformers checkpoints and HARTS's `HybridModel`.
+"""Hugging Face checkpoints: one adapter per transformers `model_type`.
 
-An `HFAdapter` maps one `model_type`: its `config.json` dict to a `ModelConfig` (refusing,
-with the field named, anything HARTS cannot compute exactly), the checkpoint's state dict
-to the `HybridModel`'s and back under the original key names.
+An `HFAdapter` maps a checkpoint's `config.json` (a dict) to a `ModelConfig`, its tensors
+(by their names in the files) to `HybridModel` state-dict tensors, and back. The adapters
+are the only place that knows a family's key names and config fields; reading and writing
+directories is `harts.models.hf.io`. Each adapter lives in its own module, which exposes
+`ADAPTER`, and is registered by importing it in the registration list below.
+
+Refusal rule: a config value that the HARTS model cannot compute exactly (an activation
+other than SiLU, attention biases, dropout, a layer layout HARTS cannot express, ...) raises
+`ConfigError` naming the field; nothing is approximated.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from harts.config.models import ConfigError
+from harts.config.registry import Registry
+from harts.models.hf.adapter import CheckpointKeyError, HFAdapter, HFModelType
 
-from torch import Tensor
+__all__ = ["CheckpointKeyError", "HFAdapter", "HFModelType", "get_adapter", "register_adapter",
+           "supported_model_types"]
 
-from harts.config.models import ModelConfig
+
+class _UnknownModelType(ConfigError):
+    pass
 
 
-@dataclass(frozen=True)
-class HFAdapter:
-    model_type: str
-    to_config: Callable[[dict], ModelConfig]
-    to_harts: Callable[[dict[str, Tensor], ModelConfig], dict[str, Tensor]]
-    to_hf: Callable[[dict[str, Tensor], ModelConfig, dict], dict[str, Tensor]]
+_ADAPTERS: Registry[HFModelType, HFAdapter] = Registry(
+    "model_type", HFModelType, _UnknownModelType, "supported model types")
+
+
+def register_adapter(adapter: HFAdapter) -> HFAdapter:
+    try:
+        key = HFModelType(adapter.model_type)
+    except ValueError:
+        raise ConfigError(f"adapter model_type {adapter.model_type!r} is not an HFModelType member") from None
+    return _ADAPTERS.register(key, adapter)
+
+
+def supported_model_types() -> list[str]:
+    return _ADAPTERS.known()
+
+
+def get_adapter(model_type: object) -> HFAdapter:
+    """The adapter of `model_type` (config.json's field); unknown ones fail naming the
+    file, the field and the supported types."""
+    if not isinstance(model_type, str) or model_type not in supported_model_types():
+        raise ConfigError(f"config.json: field 'model_type' is {model_type!r}; supported model types: "
+                          f"{', '.join(supported_model_types())}")
+    return _ADAPTERS.get(model_type)
+
+
+# registration: one module per model type, each exposing ADAPTER
+from harts.models.hf import kimi_linear, qwen3_5, qwen3_5_moe, qwen3_next  # noqa: E402
+
+for _module in (kimi_linear, qwen3_next, qwen3_5, qwen3_5_moe):
+    register_adapter(_module.ADAPTER)

@@ -26,7 +26,8 @@ from torch import Tensor
 
 from harts.config.models import ConfigError, LayerKind, ModelConfig
 from harts.exec.model.weights import WeightLoadError
-from harts.models.hf import HFAdapter, qwen3_next
+from harts.models.hf import qwen3_next
+from harts.models.hf.adapter import HFAdapter
 
 MODEL_TYPE = "qwen3_5_text"
 _SPLIT = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")

@@ -5,7 +5,8 @@ every layer (softmax top-k, always renormalised, one gated shared expert)."""
 from __future__ import annotations
 
 from harts.config.models import ModelConfig
-from harts.models.hf import HFAdapter, qwen3_next
+from harts.models.hf import qwen3_next
+from harts.models.hf.adapter import HFAdapter
 from harts.models.hf.qwen3_5 import as_qwen3_next, make_to_hf, to_harts
 
 MODEL_TYPE = "qwen3_5_moe_text"

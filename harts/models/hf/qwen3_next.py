@@ -26,7 +26,7 @@ from torch import Tensor
 
 from harts.config.models import ConfigError, FFNKind, LayerKind, ModelConfig
 from harts.exec.model.weights import WeightLoadError
-from harts.models.hf import HFAdapter
+from harts.models.hf.adapter import HFAdapter
 
 MODEL_TYPE = "qwen3_next"
 _LAYER_TYPES = {"linear_attention": LayerKind.GDN, "full_attention": LayerKind.GATED_ATTENTION}
@@ -112,7 +112,7 @@ def to_config(cfg: dict) -> ModelConfig:
             expert_ffn_dim=int(_get(cfg, "moe_intermediate_size", 0)) if moe else 0,
             num_shared_experts=1 if moe else 0,
             shared_expert_ffn_dim=int(_get(cfg, "shared_expert_intermediate_size", 0)) if moe else None,
-            shared_expert_gate=True, router="softmax", norm_topk_prob=bool(_get(cfg, "norm_topk_prob", True)),
+            shared_expert_gate=True, router="softmax", router_renormalize=bool(_get(cfg, "norm_topk_prob", True)),
             aux_loss_coef=float(_get(cfg, "router_aux_loss_coef", 0.0)) if _get(cfg, "output_router_logits") else 0.0,
             norm_eps=float(_get(cfg, "rms_norm_eps", 1e-6)), norm_float32=True, norm_offset=True,
             tie_embeddings=bool(_get(cfg, "tie_word_embeddings", False)),

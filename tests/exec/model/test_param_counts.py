@@ -31,7 +31,12 @@ VARIANTS = [
     {"layer_kind_list": ("gdn", "gated_attention", "kda", "mla"), "ffn_kind_list": ("moe", "dense", "moe", "moe"),
      "gdn_num_k_heads": 1, "gdn_num_v_heads": 3, "gdn_head_k_dim": 6, "gdn_head_v_dim": 5,
      "attn_num_heads": 4, "attn_num_kv_heads": 2, "attn_head_dim": 6, "attn_rotary_dim": 2,
-     "shared_expert_ffn_dim": 12, "shared_expert_gate": True, "norm_offset": True, "norm_topk_prob": False},
+     "shared_expert_ffn_dim": 12, "shared_expert_gate": True, "norm_offset": True, "router_renormalize": False},
+    # Hugging Face (Kimi-Linear) fields: an explicit layer pattern, no output-gate bias, the
+    # router's correction bias (a buffer, not a parameter) and grouped top-k
+    {"layer_kind_list": ("kda", "mla", "kda", "kda", "mla"), "num_layers": 5, "kda_gate_bias": False,
+     "router": "sigmoid", "router_score_bias": True, "router_groups": 2, "router_topk_groups": 1,
+     "routed_scaling_factor": 2.5, "router_renormalize": False, "mla_norm_eps": 1e-6},
 ]
 
 

@@ -23,7 +23,9 @@ TOL = 1e-12
 COEF = 0.05
 LOSS = PolicyLossConfig(agg_mode="seq-mean-token-mean", kl_coef=0.1, entropy_coef=0.01)
 # 3 groups of 4 tree-sampled trajectories (80-103 tokens each, 1080 expanded, 381 compact)
-TRAJECTORIES = generate_trajectories("tiny-treestep", seed=7, vocab_size=64, num_groups=3)
+# the shape the budgets and partitions below were set on: the generator's copies and last-turn forks
+TRAJECTORIES = generate_trajectories("tiny-treestep", seed=7, vocab_size=64, num_groups=3, allow_duplicates=True,
+                                     last_turn_branching=True)
 # exercise every MoE layer with a large aux weight; 3 MoE layers of 4 experts top-2
 _BASE = get_model_config("tiny-cpu").replace(
     name="test-global-aux", vocab_size=64, d_model=32, kda_num_heads=2, kda_head_dim=8,

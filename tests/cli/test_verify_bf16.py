@@ -9,8 +9,9 @@ from harts.cli.main import main
 
 
 def test_bf16_step_check_with_sharing_windows_reports_the_baselines_variation(capsys):
+    # 170: above tiny-treestep's longest trajectory (161 tokens), below its tree (a window)
     args = ["verify", "--dtype", "bfloat16", "--workload", "tiny-treestep", "--planner", "l1l2",
-            "--microbatch-tokens", "128", "--json"]
+            "--microbatch-tokens", "170", "--json"]
     assert main(args) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["dtype"] == "bfloat16" and rep["sharing_windows"] > 0 and rep["aux_scope"] == "global"

@@ -30,6 +30,13 @@ def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens):
     """
     if q.dim() != 3 or k.shape != q.shape or g.shape != q.shape:
         raise ValueError(f"q, k, g must share shape [T, H, K]; got {q.shape}, {k.shape}, {g.shape}")
+    return check_recurrence_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens)
+
+
+def check_recurrence_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens):
+    """The checks and casts every gated delta rule form shares, once q, k and the decay g
+    are checked (KDA's g is [T, H, K], Gated DeltaNet's [T, H]): v [T, H, V], beta [T, H],
+    the boundaries, the initial state and the default scale K**-0.5."""
     T, H, K = q.shape
     if v.dim() != 3 or v.shape[:2] != (T, H):
         raise ValueError(f"v must be [T, H, V] = [{T}, {H}, V]; got {tuple(v.shape)}")

@@ -48,6 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--parallel", default=None, metavar="SPEC",
                    help="distributed: dp=N,pp=N,ep=N,tp=N (under torchrun --nproc-per-node N; needs --mode tree)")
     p.add_argument("--plan", default=None, metavar="FILE.json", help="with --parallel: run this saved plan")
+    p.add_argument("--schedule", default="consumer-1f1b", choices=["non-overlap", "overlap-bwd-first", "consumer-1f1b"],
+                   help="with --parallel pp>1: the pipeline schedule (the simulator's, lowered to the pipelining runtime)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     train_checkpoint.add_flags(p)
     p.set_defaults(func=cmd_train)

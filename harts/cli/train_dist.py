@@ -22,6 +22,9 @@ def cmd_train_distributed(args: argparse.Namespace, load_trajectories) -> int:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
     if args.mode != "tree":
         raise UserError("--parallel runs a step plan: add --mode tree")
+    if args.old_logprobs == "recompute" and "pp=" in (args.parallel or "") and "pp=1" not in args.parallel.split(","):
+        raise UserError("--parallel with pp > 1 needs --old-logprobs input (the pipeline runs no forward-only "
+                        "pass to recompute them)", field="--old-logprobs")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     launched = dist.is_torchelastic_launched()
     if launched and not dist.is_initialized():
@@ -31,6 +34,9 @@ def cmd_train_distributed(args: argparse.Namespace, load_trajectories) -> int:
     rank = dist.get_rank() if launched else 0
     try:
         parallel = parse_parallel(args.parallel, world)
+        if parallel.pp > 1 and (parallel.tp > 1 or parallel.ep > 1):
+            raise LaunchError(f"--parallel {parallel.spec()}: pipeline stages run with data parallelism only "
+                              "(tp=1, ep=1)")
         config = get_model_config(args.model)
         config.check_tree_mode()
     except (LaunchError, ConfigError) as err:
@@ -38,7 +44,7 @@ def cmd_train_distributed(args: argparse.Namespace, load_trajectories) -> int:
     trajectories = load_trajectories(args, config.vocab_size)
     if not trajectories:
         raise UserError("no trajectories to train on")
-    plan = _plan(args, trajectories, config, parallel.dp)
+    plan = _plan(args, trajectories, config, parallel.dp, parallel.pp)
     try:
         check_launch(parallel, world, config, plan)
     except LaunchError as err:
@@ -57,7 +63,7 @@ def cmd_train_distributed(args: argparse.Namespace, load_trajectories) -> int:
         dist.destroy_process_group()
 
 
-def _plan(args: argparse.Namespace, trajectories: list, config, dp: int):
+def _plan(args: argparse.Namespace, trajectories: list, config, dp: int, pp: int = 1):
     from harts.plan.plan import Plan
     from harts.tree import build_forest
 
@@ -77,7 +83,7 @@ def _plan(args: argparse.Namespace, trajectories: list, config, dp: int):
         raise UserError(f"unknown planner {planner!r}; known: {', '.join(known_planners())}")
     try:
         return make_plan(forest, planner, PlanConfig(microbatch_tokens=args.microbatch_tokens,
-                                                     chunk_size=config.chunk_size, dp=dp))
+                                                     chunk_size=config.chunk_size, dp=dp, pp=pp))
     except ValueError as err:
         raise UserError(str(err)) from None
 
@@ -98,10 +104,19 @@ def _train(args, parallel, config, plan, trajectories, device: str, rank: int) -
     dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
     mesh = init_mesh(parallel, device)
     model = build_model(config, seed=args.seed, dtype=dtype, device=device, recompute=args.recompute)
-    pm = parallelize(model, mesh)
-    trainer = DistPlanTrainer(
-        pm, plan, OptimizerConfig(lr=args.lr, grad_clip=args.grad_clip if args.grad_clip > 0 else None),
-        PolicyLossConfig(agg_mode=args.agg_mode, kl_coef=args.kl_coef))
+    optimizer = OptimizerConfig(lr=args.lr, grad_clip=args.grad_clip if args.grad_clip > 0 else None)
+    loss = PolicyLossConfig(agg_mode=args.agg_mode, kl_coef=args.kl_coef)
+    if parallel.pp > 1:
+        # pipeline stages on torch.distributed.pipelining, the plan's schedule lowered to the
+        # runtime's actions, gradients all-reduced over "dp" (harts.dist.pipeline)
+        from harts.dist.pipeline import pipeline_trainer
+
+        trainer = pipeline_trainer(model, mesh.mesh, plan, args.schedule, optimizer=optimizer, loss=loss)
+        applied = ["pp"] + (["dp"] if parallel.dp > 1 else [])
+    else:
+        pm = parallelize(model, mesh)
+        trainer = DistPlanTrainer(pm, plan, optimizer, loss)
+        applied = pm.applied
     mbt = args.microbatch_tokens
     if args.old_logprobs == "recompute":
         stream = (trainer.step(trainer.recompute_old_logprobs(trajectories, mbt), mbt) for _ in range(args.steps))
@@ -109,9 +124,14 @@ def _train(args, parallel, config, plan, trajectories, device: str, rank: int) -
         stream = run_steps(trainer, itertools.repeat(trajectories, args.steps), mbt)
     records = []
     for step, result in enumerate(stream, start=1):
-        rec = {"step": step, **result.losses, "grad_norm": result.grad_norm, "tokens": result.tokens,
-               "microbatches": len(result.microbatches), "executed_rows": result.executed_rows,
-               "seconds": result.seconds, "tokens_per_s": result.tokens_per_second}
+        if parallel.pp > 1:  # one stage's view: the step's losses, this stage's passes
+            rec = {"step": step, **result.losses, "grad_norm": result.grad_norm, "seconds": result.seconds,
+                   "schedule": result.schedule, "executed_is_simulated": result.executed == result.simulated}
+            rec["tokens_per_s"] = sum(len(t) for t in trajectories) / max(result.seconds, 1e-9)
+        else:
+            rec = {"step": step, **result.losses, "grad_norm": result.grad_norm, "tokens": result.tokens,
+                   "microbatches": len(result.microbatches), "executed_rows": result.executed_rows,
+                   "seconds": result.seconds, "tokens_per_s": result.tokens_per_second}
         records.append(rec)
         if rank == 0 and not args.json:
             print(f"step {step}  loss {rec['loss']:.6f}  pg {rec['pg_loss']:.6f}  aux {rec['aux_loss']:.3e}  "
@@ -119,7 +139,7 @@ def _train(args, parallel, config, plan, trajectories, device: str, rank: int) -
     if rank == 0:
         if args.json:
             print_json({"model": config.name, "mode": "tree", "parallel": parallel.spec(),
-                        "world_size": mesh.world_size, "mesh": mesh.describe(), "applied": pm.applied,
+                        "world_size": mesh.world_size, "mesh": mesh.describe(), "applied": applied,
                         "steps": records})
         else:
             print(format_table(["step", "loss", "pg_loss", "aux_loss", "grad_norm", "tokens/s"],

@@ -124,3 +124,37 @@ def test_train_parallel_on_one_rank_takes_the_single_process_steps(capsys, tmp_p
     for a, b in zip(out["steps"], single, strict=True):
         for key in ("loss", "pg_loss", "kl", "aux_loss", "grad_norm"):
             assert abs(a[key] - b[key]) <= 1e-10 * max(1.0, abs(b[key])), key
+
+
+def test_train_parallel_pp2_under_torchrun_takes_the_single_process_plan_steps(capsys, tmp_path):
+    """`torchrun --nproc-per-node 2 -m harts train --parallel pp=2` runs the pipeline stages
+    (consumer-1f1b) on a saved plan; its losses and grad norms are the single-process run's
+    of the same plan, and each stage ran the simulator's passes."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from harts.dist.runner import free_port
+    from harts.tree.io import save_jsonl
+
+    trajs = small_trajectories()
+    path, plan_path = tmp_path / "rollouts.jsonl", tmp_path / "plan.json"
+    save_jsonl(trajs, path)
+    make_plan(build_forest(trajs), "l1l2", PlanConfig(microbatch_tokens=BUDGET, chunk_size=small_config().chunk_size,
+                                                      dp=1, pp=2)).save(plan_path)
+    args = ["--mode", "tree", "--steps", "2", "--json", "--input", str(path), "--microbatch-tokens", str(BUDGET),
+            "--dtype", "float64", "--old-logprobs", "input", "--plan", str(plan_path), "--device", "cpu"]
+    assert main(["train", "--parallel", "dp=1", *args]) == 0
+    single = json.loads(capsys.readouterr().out)["steps"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          "--master-port", str(free_port()), "-m", "harts", "train", "--parallel", "pp=2", *args],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout)
+    assert out["world_size"] == 2 and out["applied"] == ["pp"]
+    for a, b in zip(out["steps"], single, strict=True):
+        assert a["executed_is_simulated"] and a["schedule"] == "consumer-1f1b"
+        for key in ("loss", "pg_loss", "kl", "aux_loss", "grad_norm"):
+            assert abs(a[key] - b[key]) <= 1e-10 * max(1.0, abs(b[key])), key

@@ -78,6 +78,13 @@ class OpCall:
     chunk_steps: float = 0.0  # KDA: sequential chunk steps of the longest sequence
 
 
+def _recurrence_rounds(name: str, phase: Phase, works: Sequence[MicrobatchWork], heads_kv: int) -> list[OpCall]:
+    """One chunkwise call per KDA round of every microbatch (KDA and Gated DeltaNet alike:
+    `heads_kv` = heads x K x V of the layer's recurrence)."""
+    return [OpCall(name, OpKind.KDA_CHUNK, phase, 1, token_heads_kv=float(rnd.tokens) * heads_kv,
+                   chunk_steps=float(rnd.max_chunks)) for w in works for rnd in w.kda_rounds]
+
+
 def _gemm(name: str, phase: Phase, n: float, d_in: int, d_out: int, calls: int, n_weights: float = 1.0) -> OpCall:
     """n rows through a d_in x d_out projection (n_weights copies of it, e.g. local experts)."""
     params = d_in * d_out * n_weights
@@ -117,11 +124,7 @@ class StageCounter:
             _gemm("kda.gate_up", phase, n, r, h * k + h * v, 2),
             _elementwise("kda.conv", phase, 3 * n * qkv * BF16, 4),
         ]
-        for w in works:
-            for rnd in w.kda_rounds:
-                ops.append(OpCall("kda.core", OpKind.KDA_CHUNK, phase, 1,
-                                  token_heads_kv=float(rnd.tokens) * h * k * v,
-                                  chunk_steps=float(rnd.max_chunks)))
+        ops += _recurrence_rounds("kda.core", phase, works, h * k * v)
         ops += [
             _elementwise("kda.out_norm_gate", phase, 3 * n * h * v * BF16, 2),
             _gemm("kda.o_proj", phase, n, h * v, d, 1),
@@ -164,11 +167,7 @@ class StageCounter:
             _elementwise("gdn.conv", phase, 3 * n * qkv * BF16, 1),
             _elementwise("gdn.qk_norm_gate", phase, 2 * n * (2 * hv * k + 2 * hv) * BF16, 3),
         ]
-        for w in works:
-            for rnd in w.kda_rounds:
-                ops.append(OpCall("gdn.core", OpKind.KDA_CHUNK, phase, 1,
-                                  token_heads_kv=float(rnd.tokens) * hv * k * v,
-                                  chunk_steps=float(rnd.max_chunks)))
+        ops += _recurrence_rounds("gdn.core", phase, works, hv * k * v)
         ops += [
             _elementwise("gdn.out_norm_gate", phase, 3 * n * hv * v * BF16, 1),
             _gemm("gdn.out_proj", phase, n, hv * v, d, 1),

@@ -177,7 +177,84 @@ def profile_case(kind: str, trajs, budget: int, args, top: int = 30) -> dict:
     del trainer, prepared
     _free()
     return {"kind": kind, "budget": budget, "wall_s": wall, "kernel_s": kernel_s,
-            "top_ops": [{"op": k, "device_s": s, "calls": c} for k, s, c in ops[:top] if s > 0]}
+            "top_ops": [{"op": k, "device_s": s, "calls": c} for k, s, c in ops[:top] if s > 0],
+            "all_ops": [{"op": k, "device_s": s, "calls": c} for k, s, c in ops]}
+
+
+def _harts_site(frames: list[dict]) -> str:
+    """The innermost frames of an allocation's Python stack inside harts (two levels)."""
+    own = [f for f in frames if "/harts/" in f.get("filename", "")]
+    if not own:
+        return "other: " + (frames[0].get("name", "?") if frames else "?")
+    return " < ".join(f"{f['filename'].split('/harts/')[-1]}:{f['line']} {f['name']}" for f in own[:2])
+
+
+def memtrace_case(kind: str, trajs, budget: int, args, top: int = 25) -> dict:
+    """One prepared step under CUDA memory history: allocated memory at every microbatch's
+    forward start and at every producer backward, the peak between consecutive marks, and
+    at the step's peak the live allocations made during the step grouped by their innermost
+    harts call site."""
+    if DEVICE != "cuda":
+        raise RuntimeError("--memtrace needs CUDA (torch.cuda.memory history)")
+    trainer, _ = _trainer(kind, trajs, budget, args.model)
+    trainer.step(trajs, budget)
+    prepared = trainer.prepare(trajs, budget)
+    _sync()
+    marks = []
+
+    def mark(what: str) -> None:
+        _sync()
+        marks.append({"at": what, "allocated": _mem("memory_allocated"), "peak_since_last": _mem("max_memory_allocated")})
+        torch.cuda.reset_peak_memory_stats()
+
+    mbs = prepared.microbatches
+    roles = [it[3].info.get("role", "") for it in mbs.items] if hasattr(mbs, "items") else ["mb"] * len(mbs)
+    count = [0]
+
+    def forward_mark(mod, inp):
+        mark(f"forward {count[0]} {roles[count[0] % len(roles)]}")
+        count[0] += 1
+
+    hook = trainer.model.register_forward_pre_hook(forward_mark)
+    pb = getattr(trainer, "_producer_backward", None)
+    if pb is not None:
+        def producer_backward(window, pb=pb):
+            mark(f"producer {window.producer} backward")
+            pb(window)
+        trainer._producer_backward = producer_backward
+    base = _mem("memory_allocated")
+    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.memory._record_memory_history(max_entries=4_000_000, stacks="python")
+    trainer.step(trajs, budget, prepared=prepared)
+    mark("end")
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    hook.remove()
+    events = [e for trace in snap["device_traces"] for e in trace]
+    cur, peak, peak_i = 0, 0, -1
+    for i, e in enumerate(events):
+        if e["action"] == "alloc":
+            cur += e["size"]
+        elif e["action"] == "free_completed":
+            cur -= e["size"]
+        if cur > peak:
+            peak, peak_i = cur, i
+    live: dict[int, tuple[int, str]] = {}
+    for e in events[: peak_i + 1]:
+        if e["action"] == "alloc":
+            live[e["addr"]] = (e["size"], _harts_site(e.get("frames", [])))
+        elif e["action"] == "free_completed":
+            live.pop(e["addr"], None)
+    by_site: dict[str, list[int]] = {}
+    for size, site in live.values():
+        acc = by_site.setdefault(site, [0, 0])
+        acc[0] += size
+        acc[1] += 1
+    sites = sorted(by_site.items(), key=lambda kv: -kv[1][0])[:top]
+    del trainer, prepared, snap, events, live
+    _free()
+    return {"kind": kind, "budget": budget, "base_bytes": base, "step_peak_above_base": peak, "marks": marks,
+            "at_peak": [{"site": s, "bytes": b, "tensors": n} for s, (b, n) in sites]}
 
 
 def fidelity_case(trajs, budget: int, args) -> dict:
@@ -234,6 +311,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--bushy-budget", type=int, default=65536)
     ap.add_argument("--no-expanded", action="store_true", help="skip the expanded baselines")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--memtrace", action="store_true",
+                    help="CUDA memory history of one window step per workload: per-microbatch marks, live tensors at the peak by call site")
     ap.add_argument("--fidelity", action="store_true",
                     help="bf16 gradients of windows, tree and a repacked expanded run against expanded")
     ap.add_argument("--no-autotune", action="store_true", help="each Triton kernel's first config")
@@ -272,6 +351,8 @@ def main(argv: list[str]) -> int:
         plan.append((base_wl, "fidelity", args.budgets[0]))
     if args.profile:
         plan.append((base_wl, "profile", args.budgets[0]))
+    if args.memtrace:
+        plan += [(wl, "memtrace", budgets[0]) for wl, (_over, budgets, _unsplit) in workloads.items()]
     if not args.no_expanded:
         for wl, (_over, budgets, _unsplit) in workloads.items():
             plan += [(wl, "expanded", b) for b in budgets]
@@ -301,6 +382,15 @@ def main(argv: list[str]) -> int:
                 result["fidelity"] = fidelity_case(trajs, budget, args)
                 for k, v in result["fidelity"].items():
                     print(f"[fidelity] {k}: {v}", flush=True)
+            elif kind == "memtrace":
+                m = memtrace_case("windows", trajs, budget, args)
+                result.setdefault("memtrace", {})[wl] = m
+                print(f"[memtrace {wl}] base {m['base_bytes']/2**30:.2f} GiB, step peak +{m['step_peak_above_base']/2**30:.2f} GiB", flush=True)
+                for k in m["marks"]:
+                    print(f"   {k['at']:<28} allocated {k['allocated']/2**30:6.2f} GiB  peak since last "
+                          f"{k['peak_since_last']/2**30:6.2f} GiB", flush=True)
+                for r in m["at_peak"]:
+                    print(f"   {r['bytes']/2**30:7.2f} GiB {r['tensors']:6d}  {r['site'][:140]}", flush=True)
             elif kind == "profile":
                 result["profile"]["windows"] = profile_case("windows", trajs, budget, args)
                 result["profile"]["tree"] = profile_case("tree", trajs, args.unsplit_budget, args)
@@ -308,6 +398,17 @@ def main(argv: list[str]) -> int:
                     print(f"[profile] {k}: wall {p['wall_s']:.2f}s kernels {p['kernel_s']:.2f}s", flush=True)
                     for r in p["top_ops"][:30]:
                         print(f"   {r['device_s']*1e3:9.1f} ms {r['calls']:6d}  {r['op'][:90]}", flush=True)
+                # where the window step's extra device time goes: per op, windows minus tree
+                w_ops = {r["op"]: r for r in result["profile"]["windows"]["all_ops"]}
+                t_ops = {r["op"]: r for r in result["profile"]["tree"]["all_ops"]}
+                diff = sorted(((w_ops.get(o, {}).get("device_s", 0.0) - t_ops.get(o, {}).get("device_s", 0.0), o,
+                                w_ops.get(o, {}).get("calls", 0), t_ops.get(o, {}).get("calls", 0))
+                               for o in set(w_ops) | set(t_ops)), key=lambda r: -abs(r[0]))
+                result["profile"]["windows_minus_tree"] = [
+                    {"op": o, "device_s": d, "calls_windows": cw, "calls_tree": ct} for d, o, cw, ct in diff[:40]]
+                print("[profile] windows - tree, device time by op:", flush=True)
+                for d, o, cw, ct in diff[:30]:
+                    print(f"   {d*1e3:+9.1f} ms calls {cw:6d} vs {ct:6d}  {o[:90]}", flush=True)
             else:
                 r = run_case(kind, trajs, budget, args)
                 r["workload"] = wl
@@ -339,7 +440,8 @@ def main(argv: list[str]) -> int:
                 s["speedup_unsplit_same_budget"] = exp["seconds"] / tree["seconds"] if "seconds" in tree else None
                 if s.get("speedup_unsplit_same_budget"):
                     s["speedup_fraction_of_unsplit"] = s["speedup_windows"] / s["speedup_unsplit_same_budget"]
-                s["peak_windows_over_expanded"] = win["peak_bytes"] / exp["peak_bytes"]
+                if exp["peak_bytes"]:
+                    s["peak_windows_over_expanded"] = win["peak_bytes"] / exp["peak_bytes"]
             if act_per_row and "windows" in win:
                 s["retained"] = [{"retained_bytes": w["retained_bytes"],
                                   "plan_estimate_bytes": w["plan_retained_tokens"] * act_per_row,

@@ -19,7 +19,7 @@ def add_model_args(p: argparse.ArgumentParser, default: str | None, help: str = 
     group.add_argument("--model", default=default, metavar="NAME", help=help + " (see `harts model params`)")
     group.add_argument("--model-path", default=None, metavar="DIR",
                        help="a Hugging Face checkpoint directory (config.json + safetensors; "
-                       "model types: kimi_linear) instead of --model")
+                       "model types: kimi_linear, qwen3_next, qwen3_5_text, qwen3_5_moe_text) instead of --model")
     p.add_argument("--allow-pickle", action="store_true",
                    help="with --model-path: read a pytorch_model.bin checkpoint (torch.load(weights_only=True)); "
                    "refused by default, since unpickling an untrusted file can run code")

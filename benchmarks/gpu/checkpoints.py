@@ -127,7 +127,8 @@ def lm_head_case(rows: int, vocab: int, d_model: int, chunked: bool) -> dict:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--families", nargs="+", default=["kimi_linear", "qwen3_next"])
+    ap.add_argument("--families", nargs="*", default=["kimi_linear", "qwen3_next"],
+                    help="checkpoint families to write and bench (none: the LM head alone)")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--ckpt-root", default="/tmp/harts-ckpt", help="where the checkpoint directories go")
     ap.add_argument("--skip-lm-head", action="store_true")

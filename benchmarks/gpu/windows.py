@@ -170,15 +170,18 @@ def profile_case(kind: str, trajs, budget: int, args, top: int = 30) -> dict:
         trainer.step(trajs, budget, prepared=prepared)
         _sync()
         wall = time.perf_counter() - t0
-    ops = sorted(((e.key, e.self_device_time_total / 1e6, e.count) for e in prof.key_averages()),
-                 key=lambda r: -r[1])
+    ops = sorted(((e.key, e.self_device_time_total / 1e6, e.count, e.self_cpu_time_total / 1e6)
+                  for e in prof.key_averages()), key=lambda r: -r[1])
     kernel_s = sum(e.device_time / 1e6 for e in prof.events()
                    if e.device_type == torch.autograd.DeviceType.CUDA)
     del trainer, prepared
     _free()
     return {"kind": kind, "budget": budget, "wall_s": wall, "kernel_s": kernel_s,
-            "top_ops": [{"op": k, "device_s": s, "calls": c} for k, s, c in ops[:top] if s > 0],
-            "all_ops": [{"op": k, "device_s": s, "calls": c} for k, s, c in ops]}
+            "top_ops": [{"op": k, "device_s": s, "calls": c} for k, s, c, _ in ops[:top] if s > 0],
+            "all_ops": [{"op": k, "device_s": s, "calls": c, "self_cpu_s": cpu} for k, s, c, cpu in ops],
+            # host time spent waiting for the device, and the device's idle share of the wall
+            "sync_cpu_s": sum(cpu for k, _, _, cpu in ops if k in ("cudaStreamSynchronize", "cudaDeviceSynchronize")),
+            "device_idle_s": max(wall - kernel_s, 0.0)}
 
 
 def _harts_site(frames: list[dict]) -> str:
@@ -395,7 +398,8 @@ def main(argv: list[str]) -> int:
                 result["profile"]["windows"] = profile_case("windows", trajs, budget, args)
                 result["profile"]["tree"] = profile_case("tree", trajs, args.unsplit_budget, args)
                 for k, p in result["profile"].items():
-                    print(f"[profile] {k}: wall {p['wall_s']:.2f}s kernels {p['kernel_s']:.2f}s", flush=True)
+                    print(f"[profile] {k}: wall {p['wall_s']:.2f}s kernels {p['kernel_s']:.2f}s "
+                          f"(device idle {p['device_idle_s']:.3f}s, host in syncs {p['sync_cpu_s']:.3f}s)", flush=True)
                     for r in p["top_ops"][:30]:
                         print(f"   {r['device_s']*1e3:9.1f} ms {r['calls']:6d}  {r['op'][:90]}", flush=True)
                 # where the window step's extra device time goes: per op, windows minus tree

@@ -337,9 +337,10 @@ class ExpandedTrainer:
         infos = []
         config = model.config
         stats, stats_loads = None, []
+        pending: list[tuple[torch.Tensor, ...]] = []
         if config.aux_scope == "global" and config.num_moe_layers and config.aux_loss_coef:
             stats, stats_loads = self._statistics_pass(microbatches())
-        for i, mb in enumerate(microbatches()):
+        for mb in microbatches():
             if stats is not None:
                 set_moe_global(mb.ctx, stats)
             out = model(mb.ids_T, mb.ctx)
@@ -358,24 +359,32 @@ class ExpandedTrainer:
                 loss.backward()
             terms = (("loss", loss), ("pg_loss", pl.pg_loss), ("kl", pl.kl), ("entropy", pl.entropy),
                      ("aux_loss", aux), ("clip_frac", pl.clip_frac), ("ppo_kl", pl.ppo_kl))
-            # one device-to-host read for all of them (each float() would wait for the GPU)
-            values = torch.stack([v.detach().to(torch.float64).reshape(()) for _, v in terms]).tolist()
-            for (name, _), value in zip(terms, values, strict=True):
-                sums[name] += value
-            load_t = out.expert_load.detach().to(torch.float64).cpu()
-            load = load_t.numpy()
-            expert_load = load if expert_load is None else expert_load + load
-            lp = pl.logprob_N.to(torch.float64).cpu().numpy()
-            ent = pl.entropy_N.to(torch.float64).cpu().numpy()
-            traj_N = mb.table.traj.cpu().numpy()
-            pos_N = mb.table.position.cpu().numpy()
+            pending.append((torch.stack([v.detach().to(torch.float64).reshape(()) for _, v in terms]),
+                            out.expert_load.detach().to(torch.float64), pl.logprob_N.detach().to(torch.float64),
+                            pl.entropy_N.detach().to(torch.float64), mb.table.traj, mb.table.position))
+            infos.append({"rows": int(mb.ids_T.numel()), **mb.info})
+        # the step's per-microbatch values read back once, after its last launch: a read per
+        # microbatch would hold the host until that microbatch finished before it could launch
+        # the next one, and leave the device idle while it does
+        if pending:
+            names = [name for name, _ in terms]
+            values = torch.stack([p[0] for p in pending]).cpu().tolist()
+            loads = torch.stack([p[1] for p in pending]).cpu()
+            lp = torch.cat([p[2] for p in pending]).cpu().numpy()
+            ent = torch.cat([p[3] for p in pending]).cpu().numpy()
+            traj_N = torch.cat([p[4] for p in pending]).cpu().numpy()
+            pos_N = torch.cat([p[5] for p in pending]).cpu().numpy()
+            for i, row in enumerate(values):
+                for name, value in zip(names, row, strict=True):
+                    sums[name] += value
+                load = loads[i].numpy()
+                expert_load = load if expert_load is None else expert_load + load
+                if stats is not None:
+                    infos[i]["moe_stats_drift"] = float((loads[i] - stats_loads[i]).abs().sum()) / 2
             at = starts[traj_N] + pos_N  # one vectorised scatter (a per-trajectory mask loop idles the GPU)
             logprob_flat[at] = lp
             entropy_flat[at] = ent
-            info = {"rows": int(mb.ids_T.numel()), **mb.info}
-            if stats is not None:
-                info["moe_stats_drift"] = float((load_t - stats_loads[i]).abs().sum()) / 2
-            infos.append(info)
+        del pending
 
         grad_norm = self._grad_norm() if backward else 0.0
         return StepResult(

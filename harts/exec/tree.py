@@ -86,6 +86,24 @@ class StashNeeds:
         return cls(cat("attention"), cat("conv"), cat("kda"), cat("hidden"), states)
 
 
+def _own_storage(grad: Tensor) -> Tensor:
+    return grad.clone() if grad._base is not None else grad
+
+
+def _leaf(t: Tensor) -> Tensor:
+    """A detached leaf copy of a stashed tensor for consumers to read. Its gradient keeps
+    storage of its own: a consumer reads a leaf through a cat or a placement whose backward
+    hands it a slice of a wider gradient, and autograd would keep that slice (and so the
+    whole wider buffer, e.g. a conv input's gradient over all the consumer's rows) as the
+    leaf's `.grad` until the producer's backward. Later consumers add in place. (The hook
+    does not look at the leaf: a reference to it would make a cycle that only the garbage
+    collector frees, holding the stash past its window.)"""
+    leaf = t.detach().requires_grad_(t.requires_grad)
+    if leaf.requires_grad:
+        leaf.register_hook(_own_storage)
+    return leaf
+
+
 class Stash:
     """What a producer microbatch hands to its consumers.
 
@@ -168,7 +186,14 @@ class Stash:
         if key in self.inputs:
             return
         cat = stash_category(key[1])
-        n = ts[0].shape[0]
+        self.inputs[key] = self.rounds_cut(cat, order, ts[0].shape[0], device)(*ts)
+        if self.needs is not None:
+            self.input_rows[cat] = getattr(self.needs, cat)
+
+    def rounds_cut(self, cat: str, order: np.ndarray, n: int, device) -> RowGather:
+        """The gather `record_rounds` cuts a category's inputs with, out of `n` rows in the
+        rounds' order (built once and shared by `fresh` copies; a context prepared ahead
+        builds it then)."""
         cut_key = f"{cat}@rounds"
         if cut_key not in self._cuts:
             if self.needs is None:
@@ -179,9 +204,7 @@ class Stash:
                 if rows.size and (at.max() >= self.rows.size or not np.array_equal(self.rows[at], rows)):
                     raise ValueError(f"the producer does not compute every {cat} row its consumers read")
                 self._cuts[cut_key] = RowGather(order[at], n, device)
-        self.inputs[key] = self._cuts[cut_key](*ts)
-        if self.needs is not None:
-            self.input_rows[cat] = getattr(self.needs, cat)
+        return self._cuts[cut_key]
 
     def record_kda(self, layer: int, handed: list[Tensor]) -> None:
         if self.needs is None or layer not in self.kda_states:
@@ -225,12 +248,12 @@ class Stash:
         """A view whose tensors are detached leaves (created once, shared by all consumers)."""
         if not self._leaves:
             for key, ts in self.inputs.items():
-                self._leaves[("in", key)] = tuple(t.detach().requires_grad_(t.requires_grad) for t in ts)
+                self._leaves[("in", key)] = tuple(_leaf(t) for t in ts)
             for layer, st in self.kda_states.items():
                 if st is not None:
-                    self._leaves[("kda", layer)] = st.detach().requires_grad_(st.requires_grad)
+                    self._leaves[("kda", layer)] = _leaf(st)
             if self.hidden is not None:
-                self._leaves[("hidden",)] = self.hidden.detach().requires_grad_(self.hidden.requires_grad)
+                self._leaves[("hidden",)] = _leaf(self.hidden)
         view = Stash(self.rows)
         view.schedule = self.schedule
         view.local_rows = self.local_rows
@@ -362,6 +385,7 @@ class TreeContext:
         self._record_template = Stash(*self._record_args) if record else None
         self.record = self._record_template
         self._places: dict[str, RowPlace] | None = None
+        self._kept_rows: dict[str, np.ndarray] = {}
         self._take_computed: RowGather | None = None
         if stash is not None or stash_needs is not None:
             # per kind of input: the local rows over [stashed rows | computed rows], context
@@ -369,6 +393,7 @@ class TreeContext:
             ctx_idx = layout.context_index
             kept_rows = stash.input_rows if stash is not None else {
                 cat: getattr(stash_needs, cat) for cat in ("attention", "conv", "kda")}
+            self._kept_rows = kept_rows
             self._places = {}
             for cat, kept in kept_rows.items():
                 at = np.searchsorted(kept, layout.rows[ctx_idx])
@@ -589,7 +614,7 @@ class TreeContext:
         pos_in_computed = np.full(layout.num_rows, -1, dtype=np.int64)
         pos_in_computed[comp] = np.arange(comp.size)
         own_in = RowGather(pos_in_computed[rows_in[at_own]], comp.size, dev)
-        kept_kda = self.stash.input_rows["kda"]
+        kept_kda = self._kept_rows["kda"]
         ctx_rows = layout.rows[rows_in[at_ctx]]
         at_kept = np.searchsorted(kept_kda, ctx_rows)
         if ctx_rows.size and (at_kept.max() >= kept_kda.size or not np.array_equal(kept_kda[at_kept], ctx_rows)):
@@ -599,7 +624,7 @@ class TreeContext:
         ctx_in = RowGather(at_kept, kept_kda.size, dev)
         place = RowPlace(rows_in.size, at_own, at_ctx, np.arange(at_ctx.size), at_ctx.size, dev)
         # conv source rows: the stashed conv inputs (their context rows), then the computed rows
-        kept_conv = self.stash.input_rows["conv"]
+        kept_conv = self._kept_rows["conv"]
         src_of_local = np.full(layout.num_rows, -1, dtype=np.int64)
         ctx_idx = layout.context_index
         at = np.searchsorted(kept_conv, layout.rows[ctx_idx])
@@ -615,6 +640,20 @@ class TreeContext:
             raise ValueError("a computed row's conv window reaches a context row the stash does not keep")
         self._consumer_pieces[W] = (own_in, to_device(mapped, dev, torch.int64), ctx_in, place)
         return self._consumer_pieces[W]
+
+    def prepare_kda(self, conv_window: int) -> None:
+        """Build now what the fused KDA path (`kda_mixing`) would build at its first layer
+        — index tensors, conv windows, the producer's cut of its rounds' inputs — so that a
+        context prepared ahead of its step does this host work and these uploads off the
+        step's critical path."""
+        if self._places is not None and self.record is not None:
+            return  # the plain path: nothing of the fused one runs
+        if self._places is not None:
+            self._consumer_rounds(conv_window)
+            return
+        self._round_window(conv_window)
+        if self._record_template is not None and self._record_template.needs is not None:
+            self._record_template.rounds_cut("kda", self._kda_out.index_host, self._kda_out.num_rows, self.device)
 
     def _round_window(self, W: int) -> Tensor:
         """[R, W]: the conv window of each row of the KDA rounds' inputs (rows of the local

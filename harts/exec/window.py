@@ -291,6 +291,8 @@ class PlanTrainer(ExpandedTrainer):
                               record=is_producer, schedule=schedules[m.id],
                               record_needs=needs[m.id] if is_producer else None,
                               kernels=self.kernels, kernel_record=self.kernel_record)
+            if model.config.num_kda_layers:
+                ctx.prepare_kda(model.config.conv_window)
             # targets of owned trajectories; rows -> index into [computed hidden | context hidden]
             sel = owned[m.id]
             t_rows = targets.row[sel]

@@ -150,6 +150,43 @@ def test_a_step_leaves_no_window_state_behind():
     assert trainer.windows and all(w.retained_bytes > 0 for w in trainer.windows)
 
 
+def test_stash_leaf_gradients_hold_only_their_own_rows():
+    """Before the producer's backward, every stashed leaf's accumulated gradient owns a
+    storage of exactly its size: no slice of a consumer's wider gradient (a conv input's over
+    all its rows) is kept alive through it."""
+    trajs, plan, cfg = _setup()
+    model = build_model(cfg, seed=3, dtype=torch.float64)
+    trainer = PlanTrainer(model, plan, loss=LOSS)
+    seen = []
+    backward = trainer._producer_backward
+
+    def check_then_backward(window):
+        for leaf in window.stash._leaves.values():
+            for t in (leaf if isinstance(leaf, tuple) else (leaf,)):
+                if t.grad is not None:
+                    seen.append(t.grad.shape)
+                    assert t.grad._base is None
+                    assert t.grad.untyped_storage().nbytes() == t.grad.numel() * t.grad.element_size()
+        backward(window)
+
+    trainer._producer_backward = check_then_backward
+    trainer.forward_backward(trajs, 1 << 20)
+    assert len(seen) > 3  # conv, KDA and attention inputs, hidden rows
+
+
+def test_prepared_contexts_build_the_fused_kda_pieces_ahead():
+    """`prepare` builds the consumers' conv windows and placements and the producers' cut
+    of their rounds' inputs, so the step does none of that host work."""
+    trajs, plan, cfg = _setup()
+    trainer = PlanTrainer(build_model(cfg, seed=3, dtype=torch.float64), plan, loss=LOSS)
+    ctxs = [ctx for _, _, ctx, _ in trainer.prepare(trajs, 1 << 20).microbatches.items]
+    consumers = [c for c in ctxs if c._places is not None and c.record is None]
+    producers = [c for c in ctxs if c.record is not None and c._places is None]
+    assert consumers and producers
+    assert all(cfg.conv_window in c._consumer_pieces for c in consumers)
+    assert all("kda@rounds" in c._record_template._cuts for c in producers)
+
+
 def test_window_backward_has_no_advanced_indexing_scatter():
     """Advanced-indexing backwards (`index_put_` with accumulate) in the window step are no
     more than in the single-microbatch tree step, per microbatch: the stash cuts, the

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -138,6 +139,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--bench-args", default="--schemes treestep --baseline packed --steps 2",
                     help="arguments for harts bench (one string)")
     ap.add_argument("--write-only", action="store_true", help="write the checkpoints, run no benchmark")
+    ap.add_argument("--keep", action="store_true", help="keep each checkpoint directory after its benchmark")
     ap.add_argument("--dump-configs", action="store_true",
                     help=f"write the cut configs from this transformers into {CONFIGS} and stop")
     ap.add_argument("--out", default=".")
@@ -185,6 +187,8 @@ def main(argv: list[str]) -> int:
             print(proc.stdout[-4000:], proc.stderr[-3000:], sep="\n", flush=True)
             if bench_json.is_file():
                 entry["bench"] = json.loads(bench_json.read_text())
+            if not args.keep:
+                shutil.rmtree(path, ignore_errors=True)  # tens of GB each
         except Exception as err:  # noqa: BLE001 - record and go on with the next family
             entry["error"] = f"{type(err).__name__}: {err}"
             entry["trace"] = traceback.format_exc()[-3000:]

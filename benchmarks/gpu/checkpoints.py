@@ -139,6 +139,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--bench-args", default="--schemes treestep --baseline packed --steps 2",
                     help="arguments for harts bench (one string)")
     ap.add_argument("--write-only", action="store_true", help="write the checkpoints, run no benchmark")
+    ap.add_argument("--no-autotune", action="store_true", help="each Triton kernel's first config (noautotune.py)")
     ap.add_argument("--keep", action="store_true", help="keep each checkpoint directory after its benchmark")
     ap.add_argument("--dump-configs", action="store_true",
                     help=f"write the cut configs from this transformers into {CONFIGS} and stop")
@@ -177,7 +178,8 @@ def main(argv: list[str]) -> int:
             if args.write_only:
                 continue
             bench_json = out_dir / f"bench-{fam}.json"
-            cmd = [sys.executable, "-m", "harts", "bench", "--model-path", str(path), *args.bench_args.split(),
+            runner = [str(Path(__file__).resolve().parent / "noautotune.py")] if args.no_autotune else ["-m", "harts"]
+            cmd = [sys.executable, *runner, "bench", "--model-path", str(path), *args.bench_args.split(),
                    "--out", str(bench_json)]
             entry["bench_command"] = " ".join(cmd[1:])
             t0 = time.perf_counter()

@@ -28,6 +28,7 @@ import copy
 import datetime as _dt
 import gc
 import importlib.metadata as _md
+import os
 import shlex
 import statistics
 import subprocess
@@ -93,10 +94,13 @@ def device_info() -> dict[str, Any]:
 def provenance(argv: list[str] | None = None) -> dict[str, Any]:
     """Where a result comes from: git revision (and whether the tree had local changes),
     the exact command, package versions, Python, device and the UTC date (the GPU suites'
-    `run_suite` adds the suite's options and its kernel config)."""
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    `run_suite` adds the suite's options and its kernel config). `HARTS_GIT_REV` in the
+    environment names the revision instead of git: a copy of the tree on another machine
+    may carry git metadata that is not its own."""
+    named = os.environ.get("HARTS_GIT_REV")
+    status = None if named else _git("status", "--porcelain", "--untracked-files=no")
     return {
-        "git_revision": _git("rev-parse", "HEAD"),
+        "git_revision": named or _git("rev-parse", "HEAD"),
         "git_dirty": None if status is None else bool(status),
         "command": shlex.join([sys.executable.rsplit("/", 1)[-1], *(sys.argv if argv is None else argv)]),
         "packages": package_versions(),

@@ -76,3 +76,15 @@ def test_memory_plan_of_tiny_on_one_h200():
     assert fits >= 131072 and fits % 4096 == 0
     assert memory_plan("tiny", fits)["total_bytes"] <= h200 < memory_plan("tiny", fits + 4096)["total_bytes"]
     assert largest_fitting_budget("tiny", plan["static_bytes"] / 2) == 0
+
+
+def test_provenance_takes_the_revision_named_in_the_environment(monkeypatch):
+    """A copy of the tree on another machine may carry stale git metadata: HARTS_GIT_REV,
+    where set, is the revision recorded (and no dirty flag is claimed for it)."""
+    from harts.exec.bench import provenance
+
+    monkeypatch.setenv("HARTS_GIT_REV", "0123abc")
+    p = provenance(["harts", "bench"])
+    assert p["git_revision"] == "0123abc" and p["git_dirty"] is None
+    monkeypatch.delenv("HARTS_GIT_REV")
+    assert provenance(["harts", "bench"])["git_revision"] != "0123abc"

@@ -15,11 +15,13 @@ def cmd_train_distributed(args: argparse.Namespace, load_trajectories) -> int:
     import torch
     import torch.distributed as dist
 
+    from harts.cli import train_checkpoint
     from harts.config.models import ConfigError, get_model_config
     from harts.dist.mesh import LaunchError, backend_for, check_launch, parse_parallel
 
     if args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
+    train_checkpoint.check_flags(args)
     if args.mode != "tree":
         raise UserError("--parallel runs a step plan: add --mode tree")
     if args.old_logprobs == "recompute" and "pp=" in (args.parallel or "") and "pp=1" not in args.parallel.split(","):
@@ -93,6 +95,7 @@ def _train(args, parallel, config, plan, trajectories, device: str, rank: int) -
 
     import torch
 
+    from harts.cli import train_checkpoint
     from harts.config.optimizer import OptimizerConfig
     from harts.dist.mesh import init_mesh
     from harts.dist.parallelize import parallelize
@@ -117,13 +120,17 @@ def _train(args, parallel, config, plan, trajectories, device: str, rank: int) -
         pm = parallelize(model, mesh)
         trainer = DistPlanTrainer(pm, plan, optimizer, loss)
         applied = pm.applied
+    # every rank checkpoints its own shards (torch.distributed.checkpoint over the default
+    # group): FSDP's DTensors, or a pipeline stage's own parameters
+    checkpoints = train_checkpoint.RunCheckpoints(args, trainer.model, trainer.optimizer)
     mbt = args.microbatch_tokens
+    todo = args.steps - checkpoints.start
     if args.old_logprobs == "recompute":
-        stream = (trainer.step(trainer.recompute_old_logprobs(trajectories, mbt), mbt) for _ in range(args.steps))
+        stream = (trainer.step(trainer.recompute_old_logprobs(trajectories, mbt), mbt) for _ in range(todo))
     else:
-        stream = run_steps(trainer, itertools.repeat(trajectories, args.steps), mbt)
+        stream = run_steps(trainer, itertools.repeat(trajectories, todo), mbt)
     records = []
-    for step, result in enumerate(stream, start=1):
+    for step, result in enumerate(stream, start=checkpoints.start + 1):
         if parallel.pp > 1:  # one stage's view: the step's losses, this stage's passes
             rec = {"step": step, **result.losses, "grad_norm": result.grad_norm, "seconds": result.seconds,
                    "schedule": result.schedule, "executed_is_simulated": result.executed == result.simulated}
@@ -133,9 +140,12 @@ def _train(args, parallel, config, plan, trajectories, device: str, rank: int) -
                    "microbatches": len(result.microbatches), "executed_rows": result.executed_rows,
                    "seconds": result.seconds, "tokens_per_s": result.tokens_per_second}
         records.append(rec)
+        saved = checkpoints.after_step(step)
         if rank == 0 and not args.json:
             print(f"step {step}  loss {rec['loss']:.6f}  pg {rec['pg_loss']:.6f}  aux {rec['aux_loss']:.3e}  "
                   f"grad_norm {rec['grad_norm']:.4f}  {rec['tokens_per_s']:,.0f} tok/s", flush=True)
+            if saved is not None:
+                print(f"checkpoint {saved}", flush=True)
     if rank == 0:
         if args.json:
             print_json({"model": config.name, "mode": "tree", "parallel": parallel.spec(),

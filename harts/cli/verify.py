@@ -68,6 +68,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--parallel", default=None, metavar="SPEC",
                    help="instead: the distributed step (dp=N,pp=N,ep=N,tp=N; worker processes started here, "
                    "gloo on CPU, NCCL with --device cuda) against the single-process expanded step")
+    p.add_argument("--schedule", default="consumer-1f1b", choices=["non-overlap", "overlap-bwd-first", "consumer-1f1b"],
+                   help="with --parallel pp>1: the pipeline schedule (the simulator's, lowered to the pipelining runtime)")
     p.add_argument("--json", action="store_true", help="machine-readable output (with 'passed' and 'tolerance')")
     add_attention_args(p)  # with --divergence --device cuda
     p.set_defaults(func=cmd_verify)
@@ -317,7 +319,7 @@ def cmd_parallel(args: argparse.Namespace, trajectories: list) -> int:
         report = verify_distributed(trajectories, parallel=parallel, model=config, dtype=dtype, seed=args.seed,
                                     microbatch_tokens=args.microbatch_tokens, planner=args.planner or "l1l2",
                                     device=args.device, recompute_old_logprobs=args.old_logprobs == "recompute",
-                                    kernels=kernel_config(args))
+                                    kernels=kernel_config(args), schedule=args.schedule)
     except ValueError as err:  # LaunchError included; planners refusing a budget
         raise UserError(str(err)) from None
     tolerance = DEFAULT_TOLERANCE.get(report["dtype"]) if args.tolerance is None else args.tolerance
@@ -330,7 +332,8 @@ def cmd_parallel(args: argparse.Namespace, trajectories: list) -> int:
         print(f"{report['num_trajectories']} trajectories, {report['microbatches']} microbatch(es), "
               f"{report['sharing_windows']} sharing window(s), world size {report['world_size']} "
               f"({report['parallel']}, applied: {', '.join(report['applied']) or 'none'}), {report['dtype']} on "
-              f"{args.device}")
+              f"{args.device}" + (f", schedule {report['schedule']} (executed == simulated: "
+                                  f"{report['executed_is_simulated']})" if "schedule" in report else ""))
         rows = [(k.replace("_", " "), report[k]) for k in ("max_rel_logprob_err", "rms_rel_logprob_err",
                 "max_rel_entropy_err", "max_rel_grad_err", "rms_rel_grad_err", "max_rel_expert_load_err")]
         rows.append(("loss abs err", report["loss_abs_err"]["loss"]))

@@ -2,7 +2,8 @@
 
 Everything else takes its settings as arguments. The variables below are an optional way
 to build the default configuration (`KernelConfig.from_env`, read once when a config is
-built, never per call), plus the two mlflow variables the tracking code needs.
+built, never per call), plus the two mlflow variables the tracking code needs and the
+revision a result's provenance names when the tree is a copy without its own git.
 """
 
 from __future__ import annotations
@@ -33,6 +34,16 @@ def kernel_settings() -> dict[str, str]:
         if value:
             out[name] = value
     return out
+
+
+# a result's git revision where the tree's git metadata is absent or not its own (a copy
+# on another machine): harts.exec.bench.provenance
+GIT_REV = "HARTS_GIT_REV"
+
+
+def git_revision_override() -> str | None:
+    """$HARTS_GIT_REV, or None where unset or empty."""
+    return os.environ.get(GIT_REV) or None
 
 
 def tracking_uri() -> str | None:

@@ -162,7 +162,12 @@ class PipelineStageModule(nn.Module):
     the final norm and LM head (last stage). Its parameters are the model's own (their names
     under `model.named_parameters()` are unchanged). `forward` runs the microbatch the step
     loop has set (`PipelineTrainer`): the first stage takes the microbatch's index tensor,
-    the others the previous stage's (padded residual stream, running aux loss)."""
+    the others the previous stage's (padded residual stream, running aux loss).
+
+    Its blocks are registered under their layer index in the whole model (`layers.<i>`), so
+    the stage's state-dict names are the `HybridModel`'s: the stages of a pipeline hold
+    disjoint names, and a checkpoint the stages write together (`torch.distributed.checkpoint`)
+    is the whole model's, loadable under another split or by one process."""
 
     def __init__(self, model: HybridModel, spec: StageSpec):
         super().__init__()
@@ -170,7 +175,7 @@ class PipelineStageModule(nn.Module):
         self.spec = spec
         self.recompute = model.recompute
         self.embed = model.embed if spec.has_embedding else None
-        self.blocks = nn.ModuleList(model.layers[i] for i in spec.layers)
+        self.layers = nn.ModuleDict({str(i): model.layers[i] for i in spec.layers})
         self.norm = model.norm if spec.has_lm_head else None
         self.lm_head = model.lm_head if spec.has_lm_head else None
         self._step: _StageStep | None = None
@@ -189,7 +194,7 @@ class PipelineStageModule(nn.Module):
             x_TD = x_PD[: mb.rows]
         step.before_forward(mb)
         loads = []
-        for block in self.blocks:
+        for block in self.layers.values():
             if self.recompute and torch.is_grad_enabled():
                 x_TD, layer_aux, load_E = checkpoint(block, x_TD, ctx, use_reentrant=False)
             else:

@@ -28,7 +28,6 @@ import copy
 import datetime as _dt
 import gc
 import importlib.metadata as _md
-import os
 import shlex
 import statistics
 import subprocess
@@ -97,7 +96,9 @@ def provenance(argv: list[str] | None = None) -> dict[str, Any]:
     `run_suite` adds the suite's options and its kernel config). `HARTS_GIT_REV` in the
     environment names the revision instead of git: a copy of the tree on another machine
     may carry git metadata that is not its own."""
-    named = os.environ.get("HARTS_GIT_REV")
+    from harts.config.env import git_revision_override
+
+    named = git_revision_override()
     status = None if named else _git("status", "--porcelain", "--untracked-files=no")
     return {
         "git_revision": named or _git("rev-parse", "HEAD"),

@@ -2,8 +2,9 @@
 
 `verify_distributed` starts `world_size` worker processes (`harts.dist.runner.launch`:
 gloo on CPU, NCCL on CUDA), each building the same model from the seed, the same plan for
-`dp` replicas and its share of the mesh; they run one distributed forward/backward
-(`DistPlanTrainer`) and assemble the full gradients. Rank 0 then runs the single-process
+`dp` replicas (and `pp` stages) and its share of the mesh; they run one distributed
+forward/backward (`DistPlanTrainer`; with pp > 1 the pipeline of `harts.dist.pipeline`
+under a simulator schedule) and assemble the full gradients. Rank 0 then runs the single-process
 `ExpandedTrainer` from the same weights and compares every log-prob, entropy, loss term,
 expert load and parameter gradient (`compare_steps`), as `harts verify` does for one
 process. The MoE aux loss is in the step-global scope on both sides, the scope whose value
@@ -30,13 +31,13 @@ from harts.tree import Trajectory
 __all__ = ["verify_distributed"]
 
 
-def _plan(trajectories, config: ModelConfig, planner: str, microbatch_tokens: int, dp: int):
+def _plan(trajectories, config: ModelConfig, planner: str, microbatch_tokens: int, dp: int, pp: int = 1):
     from harts.config.plan import PlanConfig
     from harts.plan.planners import make_plan
     from harts.tree import build_forest
 
     return make_plan(build_forest(trajectories), planner,
-                     PlanConfig(microbatch_tokens=microbatch_tokens, chunk_size=config.chunk_size, dp=dp))
+                     PlanConfig(microbatch_tokens=microbatch_tokens, chunk_size=config.chunk_size, dp=dp, pp=pp))
 
 
 def _worker(payload: dict, out_path: str) -> None:
@@ -62,11 +63,16 @@ def _worker(payload: dict, out_path: str) -> None:
             box[0] = ExpandedTrainer(copy.deepcopy(template), loss=loss).recompute_old_logprobs(trajectories, mbt)
         dist.broadcast_object_list(box, src=0)
         trajectories = box[0]
-    plan = _plan(trajectories, config, payload["planner"], mbt, parallel.dp)
-    pm = parallelize(copy.deepcopy(template), mesh)
-    trainer = DistPlanTrainer(pm, plan, loss=loss, kernels=payload["kernels"])
-    got = trainer.forward_backward(trajectories, mbt)
-    grads = full_gradients(pm)
+    plan = _plan(trajectories, config, payload["planner"], mbt, parallel.dp, parallel.pp)
+    extra: dict[str, Any] = {}
+    if parallel.pp > 1:
+        got, grads, applied, extra = _pipeline_step(payload, mesh, copy.deepcopy(template), plan, trajectories)
+    else:
+        pm = parallelize(copy.deepcopy(template), mesh)
+        trainer = DistPlanTrainer(pm, plan, loss=loss, kernels=payload["kernels"])
+        got = trainer.forward_backward(trajectories, mbt)
+        grads = full_gradients(pm)
+        applied = pm.applied
     if dist.get_rank() != 0:
         return
     ref_model = copy.deepcopy(template)
@@ -90,7 +96,8 @@ def _worker(payload: dict, out_path: str) -> None:
         "world_size": dist.get_world_size(),
         "parallel": parallel.spec(),
         "mesh": mesh.describe(),
-        "applied": pm.applied,
+        "applied": applied,
+        **extra,
         "grad_norm": got.grad_norm,
         "ref_grad_norm": ref.grad_norm,
         "losses": got.losses,
@@ -98,6 +105,46 @@ def _worker(payload: dict, out_path: str) -> None:
         **compare_steps(ref, ref_model, got, got_model),
     }
     Path(out_path).write_text(json.dumps(report))
+
+
+def _pipeline_step(payload: dict, mesh, model, plan, trajectories) -> tuple[Any, dict, list[str], dict]:
+    """One pipeline forward/backward (`harts.dist.pipeline`) and, on rank 0, the whole
+    step assembled from the ranks: every stage's gradients (replica 0's: the replicas'
+    are all-reduced), the log-probs and entropies of every replica's last stage, the
+    losses and expert loads every rank holds; plus whether every rank ran the simulated
+    schedule's passes in its order."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch.distributed as dist
+
+    from harts.dist.pipeline import executed_schedule, pipeline_trainer
+
+    trainer = pipeline_trainer(model, mesh.mesh, plan, payload["schedule"], loss=payload["loss"],
+                               kernels=payload["kernels"])
+    result = trainer.forward_backward(trajectories)
+    ran = executed_schedule(result).to_text()
+    simulated = trainer.simulated_schedule(trajectories).to_text()
+    grads = {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None}
+    mine = (result.replica, result.stage, grads, result.logprobs, result.entropy)
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, mine)
+    full: dict[str, Any] = {}
+    logprobs = entropy = None
+    for replica, _stage, g, lps, ents in parts:
+        if replica == 0:
+            full.update(g)
+        if lps is not None:  # a last stage: its replica's trajectories
+            if logprobs is None:
+                logprobs, entropy = [np.array(x) for x in lps], [np.array(x) for x in ents]
+            else:
+                for j in range(len(logprobs)):
+                    logprobs[j] = np.where(np.isnan(logprobs[j]), lps[j], logprobs[j])
+                    entropy[j] = np.where(np.isnan(entropy[j]), ents[j], entropy[j])
+    got = SimpleNamespace(logprobs=logprobs, entropy=entropy, losses=result.losses, expert_load=result.expert_load,
+                          tokens=sum(len(t) for t in trajectories), grad_norm=float("nan"), layout=result.layout)
+    applied = ["pp"] + (["dp"] if mesh.parallel.dp > 1 else [])
+    return got, full, applied, {"schedule": result.schedule, "executed_is_simulated": ran == simulated}
 
 
 def verify_distributed(
@@ -113,11 +160,14 @@ def verify_distributed(
     device: str = "cpu",
     recompute_old_logprobs: bool = True,
     kernels: KernelConfig | None = None,
+    schedule: str = "consumer-1f1b",
     timeout: float = 300.0,
 ) -> dict[str, Any]:
     """One distributed forward/backward under `parallel` against the single-process
     expanded step; the comparison report (`compare_steps`'s fields, the step's shape,
-    `world_size` and the mesh). Launch checks (`check_launch`) run before any process starts."""
+    `world_size` and the mesh). With pp > 1 the pipeline runs the simulator's `schedule`
+    (tp = ep = 1) and the report adds `schedule` and `executed_is_simulated`. Launch checks
+    (`check_launch`) run before any process starts."""
     from harts.dist.mesh import LaunchError, check_launch
     from harts.dist.runner import launch
 
@@ -125,14 +175,15 @@ def verify_distributed(
     config = config.replace(aux_scope="global")
     trajectories = list(trajectories)
     check_launch(parallel, parallel.world_size, config)
-    if parallel.pp > 1:
-        raise LaunchError(f"pp={parallel.pp}: the pipeline runner (harts.dist.pipeline) runs pp > 1 steps")
+    if parallel.pp > 1 and (parallel.tp > 1 or parallel.ep > 1):
+        raise LaunchError(f"--parallel {parallel.spec()}: pipeline stages run with data parallelism only "
+                          "(tp=1, ep=1)")
     if loss is None:
         has_ref = all(t.ref_logprobs is not None for t in trajectories)
         loss = PolicyLossConfig(kl_coef=0.1 if has_ref else 0.0)
     # the plan is made here first so a planner's refusal is reported before workers start
-    _plan(trajectories, config, planner, microbatch_tokens, parallel.dp)
-    payload = {"parallel": parallel, "config": config, "device": device, "dtype": dtype, "loss": loss,
+    _plan(trajectories, config, planner, microbatch_tokens, parallel.dp, parallel.pp)
+    payload = {"schedule": schedule, "parallel": parallel, "config": config, "device": device, "dtype": dtype, "loss": loss,
                "microbatch_tokens": microbatch_tokens, "trajectories": trajectories, "seed": seed,
                "planner": planner, "recompute_old_logprobs": recompute_old_logprobs,
                "kernels": kernels if kernels is not None else KernelConfig.from_env()}

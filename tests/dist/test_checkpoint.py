@@ -182,6 +182,55 @@ def test_sigkill_after_checkpoint_then_resume_is_bit_identical(tmp_path, childre
             assert torch.equal(o_full[i][k], o_cut[i][k]), (i, k)
 
 
+# ---- torchrun, two gloo ranks: one SIGKILLed after a checkpoint, `torchrun ... --resume`
+
+# the torchrun worker script: `harts train`, rank 1 SIGKILLing itself once the checkpoint of
+# step KILL_AFTER is complete (its peer is then stopped by torchrun's agent)
+_RANK_KILLER = _KILLER.replace("if state.step == kill_after:",
+                               'if state.step == kill_after and os.environ.get("RANK") == "1":')
+
+
+@pytest.mark.parametrize("parallel", [["dp=2"], ["pp=2", "--old-logprobs", "input"]], ids=["dp2", "pp2"])
+def test_torchrun_rank_killed_after_a_checkpoint_resumes_bit_identically(tmp_path, children, parallel):
+    config = get_model_config("tiny-cpu")
+    data = tmp_path / "rollouts.jsonl"
+    save_jsonl(_trajectories(config.vocab_size, lengths=(10, 7, 12)), data)
+    killer = tmp_path / "killer.py"
+    killer.write_text(_RANK_KILLER)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    common = ["train", "--mode", "tree", "--input", str(data), "--dtype", "float64", "--device", "cpu",
+              "--steps", "3", "--lr", "1e-2", "--json", "--checkpoint-every", "1", "--parallel", *parallel]
+    full_dir, cut_dir = tmp_path / "full", tmp_path / "cut"
+    rc, out, err = children.finish(children.start([*torchrun, "-m", "harts", *common, "--checkpoint-dir", str(full_dir)]))
+    assert rc == 0, err
+    full_steps = json.loads(out)["steps"]
+    rc, _, err = children.finish(children.start([*torchrun, str(killer), "1", *common, "--checkpoint-dir", str(cut_dir)]))
+    assert rc != 0 and "SIGKILL" in err, err
+    assert latest_checkpoint(cut_dir).name == "step-000001"
+    assert not (cut_dir / "step-000002").exists()
+
+    rc, out, err = children.finish(children.start([*torchrun, "-m", "harts", *common, "--checkpoint-dir", str(cut_dir),
+                                                   "--resume"]))
+    assert rc == 0, err
+    resumed_steps = json.loads(out)["steps"]
+    keys = ("loss", "pg_loss", "kl", "entropy", "aux_loss", "clip_frac", "ppo_kl", "grad_norm")
+    assert [s["step"] for s in resumed_steps] == [2, 3]
+    for resumed, full in zip(resumed_steps, full_steps[1:], strict=True):
+        assert {k: resumed[k] for k in keys} == {k: full[k] for k in keys}
+
+    # the last checkpoints of both runs hold the same weights (the stages' and the shards'
+    # names are the whole model's: one process loads them)
+    weights = []
+    for d in (full_dir, cut_dir):
+        model = build_model(config, seed=1, dtype=torch.float64)
+        state = load_checkpoint(latest_checkpoint(d), model, None, restore_rng=False)
+        assert state.step == 3
+        weights.append(model.state_dict())
+    assert weights[0].keys() == weights[1].keys()
+    for k in weights[0]:
+        assert torch.equal(weights[0][k], weights[1][k]), k
+
+
 def _error(capsys) -> str:
     return json.loads(capsys.readouterr().out)["error"]
 

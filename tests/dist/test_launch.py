@@ -62,9 +62,10 @@ def test_a_plan_for_another_dp_size_is_refused(capsys, tmp_path):
 
     wl = generate_trajectories("tiny-treestep", seed=0)
     path = tmp_path / "plan.json"
-    make_plan(build_forest(wl), "l1l2", PlanConfig(microbatch_tokens=130, chunk_size=64, dp=2)).save(path)
+    budget = max(len(t) for t in wl) + 8  # the longest trajectory fits
+    make_plan(build_forest(wl), "l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=64, dp=2)).save(path)
     err = _one_line_error(capsys, ["train", "--mode", "tree", "--parallel", "dp=1", "--plan", str(path),
-                                   "--steps", "1", "--microbatch-tokens", "130"])
+                                   "--steps", "1", "--microbatch-tokens", str(budget)])
     assert "made for dp=2 replicas; this launch has dp=1" in err
 
 

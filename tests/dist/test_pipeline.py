@@ -262,3 +262,21 @@ def test_stage_split_is_the_simulators_and_bad_splits_are_refused():
         stage_spec(cfg.replace(tie_embeddings=True), 2, 0)
     with pytest.raises(ValueError, match="stage 2 of 2"):
         stage_spec(cfg, 2, 2)
+
+
+def test_verify_parallel_runs_the_pipeline_against_the_expanded_step(capsys):
+    """`harts verify --parallel dp=2,pp=2 --schedule ...` starts its four workers, runs the
+    pipeline under the simulator's schedule on a plan with sharing windows, and reports the
+    expanded comparison with the schedule it ran."""
+    import json
+
+    from harts.cli.main import main
+
+    rc = main(["verify", "--workload", "tiny-treestep", "--parallel", "dp=2,pp=2", "--schedule", "overlap-bwd-first",
+               "--planner", "l1l2", "--microbatch-tokens", "300", "--dtype", "float64", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0 and report["passed"] is True, report
+    assert report["world_size"] == 4 and report["applied"] == ["pp", "dp"] and report["sharing_windows"] > 0
+    assert report["schedule"] == "overlap-bwd-first" and report["executed_is_simulated"] is True
+    assert report["max_rel_logprob_err"] <= TOL and report["max_rel_grad_err"] <= TOL
+    assert max(report["loss_abs_err"].values()) <= TOL

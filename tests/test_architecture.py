@@ -176,3 +176,16 @@ def test_the_scan_finds_environment_reads():
 def test_only_the_configuration_module_reads_the_environment():
     bad = {m: lines for m, tree in TREES.items() if m != ENV_MODULE and (lines := _environment_reads(tree))}
     assert not bad, f"environment reads outside {ENV_MODULE}: {bad}"
+
+
+def test_no_test_folder_is_one_pytest_skips():
+    """pytest does not recurse into folders named like build outputs or environments (its
+    default `norecursedirs`); a test folder so named is silently never run."""
+    import fnmatch
+
+    skipped = ("*.egg", "_darcs", "build", "CVS", "dist", "node_modules", "venv", "{arch}")
+    tests = Path(__file__).resolve().parent
+    # (hidden folders, caches among them, hold no tests)
+    hidden = [str(d.relative_to(tests)) for d in tests.rglob("*") if d.is_dir() and not d.name.startswith(".")
+              and any(fnmatch.fnmatch(d.name, pat) for pat in skipped)]
+    assert not hidden, hidden

@@ -136,7 +136,7 @@ def test_checkpoint_commands_run_as_written(tmp_path):
 
 def test_distributed_commands_parse():
     """Every line of "More than one GPU" names flags the CLI has (what runs under torchrun is
-    `harts ...` itself; tests/dist runs the configurations)."""
+    `harts ...` itself; tests/distributed runs the configurations)."""
     from harts.cli.main import build_parser
 
     (block,) = _blocks("bash", "More than one GPU")

@@ -8,7 +8,7 @@ environment answers with two tokens, `[outcome, next observation]`. The right ca
 state is fixed by the environment's rule table (the same for every episode), so the right
 tool depends on the observation and a policy can learn it; an episode is a seeded chain of
 `depth` states to clear within `max_turns` calls, and its reward is the share of the chain
-cleared. A right call answers `OK` and shows the next state; a wrong one answers `FAIL`
+cleared (`switchboard-outcome`: 1 for a cleared chain, else 0). A right call answers `OK` and shows the next state; a wrong one answers `FAIL`
 and shows the same state again; the last answer ends in `END`.
 
 The call grammar is total, so a policy that has learnt nothing still makes calls that
@@ -47,6 +47,12 @@ class EnvError(ValueError):
 class EnvName(StrEnum):
     SWITCHBOARD = "switchboard"
     SWITCHBOARD_HARD = "switchboard-hard"
+    SWITCHBOARD_OUTCOME = "switchboard-outcome"
+
+
+class RewardKind(StrEnum):
+    PROGRESS = "progress"  # the share of the chain cleared: cleared / depth
+    OUTCOME = "outcome"  # 1 if the whole chain is cleared, else 0 (a pass/fail task)
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,15 @@ class EnvConfig:
     depth: int = 2  # states to clear per episode
     max_turns: int = 3  # calls allowed per episode
     rule_seed: int = 0  # the environment's fixed rule table
+    reward: str = RewardKind.PROGRESS
+    # non-empty: each prompt's chain length is drawn from these (seeded by the prompt), so
+    # prompts differ in difficulty; `depth` is then unused
+    depth_choices: tuple[int, ...] = ()
+
+    @property
+    def depths(self) -> tuple[int, ...]:
+        """The chain lengths a prompt can have."""
+        return tuple(self.depth_choices) or (self.depth,)
 
     def validate(self) -> EnvConfig:
         for f in ("vocab_size", "num_states", "num_tools", "num_args", "depth", "max_turns"):
@@ -69,8 +84,12 @@ class EnvConfig:
                            f"{STATE_BASE} specials")
         if self.num_tools > len(TOOL_NAMES):
             raise EnvError(f"num_tools must be <= {len(TOOL_NAMES)}, got {self.num_tools}")
-        if self.max_turns < self.depth:
-            raise EnvError(f"max_turns {self.max_turns} < depth {self.depth}: no episode could be cleared")
+        if self.reward not in tuple(RewardKind):
+            raise EnvError(f"reward must be one of {', '.join(RewardKind)}, got {self.reward!r}")
+        if any(d < 1 for d in self.depth_choices):
+            raise EnvError(f"depth_choices must be >= 1, got {self.depth_choices}")
+        if self.max_turns < max(self.depths):
+            raise EnvError(f"max_turns {self.max_turns} < depth {max(self.depths)}: no episode could be cleared")
         return self
 
     @property
@@ -143,7 +162,10 @@ class Switchboard:
     def reset(self, seed: int) -> tuple[tuple[int, ...], EpisodeState]:
         """The prompt tokens and the start state of episode `seed` (same seed, same episode)."""
         rng = np.random.default_rng(np.random.SeedSequence([self.config.rule_seed, 0xE9, int(seed)]))
-        chain = tuple(int(s) for s in rng.integers(0, self.config.num_states, size=self.config.depth))
+        depth = self.config.depth
+        if self.config.depth_choices:
+            depth = int(self.config.depth_choices[int(rng.integers(len(self.config.depth_choices)))])
+        chain = tuple(int(s) for s in rng.integers(0, self.config.num_states, size=depth))
         state = EpisodeState(chain)
         return (BOS, STATE_BASE + state.observation), state
 
@@ -164,7 +186,7 @@ class Switchboard:
 
     def step(self, state: EpisodeState, call_tokens: tuple[int, ...], start: int) -> StepOutcome:
         """Answer the call whose tokens sit at [start, start + 2) of the trajectory."""
-        if state.cleared >= self.config.depth or state.turns >= self.config.max_turns:
+        if state.cleared >= len(state.chain) or state.turns >= self.config.max_turns:
             raise EnvError("step on a finished episode")
         call = self.parse(call_tokens)
         right = (call.tool, call.args) == self.correct_call(state)
@@ -172,31 +194,53 @@ class Switchboard:
         turns = state.turns + 1
         turn = Turn(start, start + CALL_TOKENS, call.tool, call.args, "ok" if right else "fail")
         nxt = EpisodeState(state.chain, cleared, turns, state.history + (turn,))
-        done = cleared >= self.config.depth or turns >= self.config.max_turns
+        done = cleared >= len(state.chain) or turns >= self.config.max_turns
         outcome = OK if right else FAIL
         obs = (outcome, END) if done else (outcome, STATE_BASE + nxt.observation)
-        reward = cleared / self.config.depth if done else 0.0
+        reward = self._reward(cleared, len(state.chain)) if done else 0.0
         return StepOutcome(nxt, obs, done, reward)
+
+    def _reward(self, cleared: int, depth: int) -> float:
+        if self.config.reward == RewardKind.OUTCOME:
+            return float(cleared >= depth)
+        return min(cleared, depth) / depth
+
+    def prompt_features(self, seed: int) -> list[float]:
+        """What an allocator may know of prompt `seed` before sampling: its start state
+        (one-hot) and, where chain lengths vary, its length (one-hot over `depth_choices`)."""
+        c = self.config
+        _, state = self.reset(seed)
+        f = [0.0] * c.num_states
+        f[state.observation] = 1.0
+        if c.depth_choices:
+            d = [0.0] * len(c.depth_choices)
+            d[c.depth_choices.index(len(state.chain))] = 1.0
+            f += d
+        return f
 
     def optimal_reward(self) -> float:
         return 1.0
 
     def random_reward(self) -> float:
         """The expected reward of a policy whose calls are uniform over the vocabulary,
-        exactly (a small dynamic programme over (cleared, turns))."""
+        exactly (a small dynamic programme over (cleared, turns), averaged over the chain
+        lengths a prompt can have)."""
         c = self.config
         p = _uniform_success(c)
-        dist = {0: 1.0}
-        for _ in range(c.max_turns):
-            nxt: dict[int, float] = {}
-            for k, w in dist.items():
-                if k >= c.depth:
-                    nxt[k] = nxt.get(k, 0.0) + w
-                    continue
-                nxt[k + 1] = nxt.get(k + 1, 0.0) + w * p
-                nxt[k] = nxt.get(k, 0.0) + w * (1 - p)
-            dist = nxt
-        return sum(min(k, c.depth) / c.depth * w for k, w in dist.items())
+        total = 0.0
+        for depth in c.depths:
+            dist = {0: 1.0}
+            for _ in range(c.max_turns):
+                nxt: dict[int, float] = {}
+                for k, w in dist.items():
+                    if k >= depth:
+                        nxt[k] = nxt.get(k, 0.0) + w
+                        continue
+                    nxt[k + 1] = nxt.get(k + 1, 0.0) + w * p
+                    nxt[k] = nxt.get(k, 0.0) + w * (1 - p)
+                dist = nxt
+            total += sum(self._reward(k, depth) * w for k, w in dist.items())
+        return total / len(c.depths)
 
 
 def _uniform_success(c: EnvConfig) -> float:
@@ -212,6 +256,12 @@ _ENVS: Registry[EnvName, EnvConfig] = Registry("environment", EnvName, EnvError,
 _ENVS.register(EnvName.SWITCHBOARD, EnvConfig("switchboard").validate())
 _ENVS.register(EnvName.SWITCHBOARD_HARD, EnvConfig("switchboard-hard", num_states=6, num_tools=3, num_args=2,
                                                    depth=3, max_turns=4).validate())
+# pass/fail prompts of mixed difficulty: the switchboard's panel and rules, reward 1 only for
+# a cleared chain, chains of 1, 2 or 4 states in 5 calls (a uniform policy clears them with
+# probability 0.76, 0.37, 0.016): a prompt's rollouts can all pass or all fail, and "mixed
+# rewards" is the binary notion TRACE allocates for
+_ENVS.register(EnvName.SWITCHBOARD_OUTCOME, EnvConfig("switchboard-outcome", reward=RewardKind.OUTCOME,
+                                                      depth_choices=(1, 2, 4), max_turns=5).validate())
 
 
 def known_envs() -> list[str]:

@@ -202,8 +202,9 @@ class TraceAllocation:
     """TRACE (`harts.rl.trace.TraceAllocator`): the step's root budget (prompts x roots)
     over prompts, then the continuation budget (prompts x expansions) over the root
     episodes' turn-boundary prefixes, by the predicted chance of mixed outcomes; the
-    predictor learns from each scored step's trees. Prompt features: the one-hot start
-    state."""
+    predictor learns from each scored step's trees. Prompt features: the environment's
+    (`Switchboard.prompt_features`: the one-hot start state, and the chain length where it
+    varies)."""
 
     def __init__(self, config: RLConfig, env: Switchboard):
         try:
@@ -211,12 +212,10 @@ class TraceAllocation:
         except ImportError as err:
             raise LoopError(f"--allocation trace needs harts.rl.trace ({err})") from None
         self.config, self.env = config, env
-        self.tracer = TraceAllocator(env.config.num_states, seed=config.seed)
+        self.tracer = TraceAllocator(len(env.prompt_features(0)), seed=config.seed)
 
     def _features(self, prompt: int) -> list[float]:
-        f = [0.0] * self.env.config.num_states
-        f[self.env.reset(prompt)[1].observation] = 1.0
-        return f
+        return self.env.prompt_features(prompt)
 
     def roots(self, step: int, prompts: Sequence[int]) -> list[int]:
         cands = [self.tracer.root(group_id(step, p), self._features(p)) for p in prompts]
@@ -268,7 +267,7 @@ class StepRecord:
     entropy: float
     logprob_gap: float
     compression: float
-    mixed_share: float  # prompts whose rollouts' rewards are not all equal
+    mixed_share: float  # share of the step's prompts whose rollouts' rewards are not all equal
     rollouts: int
     tokens: int
     executed_rows: int
@@ -348,9 +347,10 @@ def run(config: RLConfig, on_step: Callable[[StepRecord], None] | None = None, *
         gaps = [np.abs(lp[r.loss_mask] - r.old_logprobs[r.loss_mask])
                 for lp, r in zip(result.stats.log_probs, rollouts, strict=True)]
         rewards = np.array([r.reward for r in rollouts])
-        by_prompt: dict[int, list[float]] = {}
+        # every prompt of the step: one that got no rollouts has no mixed rewards
+        by_prompt: dict[int, list[float]] = {p: [] for p in prompts}
         for r in rollouts:
-            by_prompt.setdefault(r.prompt, []).append(r.reward)
+            by_prompt[r.prompt].append(r.reward)
         rec = StepRecord(
             step=step, reward_mean=float(rewards.mean()), reward_std=float(rewards.std()),
             loss=result.losses["loss"], pg_loss=result.losses["pg_loss"], entropy=result.losses["entropy"],

@@ -99,18 +99,20 @@ def test_turn_ranges_point_at_the_call_tokens():
         assert t.to_dict()["tool"] == TOOL_NAMES[9 % 2]
 
 
-def test_random_reward_matches_a_uniform_policy_simulation():
+@pytest.mark.parametrize("name", ["switchboard", "switchboard-outcome"])
+def test_random_reward_matches_a_uniform_policy_simulation(name):
+    env = make_env(name)
     rng = np.random.default_rng(0)
     n, total = 4000, 0.0
     for seed in range(n):
-        _, state = ENV.reset(seed)
+        _, state = env.reset(seed)
         while True:
-            out = ENV.step(state, tuple(int(x) for x in rng.integers(0, 16, 2)), 0)
+            out = env.step(state, tuple(int(x) for x in rng.integers(0, 16, 2)), 0)
             state = out.state
             if out.done:
                 total += out.reward
                 break
-    exact = ENV.random_reward()
+    exact = env.random_reward()
     assert 0.2 < exact < 0.6  # mixed rewards from the first step
     assert abs(total / n - exact) < 4 * 0.5 / np.sqrt(n)
 
@@ -120,3 +122,39 @@ def test_config_validation_names_the_field():
         EnvConfig("x", depth=3, max_turns=2).validate()
     with pytest.raises(EnvError, match="vocab_size"):
         EnvConfig("x", vocab_size=6, num_states=4).validate()
+
+
+def test_outcome_rewards_are_pass_fail_and_chain_lengths_vary_by_prompt():
+    env = make_env("switchboard-outcome")
+    lengths = {len(env.reset(seed)[1].chain) for seed in range(64)}
+    assert lengths == set(env.config.depth_choices)
+    for seed in range(16):
+        _, state = env.reset(seed)
+        depth = len(state.chain)
+        # the right calls clear the chain: reward 1; wrong calls only: reward 0
+        right = state
+        for _ in range(depth):
+            tool, args = env.correct_call(right)
+            out = env.step(right, (TOOL_NAMES.index(tool), args["slot"]), 0)
+            right = out.state
+        assert out.done and out.reward == 1.0
+        wrong = state
+        while True:
+            tool, args = env.correct_call(wrong)
+            out = env.step(wrong, ((TOOL_NAMES.index(tool) + 1) % env.config.num_tools, args["slot"]), 0)
+            wrong = out.state
+            if out.done:
+                break
+        assert out.reward == 0.0 and wrong.cleared == 0
+        f = env.prompt_features(seed)
+        assert len(f) == env.config.num_states + len(env.config.depth_choices) and sum(f) == 2.0
+        assert f[env.config.num_states + env.config.depth_choices.index(depth)] == 1.0
+
+
+def test_reward_kind_and_depth_choices_are_checked():
+    with pytest.raises(EnvError, match="reward"):
+        EnvConfig("x", reward="share").validate()
+    with pytest.raises(EnvError, match="max_turns"):
+        EnvConfig("x", depth_choices=(1, 5), max_turns=4).validate()
+    with pytest.raises(EnvError, match="depth_choices"):
+        EnvConfig("x", depth_choices=(0, 2), max_turns=4).validate()

@@ -116,3 +116,14 @@ def test_rtmc_is_called_once_per_prompt_group_and_its_advantages_are_used(monkey
     assert [ids for ids, _ in calls] == [[t.id for t in trajs[:2]], [t.id for t in trajs[2:]]]
     assert calls[0][1] == [r.reward for r in rollouts[:2]]
     assert [float(a[0]) for a in adv] == [10.0, 11.0, 20.0, 21.0]
+
+
+def test_mixed_share_is_over_every_prompt_of_the_step():
+    """A prompt TRACE gives no rollouts counts as one without mixed rewards: the share's
+    denominator is the step's prompt count, whatever the allocation."""
+    from harts.rl.loop import RLConfig, run
+
+    cfg = RLConfig(env="switchboard-outcome", allocation="trace", steps=3, seed=0)
+    for s in run(cfg).steps:
+        mixed = s.mixed_share * cfg.prompts
+        assert abs(mixed - round(mixed)) < 1e-9, (s.step, s.mixed_share)

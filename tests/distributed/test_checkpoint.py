@@ -456,7 +456,7 @@ def _dp_worker(rank: int, world: int, port: int, directory: str, steps: int, out
 
 def _start_dp2(children: _Children, directory: Path, steps: int, out: Path, kill_after: int = 0):
     port = _free_port()
-    return [children.start([sys.executable, "-c", "from tests.dist.test_checkpoint import _dp_worker; "
+    return [children.start([sys.executable, "-c", "from tests.distributed.test_checkpoint import _dp_worker; "
                             f"_dp_worker({r}, 2, {port}, {str(directory)!r}, {steps}, {str(out)!r}, {kill_after})"])
             for r in range(2)]
 

@@ -10,7 +10,7 @@ import pytest
 
 from harts.dist.mesh import parse_parallel
 from harts.verify.distributed import verify_distributed
-from tests.dist.cases import BUDGET, TOL, small_config, small_trajectories
+from tests.distributed.cases import BUDGET, TOL, small_config, small_trajectories
 
 
 @pytest.mark.parametrize("spec, applied", [("dp=2", ["fsdp"]), ("dp=2,ep=2", ["ep", "fsdp"]), ("tp=2", ["tp"])])

@@ -13,7 +13,7 @@ from harts.dist.mesh import LaunchError, check_launch, parse_parallel
 from harts.dist.runner import joint_events, launch
 from harts.plan.planners import make_plan
 from harts.tree import build_forest
-from tests.dist.cases import BUDGET, small_config, small_trajectories
+from tests.distributed.cases import BUDGET, small_config, small_trajectories
 
 
 def test_parse_parallel():

@@ -21,7 +21,6 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from harts.config.models import get_model_config
 from harts.config.plan import PlanConfig
-from harts.dist.pipeline import executed_schedule, lower_schedule, pipeline_trainer, stage_spec
 from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.model import build_model
 from harts.exec.trainer import ExpandedTrainer
@@ -37,6 +36,15 @@ LOSS = PolicyLossConfig(kl_coef=0.1)
 CHUNK = 8
 SEED = 3
 JOIN_SECONDS = 120
+
+
+def _pp():
+    """harts.dist.pipeline, imported when a test runs rather than when the suite is
+    collected: it imports torch.distributed.pipelining and with it triton, which must come
+    after the TRITON_INTERPRET=1 tests of tests/exec/gpu set that variable."""
+    import harts.dist.pipeline as pp
+
+    return pp
 
 
 def _config(aux_scope: str = "global"):
@@ -68,7 +76,7 @@ def _worker(rank: int, world: int, port: int, schedule: str, aux_scope: str, dp:
         mesh = init_device_mesh("cpu", (dp, pp), mesh_dim_names=("dp", "pp"))
         trajs, plan = _case(dp)
         model = build_model(_config(aux_scope), seed=SEED, dtype=torch.float64)
-        trainer = pipeline_trainer(model, mesh, plan, schedule, loss=LOSS)
+        trainer = _pp().pipeline_trainer(model, mesh, plan, schedule, loss=LOSS)
         stage, replica = trainer.spec.stage, trainer.replica
         assert (replica, stage) == (rank // pp, rank % pp)
         # `update`: a whole step (clipped by the global norm, AdamW) instead of forward/backward
@@ -76,7 +84,7 @@ def _worker(rank: int, world: int, port: int, schedule: str, aux_scope: str, dp:
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         params = {n: p.detach().clone() for n, p in model.named_parameters()}
         # the whole run's order, gathered (every rank), against the simulator's text
-        ran = executed_schedule(result).to_text()
+        ran = _pp().executed_schedule(result).to_text()
         simulated = trainer.simulated_schedule(trajs).to_text()
         torch.save({"result": result, "grads": grads, "params": params, "stage": stage, "replica": replica,
                     "ran": ran, "simulated": simulated}, Path(out) / f"rank{rank}.pt")
@@ -197,7 +205,7 @@ def test_lowering_maps_passes_to_runtime_actions():
 
     trajs, plan = _case()
     sched = build_schedule(ScheduleName.CONSUMER_1F1B, step_from_plan(plan, build_forest(trajs), CHUNK), 2)
-    order, actions = lower_schedule(sched, 0)
+    order, actions = _pp().lower_schedule(sched, 0)
     for s in range(2):
         ops = sched.ops(0, s)
         assert len(actions[s]) == len(ops)
@@ -252,16 +260,16 @@ def test_microbatch_aux_scope_matches_the_single_process_plan_step(tmp_path):
 
 def test_stage_split_is_the_simulators_and_bad_splits_are_refused():
     cfg = _config()
-    specs = [stage_spec(cfg, 2, s) for s in range(2)]
+    specs = [_pp().stage_spec(cfg, 2, s) for s in range(2)]
     assert [s.layers for s in specs] == [(0, 1), (2, 3)]
     assert specs[0].has_embedding and not specs[0].has_lm_head
     assert specs[1].has_lm_head and not specs[1].has_embedding
     with pytest.raises(ValueError, match="larger than the layer count"):
-        stage_spec(cfg, 5, 0)
+        _pp().stage_spec(cfg, 5, 0)
     with pytest.raises(ValueError, match="tied embeddings"):
-        stage_spec(cfg.replace(tie_embeddings=True), 2, 0)
+        _pp().stage_spec(cfg.replace(tie_embeddings=True), 2, 0)
     with pytest.raises(ValueError, match="stage 2 of 2"):
-        stage_spec(cfg, 2, 2)
+        _pp().stage_spec(cfg, 2, 2)
 
 
 def test_verify_parallel_runs_the_pipeline_against_the_expanded_step(capsys):

@@ -3,9 +3,10 @@ reference: outputs and the gradients of x, weight and bias on tree windows (fork
 and packed-sequence windows; and the output of a row depends only on its window (a tree
 row and the same token in its trajectory get the same bits)."""
 
-import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+from tests.exec.gpu import interpret_triton  # noqa: E402
+
+interpret_triton()
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -2,9 +2,10 @@
 (dense, sparse and no injection), and the chunk-grid bookkeeping of the replay path (state
 selection, compact gradient injection) against the reference chunk_kda."""
 
-import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+from tests.exec.gpu import interpret_triton  # noqa: E402
+
+interpret_triton()
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -4,9 +4,10 @@ kernel equals `index_add_` in float64 (to float32 rounding; exactly on integer v
 where the order cannot matter); and the split attention's backward through it equals the
 index_add_ path on hypothesis-drawn forests."""
 
-import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+from tests.exec.gpu import interpret_triton  # noqa: E402
+
+interpret_triton()
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -8,8 +8,9 @@ environment answers with two tokens, `[outcome, next observation]`. The right ca
 state is fixed by the environment's rule table (the same for every episode), so the right
 tool depends on the observation and a policy can learn it; an episode is a seeded chain of
 `depth` states to clear within `max_turns` calls, and its reward is the share of the chain
-cleared (`switchboard-outcome`: 1 for a cleared chain, else 0). A right call answers `OK` and shows the next state; a wrong one answers `FAIL`
-and shows the same state again; the last answer ends in `END`.
+cleared (`switchboard-outcome`: 1 for a cleared chain, else 0, with chain lengths drawn per
+prompt). A right call answers `OK` and shows the next state; a wrong one answers `FAIL` and
+shows the same state again; the last answer ends in `END`.
 
 The call grammar is total, so a policy that has learnt nothing still makes calls that
 mean something (a random policy's reward is well inside (0, 1), which gives GRPO mixed

@@ -37,8 +37,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from windows import provenance  # noqa: E402 - the suites share one provenance record
+from harts.exec.bench import provenance
 
 
 def hf_config(family: str, layers: int) -> dict:
@@ -92,7 +91,8 @@ def write_random_checkpoint(family: str, layers: int, out: Path) -> dict:
     tensors = {k: v.to("cpu").contiguous() for k, v in adapter.to_hf(state, cfg, hf).items()}
     params = sum(p.numel() for p in net.parameters())
     del net, state
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     write_checkpoint(out, hf, tensors)
     return {"family": family, "layers": layers, "path": str(out), "parameters": int(params),
             "layer_kinds": [k.value for k in cfg.layer_kinds], "seconds_to_write": time.perf_counter() - t0}

@@ -25,8 +25,6 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-
 
 def worker(args: argparse.Namespace) -> int:
     import torch
@@ -95,10 +93,8 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     if args.worker:
         return worker(args)
-    sys.path.insert(0, str(HERE))
-    from windows import provenance
-
     from harts.config.models import get_model_config
+    from harts.exec.bench import provenance
     from harts.tree.io import save_jsonl
     from harts.tree.workload import generate, preset
 

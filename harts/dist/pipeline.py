@@ -84,7 +84,7 @@ from harts.config.optimizer import OptimizerConfig
 from harts.exec.loss import PolicyLossConfig, policy_loss
 from harts.exec.model.model import HybridModel
 from harts.exec.model.moe import MoEGlobalStats, set_moe_global
-from harts.exec.trainer import step_denominators
+from harts.exec.trainer import LOSS_TERMS, step_denominators
 from harts.exec.tree import Stash
 from harts.exec.window import PlanTrainer
 from harts.plan.plan import Plan, PlanMode
@@ -468,9 +468,6 @@ def executed_schedule(result: PipelineStepResult, group: dist.ProcessGroup | Non
                     max(r for r, _, _ in gathered) + 1, ranks)
 
 
-_TERMS = ("loss", "pg_loss", "kl", "entropy", "aux_loss", "clip_frac", "ppo_kl")
-
-
 class PipelineTrainer(PlanTrainer):
     """Runs a tree-mode `Plan` on one replica's pipeline, one stage per rank of `group`,
     in the order of the simulator's schedule `schedule` (a `ScheduleName`).
@@ -546,7 +543,7 @@ class PipelineTrainer(PlanTrainer):
         starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         logprob_flat = np.full(total_tokens, np.nan)
         entropy_flat = np.full(total_tokens, np.nan)
-        sums = np.zeros(len(_TERMS))
+        sums = np.zeros(len(LOSS_TERMS))
 
         def loss_fn(output, target):  # noqa: ANN001
             h_PD, aux = output
@@ -584,10 +581,10 @@ class PipelineTrainer(PlanTrainer):
             raise AssertionError(f"stage {spec.stage}: producers {sorted(step.stash)} kept their state after the step")
 
         # the step's loss sums and expert loads, gathered over the pipeline
-        totals = torch.zeros(len(_TERMS) + num_moe * config.num_experts, dtype=torch.float64)
+        totals = torch.zeros(len(LOSS_TERMS) + num_moe * config.num_experts, dtype=torch.float64)
         if spec.is_last:
-            totals[: len(_TERMS)] = torch.from_numpy(sums)
-        load = totals[len(_TERMS):].view(num_moe, config.num_experts) if num_moe else None
+            totals[: len(LOSS_TERMS)] = torch.from_numpy(sums)
+        load = totals[len(LOSS_TERMS):].view(num_moe, config.num_experts) if num_moe else None
         for m in mbs:
             part = step.loads.get(m.index)
             if part is not None:
@@ -595,8 +592,8 @@ class PipelineTrainer(PlanTrainer):
         dist.all_reduce(totals, group=self.group)
         if self.dp_group is not None:
             dist.all_reduce(totals, group=self.dp_group)
-        losses = dict(zip(_TERMS, totals[: len(_TERMS)].tolist(), strict=True))
-        expert_load = (totals[len(_TERMS):].view(num_moe, config.num_experts).numpy().copy() if num_moe
+        losses = dict(zip(LOSS_TERMS, totals[: len(LOSS_TERMS)].tolist(), strict=True))
+        expert_load = (totals[len(LOSS_TERMS):].view(num_moe, config.num_experts).numpy().copy() if num_moe
                        else np.zeros((0, config.num_experts)))
         if self.dp_group is not None and self.reduce_grads:
             self._reduce_grads()

@@ -263,12 +263,8 @@ class DistPlanTrainer(PlanTrainer):
         mine = (result.logprobs, result.entropy, result.losses, result.expert_load, result.layout,
                 result.microbatches)
         dist.all_gather_object(parts, mine, group=self._dp_group)
-        logprobs = [np.array(a) for a in parts[0][0]]
-        entropy = [np.array(a) for a in parts[0][1]]
-        for lp, ent, *_ in parts[1:]:
-            for j in range(len(logprobs)):
-                logprobs[j] = np.where(np.isnan(logprobs[j]), lp[j], logprobs[j])
-                entropy[j] = np.where(np.isnan(entropy[j]), ent[j], entropy[j])
+        logprobs = merge_per_trajectory([p[0] for p in parts])
+        entropy = merge_per_trajectory([p[1] for p in parts])
         losses = {k: sum(p[2][k] for p in parts) for k in result.losses}
         loads = [p[3] for p in parts if p[3] is not None]
         return replace(result, logprobs=logprobs, entropy=entropy, losses=losses,
@@ -290,6 +286,20 @@ class DistPlanTrainer(PlanTrainer):
                         p.grad.mul_(coef)
         self.optimizer.step()
         return replace(result, seconds=time.perf_counter() - start)
+
+
+def merge_per_trajectory(parts: Sequence[Sequence[np.ndarray] | None]) -> list[np.ndarray] | None:
+    """Per-trajectory arrays that ranks filled in part (NaN where another rank holds the
+    value), merged: each position from the first rank that has it. None parts (a rank
+    that holds none, such as a pipeline's earlier stages) are skipped."""
+    parts = [p for p in parts if p is not None]
+    if not parts:
+        return None
+    out = [np.array(a) for a in parts[0]]
+    for other in parts[1:]:
+        for j in range(len(out)):
+            out[j] = np.where(np.isnan(out[j]), other[j], out[j])
+    return out
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

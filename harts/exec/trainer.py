@@ -81,6 +81,10 @@ class StepResult:
         return self.tokens / self.seconds if self.seconds > 0 else float("inf")
 
 
+# the step's loss terms, summed over its microbatches (StepResult.losses)
+LOSS_TERMS = ("loss", "pg_loss", "kl", "entropy", "aux_loss", "clip_frac", "ppo_kl")
+
+
 def pack_microbatches(lengths: Sequence[int], budget: int) -> list[list[int]]:
     """First-fit-decreasing bins of indices with total length <= budget; an item longer than
     the budget gets a bin of its own. Deterministic: ties keep input order."""
@@ -332,7 +336,7 @@ class ExpandedTrainer:
         starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         logprob_flat = np.full(total_tokens, np.nan)
         entropy_flat = np.full(total_tokens, np.nan)
-        sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "aux_loss", "clip_frac", "ppo_kl"), 0.0)
+        sums = dict.fromkeys(LOSS_TERMS, 0.0)
         expert_load = None
         infos = []
         config = model.config
@@ -357,9 +361,8 @@ class ExpandedTrainer:
                 mb.after_forward(out, loss)
             elif backward:
                 loss.backward()
-            terms = (("loss", loss), ("pg_loss", pl.pg_loss), ("kl", pl.kl), ("entropy", pl.entropy),
-                     ("aux_loss", aux), ("clip_frac", pl.clip_frac), ("ppo_kl", pl.ppo_kl))
-            pending.append((torch.stack([v.detach().to(torch.float64).reshape(()) for _, v in terms]),
+            terms = (loss, pl.pg_loss, pl.kl, pl.entropy, aux, pl.clip_frac, pl.ppo_kl)  # LOSS_TERMS' order
+            pending.append((torch.stack([v.detach().to(torch.float64).reshape(()) for v in terms]),
                             out.expert_load.detach().to(torch.float64), pl.logprob_N.detach().to(torch.float64),
                             pl.entropy_N.detach().to(torch.float64), mb.table.traj, mb.table.position))
             infos.append({"rows": int(mb.ids_T.numel()), **mb.info})
@@ -367,7 +370,6 @@ class ExpandedTrainer:
         # microbatch would hold the host until that microbatch finished before it could launch
         # the next one, and leave the device idle while it does
         if pending:
-            names = [name for name, _ in terms]
             values = torch.stack([p[0] for p in pending]).cpu().tolist()
             loads = torch.stack([p[1] for p in pending]).cpu()
             lp = torch.cat([p[2] for p in pending]).cpu().numpy()
@@ -375,7 +377,7 @@ class ExpandedTrainer:
             traj_N = torch.cat([p[4] for p in pending]).cpu().numpy()
             pos_N = torch.cat([p[5] for p in pending]).cpu().numpy()
             for i, row in enumerate(values):
-                for name, value in zip(names, row, strict=True):
+                for name, value in zip(LOSS_TERMS, row, strict=True):
                     sums[name] += value
                 load = loads[i].numpy()
                 expert_load = load if expert_load is None else expert_load + load

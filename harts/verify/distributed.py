@@ -115,10 +115,10 @@ def _pipeline_step(payload: dict, mesh, model, plan, trajectories) -> tuple[Any,
     schedule's passes in its order."""
     from types import SimpleNamespace
 
-    import numpy as np
     import torch.distributed as dist
 
     from harts.dist.pipeline import executed_schedule, pipeline_trainer
+    from harts.dist.runner import merge_per_trajectory
 
     trainer = pipeline_trainer(model, mesh.mesh, plan, payload["schedule"], loss=payload["loss"],
                                kernels=payload["kernels"])
@@ -130,17 +130,12 @@ def _pipeline_step(payload: dict, mesh, model, plan, trajectories) -> tuple[Any,
     parts: list = [None] * dist.get_world_size()
     dist.all_gather_object(parts, mine)
     full: dict[str, Any] = {}
-    logprobs = entropy = None
-    for replica, _stage, g, lps, ents in parts:
+    for replica, _stage, g, _lps, _ents in parts:
         if replica == 0:
             full.update(g)
-        if lps is not None:  # a last stage: its replica's trajectories
-            if logprobs is None:
-                logprobs, entropy = [np.array(x) for x in lps], [np.array(x) for x in ents]
-            else:
-                for j in range(len(logprobs)):
-                    logprobs[j] = np.where(np.isnan(logprobs[j]), lps[j], logprobs[j])
-                    entropy[j] = np.where(np.isnan(entropy[j]), ents[j], entropy[j])
+    # each replica's last stage holds its trajectories' values
+    logprobs = merge_per_trajectory([p[3] for p in parts])
+    entropy = merge_per_trajectory([p[4] for p in parts])
     got = SimpleNamespace(logprobs=logprobs, entropy=entropy, losses=result.losses, expert_load=result.expert_load,
                           tokens=sum(len(t) for t in trajectories), grad_norm=float("nan"), layout=result.layout)
     applied = ["pp"] + (["dp"] if mesh.parallel.dp > 1 else [])

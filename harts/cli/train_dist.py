@@ -24,7 +24,11 @@ def cmd_train_distributed(args: argparse.Namespace, load_trajectories) -> int:
     train_checkpoint.check_flags(args)
     if args.mode != "tree":
         raise UserError("--parallel runs a step plan: add --mode tree")
-    if args.old_logprobs == "recompute" and "pp=" in (args.parallel or "") and "pp=1" not in args.parallel.split(","):
+    try:  # the spec's own degrees, before the process group (its size fills dp later)
+        pp = parse_parallel(args.parallel).pp
+    except LaunchError as err:
+        raise UserError(str(err)) from None
+    if args.old_logprobs == "recompute" and pp > 1:
         raise UserError("--parallel with pp > 1 needs --old-logprobs input (the pipeline runs no forward-only "
                         "pass to recompute them)", field="--old-logprobs")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

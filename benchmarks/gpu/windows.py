@@ -1,7 +1,7 @@
 """Sharing windows on the GPU: a tree split into producer + consumers against the same rows
 as one microbatch and against the expanded baseline at the same budget.
 
-    python3 benchmarks/gpu/windows.py [--profile] [--fidelity] [--steps N] [--no-autotune] --out DIR
+    python3 benchmarks/gpu/windows.py [--profile] [--fidelity] [--resident] [--steps N] [--no-autotune] --out DIR
 
 Workloads (`harts.tree.workload` presets, vocab_size 32768 as the other GPU runs): the
 generator's swe-treestep-1 (one tree of 81,747 compact rows, longest trajectory 51,460),
@@ -12,7 +12,9 @@ model in bf16 with activation recomputation:
 - `tree`: the whole tree as one microbatch (`TreeTrainer`, budget 131072; 262144 for the
   bushy tree),
 - `windows@B`: the `l1l2` plan at budget B (`PlanTrainer`), B = 65536 and 57344,
-- `expanded@B`: the trajectory-expanded baseline at the same budgets.
+- `expanded@B`: the trajectory-expanded baseline at the same budgets,
+- `windows-resident@B` (`--resident`): the first window plan with its producers' saved
+  tensors kept on the device instead of in host memory (`PlanTrainer(offload_producers=False)`).
 
 Per case: the median of `--steps` update steps (forward, backward, AdamW) after
 `--warmup` steps, each timed with a device synchronisation and perf_counter, the step's
@@ -112,7 +114,8 @@ def _trainer(kind: str, trajs, budget: int, model: str):
     if kind == "tree":
         return TreeTrainer(net), None
     plan = make_plan(build_forest(trajs), "l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=cfg.chunk_size))
-    return PlanTrainer(net, plan), plan
+    # windows-resident: the producers' saved tensors left on the device (no HostOffload)
+    return PlanTrainer(net, plan, offload_producers=kind != "windows-resident"), plan
 
 
 def run_case(kind: str, trajs, budget: int, args) -> dict:
@@ -147,7 +150,7 @@ def run_case(kind: str, trajs, budget: int, args) -> dict:
     if plan is not None:
         out["windows"] = [{"producer": w.producer, "consumers": w.consumers, "producer_rows": w.producer_rows,
                            "context_rows_read": w.context_rows_read, "retained_bytes": w.retained_bytes,
-                           "held_bytes": w.held_bytes,
+                           "held_bytes": w.held_bytes, "offloaded_bytes": w.offloaded_bytes,
                            "plan_retained_tokens": plan.producer_retention * w.producer_rows}
                           for w in trainer.windows]
         out["producer_retention"] = plan.producer_retention
@@ -318,6 +321,8 @@ def main(argv: list[str]) -> int:
                     help="CUDA memory history of one window step per workload: per-microbatch marks, live tensors at the peak by call site")
     ap.add_argument("--fidelity", action="store_true",
                     help="bf16 gradients of windows, tree and a repacked expanded run against expanded")
+    ap.add_argument("--resident", action="store_true",
+                    help="also each workload's first window plan with its producers' saved tensors kept on the device")
     ap.add_argument("--no-autotune", action="store_true", help="each Triton kernel's first config")
     ap.add_argument("--time-limit", type=float, default=480.0, help="start no new case past this many seconds")
     ap.add_argument("--out", default=".")
@@ -350,8 +355,8 @@ def main(argv: list[str]) -> int:
     for wl, (_over, budgets, unsplit) in workloads.items():
         plan.append((wl, "tree", unsplit))
         plan += [(wl, "windows", b) for b in budgets]
-    if args.fidelity:
-        plan.append((base_wl, "fidelity", args.budgets[0]))
+    if args.resident:
+        plan += [(wl, "windows-resident", budgets[0]) for wl, (_over, budgets, _unsplit) in workloads.items()]
     if args.profile:
         plan.append((base_wl, "profile", args.budgets[0]))
     if args.memtrace:
@@ -360,6 +365,8 @@ def main(argv: list[str]) -> int:
         for wl, (_over, budgets, _unsplit) in workloads.items():
             plan += [(wl, "expanded", b) for b in budgets]
         plan.append((base_wl, "expanded", args.unsplit_budget))
+    if args.fidelity:  # last: the comparisons above need the expanded steps
+        plan.append((base_wl, "fidelity", args.budgets[0]))
     trajs_of = {}
     for wl, kind, budget in plan:
         if time.perf_counter() - t_start > args.time_limit:
@@ -421,6 +428,7 @@ def main(argv: list[str]) -> int:
                       f"{r['peak_bytes']/2**30:.1f} GiB mbs {r['microbatches']} rows {r['rows']}", flush=True)
                 for w in r.get("windows", []):
                     print(f"    window p{w['producer']} c{w['consumers']}: retained {w['retained_bytes']/2**30:.2f} GiB, "
+                          f"held {w['held_bytes']/2**30:.2f} GiB, offloaded {w['offloaded_bytes']/2**30:.2f} GiB, "
                           f"plan {w['plan_retained_tokens']:.0f} tokens", flush=True)
         except Exception as err:  # noqa: BLE001 - record and go on with the other cases
             result["cases"][name] = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()[-3000:]}
@@ -454,6 +462,13 @@ def main(argv: list[str]) -> int:
                                   "measured_held_retention": (w.get("held_bytes") or 0) / (w["producer_rows"] * act_per_row)}
                                  for w in win["windows"]]
                 s["activation_bytes_per_row_unsplit"] = act_per_row
+            res = cases.get(f"{wl} windows-resident@{b}", {})
+            if "seconds" in res and "seconds" in win:
+                # the producers' saved tensors kept on the device: what the host offload costs and saves
+                s["offload_seconds_over_resident"] = win["seconds"] / res["seconds"]
+                s["peak_resident_bytes"] = res["peak_bytes"]
+                if exp.get("peak_bytes"):
+                    s["peak_resident_over_expanded"] = res["peak_bytes"] / exp["peak_bytes"]
             summary[f"{wl}@{b}"] = s
             print(f"[summary] {wl}@{b}: {json.dumps(s, default=str)}", flush=True)
     result["summary"] = summary

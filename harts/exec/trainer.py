@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -151,6 +152,9 @@ class Microbatch:
     # called with (model output, loss) instead of an immediate backward (a window
     # producer, whose backward runs after its consumers'); loss is None in no-loss passes
     after_forward: Callable[[object, torch.Tensor | None], None] | None = None
+    # saved-tensor hooks entered around its forward and loss (a window producer's
+    # `HostOffload`); None: autograd keeps saved tensors where they are
+    saved_tensors: Callable[[], AbstractContextManager] | None = None
 
 
 @dataclass(frozen=True)
@@ -347,9 +351,10 @@ class ExpandedTrainer:
         for mb in microbatches():
             if stats is not None:
                 set_moe_global(mb.ctx, stats)
-            out = model(mb.ids_T, mb.ctx)
-            hidden_TD = out.hidden_TD if mb.hidden_of is None else mb.hidden_of(out.hidden_TD)
-            pl = policy_loss(hidden_TD, model.lm_head_weight, mb.table, den, self.loss_config)
+            with mb.saved_tensors() if mb.saved_tensors is not None else nullcontext():
+                out = model(mb.ids_T, mb.ctx)
+                hidden_TD = out.hidden_TD if mb.hidden_of is None else mb.hidden_of(out.hidden_TD)
+                pl = policy_loss(hidden_TD, model.lm_head_weight, mb.table, den, self.loss_config)
             if stats is None:
                 # the aux loss of a microbatch weighs by its share of the step's (expanded) tokens
                 aux = out.aux_loss * (mb.expanded_tokens / total_tokens)

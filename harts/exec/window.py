@@ -48,6 +48,7 @@ from harts.config.kernels import KernelConfig
 from harts.config.optimizer import OptimizerConfig
 from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.model import HybridModel
+from harts.exec.offload import HostOffload
 from harts.exec.ops.gather import RowGather
 from harts.exec.trainer import ExpandedTrainer, Microbatch, PreparedStep
 from harts.exec.transfer import to_device
@@ -79,6 +80,9 @@ class WindowStats:
     held_bytes: int = 0
     producer_rows: int = 0
     context_rows_read: int = 0
+    # bytes of the producer's saved tensors held in host memory across the window
+    # (`PlanTrainer(offload_producers=...)`, harts.exec.offload)
+    offloaded_bytes: int = 0
 
 
 @dataclass
@@ -94,6 +98,7 @@ class _Window:
     # the contexts holding the window's state: released after the producer's backward
     producer_ctx: TreeContext | None = None
     consumer_ctxs: list[TreeContext] = field(default_factory=list)
+    offload: HostOffload | None = None
 
 
 class _WindowRun:
@@ -122,6 +127,8 @@ class _WindowRun:
             w.stash.keep(w.needs, out.hidden_TD)
             w.loss = loss
             w.stats.retained_bytes = w.stash.retained_bytes()
+            if w.offload is not None:
+                w.stats.offloaded_bytes = w.offload.bytes
             if ctx.device.type == "cuda":
                 w.stats.held_bytes = torch.cuda.memory_allocated(ctx.device) - w.mem_start
             tr = self.trainer
@@ -129,6 +136,12 @@ class _WindowRun:
             tr.peak_retained_bytes = max(tr.peak_retained_bytes, tr._open_bytes)
 
         return hook
+
+    def offload(self, producer: int) -> HostOffload:
+        """The saved-tensor hooks of a producer's forward (`Microbatch.saved_tensors`)."""
+        w = self.open[producer]
+        w.offload = HostOffload()
+        return w.offload
 
     def __iter__(self):
         tr = self.trainer
@@ -180,13 +193,17 @@ class PlanTrainer(ExpandedTrainer):
 
     def __init__(self, model: HybridModel, plan: Plan, optimizer: OptimizerConfig | None = None,
                  loss: PolicyLossConfig | None = None, *, order: Sequence[int] | None = None,
-                 schedule: Schedule | None = None, kernels: KernelConfig | None = None):
+                 schedule: Schedule | None = None, kernels: KernelConfig | None = None,
+                 offload_producers: bool | None = None):
         """`order`: the microbatch ids in execution order, as a pipeline schedule runs them
         (default: each replica's plan order, replicas one after another). Windows may
         overlap — a producer may run before the previous window's last consumer — as long
         as every consumer follows its producer; each producer's backward still runs right
         after its own last consumer. `schedule`: a simulator schedule (harts.sim.schedule)
-        of this plan instead of `order`: its first stage's forward order (`order_from_schedule`)."""
+        of this plan instead of `order`: its first stage's forward order (`order_from_schedule`).
+        `offload_producers`: hold a window producer's large saved tensors (its blocks'
+        checkpointed inputs) in host memory while its consumers run (`HostOffload`); the
+        default does so on CUDA devices. Values are unchanged either way."""
         if plan.mode == PlanMode.TREE:
             model.config.check_tree_mode()
         super().__init__(model, optimizer, loss, kernels=kernels)
@@ -205,6 +222,7 @@ class PlanTrainer(ExpandedTrainer):
             if m.producer is not None and position[m.producer] > position[m.id]:
                 raise ValueError(f"order runs consumer {m.id} before its producer {m.producer}")
         self.execution_order = order
+        self.offload_producers = offload_producers
         self.windows: list[WindowStats] = []
         # the most producer state alive at once (overlapping windows add up)
         self.peak_retained_bytes = 0
@@ -313,13 +331,18 @@ class PlanTrainer(ExpandedTrainer):
                     return torch.cat([h, *pick(ctx.stash.hidden)])
 
             after_forward = run.after_forward(m.id, ctx) if is_producer else None
+            saved_tensors = None
+            if is_producer and (self.offload_producers if self.offload_producers is not None
+                                else device.type == "cuda"):
+                def saved_tensors(run=run, producer=m.id):
+                    return run.offload(producer)
             ids_T = to_device(forest.token_ids[comp], device)
             info = {"kda_rounds": ctx.kda_rounds, "replay_tokens": ctx.replay_tokens,
                     "context_rows": int(ctx_rows.size), "role": "producer" if is_producer else
                     ("consumer" if m.producer is not None else "standalone")}
             run.items.append((m.id, m.producer, ctx, Microbatch(
                 list(m.trajectories), ids_T, ctx, table, int(round(weights[m.id].sum())), info,
-                hidden_of=hidden_of, after_forward=after_forward)))
+                hidden_of=hidden_of, after_forward=after_forward, saved_tensors=saved_tensors)))
         return run
 
     def _producer_backward(self, window: _Window) -> None:

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from harts.config.models import get_model_config
 from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.model import build_model
+from harts.exec.offload import HostOffload
 from harts.exec.ops.gather import RowPlace
 from harts.exec.trainer import ExpandedTrainer, run_steps
 from harts.exec.window import PlanTrainer
@@ -216,3 +217,43 @@ def test_window_backward_has_no_advanced_indexing_scatter():
         counts[name] = (c.n, len(prepared.microbatches))
     (tree_n, tree_mbs), (win_n, win_mbs) = counts["tree"], counts["windows"]
     assert win_n <= tree_n * win_mbs / tree_mbs, counts
+
+
+def test_offloaded_producer_state_gives_the_same_step(monkeypatch):
+    """A window producer's saved tensors held in host memory (`HostOffload`, every size
+    here) give the step of the same plan with them left in place, bit for bit; what is
+    moved includes every block's checkpointed input (`recompute=True`), never a parameter."""
+    import harts.exec.offload as offload
+
+    monkeypatch.setattr(offload, "DEFAULT_MIN_BYTES", 0)
+    trajs, plan, cfg = _setup()
+    runs = {}
+    for moved in (False, True):
+        model = build_model(cfg, seed=3, dtype=torch.float64, recompute=True)
+        trainer = PlanTrainer(model, plan, loss=LOSS, offload_producers=moved)
+        res = trainer.forward_backward(trajs, 1 << 20)
+        runs[moved] = (res, _grads(model), trainer.windows)
+    assert runs[False][0].losses == runs[True][0].losses
+    for a, b in zip(runs[False][1], runs[True][1], strict=True):
+        assert torch.equal(a, b)
+    assert all(w.offloaded_bytes == 0 for w in runs[False][2])
+    assert runs[True][2]
+    for w in runs[True][2]:  # at least every block's input over the producer's rows
+        assert w.offloaded_bytes >= cfg.num_layers * w.producer_rows * cfg.d_model * 8
+
+
+def test_host_offload_moves_saved_activations_and_keeps_parameters():
+    lin = torch.nn.Linear(6, 6, dtype=torch.float64)
+    x0 = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
+    ref = torch.autograd.grad(torch.tanh(lin(x0 * 2)).sum(), [x0, lin.weight])
+    hooks = HostOffload(min_bytes=0)
+    with hooks:
+        y = torch.tanh(lin(x0 * 2)).sum()  # linear saves its input and (a view of) its weight
+    got = torch.autograd.grad(y, [x0, lin.weight])
+    assert hooks.tensors == 2 and hooks.bytes == 2 * 5 * 6 * 8  # the input and tanh's output
+    for a, b in zip(ref, got, strict=True):
+        assert torch.equal(a, b)
+    small = HostOffload(min_bytes=10**6)
+    with small:
+        torch.tanh(lin(x0 * 2)).sum()
+    assert small.tensors == 0

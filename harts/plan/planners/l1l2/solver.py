@@ -43,6 +43,10 @@ class CellSolver:
         self.overhead = config.cost_model.microbatch_overhead
         self.chunk = config.chunk_size
         self.pp = config.pp
+        # one replica and no pipeline: the slots run one after another on one device, so
+        # how a cell's load splits between them does not change the step's time, only its
+        # peak memory (see `solve`)
+        self.sequential = config.dp <= 1 and config.pp <= 1
         self._alone: frozenset[int] | None = None
         self._chunks: dict[int, tuple[list[int], list[float]]] = {}
         self._first: dict[int, float] = {}  # `first_chunk_cost` per node
@@ -184,8 +188,12 @@ class CellSolver:
         """Level the cell (every slot at the cell's mean load) when the budget allows,
         trying two ways of filling it; otherwise pack it largest-cost-first into the
         least-loaded slot with token room. Keeps the feasible result with the lowest
-        peak load."""
-        best: tuple[float, int, Cell] | None = None
+        peak load (the first such). On one replica without a pipeline (`sequential`), where
+        the slot loads simply add up, the one of least total load with the lowest peak
+        memory (`peak_tokens`) instead: the levelled fills shave prefixes into the producer
+        to even the slots, which there buys no time and makes every consumer hold a larger
+        producer."""
+        tried: list[tuple[float, float, int, Cell]] = []
         for attempt in ("cover", "anchor", "lpt", "ffd"):
             trial = Cell(k=c.k, trees=list(c.trees))
             if attempt in ("lpt", "ffd"):
@@ -193,12 +201,18 @@ class CellSolver:
             else:
                 ok = fill_levelled(self, trial, anchored=attempt == "anchor")
             if ok:
-                key = (max(self.loads(trial)), trial.p_tokens())
-                if best is None or key < best[:2]:
-                    best = (*key, trial)
-        if best is None:
+                loads = self.loads(trial)
+                tried.append((sum(loads), max(loads), trial.p_tokens(), trial))
+        if not tried:
             return False
-        trial = best[2]
+        if self.sequential:
+            # the least total load (to rounding), then the lowest peak memory
+            least = min(t[0] for t in tried)
+            tried = [t for t in tried if t[0] <= least * (1 + 1e-9)]
+            best = min(tried, key=lambda t: (self.peak_tokens(t[3]), t[2]))
+        else:
+            best = min(tried, key=lambda t: (t[1], t[2]))
+        trial = best[3]
         c.trunk, c.trunk_cost, c.trunk_tokens = trial.trunk, trial.trunk_cost, trial.trunk_tokens
         c.bins, c.hanging = trial.bins, trial.hanging
         return True
@@ -310,6 +324,14 @@ class CellSolver:
                     if not c.reads_producer(b):
                         it = min(c.bins[b], key=lambda x: (x.cost, x.root))
                         self.shave(it, 1e-9 + self.first_chunk_cost(it.root))
+
+    def peak_tokens(self, c: Cell) -> float:
+        """The cell's peak activation memory in token units, as `Plan.memory_tokens` prices
+        it: the largest slot's rows plus `producer_retention` x the producer's rows (or the
+        producer's own rows, when larger)."""
+        p_tokens = c.p_tokens()
+        held = self.rho * p_tokens if p_tokens else 0.0
+        return max([float(p_tokens)] + [c.bin_tokens(b) + held for b in range(c.k)])
 
     def fits(self, c: Cell) -> bool:
         p_tokens = c.p_tokens()

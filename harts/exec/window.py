@@ -10,7 +10,9 @@ data-parallel all-reduce of the step-global loss computes):
 
 1. producer forward over its rows, recording through its context a `Stash`: the mixing
    inputs of every row (attention keys/values, conv inputs, KDA inputs), the KDA states
-   its rounds handed on, and its final hidden rows. No backward yet.
+   its rounds handed on, and its final hidden rows. No backward yet. On CUDA its other
+   large saved tensors (its blocks' checkpointed inputs) wait in pinned host memory until
+   its backward (`harts.exec.offload.HostOffload`; `PlanTrainer(offload_producers=...)`).
 2. each consumer: forward over its own rows, with every mixing op extended by the
    context rows' stashed inputs (detached leaves shared by all consumers of the window),
    KDA trees starting from the producer's chunk-aligned states; loss over its targets

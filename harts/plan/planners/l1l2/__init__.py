@@ -14,7 +14,9 @@ The stages (`pipeline.STAGES`, in this order):
 
 1. `choose.choose_cells`: slot count S and cells per replica m minimising the critical
    path sum_s max_r load(s, r) (pipelined with pp > 1); trees dealt to cells
-   (`cells`), each cell solved and levelled (`solver.CellSolver`, `fill`).
+   (`cells`), each cell solved and levelled (`solver.CellSolver`, `fill`); on one replica
+   without a pipeline, where slot loads only add up, filled for the lowest peak memory
+   instead (`CellSolver.sequential`).
 2. `relevel.line_up` (pp = 1): whole cells moved within and between replicas
    (`arrange`); off the ideal path, windows re-cut toward the other replicas' slots and
    slots handed between windows (`relevel`).

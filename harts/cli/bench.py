@@ -141,7 +141,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
               f"{args.warmup} warm-up + {args.steps} timed steps per mode ({', '.join(baselines)}, tree)",
               file=sys.stderr, flush=True)
         r = step_benchmark(trajs, model=model, microbatch_tokens=args.microbatch_tokens,
-                           steps=args.steps, warmup=args.warmup, kernels=kernels, baselines=baselines)
+                           steps=args.steps, warmup=args.warmup, kernels=kernels, baselines=baselines,
+                           progress=lambda line, label=label: print(f"[bench] {label} {line}", file=sys.stderr,
+                                                                    flush=True))
         r.update(scheme=label, workload=name, overrides=over, kernels=kernels.to_dict())
         runs.append(r)
         for b, v in r["baselines"].items():

@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -243,7 +244,8 @@ def measured_work(mode: str, trajectories, forest, rows: int, replay: int, parti
 def step_benchmark(trajectories, *, model: str | torch.nn.Module = "tiny-h200", dtype: torch.dtype = torch.bfloat16,
                    microbatch_tokens: int = 131072, steps: int = 2, warmup: int = 1,
                    device: str = "cuda", baselines=("packed",), tree: bool = True, seed: int = 0,
-                   kernels=None, op_seconds: str = "auto", hardware: str = "h200") -> dict[str, Any]:
+                   kernels=None, op_seconds: str = "auto", hardware: str = "h200",
+                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """`baselines`: which of `BASELINES` to time beside the tree step ("packed": the
     trajectory-expanded trainer, result key "expanded"; "prefix-merged": its
     prefix-merged variant, key "prefix_merged"). `kernels`: every mode's KernelConfig
@@ -251,7 +253,9 @@ def step_benchmark(trajectories, *, model: str | torch.nn.Module = "tiny-h200", 
     ran ("kernels"). `op_seconds`: where the baseline's per-op times that weight the ideal
     come from: "profile" (one more step of the baseline under torch.profiler, kernel time
     by `kernel_kind`), "simulated" (the simulator's per-op prices on `hardware`, with its
-    own work counts: what CPU runs use), "auto" (profile on CUDA, else simulated)."""
+    own work counts: what CPU runs use), "auto" (profile on CUDA, else simulated).
+    `progress`: called with a line as each mode's model is built, warmed up and timed
+    (the seconds so far), so a long run shows where it is."""
     from harts.config.kernels import KernelConfig
     from harts.config.models import get_model_config, parameter_counts
     from harts.exec.model.model import build_model
@@ -287,25 +291,35 @@ def step_benchmark(trajectories, *, model: str | torch.nn.Module = "tiny-h200", 
     params = parameter_counts(cfg).total
     work: dict[str, dict] = {}
     profiles: dict[str, dict] = {}
+    began = time.perf_counter()
+
+    def say(line: str) -> None:
+        if progress is not None:
+            progress(f"{line} ({time.perf_counter() - began:.0f} s)")
+
     for mode in modes:
         key = _MODE_KEY.get(mode, mode)
+        say(f"{mode}: building the model")
         if source is None:
             net = build_model(cfg, seed=seed, dtype=dtype, device=device, recompute=True)
         else:
             net = copy.deepcopy(source).to(device=device, dtype=dtype)
             net.recompute = True
         trainer = trainers[mode](net, kernels=kernels)
-        for _ in range(warmup):
+        for i in range(warmup):
+            say(f"{mode}: warm-up step {i + 1}/{warmup}")
             trainer.step(trajectories, microbatch_tokens)
         _sync()
         torch.cuda.reset_peak_memory_stats()
         inline = []
-        for _ in range(steps):
+        for i in range(steps):
+            say(f"{mode}: timed step {i + 1}/{steps}, data side inline")
             _sync()
             t0 = time.perf_counter()
             res = trainer.step(trajectories, microbatch_tokens)
             _sync()
             inline.append(time.perf_counter() - t0)
+        say(f"{mode}: {steps} timed steps, data side prepared ahead (inline median {statistics.median(inline):.2f} s)")
         times, prep = prefetched_steps(trainer, trajectories, microbatch_tokens, steps)
         out[key] = {
             "seconds": statistics.median(times), "all_seconds": times,
@@ -323,7 +337,9 @@ def step_benchmark(trajectories, *, model: str | torch.nn.Module = "tiny-h200", 
         work[mode] = measured_work(mode, trajectories, forest, res.executed_rows, replay, res.microbatches,
                                    cfg.chunk_size, params)
         if mode != "tree" and op_seconds == "profile":
+            say(f"{mode}: one profiled step (the ideal's per-op times)")
             profiles[mode] = profile_kernel_seconds(trainer, trajectories, microbatch_tokens)
+        say(f"{mode}: step {statistics.median(times):.2f} s")
         out["expanded_tokens"] = res.tokens
         del trainer, net, res
         gc.collect()

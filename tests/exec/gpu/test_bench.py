@@ -14,9 +14,15 @@ def test_step_benchmark_on_cpu(monkeypatch):
         monkeypatch.setattr(torch.cuda, name, lambda *a, value=value, **k: value)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     trajs = generate(preset("tiny-treestep", vocab_size=512)).trajectories()
+    lines = []
     r = step_benchmark(trajs, model="tiny-cpu", dtype=torch.float32, microbatch_tokens=4096, steps=1,
-                       warmup=0, device="cpu", baselines=("packed", "prefix-merged"))
+                       warmup=0, device="cpu", baselines=("packed", "prefix-merged"), progress=lines.append)
     assert r["expanded_tokens"] == sum(len(t) for t in trajs)
+    # progress: every mode built, timed and reported, in order, each line with the seconds so far
+    for mode in ("packed", "prefix-merged", "tree"):
+        said = [line for line in lines if line.startswith(f"{mode}: ")]
+        assert said[0].startswith(f"{mode}: building") and said[-1].startswith(f"{mode}: step ")
+    assert all(line.endswith(" s)") for line in lines)
     assert r["speedup"] == pytest.approx(r["expanded"]["seconds"] / r["tree"]["seconds"])
     assert r["speedup_inline"] == pytest.approx(r["expanded"]["inline_seconds"] / r["tree"]["inline_seconds"])
     for mode in ("expanded", "prefix_merged", "tree"):  # one timed step each way, prepared ahead or inline

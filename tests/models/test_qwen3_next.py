@@ -287,8 +287,10 @@ def test_verify_step_tree_equals_expanded(planner):
     from harts.verify.equivalence import verify_step
 
     config = ADAPTER.to_config(Qwen3NextConfig(**HF_CONFIG).to_dict()).replace(chunk_size=CHUNK)
+    # with the planner, a budget below the deep tree's 39 rows (its longest trajectory has 28),
+    # so that a tree must be split into a window
     r = verify_step(_forked_trajectories(2), model=config, dtype=torch.float64, planner=planner,
-                    microbatch_tokens=48)
+                    microbatch_tokens=48 if planner is None else 32)
     assert r["max_rel_logprob_err"] <= 1e-10 and r["max_rel_grad_err"] <= 1e-10, r
     assert r["no_replay"]["max_rel_grad_err"] <= 1e-10, r["no_replay"]
     assert r["kda_layer"]["replay"]["bit_identical"]

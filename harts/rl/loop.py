@@ -229,13 +229,18 @@ class TraceAllocation:
         def expand(rollouts: Sequence[Rollout]) -> list[tuple[Prefix, int]]:
             trajs = rollout_batch(rollouts, [np.zeros(len(r.tokens)) for r in rollouts], step).trajectories()
             by_id = {t.id: r for t, r in zip(trajs, rollouts, strict=True)}
-            cands = []
+            cands, outcomes = [], {}
             for prompt, members in _by_prompt(rollouts).items():
-                cands += self.tracer.prefixes([trajs[i] for i in members], [rollouts[i].reward for i in members],
-                                              self._features(prompt))
+                mine = self.tracer.prefixes([trajs[i] for i in members], [rollouts[i].reward for i in members],
+                                            self._features(prompt))
+                wins = sum(rollouts[i].reward >= self.tracer.success_threshold for i in members)
+                for c in mine:
+                    outcomes[c.group] = (int(wins), len(members) - int(wins))
+                cands += mine
             if not cands:
                 return []
-            alloc = self.tracer.allocate(cands, budget)
+            # the group objective: continuations go where a prompt's rewards are not mixed yet
+            alloc = self.tracer.allocate(cands, budget, group_outcomes=outcomes)
             return [(boundary_prefixes(self.env, by_id[c.source])[c.depth - 1], int(n))
                     for c, n in zip(cands, alloc.counts, strict=True) if n]
         return expand
@@ -312,50 +317,27 @@ def _digest(rollouts: Sequence[Rollout]) -> str:
 def run(config: RLConfig, on_step: Callable[[StepRecord], None] | None = None, *, model=None,
         device: str = "cpu") -> RunResult:
     """Run the loop; `on_step` sees each step's record as it finishes."""
-    import torch
-
-    from harts.config.optimizer import OptimizerConfig
-    from harts.exec.loss import PolicyLossConfig
-    from harts.exec.model import build_model
-    from harts.rl.api import RLPolicy
-
     config = config.validate()
     start = time.perf_counter()
-    env = make_env(config.env)
-    dtype = {"float32": torch.float32, "float64": torch.float64}[config.dtype]
-    if model is None:
-        model = build_model(toy_model_config(env.config, config.d_model, config.num_layers), seed=config.seed,
-                            dtype=dtype, device=device)
-    policy = RLPolicy(model, mode=config.mode,
-                      optimizer=OptimizerConfig(lr=config.lr, grad_clip=config.grad_clip if config.grad_clip > 0 else None),
-                      loss=PolicyLossConfig(), microbatch_tokens=config.microbatch_tokens)
-    sampler = HartsPolicy(model)
-    sampling = SamplingConfig(config.temperature, config.top_p, config.seed).validate()
+    env, model, policy, sampler, sampling = _parts(config, model, device)
     allocator = allocator_for(config.allocation, config, env)
     records = []
     for step in range(1, config.steps + 1):
         t0 = time.perf_counter()
-        prompts = [(config.seed * 1_000_003 + step * config.prompts + i) for i in range(config.prompts)]
+        prompts = step_prompts(config, step)
         rollouts = sample_tree_rollouts(sampler, env, prompts, allocator.roots(step, prompts),
                                         allocator.expansion(step, prompts), sampling, step=step)
         t1 = time.perf_counter()
-        batch0 = rollout_batch(rollouts, [np.zeros(len(r.tokens)) for r in rollouts], step)
-        advantages = advantages_for(config.advantage, rollouts, batch0.trajectories())
-        batch = rollout_batch(rollouts, advantages, step)
-        result = policy.update(batch)
+        result = _update(policy, config, rollouts, step)
         allocator.observe(step, rollouts)
         gaps = [np.abs(lp[r.loss_mask] - r.old_logprobs[r.loss_mask])
                 for lp, r in zip(result.stats.log_probs, rollouts, strict=True)]
         rewards = np.array([r.reward for r in rollouts])
-        # every prompt of the step: one that got no rollouts has no mixed rewards
-        by_prompt: dict[int, list[float]] = {p: [] for p in prompts}
-        for r in rollouts:
-            by_prompt[r.prompt].append(r.reward)
         rec = StepRecord(
             step=step, reward_mean=float(rewards.mean()), reward_std=float(rewards.std()),
             loss=result.losses["loss"], pg_loss=result.losses["pg_loss"], entropy=result.losses["entropy"],
             logprob_gap=float(np.concatenate(gaps).mean()), compression=result.compression,
-            mixed_share=float(np.mean([len(set(v)) > 1 for v in by_prompt.values()])),
+            mixed_share=step_mixed_share(prompts, rollouts),
             rollouts=len(rollouts), tokens=result.tokens, executed_rows=result.executed_rows,
             grad_norm=result.grad_norm, sample_seconds=t1 - t0, train_seconds=time.perf_counter() - t1,
             sample_digest=_digest(rollouts))
@@ -369,6 +351,91 @@ def run(config: RLConfig, on_step: Callable[[StepRecord], None] | None = None, *
 
 RL_EXPERIMENT = "harts-rl"
 RL_STUDY = "rl"
+
+
+def step_prompts(config: RLConfig, step: int) -> list[int]:
+    """The step's prompts (episode seeds, fresh each step, fixed by the run's seed)."""
+    return [(config.seed * 1_000_003 + step * config.prompts + i) for i in range(config.prompts)]
+
+
+def step_mixed_share(prompts: Sequence[int], rollouts: Sequence[Rollout]) -> float:
+    """Share of the step's prompts whose rollouts' rewards are not all equal; a prompt that
+    got no rollouts has no mixed rewards."""
+    by_prompt: dict[int, list[float]] = {p: [] for p in prompts}
+    for r in rollouts:
+        by_prompt[r.prompt].append(r.reward)
+    return float(np.mean([len(set(v)) > 1 for v in by_prompt.values()]))
+
+
+def _parts(config: RLConfig, model, device: str):  # noqa: ANN001, ANN202
+    """The environment, the policy's model (built from the config when None), its trainer,
+    sampler and sampling config."""
+    import torch
+
+    from harts.config.optimizer import OptimizerConfig
+    from harts.exec.loss import PolicyLossConfig
+    from harts.exec.model import build_model
+    from harts.rl.api import RLPolicy
+
+    env = make_env(config.env)
+    dtype = {"float32": torch.float32, "float64": torch.float64}[config.dtype]
+    if model is None:
+        model = build_model(toy_model_config(env.config, config.d_model, config.num_layers), seed=config.seed,
+                            dtype=dtype, device=device)
+    policy = RLPolicy(model, mode=config.mode,
+                      optimizer=OptimizerConfig(lr=config.lr, grad_clip=config.grad_clip if config.grad_clip > 0 else None),
+                      loss=PolicyLossConfig(), microbatch_tokens=config.microbatch_tokens)
+    sampling = SamplingConfig(config.temperature, config.top_p, config.seed).validate()
+    return env, model, policy, HartsPolicy(model), sampling
+
+
+def _update(policy, config: RLConfig, rollouts: Sequence[Rollout], step: int):  # noqa: ANN001, ANN202
+    """Score the rollouts (`config.advantage`) and run one update on them."""
+    batch0 = rollout_batch(rollouts, [np.zeros(len(r.tokens)) for r in rollouts], step)
+    advantages = advantages_for(config.advantage, rollouts, batch0.trajectories())
+    return policy.update(rollout_batch(rollouts, advantages, step))
+
+
+@dataclass(frozen=True)
+class AllocationComparison:
+    """`compare_allocations`' result: per allocation, the mixed-prompt share of every step
+    (`shares[name][step - 1]`), all drawn from the same weights at each step."""
+
+    config: RLConfig
+    train_on: str
+    shares: dict[str, list[float]]
+
+    def mean(self, name: str) -> float:
+        return float(np.mean(self.shares[name]))
+
+
+def compare_allocations(config: RLConfig, allocations: Sequence[str] = ALLOCATIONS, *, train_on: str = "uniform",
+                        model=None, device: str = "cpu") -> AllocationComparison:  # noqa: ANN001
+    """Allocations compared on the same policy: at every step each allocation samples the
+    step's prompts from the same weights (with its own state, e.g. TRACE's predictor,
+    learnt from its own earlier samples), and its share of prompts with mixed rewards is
+    recorded; then the policy is updated on `train_on`'s rollouts only. So the shares
+    differ by allocation alone, not by how each run's training went (runs trained on their
+    own allocations reach different policies, and a stronger policy leaves fewer prompts
+    mixed)."""
+    config = config.validate()
+    names = list(dict.fromkeys(allocations))
+    if train_on not in names:
+        raise LoopError(f"train_on: {train_on!r} is not one of the compared allocations {names}")
+    env, model, policy, sampler, sampling = _parts(config, model, device)
+    allocators = {name: allocator_for(name, config, env) for name in names}
+    shares: dict[str, list[float]] = {name: [] for name in names}
+    for step in range(1, config.steps + 1):
+        prompts = step_prompts(config, step)
+        drawn = {}
+        for name, alloc in allocators.items():
+            rollouts = sample_tree_rollouts(sampler, env, prompts, alloc.roots(step, prompts),
+                                            alloc.expansion(step, prompts), sampling, step=step)
+            shares[name].append(step_mixed_share(prompts, rollouts))
+            alloc.observe(step, rollouts)
+            drawn[name] = rollouts
+        _update(policy, config, drawn[train_on], step)
+    return AllocationComparison(config, train_on, shares)
 
 
 def reward_change(steps: Sequence[StepRecord], window: int = 5) -> float:

@@ -33,6 +33,24 @@ so the same inputs and seed give the same allocation. The whole budget is spent 
 there is a candidate (zero-gain steps included, the budget being rollouts the trainer
 will use); it is never exceeded.
 
+Group objective. The node objective above counts nodes with mixed outcomes: a prompt's
+rollouts already mixed still offer unmixed nodes (a failing rollout's prefixes), and a
+node-level allocation spends continuations there. What GRPO needs is a *prompt* (group)
+whose rewards differ. With `group_outcomes` (group -> successes, failures observed in the
+whole group) `allocate` maximises the number of groups with mixed outcomes instead: with
+A = prod_c v_c^m_c and B = prod_c (1 - v_c)^m_c over the group's candidates,
+
+    group already mixed:              P = 0 (nothing to gain)
+    only successes so far:            P = 1 - A   (some continuation must fail)
+    only failures so far:             P = 1 - B
+    nothing observed:                 P = 1 - A - B (0 with no rollout)
+
+by greedy marginal allocation (`allocate_groups`), the node objective's gain breaking
+ties between equal group gains (so a budget left once every group is mixed still goes to
+contrastive nodes). The loop's prefix expansion uses it: continuations go where a
+prompt's rewards are not mixed yet, by the chance that a continuation's outcome differs
+from the group's.
+
 Predictor. A `SuccessPredictor` maps feature rows to probabilities in (0, 1).
 `LogisticPredictor` is a small online logistic regression (numpy, full-batch gradient
 steps on soft cross-entropy with L2, weights kept between updates) trained on the tree's
@@ -56,7 +74,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
@@ -239,13 +257,35 @@ def mixed_probability(v: np.ndarray | float, m: np.ndarray | int, successes: np.
     return np.asarray(out, dtype=np.float64)
 
 
+def group_mixed_probability(v: np.ndarray, m: np.ndarray, successes: int, failures: int) -> float:
+    """P(a group's outcomes are mixed) after m[c] new rollouts from each of its candidates
+    c (success probabilities v[c]), given the group's `successes` / `failures` so far
+    (module docstring, "Group objective"); 0 for a group already mixed, as for a node
+    (nothing left to gain)."""
+    if successes and failures:
+        return 0.0
+    if not m.sum():
+        return 0.0
+    all_win = float(np.prod(v ** m))
+    all_lose = float(np.prod((1.0 - v) ** m))
+    if successes:
+        return 1.0 - all_win
+    if failures:
+        return 1.0 - all_lose
+    return max(0.0, 1.0 - all_win - all_lose)
+
+
 def allocate(roots: Sequence[Candidate], budget: int, predictor: SuccessPredictor | None, *, seed: int = 0,
-             min_per_root: int = 0) -> Allocation:
+             min_per_root: int = 0, group_outcomes: Mapping[str, tuple[int, int]] | None = None) -> Allocation:
     """TRACE's greedy marginal allocation of `budget` rollouts over the candidates (roots
     and prefixes alike; module docstring). `min_per_root` rollouts are first given to
     every root (an exploration floor). Never uses more than `budget`. A predictor of None
     predicts 0.5 everywhere (before any training data: prefixes are then ranked by their
-    observed outcomes alone)."""
+    observed outcomes alone). `group_outcomes` (group -> (successes, failures) observed
+    in the whole group): maximise the number of *groups* with mixed outcomes instead
+    (`allocate_groups`)."""
+    if group_outcomes is not None:
+        return allocate_groups(roots, budget, predictor, group_outcomes, seed=seed)
     cands = _check_candidates(roots)
     budget = _budget(budget)
     if isinstance(min_per_root, bool) or not isinstance(min_per_root, int) or min_per_root < 0:
@@ -283,6 +323,71 @@ def allocate(roots: Sequence[Candidate], budget: int, predictor: SuccessPredicto
         left -= int(step[i])
     m = _repair(m, v, succ, fail, floor=np.where(is_root, min_per_root, 0))
     expected = float(mixed_probability(v, m, succ, fail).sum())
+    return Allocation(AllocationName.TRACE, tuple(c.id for c in cands), tuple(int(k) for k in m), budget,
+                      tuple(float(p) for p in v), expected)
+
+
+def allocate_groups(cands: Sequence[Candidate], budget: int, predictor: SuccessPredictor | None,
+                    group_outcomes: Mapping[str, tuple[int, int]], *, seed: int = 0) -> Allocation:
+    """The group objective (module docstring): maximise sum_g P_g, the chance that group g's
+    outcomes end mixed, over its candidates' counts; greedy marginal allocation, each
+    rollout to the candidate whose group gains most per rollout (a pair where the group
+    has no outcome yet and no rollout allotted: one alone gains nothing); at equal group
+    gain (every group already mixed, say) the node objective's gain decides, then a
+    permutation drawn from `seed`. The whole budget is spent when there is a candidate;
+    it is never exceeded. `expected_mixed` is sum_g P_g."""
+    cands = _check_candidates(cands)
+    budget = _budget(budget)
+    n = len(cands)
+    if n == 0:
+        return Allocation(AllocationName.TRACE, (), (), budget, (), 0.0)
+    for c in cands:
+        got = group_outcomes.get(c.group)
+        if got is None:
+            raise ValueError(f"group_outcomes: no outcomes given for group {c.group!r} (candidate {c.id!r})")
+        if len(got) != 2 or any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in got):
+            raise ValueError(f"group_outcomes[{c.group!r}]: must be (successes, failures), integers >= 0")
+    x = _feature_matrix(cands)
+    v = np.full(n, 0.5) if predictor is None else np.asarray(predictor.predict(x), dtype=np.float64)
+    if v.shape != (n,) or not np.isfinite(v).all() or (v < 0).any() or (v > 1).any():
+        raise ValueError(f"predictor: must return {n} probabilities in [0, 1]")
+    succ = np.array([c.successes for c in cands])
+    fail = np.array([c.failures for c in cands])
+    members: dict[str, np.ndarray] = {}
+    for i, c in enumerate(cands):
+        members.setdefault(c.group, []).append(i)  # type: ignore[union-attr]
+    members = {g: np.array(ix, dtype=np.int64) for g, ix in members.items()}
+    group_of = [c.group for c in cands]
+    m = np.zeros(n, dtype=np.int64)
+    rank = np.empty(n, dtype=np.int64)
+    rank[np.random.default_rng(seed).permutation(n)] = np.arange(n)
+
+    def p_group(g: str, counts: np.ndarray) -> float:
+        ix = members[g]
+        s, f = group_outcomes[g]
+        return group_mixed_probability(v[ix], counts[ix], s, f)
+
+    left = budget
+    while left > 0:
+        now = {g: p_group(g, m) for g in members}
+        node_now = mixed_probability(v, m, succ, fail)
+        best, pick = None, None
+        for i in range(n):
+            g = group_of[i]
+            s, f = group_outcomes[g]
+            fresh = not s and not f and not m[members[g]].sum()
+            step = 2 if fresh and left >= 2 else 1
+            trial = m.copy()
+            trial[i] += step
+            gain = (p_group(g, trial) - now[g]) / step
+            node = (float(mixed_probability(v[i], m[i] + step, succ[i], fail[i])) - float(node_now[i])) / step
+            key = (round(gain, 12), round(node, 12), step, -int(rank[i]))
+            if best is None or key > best:
+                best, pick = key, (i, step)
+        i, step = pick
+        m[i] += step
+        left -= step
+    expected = float(sum(p_group(g, m) for g in members))
     return Allocation(AllocationName.TRACE, tuple(c.id for c in cands), tuple(int(k) for k in m), budget,
                       tuple(float(p) for p in v), expected)
 
@@ -444,9 +549,12 @@ class TraceAllocator:
         return prefix_candidates(group, rewards, self._prompt(prompt_features),
                                  success_threshold=self.success_threshold, buckets=self.buckets)
 
-    def allocate(self, candidates: Sequence[Candidate], budget: int) -> Allocation:
+    def allocate(self, candidates: Sequence[Candidate], budget: int,
+                 group_outcomes: Mapping[str, tuple[int, int]] | None = None) -> Allocation:
+        """`allocate` with this allocator's predictor (`group_outcomes`: the group objective)."""
         trained = self.predictor if self.predictor.updates else None
-        out = allocate(candidates, budget, trained, seed=self.seed + self.calls, min_per_root=self.min_per_root)
+        out = allocate(candidates, budget, trained, seed=self.seed + self.calls, min_per_root=self.min_per_root,
+                       group_outcomes=group_outcomes)
         self.calls += 1
         return out
 

@@ -20,6 +20,7 @@ from harts.rl.trace import (
     TraceAllocator,
     allocate,
     feature_count,
+    group_mixed_probability,
     mixed_probability,
     mixed_share,
     node_targets,
@@ -309,3 +310,64 @@ def test_trace_allocator_end_to_end():
     assert b.allocate(prefixes, 6) == after
     with pytest.raises(ValueError, match="prompt_features"):
         a.root("x", [1.0, 2.0])
+
+
+# ---- the group objective (`group_outcomes`): prompts with mixed outcomes, not nodes ----
+
+
+@st.composite
+def _grouped(draw):
+    """Prefix candidates in 1-3 groups (several per group), each group's observed outcomes,
+    oracle success probabilities as the first feature, a budget."""
+    cands, outcomes = [], {}
+    for g in range(draw(st.integers(1, 3))):
+        outcomes[f"g{g}"] = draw(st.sampled_from(((0, 0), (2, 0), (0, 2), (1, 1))))
+        for j in range(draw(st.integers(1, 3))):
+            v = draw(st.floats(0.01, 0.99))
+            s, f = draw(st.sampled_from(((1, 0), (0, 1), (1, 1), (0, 0))))
+            cands.append(Candidate(f"g{g}/t1/{j}", f"g{g}", CandidateKind.PREFIX, (v,), s, f, 1, "t", 1))
+    return cands, outcomes, draw(st.integers(0, 7)), draw(st.integers(0, 2**31))
+
+
+@given(_grouped())
+def test_group_objective_spends_the_budget_and_is_deterministic(case):
+    cands, outcomes, budget, seed = case
+    a = allocate(cands, budget, FirstFeature(), seed=seed, group_outcomes=outcomes)
+    assert all(k >= 0 for k in a.counts) and a.used == budget
+    assert a.counts == allocate(cands, budget, FirstFeature(), seed=seed, group_outcomes=outcomes).counts
+    v = np.array([c.features[0] for c in cands])
+    m = np.array(a.counts)
+    want = sum(group_mixed_probability(v[ix], m[ix], *outcomes[g])
+               for g in outcomes for ix in [np.array([i for i, c in enumerate(cands) if c.group == g])] if ix.size)
+    assert a.expected_mixed == pytest.approx(want, abs=1e-12)
+
+
+@given(st.lists(st.tuples(st.floats(0, 1), st.integers(0, 3)), min_size=1, max_size=3),
+       st.integers(0, 2), st.integers(0, 2))
+def test_group_mixed_probability_against_enumeration(cm, succ, fail):
+    v = np.array([x for x, _ in cm])
+    m = np.array([k for _, k in cm])
+    p_win = np.repeat(v, m)  # one entry per new rollout
+    got = 0.0
+    for outcome in itertools.product((0, 1), repeat=int(m.sum())):
+        pr = float(np.prod([p if o else 1 - p for p, o in zip(p_win, outcome, strict=True)]))
+        wins = succ + sum(outcome)
+        losses = fail + len(outcome) - sum(outcome)
+        got += pr * (wins > 0 and losses > 0)
+    if succ and fail:  # already mixed: as for nodes, nothing left to gain counts 0
+        got = 0.0
+    assert group_mixed_probability(v, m, succ, fail) == pytest.approx(got, abs=1e-12)
+
+
+def test_group_objective_skips_groups_already_mixed():
+    """A prompt whose rewards are already mixed gains nothing from continuations: the budget
+    goes to the prompt that failed everywhere, though its nodes' own chances are lower."""
+    cands = [Candidate("a/t1/0", "a", CandidateKind.PREFIX, (0.5,), 0, 2, 1, "t", 1),
+             Candidate("a/t1/1", "a", CandidateKind.PREFIX, (0.5,), 1, 0, 1, "t", 1),
+             Candidate("b/t1/0", "b", CandidateKind.PREFIX, (0.2,), 0, 3, 1, "t", 1)]
+    by_group = allocate(cands, 4, FirstFeature(), group_outcomes={"a": (1, 2), "b": (0, 3)})
+    assert by_group.counts == (0, 0, 4)
+    by_node = allocate(cands, 4, FirstFeature())
+    assert by_node.count("b/t1/0") < 4  # the node objective spends on prompt a's unmixed nodes
+    with pytest.raises(ValueError, match="group 'b'"):
+        allocate(cands, 4, FirstFeature(), group_outcomes={"a": (1, 2)})

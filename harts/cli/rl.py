@@ -35,6 +35,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--json", action="store_true", help="machine-readable output")
     r.set_defaults(func=cmd_rl_run)
 
+    c = rl_sub.add_parser("compare", help="allocations on the same policy: the share of prompts with mixed rewards "
+                                           "each leaves, sampled from the same weights every step")
+    c.add_argument("--env", default="switchboard-outcome", metavar="NAME",
+                   help="toy environment (default switchboard-outcome)")
+    c.add_argument("--steps", type=int, default=8, help="steps per seed (default 8)")
+    c.add_argument("--seeds", type=int, default=4, help="seeds 0 .. N-1 (default 4)")
+    c.add_argument("--train-on", choices=["uniform", "trace"], default="uniform",
+                   help="whose rollouts the policy is updated on (default uniform)")
+    c.add_argument("--dtype", choices=["float32", "float64"], default="float64")
+    c.add_argument("--prompts", type=int, default=8, help="prompts per step (default 8)")
+    c.add_argument("--roots", type=int, default=4, help="root episodes per prompt (default 4)")
+    c.add_argument("--expansions", type=int, default=4, help="continuations per prompt (default 4)")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(func=cmd_rl_compare)
+
 
 def cmd_rl_run(args: argparse.Namespace) -> int:
     from harts.rl.env import EnvError
@@ -76,4 +91,39 @@ def cmd_rl_run(args: argparse.Namespace) -> int:
         print(f"reward: first-5 -> last-5 mean {reward_change(result.steps):+.3f} "
               f"(random policy {result.random_reward:.3f}); {result.seconds:.0f} s"
               + (f"; logged as run {run_id}" if run_id else ""))
+    return 0
+
+
+def cmd_rl_compare(args: argparse.Namespace) -> int:
+    from harts.rl.env import EnvError
+    from harts.rl.loop import ALLOCATIONS, LoopError, RLConfig, compare_allocations
+    from harts.rl.sample import SamplingError
+
+    if args.seeds < 1:
+        raise UserError(f"--seeds must be >= 1, got {args.seeds}")
+    rows, totals = [], dict.fromkeys(ALLOCATIONS, 0)
+    try:
+        for seed in range(args.seeds):
+            config = RLConfig(env=args.env, steps=args.steps, dtype=args.dtype, seed=seed, prompts=args.prompts,
+                              roots=args.roots, expansions=args.expansions).validate()
+            got = compare_allocations(config, ALLOCATIONS, train_on=args.train_on)
+            mixed = {name: round(sum(v) * config.prompts) for name, v in got.shares.items()}
+            for name, k in mixed.items():
+                totals[name] += k
+            rows.append({"seed": seed, "mixed_prompts": mixed, "shares": got.shares})
+            print(f"[rl compare] seed {seed}: " + ", ".join(f"{n} {k}" for n, k in mixed.items())
+                  + f" of {config.steps * config.prompts} prompts mixed", file=sys.stderr, flush=True)
+    except (LoopError, SamplingError, EnvError) as err:
+        raise UserError(str(err)) from None
+    prompts = args.seeds * args.steps * args.prompts
+    if args.json:
+        print_json({"env": args.env, "steps": args.steps, "seeds": args.seeds, "train_on": args.train_on,
+                    "dtype": args.dtype, "budget_per_step": args.prompts * (args.roots + args.expansions),
+                    "prompts": prompts, "mixed_prompts": totals,
+                    "mixed_share": {n: k / prompts for n, k in totals.items()}, "per_seed": rows})
+    else:
+        print(format_table(["seed", *ALLOCATIONS], [(r["seed"], *(r["mixed_prompts"][n] for n in ALLOCATIONS))
+                                                   for r in rows]))
+        print("mixed prompts of " + f"{prompts}: " + ", ".join(f"{n} {k} ({k / prompts:.3f})" for n, k in totals.items())
+              + f"; every allocation sampled from the same weights each step, trained on {args.train_on}'s rollouts")
     return 0

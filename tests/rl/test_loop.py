@@ -152,3 +152,17 @@ def test_compare_allocations_refuses_training_on_an_allocation_it_does_not_run()
 
     with pytest.raises(LoopError, match="train_on"):
         compare_allocations(replace(SMALL, steps=1), ("uniform",), train_on="trace")
+
+
+def test_rl_compare_prints_each_allocations_mixed_prompts(capsys):
+    from harts.cli.main import main
+
+    assert main(["rl", "compare", "--steps", "1", "--seeds", "2", "--prompts", "2", "--roots", "2",
+                 "--expansions", "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["prompts"] == 4 and doc["budget_per_step"] == 6 and len(doc["per_seed"]) == 2
+    for name in ("uniform", "trace"):
+        assert doc["mixed_prompts"][name] == sum(r["mixed_prompts"][name] for r in doc["per_seed"])
+        assert 0 <= doc["mixed_share"][name] <= 1
+    assert main(["rl", "compare", "--seeds", "0"]) == 2
+    assert "--seeds" in capsys.readouterr().err

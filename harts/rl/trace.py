@@ -285,6 +285,9 @@ def allocate(roots: Sequence[Candidate], budget: int, predictor: SuccessPredicto
     in the whole group): maximise the number of *groups* with mixed outcomes instead
     (`allocate_groups`)."""
     if group_outcomes is not None:
+        if min_per_root:
+            raise ValueError("min_per_root: a floor per root belongs to the node objective; "
+                             "the group objective (group_outcomes) takes none")
         return allocate_groups(roots, budget, predictor, group_outcomes, seed=seed)
     cands = _check_candidates(roots)
     budget = _budget(budget)
@@ -353,10 +356,10 @@ def allocate_groups(cands: Sequence[Candidate], budget: int, predictor: SuccessP
         raise ValueError(f"predictor: must return {n} probabilities in [0, 1]")
     succ = np.array([c.successes for c in cands])
     fail = np.array([c.failures for c in cands])
-    members: dict[str, np.ndarray] = {}
+    by_group: dict[str, list[int]] = {}
     for i, c in enumerate(cands):
-        members.setdefault(c.group, []).append(i)  # type: ignore[union-attr]
-    members = {g: np.array(ix, dtype=np.int64) for g, ix in members.items()}
+        by_group.setdefault(c.group, []).append(i)
+    members = {g: np.array(ix, dtype=np.int64) for g, ix in by_group.items()}
     group_of = [c.group for c in cands]
     m = np.zeros(n, dtype=np.int64)
     rank = np.empty(n, dtype=np.int64)

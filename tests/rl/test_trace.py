@@ -371,3 +371,5 @@ def test_group_objective_skips_groups_already_mixed():
     assert by_node.count("b/t1/0") < 4  # the node objective spends on prompt a's unmixed nodes
     with pytest.raises(ValueError, match="group 'b'"):
         allocate(cands, 4, FirstFeature(), group_outcomes={"a": (1, 2)})
+    with pytest.raises(ValueError, match="min_per_root"):
+        allocate(cands, 4, FirstFeature(), group_outcomes={"a": (1, 2), "b": (0, 3)}, min_per_root=1)

@@ -201,10 +201,10 @@ class UniformAllocator:
 class TraceAllocation:
     """TRACE (`harts.rl.trace.TraceAllocator`): the step's root budget (prompts x roots)
     over prompts, then the continuation budget (prompts x expansions) over the root
-    episodes' turn-boundary prefixes, by the predicted chance of mixed outcomes; the
-    predictor learns from each scored step's trees. Prompt features: the environment's
-    (`Switchboard.prompt_features`: the one-hot start state, and the chain length where it
-    varies)."""
+    episodes' turn-boundary prefixes, by the predicted chance that a prompt not yet mixed
+    ends with mixed rewards (TRACE's group objective); the predictor learns from each
+    scored step's trees. Prompt features: the environment's (`Switchboard.prompt_features`:
+    the one-hot start state, and the chain length where it varies)."""
 
     def __init__(self, config: RLConfig, env: Switchboard):
         try:

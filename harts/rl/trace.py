@@ -296,12 +296,7 @@ def allocate(roots: Sequence[Candidate], budget: int, predictor: SuccessPredicto
     n = len(cands)
     if n == 0:
         return Allocation(AllocationName.TRACE, (), (), budget, (), 0.0)
-    x = _feature_matrix(cands)
-    v = np.full(n, 0.5) if predictor is None else np.asarray(predictor.predict(x), dtype=np.float64)
-    if v.shape != (n,) or not np.isfinite(v).all() or (v < 0).any() or (v > 1).any():
-        raise ValueError(f"predictor: must return {n} probabilities in [0, 1]")
-    succ = np.array([c.successes for c in cands])
-    fail = np.array([c.failures for c in cands])
+    v, succ, fail = _predicted(cands, predictor)
     is_root = np.array([c.kind is CandidateKind.ROOT for c in cands])
     fresh = (succ == 0) & (fail == 0)  # nothing observed below: the first step is a pair
     m = np.zeros(n, dtype=np.int64)
@@ -350,12 +345,7 @@ def allocate_groups(cands: Sequence[Candidate], budget: int, predictor: SuccessP
             raise ValueError(f"group_outcomes: no outcomes given for group {c.group!r} (candidate {c.id!r})")
         if len(got) != 2 or any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in got):
             raise ValueError(f"group_outcomes[{c.group!r}]: must be (successes, failures), integers >= 0")
-    x = _feature_matrix(cands)
-    v = np.full(n, 0.5) if predictor is None else np.asarray(predictor.predict(x), dtype=np.float64)
-    if v.shape != (n,) or not np.isfinite(v).all() or (v < 0).any() or (v > 1).any():
-        raise ValueError(f"predictor: must return {n} probabilities in [0, 1]")
-    succ = np.array([c.successes for c in cands])
-    fail = np.array([c.failures for c in cands])
+    v, succ, fail = _predicted(cands, predictor)
     by_group: dict[str, list[int]] = {}
     for i, c in enumerate(cands):
         by_group.setdefault(c.group, []).append(i)
@@ -608,6 +598,17 @@ def _check_candidates(cands: Sequence[Candidate]) -> list[Candidate]:
     if len({len(c.features) for c in out}) > 1:
         raise ValueError("candidates: feature rows of different lengths")
     return out
+
+
+def _predicted(cands: list[Candidate], predictor: SuccessPredictor | None) -> tuple[np.ndarray, ...]:
+    """Each candidate's predicted success probability (0.5 without a predictor, checked to
+    be one probability per candidate) and its observed successes and failures."""
+    n = len(cands)
+    x = _feature_matrix(cands)
+    v = np.full(n, 0.5) if predictor is None else np.asarray(predictor.predict(x), dtype=np.float64)
+    if v.shape != (n,) or not np.isfinite(v).all() or (v < 0).any() or (v > 1).any():
+        raise ValueError(f"predictor: must return {n} probabilities in [0, 1]")
+    return v, np.array([c.successes for c in cands]), np.array([c.failures for c in cands])
 
 
 def _feature_matrix(cands: list[Candidate]) -> np.ndarray:

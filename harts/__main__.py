@@ -1,7 +1,20 @@
+import os
 import sys
 
 from harts.cli.main import main
 
 # guarded: worker processes started by spawn (harts.dist.runner.launch) import this module
 if __name__ == "__main__":
-    sys.exit(main())
+    rc = main()
+    if os.environ.get("TORCHELASTIC_RUN_ID") is not None:
+        # A torchrun worker ends here without interpreter finalization. Its process group
+        # is destroyed by then, but a gloo worker thread may still be releasing the last
+        # collective's tensors; when that needs the GIL after finalization has begun,
+        # Python ends the thread with pthread_exit, whose unwinding through a noexcept C++
+        # frame aborts the process ("terminate called without an active exception", exit
+        # -6) after the run itself succeeded. Everything the command wrote is closed;
+        # only the standard streams need flushing.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    sys.exit(rc)

@@ -64,7 +64,9 @@ def cmd_train_distributed(args: argparse.Namespace, load_trajectories) -> int:
         device = f"cuda:{rank % torch.cuda.device_count()}"
         torch.cuda.set_device(torch.device(device))
     try:
-        return _train(args, parallel, config, plan, trajectories, device, rank)
+        rc = _train(args, parallel, config, plan, trajectories, device, rank)
+        dist.barrier()  # no rank tears its group down while a peer still talks to it
+        return rc
     finally:
         dist.destroy_process_group()
 

@@ -78,7 +78,8 @@ def _free_port() -> int:
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    # faulthandler: a worker that dies on a signal prints its Python stacks into the failure
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     env.pop("CUDA_VISIBLE_DEVICES", None)
     return env
 

@@ -117,11 +117,11 @@ def _train(args, parallel, config, plan, trajectories, device: str, rank: int) -
     loss = PolicyLossConfig(agg_mode=args.agg_mode, kl_coef=args.kl_coef)
     if parallel.pp > 1:
         # pipeline stages on torch.distributed.pipelining, the plan's schedule lowered to the
-        # runtime's actions, gradients all-reduced over "dp" (harts.dist.pipeline)
+        # runtime's actions, each stage sharded over "dp" by FSDP2 (harts.dist.pipeline)
         from harts.dist.pipeline import pipeline_trainer
 
         trainer = pipeline_trainer(model, mesh.mesh, plan, args.schedule, optimizer=optimizer, loss=loss)
-        applied = ["pp"] + (["dp"] if parallel.dp > 1 else [])
+        applied = ["pp"] + (["fsdp"] if parallel.dp > 1 else [])
     else:
         pm = parallelize(model, mesh)
         trainer = DistPlanTrainer(pm, plan, optimizer, loss)

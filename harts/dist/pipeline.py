@@ -50,9 +50,14 @@ runtime: a forward-only run of the same stage would switch the runtime's mode an
 its receive buffers twice a step, and the pass has no loss and no schedule to follow.
 
 Data parallel (`dp_group`, `pipeline_trainer` on a ("dp", "pp") mesh): each replica runs
-its own microbatches on its own pipeline; losses, expert loads, MoE statistics and, once
-per step, every stage's gradients are summed over the replicas. This is a plain all-reduce
-of unsharded gradients; FSDP2 sharding of the stage modules is `harts.dist.parallelize`'s.
+its own microbatches on its own pipeline; losses, expert loads and MoE statistics are
+summed over the replicas. Each stage is sharded over the replicas by FSDP2 (`fully_shard`
+per block, then the stage's root, not resharded after each forward): the runtime's
+UNSHARD action all-gathers the stage once per step, its backwards accumulate unsharded
+gradients without syncing, REDUCE_GRAD reduce-scatters them once (summed: divide factor
+1), RESHARD frees the gathered weights; AdamW then steps the shards. So every replica
+issues the same collectives whatever its number of microbatches. `fsdp=False` keeps each
+stage whole on every replica and all-reduces its gradients once per step instead.
 """
 
 from __future__ import annotations
@@ -670,10 +675,20 @@ class PipelineTrainer(PlanTrainer):
             dist.all_reduce(p.grad, group=self.dp_group)
 
     def _global_grad_norm(self) -> float:
+        """sqrt of the sum of squared gradients over the pipeline's stages; an FSDP-sharded
+        stage's shards (DTensors) are summed over the "dp" group first."""
+        from torch.distributed.tensor import DTensor
+
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        sharded = [g.to_local() for g in grads if isinstance(g, DTensor)]
+        whole = [g for g in grads if not isinstance(g, DTensor)]
         sq = torch.zeros(1, dtype=torch.float64)
-        if grads:
-            sq += float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))) ** 2
+        if sharded:
+            sq += float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(sharded)))) ** 2
+            if self.dp_group is not None:
+                dist.all_reduce(sq, group=self.dp_group)
+        if whole:
+            sq += float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(whole)))) ** 2
         dist.all_reduce(sq, group=self.group)
         return float(sq.sqrt())
 
@@ -701,12 +716,16 @@ class PipelineTrainer(PlanTrainer):
         return PipelineStepResult(**{**result.__dict__, "seconds": time.perf_counter() - start})
 
 
-def pipeline_trainer(model: HybridModel, mesh: object, plan: Plan, schedule: ScheduleName | str,
-                     **kwargs) -> PipelineTrainer:
+def pipeline_trainer(model: HybridModel, mesh: object, plan: Plan, schedule: ScheduleName | str, *,
+                     fsdp: bool = True, **kwargs) -> PipelineTrainer:
     """This rank's pipeline trainer on a device mesh with a "pp" dimension (and optionally
-    "dp"): `apply_pp` over the mesh's pipeline group, the replica its "dp" coordinate, the
-    gradients all-reduced over the "dp" group when it has more than one rank. `kwargs` go
-    to `PipelineTrainer` (optimizer, loss, kernels)."""
+    "dp"): `apply_pp` over the mesh's pipeline group, the replica its "dp" coordinate.
+    With more than one replica the stage is sharded over the "dp" group by FSDP2
+    (`fsdp`, the default: each block a unit, then the stage's root; parameters, gradients
+    and AdamW state sharded; the runtime's UNSHARD / RESHARD / REDUCE_GRAD actions gather
+    them once per step and reduce-scatter the gradients, summed, not averaged), or (`fsdp=False`) kept whole on every
+    replica and all-reduced once per step. `kwargs` go to `PipelineTrainer` (optimizer,
+    loss, kernels)."""
     names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
     if "pp" not in names:
         raise ValueError(f"pipeline_trainer needs a mesh with a 'pp' dimension; it has {names}")
@@ -716,7 +735,21 @@ def pipeline_trainer(model: HybridModel, mesh: object, plan: Plan, schedule: Sch
     group = mesh.get_group("pp")  # type: ignore[attr-defined]
     module = apply_pp(model, group)
     replica, dp_group = 0, None
+    reduce_grads = True
     if dp > 1:
         replica = mesh.get_local_rank("dp")  # type: ignore[attr-defined]
         dp_group = mesh.get_group("dp")  # type: ignore[attr-defined]
-    return PipelineTrainer(module, plan, schedule, group=group, replica=replica, dp_group=dp_group, **kwargs)
+        if fsdp:
+            from torch.distributed.fsdp import fully_shard
+
+            dp_mesh = mesh["dp"]  # type: ignore[index]
+            # not resharded after each forward (as torchtitan's pipelines do): the runtime's
+            # UNSHARD / RESHARD gather a stage once per step, so every replica issues the same
+            # collectives however many microbatches its pipeline runs
+            units = [fully_shard(block, mesh=dp_mesh, reshard_after_forward=False) for block in module.layers.values()]
+            units.append(fully_shard(module, mesh=dp_mesh, reshard_after_forward=False))
+            for u in units:
+                u.set_gradient_divide_factor(1.0)  # the loss carries the step's denominators
+            reduce_grads = False
+    return PipelineTrainer(module, plan, schedule, group=group, replica=replica, dp_group=dp_group,
+                           reduce_grads=reduce_grads, **kwargs)

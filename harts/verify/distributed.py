@@ -125,7 +125,11 @@ def _pipeline_step(payload: dict, mesh, model, plan, trajectories) -> tuple[Any,
     result = trainer.forward_backward(trajectories)
     ran = executed_schedule(result).to_text()
     simulated = trainer.simulated_schedule(trajectories).to_text()
-    grads = {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None}
+    from torch.distributed.tensor import DTensor
+
+    # an FSDP-sharded stage (dp > 1): its gradients gathered whole over "dp"
+    grads = {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().cpu()
+             for n, p in model.named_parameters() if p.grad is not None}
     mine = (result.replica, result.stage, grads, result.logprobs, result.entropy)
     parts: list = [None] * dist.get_world_size()
     dist.all_gather_object(parts, mine)
@@ -138,7 +142,7 @@ def _pipeline_step(payload: dict, mesh, model, plan, trajectories) -> tuple[Any,
     entropy = merge_per_trajectory([p[4] for p in parts])
     got = SimpleNamespace(logprobs=logprobs, entropy=entropy, losses=result.losses, expert_load=result.expert_load,
                           tokens=sum(len(t) for t in trajectories), grad_norm=float("nan"), layout=result.layout)
-    applied = ["pp"] + (["dp"] if mesh.parallel.dp > 1 else [])
+    applied = ["pp"] + (["fsdp"] if mesh.parallel.dp > 1 else [])
     return got, full, applied, {"schedule": result.schedule, "executed_is_simulated": ran == simulated}
 
 

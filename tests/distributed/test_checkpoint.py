@@ -191,14 +191,18 @@ _RANK_KILLER = _KILLER.replace("if state.step == kill_after:",
                                'if state.step == kill_after and os.environ.get("RANK") == "1":')
 
 
-@pytest.mark.parametrize("parallel", [["dp=2"], ["pp=2", "--old-logprobs", "input"]], ids=["dp2", "pp2"])
-def test_torchrun_rank_killed_after_a_checkpoint_resumes_bit_identically(tmp_path, children, parallel):
+@pytest.mark.parametrize("nproc, parallel", [(2, ["dp=2"]), (2, ["pp=2", "--old-logprobs", "input"]),
+                                             (4, ["dp=2,pp=2", "--old-logprobs", "input"])],
+                         ids=["dp2", "pp2", "dp2pp2"])
+def test_torchrun_rank_killed_after_a_checkpoint_resumes_bit_identically(tmp_path, children, nproc, parallel):
+    """dp2pp2: two replicas of a two-stage pipeline, each stage sharded by FSDP2 over the
+    replicas (its checkpoint the shards of every stage)."""
     config = get_model_config("tiny-cpu")
     data = tmp_path / "rollouts.jsonl"
     save_jsonl(_trajectories(config.vocab_size, lengths=(10, 7, 12)), data)
     killer = tmp_path / "killer.py"
     killer.write_text(_RANK_KILLER)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
     common = ["train", "--mode", "tree", "--input", str(data), "--dtype", "float64", "--device", "cpu",
               "--steps", "3", "--lr", "1e-2", "--json", "--checkpoint-every", "1", "--parallel", *parallel]
     full_dir, cut_dir = tmp_path / "full", tmp_path / "cut"

@@ -66,6 +66,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A whole tensor: an FSDP shard (DTensor) gathered over its mesh."""
+    from torch.distributed.tensor import DTensor
+
+    return (t.full_tensor() if isinstance(t, DTensor) else t).clone()
+
+
 def _worker(rank: int, world: int, port: int, schedule: str, aux_scope: str, dp: int, update: bool,
             out: str) -> None:
     try:
@@ -81,12 +88,20 @@ def _worker(rank: int, world: int, port: int, schedule: str, aux_scope: str, dp:
         assert (replica, stage) == (rank // pp, rank % pp)
         # `update`: a whole step (clipped by the global norm, AdamW) instead of forward/backward
         result = trainer.step(trajs) if update else trainer.forward_backward(trajs)
-        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-        params = {n: p.detach().clone() for n, p in model.named_parameters()}
+        grads = {n: _full(p.grad) for n, p in model.named_parameters() if p.grad is not None}
+        params = {n: _full(p.detach()) for n, p in model.named_parameters()}
         # the whole run's order, gathered (every rank), against the simulator's text
         ran = _pp().executed_schedule(result).to_text()
         simulated = trainer.simulated_schedule(trajs).to_text()
+        from torch.distributed.tensor import DTensor
+
+        stage_params = list(trainer.model.parameters())
+        # FSDP over "dp": every parameter of the stage a DTensor, this rank holding its shard
+        sharded = {"dtensors": sum(isinstance(p, DTensor) for p in stage_params), "params": len(stage_params),
+                   "local": sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in stage_params),
+                   "whole": sum(p.numel() for p in stage_params)}
         torch.save({"result": result, "grads": grads, "params": params, "stage": stage, "replica": replica,
+                    "sharded": sharded,
                     "ran": ran, "simulated": simulated}, Path(out) / f"rank{rank}.pt")
         dist.destroy_process_group()
     except BaseException:
@@ -224,9 +239,9 @@ def test_lowering_maps_passes_to_runtime_actions():
 
 def test_dp2_pp2_step_matches_expanded(tmp_path):
     """Two replicas of a two-stage pipeline (4 processes) run one update: each replica its
-    windows in the simulator's schedule, the stage gradients summed over the replicas,
-    clipped by the global norm, AdamW; gradients, losses and the updated weights equal the
-    single-process expanded step's."""
+    windows in the simulator's schedule, each stage sharded over the replicas by FSDP2 (its
+    gradients reduce-scattered, summed), clipped by the global norm, AdamW on the shards;
+    gradients, losses and the updated weights equal the single-process expanded step's."""
     trajs, plan = _case(dp=2)
     assert plan.consumers() and {m.replica for m in plan.microbatches} == {0, 1}
     outs = _launch(tmp_path, ScheduleName.CONSUMER_1F1B.value, dp=2, update=True)
@@ -241,6 +256,11 @@ def test_dp2_pp2_step_matches_expanded(tmp_path):
         r = out["result"]
         assert r.executed == r.simulated, (r.replica, r.stage, r.executed, r.simulated)
         assert out["ran"] == out["simulated"] and "replicas 2" in out["ran"]
+        # each stage sharded by FSDP2 over the two replicas: every parameter a DTensor, each
+        # rank holding about half of its stage's elements
+        sh = out["sharded"]
+        assert sh["dtensors"] == sh["params"] > 0, sh
+        assert sh["local"] <= sh["whole"] // 2 + sh["params"], sh
     # both replicas' ranks of one stage hold the same (all-reduced) gradients
     by_stage: dict[int, list[dict]] = {}
     for out in outs:
@@ -284,7 +304,7 @@ def test_verify_parallel_runs_the_pipeline_against_the_expanded_step(capsys):
                "--planner", "l1l2", "--microbatch-tokens", "300", "--dtype", "float64", "--json"])
     report = json.loads(capsys.readouterr().out)
     assert rc == 0 and report["passed"] is True, report
-    assert report["world_size"] == 4 and report["applied"] == ["pp", "dp"] and report["sharing_windows"] > 0
+    assert report["world_size"] == 4 and report["applied"] == ["pp", "fsdp"] and report["sharing_windows"] > 0
     assert report["schedule"] == "overlap-bwd-first" and report["executed_is_simulated"] is True
     assert report["max_rel_logprob_err"] <= TOL and report["max_rel_grad_err"] <= TOL
     assert max(report["loss_abs_err"].values()) <= TOL

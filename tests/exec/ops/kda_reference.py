@@ -58,6 +58,11 @@ class Problem:
     def inputs(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in INPUTS}
 
+    def to(self, dtype: torch.dtype) -> Problem:
+        """The same numbers in another dtype (cu_seqlens as it is)."""
+        return Problem(**{name: getattr(self, name).to(dtype) for name in (*INPUTS, "do", "dht")},
+                       cu_seqlens=self.cu_seqlens)
+
     def leaves(self) -> dict[str, torch.Tensor]:
         return {name: x.detach().clone().requires_grad_() for name, x in self.inputs().items()}
 

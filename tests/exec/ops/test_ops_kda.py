@@ -84,9 +84,12 @@ def test_chunk_matches_fla_recurrent(dtype, data, chunk_size):
 def test_chunk_matches_fla_chunk(dtype, data):
     # chunk 64 with lengths up to 150: under one chunk, and several with a ragged tail
     lens, H, K, V, seed, decay = data.draw(kda_problem_shapes(dtype, max_len=150, max_seqs=2))
+    # fla's naive chunk form runs in float64 on the same numbers: in float32 it is itself only
+    # good to ~1.2e-5 on some draws (lens [1], H 1, K 8, V 1, seed 1203, decay 0.05: dbeta
+    # 1.20e-5 from the float64 truth, ours 1.3e-6), too near the 1e-5 bound to test our code
     p = make_problem(lens, H, K, V, seed, dtype, decay)
     ours = run_ours(chunk_kda, p, chunk_size=64)
-    ref = run_fla(fla_naive_chunk_kda, p, chunk_size=64)
+    ref = run_fla(fla_naive_chunk_kda, p.to(torch.float64), chunk_size=64)
     _record(f"chunk_kda vs fla chunk {_dtype_name(dtype)}", compare("chunk", ours, ref, TOL[dtype]))
 
 

@@ -20,12 +20,23 @@ Tensor parallel (Megatron's column/row split, on the head and FFN dimensions):
   over the TP ranks. Ancestor attention is per head: exact.
 - Dense FFN and shared experts: gate/up column-wise, down row-wise. The router and the
   routed experts stay replicated (routed experts are sharded by EP instead).
-- Sequence-parallel norms are not applied: the mixing contexts and the MoE index rows
-  across the whole microbatch (ancestor paths, KDA rounds, routing), so the residual
-  stream stays replicated over TP; row-wise outputs are all-reduced rather than
-  reduce-scattered.
-Every TP sum (row-wise all-reduce, gradient sums) only reorders a sum: results equal the
-single-process step up to rounding (1e-15 relative in float64).
+- Sequence parallel (`sequence_parallel=True`, the default with tp > 1): between the
+  mixers and FFNs the residual stream is sharded by rows over TP, so the norms, the
+  residual adds and their saved activations cost 1/tp per rank. The T rows are padded to
+  T' (a multiple of tp) and rank r holds rows [r T'/tp, (r+1) T'/tp): the embedding's
+  output is cut to this share (`_SliceRows`), each norm normalises its own rows (its
+  weight's gradient summed over TP), and the rows are all-gathered (`_GatherRows`) only
+  where a mixer or an FFN needs the whole microbatch: the mixing contexts and the MoE
+  index rows across it (ancestor paths, KDA rounds, routing). The KDA and MLA output
+  projections and the dense FFN's down projection are row-wise with a row-sharded output
+  (`RowwiseParallel(output_layouts=Shard(0))`: a reduce-scatter instead of an all-reduce);
+  the MoE routes the gathered T rows (padding rows never reach the router), and its
+  replicated output is cut to this rank's share. The final norm's rows are gathered for
+  the LM head. A gathered tensor's consumers are replicated or reduce their input's
+  gradient over TP themselves (DTensor's column-wise input, `_ReplicateGrad`), so its
+  gradient is whole on every rank and the gather's backward keeps this rank's rows.
+Every TP sum (row-wise all-reduce or reduce-scatter, gradient sums) only reorders a sum:
+results equal the single-process step up to rounding (1e-15 relative in float64).
 
 Expert parallel: the routed experts of each MoE layer move into a `LocalExperts` module
 holding this EP rank's E/ep experts; the (row, expert) assignments are sorted by expert,
@@ -49,15 +60,23 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from harts.config.models import FFNKind
 from harts.dist.mesh import DistMesh
 from harts.exec.model.kda import KDAMixer
-from harts.exec.model.layers import GatedRMSNorm, SwiGLU, rms_norm
+from harts.exec.model.layers import (
+    GatedRMSNorm,
+    OffsetRMSNorm,
+    RMSNorm,
+    SwiGLU,
+    offset_rms_norm,
+    rms_norm,
+)
 from harts.exec.model.mla import MLAMixer
-from harts.exec.model.model import HybridModel
+from harts.exec.model.model import Block, HybridModel, ModelOutput
 from harts.exec.model.moe import MoE, experts_grouped, experts_loop
 
 __all__ = ["ExpertParallelMoE", "LocalExperts", "ParallelModel", "ShardInfo", "apply_ep", "apply_fsdp",
-           "apply_tp", "parallelize"]
+           "apply_sequence_parallel", "apply_tp", "parallelize"]
 
 
 @dataclass(frozen=True)
@@ -122,6 +141,147 @@ class TPGatedRMSNorm(GatedRMSNorm):
     def forward(self, x: Tensor, gate: Tensor) -> Tensor:
         weight = _ReplicateGrad.apply(self.weight, self.tp_group)
         return rms_norm(x, weight, self.eps, self.float32) * torch.sigmoid(gate)
+
+
+# ---- sequence parallel: the residual stream's rows sharded over TP ----------------------
+# Hand-written autograd around torch.distributed's own collectives, as `_AllToAll`: DTensor's
+# Shard(0) needs rows that divide evenly, and the mixers and the router must see exactly the
+# microbatch's T rows, not T' padded ones.
+
+
+def _share(rows: int, tp: int) -> int:
+    """Rows per TP rank: T rounded up to a multiple of tp, over tp."""
+    return -(-rows // tp)
+
+
+# torch 2.13 renamed all_gather_into_tensor (older releases have only the old name)
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _all_gather_rows(x: Tensor, group) -> Tensor:
+    out = x.new_empty((dist.get_world_size(group) * x.shape[0], *x.shape[1:]))
+    _all_gather_single(out, x.contiguous(), group=group)
+    return out
+
+
+def _own_rows(x: Tensor, rank: int, n: int) -> Tensor:
+    """Rows [rank n, (rank + 1) n) of x, zero past its end."""
+    out = x.new_zeros((n, *x.shape[1:]))
+    lo, hi = rank * n, min((rank + 1) * n, x.shape[0])
+    if hi > lo:
+        out[:hi - lo] = x[lo:hi]
+    return out
+
+
+class _SliceRows(torch.autograd.Function):
+    """Replicated rows [T, ...] -> this TP rank's share [T'/tp, ...] of the zero-padded rows;
+    backward all-gathers the shares' gradients (every rank's replicated producer needs all)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, group) -> Tensor:
+        ctx.group, ctx.rows = group, x.shape[0]
+        return _own_rows(x, dist.get_rank(group), _share(x.shape[0], dist.get_world_size(group)))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return _all_gather_rows(grad, ctx.group)[:ctx.rows], None
+
+
+class _GatherRows(torch.autograd.Function):
+    """This TP rank's share -> the first `rows` rows of every rank's shares (T, or the padded
+    T'); backward keeps this rank's rows of the gradient, which every rank holds whole."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, rows: int, group) -> Tensor:
+        ctx.group, ctx.n = group, x.shape[0]
+        return _all_gather_rows(x, group)[:rows]
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return _own_rows(grad, dist.get_rank(ctx.group), ctx.n), None, None
+
+
+class SPRMSNorm(RMSNorm):
+    """RMSNorm of this rank's rows; the weight sums its gradient over the TP group."""
+
+    tp_group: Any = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rms_norm(x, _ReplicateGrad.apply(self.weight, self.tp_group), self.eps, self.float32)
+
+
+class SPOffsetRMSNorm(OffsetRMSNorm):
+    """OffsetRMSNorm of this rank's rows; the weight sums its gradient over the TP group."""
+
+    tp_group: Any = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return offset_rms_norm(x, _ReplicateGrad.apply(self.weight, self.tp_group), self.eps, self.float32)
+
+
+_SP_NORMS: dict[type, type] = {RMSNorm: SPRMSNorm, OffsetRMSNorm: SPOffsetRMSNorm}
+
+
+class SPBlock(Block):
+    """A block on this rank's share of the rows: norms and residual adds on the share, rows
+    gathered for the mixer and the FFN. `sharded_mixer`: the mixer's output projection
+    reduce-scatters to the share itself (else its replicated output is cut here)."""
+
+    tp_group: Any = None
+    sharded_mixer: bool = False
+
+    def forward(self, x: Tensor, ctx) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        group, rows = self.tp_group, ctx.num_rows
+        mixed = self.mixer(_GatherRows.apply(self.attn_norm(x), rows, group), ctx)
+        x = x + (mixed if self.sharded_mixer else _SliceRows.apply(mixed, group))
+        h = self.ffn_norm(x)
+        if self.ffn_kind == FFNKind.DENSE:
+            # every padded row: the row-wise down projection reduce-scatters them to shares
+            return x + self.ffn(_GatherRows.apply(h, h.shape[0] * dist.get_world_size(group), group)), None, None
+        y, aux, load = self.ffn(_GatherRows.apply(h, rows, group), ctx)
+        return x + _SliceRows.apply(y, group), aux, load
+
+
+class SPHybridModel(HybridModel):
+    """The model with its residual stream row-sharded over TP (the embedding's output cut
+    to this rank's share by a hook); the final norm's rows gathered for the LM head."""
+
+    tp_group: Any = None
+
+    def forward(self, input_ids_T: Tensor, ctx) -> ModelOutput:
+        out = super().forward(input_ids_T, ctx)
+        return ModelOutput(_GatherRows.apply(out.hidden_TD, ctx.num_rows, self.tp_group), out.aux_loss,
+                           out.expert_load)
+
+
+def _pad_rows_to(multiple: int):
+    """A forward pre-hook padding a module's input rows to a multiple of `multiple`."""
+
+    def hook(_module, args):
+        x = args[0]
+        extra = -x.shape[0] % multiple
+        if extra == 0:
+            return None
+        return (torch.cat([x, x.new_zeros((extra, *x.shape[1:]))]), *args[1:])
+
+    return hook
+
+
+def apply_sequence_parallel(model: nn.Module, tp: int, group) -> None:
+    """Row-shard the residual stream (the module docstring); after `apply_tp`'s projections."""
+    if not isinstance(model, HybridModel):
+        raise TypeError(f"sequence parallel needs a HybridModel; got {type(model).__name__}")
+    model.__class__ = SPHybridModel
+    model.tp_group = group
+    model.embed.register_forward_hook(lambda _m, _args, out: _SliceRows.apply(out, group))
+    # the residual stream's norms only: a norm inside a mixer (MLA's kv_a_norm) sees gathered rows
+    for norm in [model.norm, *(n for b in model.layers for n in (b.attn_norm, b.ffn_norm))]:
+        norm.__class__ = _SP_NORMS[type(norm)]
+        norm.tp_group = group
+    for block in model.layers:
+        block.__class__ = SPBlock
+        block.tp_group = group
+        block.sharded_mixer = isinstance(block.mixer, (KDAMixer, MLAMixer))
 
 
 class _AllToAll(torch.autograd.Function):
@@ -226,11 +386,13 @@ def _local_slice(module: nn.Module, attr: str, prefix: str, mesh: DistMesh, shar
     shards[f"{prefix}.{attr}"] = ShardInfo(f"{prefix}.{attr}", 0, "tp")
 
 
-def apply_tp(model: nn.Module, mesh: DistMesh, shards: dict[str, ShardInfo]) -> bool:
-    """Column/row-wise TP on the attention, KDA and FFN projections (module docstring)."""
+def apply_tp(model: nn.Module, mesh: DistMesh, shards: dict[str, ShardInfo], sequence_parallel: bool = True) -> bool:
+    """Column/row-wise TP on the attention, KDA and FFN projections, and with
+    `sequence_parallel` the residual stream row-sharded (module docstring)."""
     tp = mesh.parallel.tp
     if tp == 1:
         return False
+    from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
@@ -240,10 +402,20 @@ def apply_tp(model: nn.Module, mesh: DistMesh, shards: dict[str, ShardInfo]) -> 
     tp_mesh = mesh.submesh("tp")
     group = mesh.group("tp")
     col, row = ColwiseParallel(), RowwiseParallel()
+    # the rows' output projections: reduce-scattered to row shares under sequence parallel
+    out_row = RowwiseParallel(output_layouts=Shard(0)) if sequence_parallel else row
+    if sequence_parallel:
+        for block in getattr(model, "layers", []):
+            outs = [block.mixer.o_proj] if isinstance(block.mixer, (KDAMixer, MLAMixer)) else []
+            if isinstance(block.ffn, SwiGLU):
+                outs.append(block.ffn.down_proj)
+            for proj in outs:  # Shard(0) needs rows that divide evenly: padded first
+                proj.register_forward_pre_hook(_pad_rows_to(tp), prepend=True)
+    dense = {id(b.ffn) for b in getattr(model, "layers", []) if isinstance(b.ffn, SwiGLU)}
     for name, module in model.named_modules():
         if isinstance(module, KDAMixer):
             parallelize_module(module, tp_mesh, {"q_proj": col, "k_proj": col, "v_proj": col, "f_proj.1": col,
-                                                 "b_proj": col, "g_proj.1": col, "o_proj": row})
+                                                 "b_proj": col, "g_proj.1": col, "o_proj": out_row})
             for attr in ("q_conv", "k_conv", "v_conv", "A_log", "dt_bias"):
                 _local_slice(module, attr, name, mesh, shards)
             module.num_heads //= tp
@@ -251,7 +423,7 @@ def apply_tp(model: nn.Module, mesh: DistMesh, shards: dict[str, ShardInfo]) -> 
             module.o_norm.tp_group = group
         elif isinstance(module, MLAMixer):
             q = {"q_proj": col} if hasattr(module, "q_proj") else {"q_b_proj": col}
-            parallelize_module(module, tp_mesh, {**q, "kv_b_proj": col, "o_proj": row})
+            parallelize_module(module, tp_mesh, {**q, "kv_b_proj": col, "o_proj": out_row})
             module.num_heads //= tp
             C = module.kv_rank
 
@@ -261,7 +433,11 @@ def apply_tp(model: nn.Module, mesh: DistMesh, shards: dict[str, ShardInfo]) -> 
 
             module.kv_a_proj.register_forward_hook(sum_k_pe_grad)
         elif isinstance(module, SwiGLU):
-            parallelize_module(module, tp_mesh, {"gate_proj": col, "up_proj": col, "down_proj": row})
+            # a block's dense FFN ends on row shares; a shared expert's output stays whole
+            down = out_row if id(module) in dense else row
+            parallelize_module(module, tp_mesh, {"gate_proj": col, "up_proj": col, "down_proj": down})
+    if sequence_parallel:
+        apply_sequence_parallel(model, tp, group)
     return True
 
 
@@ -294,15 +470,18 @@ def apply_pp(model: nn.Module, mesh: DistMesh) -> nn.Module:
     return pipeline_apply_pp(model, mesh)
 
 
-def parallelize(model: HybridModel, mesh: DistMesh) -> ParallelModel:
-    """PP, then TP, then EP, then FSDP (the module docstring); each a no-op at degree 1."""
+def parallelize(model: HybridModel, mesh: DistMesh, sequence_parallel: bool = True) -> ParallelModel:
+    """PP, then TP (with `sequence_parallel`, row-sharded norms), then EP, then FSDP (the
+    module docstring); each a no-op at degree 1."""
     shards: dict[str, ShardInfo] = {}
     applied = []
     if mesh.parallel.pp > 1:
         model = apply_pp(model, mesh)
         applied.append("pp")
-    if apply_tp(model, mesh, shards):
+    if apply_tp(model, mesh, shards, sequence_parallel):
         applied.append("tp")
+        if sequence_parallel:
+            applied.append("sp")
     if apply_ep(model, mesh, shards):
         applied.append("ep")
     units = apply_fsdp(model, mesh)

@@ -68,7 +68,7 @@ def _worker(payload: dict, out_path: str) -> None:
     if parallel.pp > 1:
         got, grads, applied, extra = _pipeline_step(payload, mesh, copy.deepcopy(template), plan, trajectories)
     else:
-        pm = parallelize(copy.deepcopy(template), mesh)
+        pm = parallelize(copy.deepcopy(template), mesh, sequence_parallel=payload["sequence_parallel"])
         trainer = DistPlanTrainer(pm, plan, loss=loss, kernels=payload["kernels"])
         got = trainer.forward_backward(trajectories, mbt)
         grads = full_gradients(pm)
@@ -160,12 +160,14 @@ def verify_distributed(
     recompute_old_logprobs: bool = True,
     kernels: KernelConfig | None = None,
     schedule: str = "consumer-1f1b",
+    sequence_parallel: bool = True,
     timeout: float = 300.0,
 ) -> dict[str, Any]:
     """One distributed forward/backward under `parallel` against the single-process
     expanded step; the comparison report (`compare_steps`'s fields, the step's shape,
     `world_size` and the mesh). With pp > 1 the pipeline runs the simulator's `schedule`
-    (tp = ep = 1) and the report adds `schedule` and `executed_is_simulated`. Launch checks
+    (tp = ep = 1) and the report adds `schedule` and `executed_is_simulated`. With tp > 1,
+    `sequence_parallel` row-shards the residual stream (`harts.dist.parallelize`). Launch checks
     (`check_launch`) run before any process starts."""
     from harts.dist.mesh import LaunchError, check_launch
     from harts.dist.runner import launch
@@ -185,6 +187,7 @@ def verify_distributed(
     payload = {"schedule": schedule, "parallel": parallel, "config": config, "device": device, "dtype": dtype, "loss": loss,
                "microbatch_tokens": microbatch_tokens, "trajectories": trajectories, "seed": seed,
                "planner": planner, "recompute_old_logprobs": recompute_old_logprobs,
+               "sequence_parallel": sequence_parallel,
                "kernels": kernels if kernels is not None else KernelConfig.from_env()}
     with tempfile.TemporaryDirectory(prefix="harts-verify-") as tmp:
         out = Path(tmp) / "report.json"

@@ -13,10 +13,14 @@ from harts.verify.distributed import verify_distributed
 from tests.distributed.cases import BUDGET, TOL, small_config, small_trajectories
 
 
-@pytest.mark.parametrize("spec, applied", [("dp=2", ["fsdp"]), ("dp=2,ep=2", ["ep", "fsdp"]), ("tp=2", ["tp"])])
-def test_distributed_step_equals_the_expanded_reference(spec, applied):
+@pytest.mark.parametrize("spec, sp, applied", [("dp=2", True, ["fsdp"]), ("dp=2,ep=2", True, ["ep", "fsdp"]),
+                                              ("tp=2", False, ["tp"]), ("tp=2", True, ["tp", "sp"])],
+                         ids=["dp2", "dp2ep2", "tp2", "tp2sp"])
+def test_distributed_step_equals_the_expanded_reference(spec, sp, applied):
+    """tp2sp: the residual stream row-sharded over TP (its rows padded to an even split),
+    norms on each rank's rows, rows gathered for the mixers, the router and the LM head."""
     rep = verify_distributed(small_trajectories(), parallel=parse_parallel(spec), model=small_config(),
-                             microbatch_tokens=BUDGET, timeout=240)
+                             microbatch_tokens=BUDGET, sequence_parallel=sp, timeout=240)
     assert rep["world_size"] == 2 and rep["applied"] == applied
     assert rep["sharing_windows"] >= 2
     assert rep["max_rel_logprob_err"] <= TOL

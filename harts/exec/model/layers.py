@@ -19,6 +19,15 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, float32: bool = False) -> Te
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
+def offset_rms_norm(x: Tensor, weight: Tensor, eps: float, float32: bool = False) -> Tensor:
+    """x / rms(x) * (1 + weight) over the last dim (`OffsetRMSNorm`); `float32`: normalised
+    and scaled in float32, cast back after the weight."""
+    if float32 and x.dtype.itemsize < 4:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())).to(x.dtype)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight)
+
+
 def l2_norm(x: Tensor, eps: float = 1e-6) -> Tensor:
     # fla's l2norm: x / sqrt(sum x^2 + eps), over the last (head) dim
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
@@ -80,11 +89,7 @@ class OffsetRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.float32 and x.dtype.itemsize < 4:
-            xf = x.float()
-            y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight.float())
-            return y.to(x.dtype)
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight)
+        return offset_rms_norm(x, self.weight, self.eps, self.float32)
 
 
 class SiLUGatedRMSNorm(nn.Module):

@@ -16,7 +16,8 @@ def cmd_train_distributed(args: argparse.Namespace, load_trajectories) -> int:
     import torch.distributed as dist
 
     from harts.cli import train_checkpoint
-    from harts.config.models import ConfigError, get_model_config
+    from harts.cli.model_source import model_config
+    from harts.config.models import ConfigError
     from harts.dist.mesh import LaunchError, backend_for, check_launch, parse_parallel
 
     if args.steps < 1:
@@ -24,6 +25,9 @@ def cmd_train_distributed(args: argparse.Namespace, load_trajectories) -> int:
     train_checkpoint.check_flags(args)
     if args.mode != "tree":
         raise UserError("--parallel runs a step plan: add --mode tree")
+    if getattr(args, "save", None) is not None:
+        raise UserError("--save with --parallel is not supported: write a checkpoint with --checkpoint-dir "
+                        "(torch.distributed.checkpoint, loadable into one process)", field="--save")
     try:  # the spec's own degrees, before the process group (its size fills dp later)
         pp = parse_parallel(args.parallel).pp
     except LaunchError as err:
@@ -43,7 +47,7 @@ def cmd_train_distributed(args: argparse.Namespace, load_trajectories) -> int:
         if parallel.pp > 1 and (parallel.tp > 1 or parallel.ep > 1):
             raise LaunchError(f"--parallel {parallel.spec()}: pipeline stages run with data parallelism only "
                               "(tp=1, ep=1)")
-        config = get_model_config(args.model)
+        config = model_config(args)  # --model, or --model-path's config.json
         config.check_tree_mode()
     except (LaunchError, ConfigError) as err:
         raise UserError(str(err)) from None
@@ -110,9 +114,16 @@ def _train(args, parallel, config, plan, trajectories, device: str, rank: int) -
     from harts.exec.model import build_model
     from harts.exec.trainer import run_steps
 
-    dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
+    dtype = None if args.dtype is None else getattr(torch, args.dtype)  # None: the checkpoint's, or float32
     mesh = init_mesh(parallel, device)
-    model = build_model(config, seed=args.seed, dtype=dtype, device=device, recompute=args.recompute)
+    if args.model_path:  # every rank reads the checkpoint, then keeps its own part
+        from harts.cli.model_source import load_checkpoint
+
+        model = load_checkpoint(args, dtype, device).model
+        model.recompute = args.recompute
+    else:
+        model = build_model(config, seed=args.seed, dtype=dtype or torch.float32, device=device,
+                            recompute=args.recompute)
     optimizer = OptimizerConfig(lr=args.lr, grad_clip=args.grad_clip if args.grad_clip > 0 else None)
     loss = PolicyLossConfig(agg_mode=args.agg_mode, kl_coef=args.kl_coef)
     if parallel.pp > 1:

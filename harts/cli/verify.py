@@ -302,7 +302,7 @@ def cmd_parallel(args: argparse.Namespace, trajectories: list) -> int:
     the step check's verdict; launch errors are one line, exit code 2, before any worker starts."""
     import torch
 
-    from harts.config.models import ConfigError, get_model_config
+    from harts.cli.model_source import load_checkpoint, model_config
     from harts.dist.mesh import LaunchError, parse_parallel
 
     if args.fidelity:
@@ -310,13 +310,16 @@ def cmd_parallel(args: argparse.Namespace, trajectories: list) -> int:
     dtype = _device_and_dtype(args, "", default=torch.float64)
     try:
         parallel = parse_parallel(args.parallel)
-        config = get_model_config(args.model)
-    except (LaunchError, ConfigError) as err:
+        config = model_config(args)  # --model, or --model-path's config.json
+    except LaunchError as err:
         raise UserError(str(err)) from None
+    model = config
+    if getattr(args, "model_path", None):  # the checkpoint's weights, read once here
+        model = load_checkpoint(args, dtype, "cpu").model
     from harts.verify.distributed import verify_distributed
 
     try:
-        report = verify_distributed(trajectories, parallel=parallel, model=config, dtype=dtype, seed=args.seed,
+        report = verify_distributed(trajectories, parallel=parallel, model=model, dtype=dtype, seed=args.seed,
                                     microbatch_tokens=args.microbatch_tokens, planner=args.planner or "l1l2",
                                     device=args.device, recompute_old_logprobs=args.old_logprobs == "recompute",
                                     kernels=kernel_config(args), schedule=args.schedule)

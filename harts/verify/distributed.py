@@ -57,6 +57,8 @@ def _worker(payload: dict, out_path: str) -> None:
     trajectories = payload["trajectories"]
     mesh = init_mesh(parallel, device)
     template = build_model(config, seed=payload["seed"], dtype=dtype, device=device)
+    if payload["weights"] is not None:  # a checkpoint's weights (harts verify --model-path)
+        template.load_state_dict(payload["weights"])
     if payload["recompute_old_logprobs"]:
         box = [None]
         if dist.get_rank() == 0:
@@ -150,7 +152,7 @@ def verify_distributed(
     trajectories: Sequence[Trajectory],
     *,
     parallel: ParallelConfig,
-    model: str | ModelConfig = "tiny-cpu",
+    model: str | ModelConfig | torch.nn.Module = "tiny-cpu",
     dtype: torch.dtype = torch.float64,
     seed: int = 0,
     microbatch_tokens: int = 1 << 20,
@@ -167,11 +169,17 @@ def verify_distributed(
     expanded step; the comparison report (`compare_steps`'s fields, the step's shape,
     `world_size` and the mesh). With pp > 1 the pipeline runs the simulator's `schedule`
     (tp = ep = 1) and the report adds `schedule` and `executed_is_simulated`. With tp > 1,
-    `sequence_parallel` row-shards the residual stream (`harts.dist.parallelize`). Launch checks
+    `sequence_parallel` row-shards the residual stream (`harts.dist.parallelize`). `model`: a
+    registered name or config (weights from `seed`), or a model (a loaded checkpoint) whose
+    weights every worker starts from. Launch checks
     (`check_launch`) run before any process starts."""
     from harts.dist.mesh import LaunchError, check_launch
     from harts.dist.runner import launch
 
+    weights = None
+    if isinstance(model, torch.nn.Module):
+        weights = {k: v.detach().to("cpu", dtype) for k, v in model.state_dict().items()}
+        model = model.config
     config = get_model_config(model) if isinstance(model, str) else model
     config = config.replace(aux_scope="global")
     trajectories = list(trajectories)
@@ -187,7 +195,7 @@ def verify_distributed(
     payload = {"schedule": schedule, "parallel": parallel, "config": config, "device": device, "dtype": dtype, "loss": loss,
                "microbatch_tokens": microbatch_tokens, "trajectories": trajectories, "seed": seed,
                "planner": planner, "recompute_old_logprobs": recompute_old_logprobs,
-               "sequence_parallel": sequence_parallel,
+               "sequence_parallel": sequence_parallel, "weights": weights,
                "kernels": kernels if kernels is not None else KernelConfig.from_env()}
     with tempfile.TemporaryDirectory(prefix="harts-verify-") as tmp:
         out = Path(tmp) / "report.json"

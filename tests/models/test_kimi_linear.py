@@ -160,6 +160,37 @@ def test_verify_tree_equals_expanded(ckpt, rollouts, capsys):
     assert report["compact_tokens"] < report["expanded_tokens"]
 
 
+@pytest.mark.parametrize("spec", ["tp=2", "dp=2"])
+def test_verify_parallel_from_a_checkpoint_equals_expanded(ckpt, rollouts, capsys, spec):
+    """Every worker starts from the checkpoint's weights; tp=2 with sequence parallel on
+    this model's KDA, MLA, dense FFN and shared experts."""
+    path, _ = rollouts
+    rc = main(["verify", "--model-path", str(ckpt), "--input", str(path), "--dtype", "float64", "--parallel", spec,
+               "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0 and report["passed"] is True, report
+    assert report["world_size"] == 2 and spec in report["parallel"]
+    assert report["max_rel_logprob_err"] <= 1e-10 and report["max_rel_grad_err"] <= 1e-10
+
+
+def test_train_parallel_from_a_checkpoint_takes_the_single_process_steps(ckpt, rollouts, capsys, tmp_path):
+    """`harts train --model-path --parallel dp=1` (the distributed path on one rank) trains
+    the checkpoint's weights: its steps equal `harts train --model-path`'s."""
+    path, _ = rollouts
+    args = ["train", "--model-path", str(ckpt), "--input", str(path), "--mode", "tree", "--steps", "2",
+            "--old-logprobs", "input", "--dtype", "float64", "--json"]
+    assert main(args) == 0
+    single = json.loads(capsys.readouterr().out)["steps"]
+    assert main([*args, "--parallel", "dp=1"]) == 0
+    dist_steps = json.loads(capsys.readouterr().out)["steps"]
+    for a, b in zip(dist_steps, single, strict=True):
+        for key in ("loss", "pg_loss", "aux_loss", "grad_norm"):
+            assert abs(a[key] - b[key]) <= 1e-10 * max(1.0, abs(b[key])), (key, a[key], b[key])
+    # a distributed run writes torch.distributed.checkpoint shards, not --save's directory
+    assert main([*args, "--parallel", "dp=1", "--save", str(tmp_path / "out")]) == 2
+    assert "--checkpoint-dir" in capsys.readouterr().out and not (tmp_path / "out").exists()
+
+
 def test_round_trip_after_a_training_step_is_exact(ckpt, rollouts, tmp_path):
     from harts.exec.loss import PolicyLossConfig
     from harts.exec.tree_trainer import TreeTrainer

@@ -31,3 +31,15 @@ def test_distributed_step_equals_the_expanded_reference(spec, sp, applied):
         assert err <= TOL * max(1.0, abs(rep["ref_losses"][name])), name
     assert math.isclose(rep["grad_norm"], rep["ref_grad_norm"], rel_tol=TOL)
     assert rep["ref_losses"]["aux_loss"] > 0 and rep["ref_grad_norm"] > 0
+
+
+def test_dp2_tp2_step_equals_the_expanded_reference():
+    """Four processes: FSDP2 over two replicas of a TP pair with sequence parallel (each
+    block's parameters DTensors on the 2-D ("dp", "tp") mesh)."""
+    rep = verify_distributed(small_trajectories(), parallel=parse_parallel("dp=2,tp=2"), model=small_config(),
+                             microbatch_tokens=BUDGET, timeout=400)
+    assert rep["world_size"] == 4 and rep["applied"] == ["tp", "sp", "fsdp"]
+    assert rep["sharing_windows"] >= 2
+    assert rep["max_rel_logprob_err"] <= TOL and rep["max_rel_grad_err"] <= TOL, rep["worst_grad_params"]
+    assert rep["max_rel_expert_load_err"] <= TOL
+    assert math.isclose(rep["grad_norm"], rep["ref_grad_norm"], rel_tol=TOL)

@@ -6,7 +6,8 @@ from harts.cli.main import main
 # guarded: worker processes started by spawn (harts.dist.runner.launch) import this module
 if __name__ == "__main__":
     rc = main()
-    if os.environ.get("TORCHELASTIC_RUN_ID") is not None:
+    dist = sys.modules.get("torch.distributed")  # never imported: no process group, no gloo threads
+    if dist is not None and dist.is_torchelastic_launched():
         # A torchrun worker ends here without interpreter finalization. Its process group
         # is destroyed by then, but a gloo worker thread may still be releasing the last
         # collective's tensors; when that needs the GIL after finalization has begun,

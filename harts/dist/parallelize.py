@@ -144,9 +144,10 @@ class TPGatedRMSNorm(GatedRMSNorm):
 
 
 # ---- sequence parallel: the residual stream's rows sharded over TP ----------------------
-# Hand-written autograd around torch.distributed's own collectives, as `_AllToAll`: DTensor's
-# Shard(0) needs rows that divide evenly, and the mixers and the router must see exactly the
-# microbatch's T rows, not T' padded ones.
+# Small autograd functions around torch.distributed's own collectives, as `_AllToAll`, rather
+# than DTensor layouts on the residual stream: the shares are of the padded T' rows, while
+# the mixers and the router must see exactly the microbatch's T rows (a gather strips the
+# padding, which a Shard(0) -> Replicate redistribute would keep).
 
 
 def _share(rows: int, tp: int) -> int:

@@ -178,7 +178,8 @@ def verify_distributed(
 
     weights = None
     if isinstance(model, torch.nn.Module):
-        weights = {k: v.detach().to("cpu", dtype) for k, v in model.state_dict().items()}
+        weights = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype)
+                   for k, v in model.state_dict().items()}
         model = model.config
     config = get_model_config(model) if isinstance(model, str) else model
     config = config.replace(aux_scope="global")

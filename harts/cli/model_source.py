@@ -53,3 +53,19 @@ def load_checkpoint(args: argparse.Namespace, dtype, device):
         raise UserError(str(err), file=str(args.model_path)) from None
     except ConfigError as err:
         raise UserError(str(err), field="--model-path") from None
+
+
+def train_model(args: argparse.Namespace, config, dtype, device):
+    """(model, LoadedModel or None): --model-path's checkpoint in `dtype` (None: its own),
+    or `config` built from --seed (float32 where `dtype` is None); recompute from
+    --recompute."""
+    import torch
+
+    if getattr(args, "model_path", None):
+        loaded = load_checkpoint(args, dtype, device)
+        loaded.model.recompute = args.recompute
+        return loaded.model, loaded
+    from harts.exec.model import build_model
+
+    return build_model(config, seed=args.seed, dtype=dtype or torch.float32, device=device,
+                       recompute=args.recompute), None

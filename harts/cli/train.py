@@ -7,7 +7,7 @@ import itertools
 
 from harts.cli import train_checkpoint
 from harts.cli.common import UserError, format_table, print_json, rollout_error, say_wrote
-from harts.cli.model_source import add_model_args, load_checkpoint, model_config
+from harts.cli.model_source import add_model_args, model_config, train_model
 
 # Refuse to build models this large on a CPU: the Table 1 configs are for GPUs (and the
 # simulator), and allocating them here would only exhaust memory.
@@ -105,7 +105,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from harts.config.optimizer import OptimizerConfig
     from harts.exec.loss import PolicyLossConfig
-    from harts.exec.model import build_model
     from harts.exec.trainer import ExpandedTrainer, run_steps
     from harts.exec.tree_trainer import TreeTrainer
 
@@ -114,14 +113,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if torch.device(device).type == "cpu" and total > _CPU_MAX_PARAMS:
         raise UserError(f"{config.name} has {total / 1e9:.1f}B parameters: too large to train on a CPU")
     dtype = None if args.dtype is None else getattr(torch, args.dtype)
-    loaded = None
-    if args.model_path:
-        loaded = load_checkpoint(args, dtype, device)
-        model = loaded.model
-        model.recompute = args.recompute
-    else:
-        model = build_model(config, seed=args.seed, dtype=dtype or torch.float32, device=device,
-                            recompute=args.recompute)
+    model, loaded = train_model(args, config, dtype, device)
     if args.mode == "tree":
         try:
             config.check_tree_mode()

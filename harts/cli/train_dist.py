@@ -106,24 +106,17 @@ def _train(args, parallel, config, plan, trajectories, device: str, rank: int) -
     import torch
 
     from harts.cli import train_checkpoint
+    from harts.cli.model_source import train_model
     from harts.config.optimizer import OptimizerConfig
     from harts.dist.mesh import init_mesh
     from harts.dist.parallelize import parallelize
     from harts.dist.runner import DistPlanTrainer
     from harts.exec.loss import PolicyLossConfig
-    from harts.exec.model import build_model
     from harts.exec.trainer import run_steps
 
     dtype = None if args.dtype is None else getattr(torch, args.dtype)  # None: the checkpoint's, or float32
     mesh = init_mesh(parallel, device)
-    if args.model_path:  # every rank reads the checkpoint, then keeps its own part
-        from harts.cli.model_source import load_checkpoint
-
-        model = load_checkpoint(args, dtype, device).model
-        model.recompute = args.recompute
-    else:
-        model = build_model(config, seed=args.seed, dtype=dtype or torch.float32, device=device,
-                            recompute=args.recompute)
+    model, _ = train_model(args, config, dtype, device)  # every rank reads a checkpoint, then keeps its part
     optimizer = OptimizerConfig(lr=args.lr, grad_clip=args.grad_clip if args.grad_clip > 0 else None)
     loss = PolicyLossConfig(agg_mode=args.agg_mode, kl_coef=args.kl_coef)
     if parallel.pp > 1:

@@ -302,7 +302,6 @@ def cmd_parallel(args: argparse.Namespace, trajectories: list) -> int:
     the step check's verdict; launch errors are one line, exit code 2, before any worker starts."""
     import torch
 
-    from harts.cli.model_source import load_checkpoint, model_config
     from harts.dist.mesh import LaunchError, parse_parallel
 
     if args.fidelity:

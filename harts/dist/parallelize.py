@@ -255,6 +255,12 @@ class SPHybridModel(HybridModel):
                            out.expert_load)
 
 
+def _split_mixer(block: nn.Module) -> bool:
+    """Whether `apply_tp` splits this block's mixer (KDA, MLA): its output projection is
+    row-wise, reduce-scattered to row shares under sequence parallel."""
+    return isinstance(block.mixer, (KDAMixer, MLAMixer))
+
+
 def _pad_rows_to(multiple: int):
     """A forward pre-hook padding a module's input rows to a multiple of `multiple`."""
 
@@ -282,7 +288,7 @@ def apply_sequence_parallel(model: nn.Module, tp: int, group) -> None:
     for block in model.layers:
         block.__class__ = SPBlock
         block.tp_group = group
-        block.sharded_mixer = isinstance(block.mixer, (KDAMixer, MLAMixer))
+        block.sharded_mixer = _split_mixer(block)
 
 
 class _AllToAll(torch.autograd.Function):
@@ -407,7 +413,7 @@ def apply_tp(model: nn.Module, mesh: DistMesh, shards: dict[str, ShardInfo], seq
     out_row = RowwiseParallel(output_layouts=Shard(0)) if sequence_parallel else row
     if sequence_parallel:
         for block in getattr(model, "layers", []):
-            outs = [block.mixer.o_proj] if isinstance(block.mixer, (KDAMixer, MLAMixer)) else []
+            outs = [block.mixer.o_proj] if _split_mixer(block) else []
             if isinstance(block.ffn, SwiGLU):
                 outs.append(block.ffn.down_proj)
             for proj in outs:  # Shard(0) needs rows that divide evenly: padded first

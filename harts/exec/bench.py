@@ -348,8 +348,8 @@ def step_benchmark(trajectories, *, model: str | torch.nn.Module = "tiny-h200", 
     out["compression"] = forest.expanded_tokens / forest.compact_tokens
     if "tree" in out:
         replay = out["tree"]["replay_tokens"]
-        # token ratio and FLOP ratio summarise the work; neither bounds the speedup (the
-        # ideal below does)
+        # token ratio and FLOP ratio summarise the work; neither bounds the speedup (nor
+        # does the ideal below, which prices the tree's work at the baseline's per-unit times)
         out["token_ratio"] = out["expanded_tokens"] / (out["tree"]["rows"] + replay)
         fl = flop_ratio(forest, cfg)
         out["flop_ratio"] = fl.pop("flop_ratio")

@@ -29,6 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--lr", type=float, default=3e-3)
     r.add_argument("--temperature", type=float, default=1.0)
     r.add_argument("--top-p", type=float, default=1.0)
+    r.add_argument("--lockstep", action="store_true",
+                   help="each step also run the other mode's update from the same weights and optimizer state "
+                        "on the same batch, and report how far the two updates differ (the run keeps its own)")
     r.add_argument("--tracking-uri", default=None,
                    help="mlflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./harts-runs/mlflow.db)")
     r.add_argument("--no-track", action="store_true", help="do not log the run to mlflow")
@@ -60,14 +63,16 @@ def cmd_rl_run(args: argparse.Namespace) -> int:
         config = RLConfig(env=args.env, steps=args.steps, mode=args.mode, advantage=args.advantage,
                           allocation=args.allocation, dtype=args.dtype, seed=args.seed, prompts=args.prompts,
                           roots=args.roots, expansions=args.expansions, lr=args.lr,
-                          temperature=args.temperature, top_p=args.top_p).validate()
+                          temperature=args.temperature, top_p=args.top_p, lockstep=args.lockstep).validate()
     except (LoopError, EnvError) as err:
         raise UserError(str(err)) from None
 
     def show(rec) -> None:
         print(f"[rl] step {rec.step}/{config.steps}  reward {rec.reward_mean:.3f}  loss {rec.loss:+.4f}  "
               f"gap {rec.logprob_gap:.1e}  compression {rec.compression:.2f}x  mixed {rec.mixed_share:.2f}  "
-              f"{rec.sample_seconds + rec.train_seconds:.1f} s", file=sys.stderr, flush=True)
+              f"{rec.sample_seconds + rec.train_seconds:.1f} s"
+              + (f"  {rec.lockstep['mode']} update differs by {rec.lockstep['update_rel_l2_diff']:.1e}"
+                 if rec.lockstep else ""), file=sys.stderr, flush=True)
 
     try:
         result = run(config, on_step=show)
@@ -82,12 +87,18 @@ def cmd_rl_run(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"env": config.env, "model": result.model, "mode": config.mode, "advantage": config.advantage,
                     "allocation": config.allocation, "dtype": config.dtype, "seed": config.seed,
+                    "lockstep": config.lockstep,
                     "random_reward": result.random_reward, "reward_change": reward_change(result.steps),
                     "seconds": result.seconds, "run_id": run_id, "steps": steps})
     else:
         print(format_table(["step", "reward", "loss", "logprob_gap", "compression", "mixed", "rollouts"],
                            [(s["step"], s["reward_mean"], s["loss"], s["logprob_gap"], s["compression"],
                              s["mixed_share"], s["rollouts"]) for s in steps]))
+        if config.lockstep:
+            worst = max(result.steps, key=lambda s: s.lockstep["update_rel_l2_diff"])
+            print(f"lockstep: the {worst.lockstep['mode']} update from the same state differs from this run's by "
+                  f"at most {worst.lockstep['update_rel_l2_diff']:.1e} of its L2 norm (step {worst.step}; gradients "
+                  f"by {max(s.lockstep['grad_max_rel_diff'] for s in result.steps):.1e} of the largest)")
         print(f"reward: first-5 -> last-5 mean {reward_change(result.steps):+.3f} "
               f"(random policy {result.random_reward:.3f}); {result.seconds:.0f} s"
               + (f"; logged as run {run_id}" if run_id else ""))

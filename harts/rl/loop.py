@@ -7,7 +7,11 @@ the rewards are turned into per-token advantages (GRPO's group-normalised episod
 advantage, or RTMC's per-step one); the rollouts become trajectories with the sampler's
 log-probs as `old_logprobs`, and one update runs through the batch API (`harts.rl.api`) in
 tree or expanded mode. Both modes see the same samples; in float64 their updates agree to
-rounding, so their reward curves are the same.
+rounding, so their reward curves are the same. Over many steps two separate runs' weights
+drift apart from those rounding differences (AdamW divides by small second moments), so
+`RLConfig.lockstep` checks the claim step by step: each step the other mode's update also
+runs, from the same weights and optimizer state on the same batch, and the step records
+how far the two updates differ (`StepRecord.lockstep`); the run goes on with its own mode's.
 
 Per step the loop records the mean reward, the loss terms, the rollout-vs-training log-prob
 gap (mean |training-time log-prob - rollout log-prob| over the trained tokens, both from
@@ -67,6 +71,7 @@ class RLConfig:
     microbatch_tokens: int = 4096
     d_model: int = 32
     num_layers: int = 2
+    lockstep: bool = False  # also run the other mode's update each step, from the same state (module docstring)
 
     def validate(self) -> RLConfig:
         if self.steps < 1:
@@ -280,6 +285,8 @@ class StepRecord:
     sample_seconds: float
     train_seconds: float
     sample_digest: str  # sha256 of every rollout's tokens, in order: equal digests, equal samples
+    # with RLConfig.lockstep: the other mode's update from the same state (`lockstep_difference`)
+    lockstep: dict | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -320,6 +327,7 @@ def run(config: RLConfig, on_step: Callable[[StepRecord], None] | None = None, *
     config = config.validate()
     start = time.perf_counter()
     env, model, policy, sampler, sampling = _parts(config, model, device)
+    shadow = _shadow(policy, config) if config.lockstep else None
     allocator = allocator_for(config.allocation, config, env)
     records = []
     for step in range(1, config.steps + 1):
@@ -328,7 +336,10 @@ def run(config: RLConfig, on_step: Callable[[StepRecord], None] | None = None, *
         rollouts = sample_tree_rollouts(sampler, env, prompts, allocator.roots(step, prompts),
                                         allocator.expansion(step, prompts), sampling, step=step)
         t1 = time.perf_counter()
-        result = _update(policy, config, rollouts, step)
+        batch = _scored_batch(config, rollouts, step)
+        before = _snapshot(policy) if shadow is not None else None
+        result = policy.update(batch)
+        check = lockstep_difference(policy, shadow, before, batch, result) if shadow is not None else None
         allocator.observe(step, rollouts)
         gaps = [np.abs(lp[r.loss_mask] - r.old_logprobs[r.loss_mask])
                 for lp, r in zip(result.stats.log_probs, rollouts, strict=True)]
@@ -340,7 +351,7 @@ def run(config: RLConfig, on_step: Callable[[StepRecord], None] | None = None, *
             mixed_share=step_mixed_share(prompts, rollouts),
             rollouts=len(rollouts), tokens=result.tokens, executed_rows=result.executed_rows,
             grad_norm=result.grad_norm, sample_seconds=t1 - t0, train_seconds=time.perf_counter() - t1,
-            sample_digest=_digest(rollouts))
+            sample_digest=_digest(rollouts), lockstep=check)
         records.append(rec)
         if on_step is not None:
             on_step(rec)
@@ -389,11 +400,92 @@ def _parts(config: RLConfig, model, device: str):  # noqa: ANN001, ANN202
     return env, model, policy, HartsPolicy(model), sampling
 
 
+def _scored_batch(config: RLConfig, rollouts: Sequence[Rollout], step: int):  # noqa: ANN202
+    """The rollouts as a batch, scored by `config.advantage`."""
+    batch0 = rollout_batch(rollouts, [np.zeros(len(r.tokens)) for r in rollouts], step)
+    return rollout_batch(rollouts, advantages_for(config.advantage, rollouts, batch0.trajectories()), step)
+
+
 def _update(policy, config: RLConfig, rollouts: Sequence[Rollout], step: int):  # noqa: ANN001, ANN202
     """Score the rollouts (`config.advantage`) and run one update on them."""
-    batch0 = rollout_batch(rollouts, [np.zeros(len(r.tokens)) for r in rollouts], step)
-    advantages = advantages_for(config.advantage, rollouts, batch0.trajectories())
-    return policy.update(rollout_batch(rollouts, advantages, step))
+    return policy.update(_scored_batch(config, rollouts, step))
+
+
+def _shadow(policy, config: RLConfig):  # noqa: ANN001, ANN202
+    """A policy of the other mode on a copy of `policy`'s model, for `RLConfig.lockstep`."""
+    import copy
+
+    from harts.rl.api import RLPolicy
+
+    other = "expanded" if config.mode == "tree" else "tree"
+    return RLPolicy(copy.deepcopy(policy.model), mode=other, optimizer=policy.trainer.optimizer_config,
+                    loss=policy.trainer.loss_config, microbatch_tokens=policy.microbatch_tokens)
+
+
+def _snapshot(policy):  # noqa: ANN001, ANN202
+    """`policy`'s weights (copies) and optimizer state (a deep copy) before an update."""
+    import copy
+
+    return ({n: p.detach().clone() for n, p in policy.model.named_parameters()},
+            copy.deepcopy(policy.trainer.optimizer.state_dict()))
+
+
+def _max_abs_diff(a, b) -> float:  # noqa: ANN001
+    """max |a - b| over positions both give a value; inf where only one of them does."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    fa, fb = np.isfinite(a), np.isfinite(b)
+    if a.shape != b.shape or not np.array_equal(fa, fb):
+        return float("inf")
+    return float(np.max(np.abs(a[fa] - b[fa]), initial=0.0))
+
+
+def lockstep_difference(policy, shadow, before, batch, result) -> dict:  # noqa: ANN001
+    """Run `shadow`'s update from the state `policy` had `before` its update on `batch` and
+    compare the two:
+
+    - `grad_max_rel_diff`: the largest |difference| of the (clipped) gradients over every
+      parameter entry, over the largest |gradient|;
+    - `update_rel_l2_diff`: ||update - other update|| / ||update|| over all parameters,
+      an update being new weights - old weights;
+    - `update_max_abs_diff`, `update_max_rel_diff`: the largest |difference| of the two
+      updates, absolute and over the largest |update|. AdamW's update of an entry whose
+      gradient is near its epsilon moves by up to lr / eps times that gradient's rounding,
+      so this per-entry figure can reach ~1e-9 of the update from rounding alone; the L2
+      figure averages it out;
+    - the gradient norms' relative difference, the loss's absolute one and the largest
+      |difference| of the log-probs."""
+    import torch
+
+    weights, opt_state = before
+    with torch.no_grad():
+        for n, p in shadow.model.named_parameters():
+            p.copy_(weights[n])
+    shadow.trainer.optimizer.load_state_dict(opt_state)
+    other = shadow.update(batch)
+    own = dict(policy.model.named_parameters())
+    diff = scale = gdiff = gscale = 0.0
+    sq_diff = sq_update = 0.0
+    with torch.no_grad():
+        for n, p in shadow.model.named_parameters():
+            w0, q = weights[n], own[n]
+            du, dv = q - w0, p - w0
+            diff = max(diff, float((du - dv).abs().max()))
+            scale = max(scale, float(du.abs().max()))
+            sq_diff += float((du - dv).pow(2).sum())
+            sq_update += float(du.pow(2).sum())
+            if (q.grad is None) != (p.grad is None):
+                gdiff = float("inf")
+            elif q.grad is not None:
+                gdiff = max(gdiff, float((q.grad - p.grad).abs().max()))
+                gscale = max(gscale, float(q.grad.abs().max()))
+    lp = max((_max_abs_diff(a, b) for a, b in zip(result.stats.log_probs, other.stats.log_probs, strict=True)),
+             default=0.0)
+    return {"mode": shadow.mode,
+            "grad_max_rel_diff": gdiff / gscale if gscale > 0 else gdiff,
+            "update_rel_l2_diff": (sq_diff / sq_update) ** 0.5 if sq_update > 0 else sq_diff ** 0.5,
+            "update_max_abs_diff": diff, "update_max_rel_diff": diff / scale if scale > 0 else diff,
+            "grad_norm_rel_diff": abs(result.grad_norm - other.grad_norm) / max(abs(result.grad_norm), 1e-300),
+            "loss_abs_diff": abs(result.losses["loss"] - other.losses["loss"]), "logprob_max_abs_diff": lp}
 
 
 @dataclass(frozen=True)

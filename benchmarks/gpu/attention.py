@@ -1,13 +1,15 @@
 """Tree attention timed per attended pair against causal cuDNN SDPA, and the cuDNN graph
 kernels' build cost.
 
-    python3 benchmarks/gpu/attention.py [pairs] [graphbuild] [--out DIR]
+    python3 benchmarks/gpu/attention.py [pairs] [graphbuild] [--layouts NAME...] [--out DIR]
 
 `pairs`: bf16, 16 heads, qk 192 / v 128 (the issue's shape), forward+backward seconds of the
 tree attention the backend picks (`FastTreeAttention`) and of the per-segment dense cuDNN
 split, on five layouts: the first 32k rows of swe-treestep-1 (one chain), all of
 swe-treestep-1 (82k rows), small-treestep tiled to 32k rows (bushy), and swe-treestep-32's
-sparsest (27% density; FlexAttention too) and median 32k-row trees; each as its cost per
+sparsest (27% density; FlexAttention too) and median 32k-row trees, and the baselines'
+branching-4 tree (`benchmarks/gpu/baselines.py` bushy: 16 leaves, turns of a few hundred
+tokens) whole and its first 32k rows; each as its cost per
 attended pair over causal SDPA's on 32k rows (1.0 = as cheap per pair as the dense causal
 kernel). `graphbuild` (not run by default): first-call and cached seconds of the cuDNN graph
 kernel at 3-64 sequences. The kernels' accuracy against float64 is tests/cuda/test_attention.py.
@@ -48,15 +50,15 @@ from harts.exec.ops.record import KernelRecord  # noqa: E402
 from harts.tree.workload import generate, preset  # noqa: E402
 
 
-def _attention_bench(f, H: int, qk: int, vd: int, scale: float, kernels: KernelConfig):
+def _attention_bench(f, H: int, qk: int, vd: int, scale: float, kernels: KernelConfig, rows: int = 3 * 32768):
     """Inputs of the tree-attention speed sections: bf16 q, k, v (3 x 32k rows, grads on) and
     dO, causal cuDNN SDPA's forward+backward seconds on 32k rows (the issue's baseline;
     `kernels` with baseline_attention cudnn) and
     per attended pair, and three layouts (parents): the first 32k rows of forest `f` (one
     chain), all of `f`, and small-treestep tiled to 32k rows (bushy)."""
     R32 = 32768
-    qkv = [torch.randn(R32 * 3, H, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for d in (qk, qk, vd)]
-    do = torch.randn(R32 * 3, H, vd, device="cuda", dtype=torch.bfloat16)
+    qkv = [torch.randn(rows, H, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for d in (qk, qk, vd)]
+    do = torch.randn(rows, H, vd, device="cuda", dtype=torch.bfloat16)
     hf = [x[:R32].detach().transpose(0, 1).requires_grad_() for x in qkv]
     cudnn = kernel_config(kernels, baseline_attention="cudnn")
     sdpa = time_cuda(lambda: causal_attention(*hf, scale, cudnn).backward(do[:R32].transpose(0, 1)), repeats=10)
@@ -134,9 +136,22 @@ def sec_pairs(args):
     path) and median 32k windows, forward+backward per attended pair against causal cuDNN SDPA."""
     H, qk, vd = 16, 192, 128
     scale = qk ** -0.5
+    from benchmarks.gpu.baselines import workload
+    from harts.config.models import get_model_config
+    from harts.tree import build_forest
+
     f = generate(preset("swe-treestep-1")).forest()
-    qkv, dO, sdpa, per_pair_sdpa, layouts = _attention_bench(f, H, qk, vd, scale, args.kernels)
+    bushy = build_forest(workload("bushy", get_model_config("tiny-h200").vocab_size))
+    qkv, dO, sdpa, per_pair_sdpa, layouts = _attention_bench(f, H, qk, vd, scale, args.kernels,
+                                                             rows=max(3 * 32768, f.num_rows, bushy.num_rows))
     layouts.update({n: p for n, (p, _) in _swe32_windows(32768).items()})
+    layouts["branching4_all"] = bushy.row_parent
+    layouts["branching4_first32k"] = parents_from_ends(np.minimum(bushy.row_end[:32768], 32768 - 1))
+    if args.layouts:
+        unknown = sorted(set(args.layouts) - set(layouts))
+        if unknown:
+            raise SystemExit(f"unknown layouts {unknown}; known: {', '.join(layouts)}")
+        layouts = {n: p for n, p in layouts.items() if n in args.layouts}
     out = {"sdpa_causal_32k_fwdbwd_s": sdpa, "kernel_config": args.kernels.to_dict()}
     for lname, par in layouts.items():
         R_, seg, _, _, _, pairs, ins = _layout_case(par, qkv)
@@ -196,12 +211,16 @@ def sum_graphbuild(out):
                        f"cached {r['cached']['fwd_s'] + r['cached']['bwd_s']:.4f} s") for b, r in out["build"].items()]
 
 
+def add_args(ap) -> None:
+    ap.add_argument("--layouts", nargs="+", metavar="NAME", help="pairs: only these layouts (default all)")
+
+
 SECTIONS = [
-    Section("pairs", sec_pairs, "tree attention per attended pair vs causal SDPA on five layouts", sum_pairs),
+    Section("pairs", sec_pairs, "tree attention per attended pair vs causal SDPA on seven layouts", sum_pairs),
     Section("graphbuild", sec_graphbuild, "cuDNN graph build vs cached call by sequence count", sum_graphbuild,
             default=False),
 ]
 
 
 if __name__ == "__main__":
-    sys.exit(run_suite("attention", SECTIONS, __doc__))
+    sys.exit(run_suite("attention", SECTIONS, __doc__, add_args))

@@ -450,8 +450,8 @@ def lockstep_difference(policy, shadow, before, batch, result) -> dict:  # noqa:
     - `update_max_abs_diff`, `update_max_rel_diff`: the largest |difference| of the two
       updates, absolute and over the largest |update|. AdamW's update of an entry whose
       gradient is near its epsilon moves by up to lr / eps times that gradient's rounding,
-      so this per-entry figure can reach ~1e-9 of the update from rounding alone; the L2
-      figure averages it out;
+      so this per-entry figure carries rounding amplified (3.2e-10 of the largest update
+      measured on a small float64 batch); the L2 figure averages it out;
     - the gradient norms' relative difference, the loss's absolute one and the largest
       |difference| of the log-probs."""
     import torch
@@ -579,6 +579,8 @@ def log_run(result: RunResult, tracking_uri: str | None = None) -> str:
     now = int(_time.time() * 1000)
     keys = ("reward_mean", "loss", "logprob_gap", "compression", "mixed_share", "entropy", "grad_norm")
     metrics = [Metric(f"step.{k}", float(getattr(s, k)), now, s.step) for s in result.steps for k in keys]
+    metrics += [Metric(f"step.lockstep_{k}", float(s.lockstep[k]), now, s.step) for s in result.steps
+                if s.lockstep for k in ("update_rel_l2_diff", "grad_max_rel_diff")]
     client = client_for(tracking_uri)
     for i in range(0, len(metrics), 1000):
         client.log_batch(run_id, metrics=metrics[i : i + 1000])

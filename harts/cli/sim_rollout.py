@@ -5,6 +5,7 @@ training phase.
     harts sim rollout --policy heddle --workload agentic-longtail --gpus 32 --json
     harts sim rollout --compare --workload agentic-longtail --gpus 32 --gantt rollout.png
     harts sim rollout --policy cache-aware --end-to-end
+    harts sim rollout --compare --workload agentic-reasoning --model qwen3-32b --baseline-mp 8
 
 `add_rollout_parser(sim_subparsers)` adds the `rollout` action to `harts sim`.
 """
@@ -36,6 +37,10 @@ def add_rollout_parser(sim_subparsers: argparse._SubParsersAction) -> argparse.A
                    help=f"rollout workload preset ({', '.join(n.value for n in RolloutPreset)})")
     p.add_argument("--gpus", type=int, default=32, help="GPUs of the inference cluster")
     p.add_argument("--seed", type=int, help="workload seed (default: the preset's)")
+    p.add_argument("--model", help="served model: a harts model name or a dense one "
+                   "(qwen3-32b, qwen3-8b); default: the preset's")
+    p.add_argument("--baseline-mp", type=int, help="the baselines' fixed model-parallel degree "
+                   "(default: the preset's)")
     p.add_argument("--compare", action="store_true", help="every policy on the same trajectories")
     p.add_argument("--end-to-end", action="store_true",
                    help="also simulate the step's training phase (harts sim) and show where the time goes")
@@ -55,11 +60,27 @@ def _config(args: argparse.Namespace) -> Any:
         cfg = rollout_preset(args.workload)
     except KeyError as err:
         raise UserError(str(err.args[0])) from None
-    if args.seed is not None:
-        import dataclasses
+    import dataclasses
 
-        cfg = dataclasses.replace(cfg, seed=args.seed)
-    return cfg
+    from harts.config.models import known_models
+    from harts.sim.rollout.cost import DENSE_SERVED_MODELS
+
+    changes: dict[str, Any] = {}
+    if args.seed is not None:
+        changes["seed"] = args.seed
+    if args.model is not None:
+        known = [*known_models(), *DENSE_SERVED_MODELS]
+        if args.model not in known:
+            raise UserError(f"unknown --model {args.model!r}; known: {', '.join(known)}")
+        changes["model"] = args.model
+        if args.model in DENSE_SERVED_MODELS and 1 not in cfg.mp_degrees:
+            changes["mp_degrees"] = (1, *cfg.mp_degrees)  # a dense model fits one GPU
+    if args.baseline_mp is not None:
+        changes["baseline_mp"] = args.baseline_mp
+    try:
+        return dataclasses.replace(cfg, **changes) if changes else cfg
+    except ValueError as err:
+        raise UserError(str(err)) from None
 
 
 def _gantt_path(args: argparse.Namespace, policy: str, many: bool) -> Path:

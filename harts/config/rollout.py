@@ -33,6 +33,18 @@ the hundreds for most of the step (the per-token time is the large-batch one, ~7
 batch-1 one) and the step-centric baselines' FCFS queues delay the long tail's turns;
 `agentic-longtail` (256 trajectories) leaves workers nearly idle once the bulk is done.
 
+`agentic-reasoning` is tool-integrated reasoning (a thinking model that calls a code
+sandbox or a search tool between long reasoning turns, as in code-interpreter and search
+agent RL): 64 prompts x 16 samples (GRPO/DAPO-style group of 16) = 1024 trajectories;
+prompt 0.5-2k tokens; turns lognormal median 3, sigma 0.8, in [1, 32]; actions median 1200
+tokens, sigma 0.8, in [32, 16384] (a reasoning turn), times a per-trajectory scale
+exp(N(0, 0.5)) and a per-prompt scale exp(N(0, 0.6)) shared by the group (a hard prompt
+makes all its samples reason long: `action_group_sigma`); observations median 200 tokens;
+sandbox latency median 0.8 s, sigma 1.0, in [0.05, 30] s; contexts capped at 64k. Its long
+tail is decode, not tool waits (seed 0: 9.5M generated tokens, median 5.0k per trajectory,
+p99 60k; the longest spends 6.7 s of its ~137 s critical path in tools), so batch
+interference and per-token time, what Heddle acts on, decide it.
+
 Cluster knobs: the model (a `harts.config.models` name; the default `flash` is the
 124B-parameter MoE, whose bf16 weights need at least 2 H200s), the hardware profile,
 bf16 weights and KV, the usable HBM fraction, the model-parallel efficiency per doubling
@@ -65,6 +77,7 @@ class RolloutWorkload:
     action_median: float = 400.0
     action_sigma: float = 0.8
     action_traj_sigma: float = 0.6  # per-trajectory action-length scale exp(N(0, this))
+    action_group_sigma: float = 0.0  # per-prompt action-length scale exp(N(0, this)), shared by the group
     action_range: tuple[int, int] = (16, 8192)
     obs_median: float = 300.0
     obs_sigma: float = 1.0
@@ -115,7 +128,7 @@ class RolloutWorkload:
         for name in ("turns_median", "action_median", "obs_median", "tool_latency_median_s"):
             if getattr(self, name) <= 0:
                 bad(f"{name} must be > 0")
-        for name in ("turns_sigma", "action_sigma", "action_traj_sigma", "obs_sigma",
+        for name in ("turns_sigma", "action_sigma", "action_traj_sigma", "action_group_sigma", "obs_sigma",
                      "tool_latency_sigma", "predictor_sigma"):
             if getattr(self, name) < 0:
                 bad(f"{name} must be >= 0")
@@ -138,6 +151,7 @@ class RolloutPreset(StrEnum):
     SMALL = "small"
     AGENTIC_LONGTAIL = "agentic-longtail"
     AGENTIC_LONGTAIL_LOADED = "agentic-longtail-loaded"
+    AGENTIC_REASONING = "agentic-reasoning"
 
 
 ROLLOUT_PRESETS: Registry[RolloutPreset, RolloutWorkload] = Registry(
@@ -155,6 +169,13 @@ ROLLOUT_PRESETS.register(RolloutPreset.AGENTIC_LONGTAIL, RolloutWorkload())
 # MP4 worker of 32 GPUs (half the batch limit each before tool waits), so batches stay
 # large and turns queue behind each other for most of the step (see the module docstring)
 ROLLOUT_PRESETS.register(RolloutPreset.AGENTIC_LONGTAIL_LOADED, RolloutWorkload(num_prompts=128))
+# tool-integrated reasoning (a thinking model calling a code sandbox or search): 64 prompts x
+# 16 samples, few turns of long reasoning, fast tools, prompt difficulty shared by a group
+# (see the module docstring)
+ROLLOUT_PRESETS.register(RolloutPreset.AGENTIC_REASONING, RolloutWorkload(
+    num_prompts=64, rollouts_per_prompt=16, prompt_tokens=(500, 2000), turns_median=3.0, turns_sigma=0.8,
+    turns_range=(1, 32), action_median=1200.0, action_sigma=0.8, action_traj_sigma=0.5, action_group_sigma=0.6,
+    action_range=(32, 16384), obs_median=200.0, tool_latency_median_s=0.8, tool_latency_range_s=(0.05, 30.0)))
 
 
 def rollout_preset(name: str, **overrides: Any) -> RolloutWorkload:

@@ -3,9 +3,11 @@ the study and `harts sim rollout --compare` report.
 
 The best step-centric baseline of a seed is the highest throughput of any baseline at any
 fixed degree in `baseline_mps` (so no baseline is held to a degree that suits it badly).
-`critical_path_bound` is the makespan no policy can beat: the slowest trajectory alone
-on a worker of the highest usable degree (its prefills, its decode at batch 1, its tool
-calls, in sequence); best-baseline makespan / bound caps any policy's speedup.
+Two makespans no policy can beat: `critical_path_bound`, the slowest trajectory alone on
+a worker of the highest usable degree (its prefills, its decode at batch 1, its tool
+calls, in sequence), and `tail_bound`, the k longest trajectories' tokens over the most
+tokens per second k sequences can be decoded at on the GPUs (for every k). Best-baseline
+makespan / the larger of the two caps any policy's speedup.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from harts.config.rollout import RolloutWorkload
 from harts.sim.rollout.cost import RolloutCost, make_rollout_cost
@@ -42,12 +46,15 @@ class SeedSummary:
     best_baseline: str  # "policy@MPd"
     best_baseline_throughput: float
     best_baseline_makespan_s: float
-    bound_makespan_s: float
+    bound_makespan_s: float  # the larger of the two below
     speedup: dict[str, float]  # policy -> throughput / best baseline's (Heddle's at baseline_mp)
 
     @property
     def speedup_cap(self) -> float:
         return self.best_baseline_makespan_s / self.bound_makespan_s if self.bound_makespan_s > 0 else 0.0
+
+    critical_path_s: float = 0.0
+    tail_bound_s: float = 0.0
 
 
 def critical_path_bound(cfg: RolloutWorkload, specs: tuple[TrajectorySpec, ...], cost: RolloutCost) -> float:
@@ -64,6 +71,43 @@ def critical_path_bound(cfg: RolloutWorkload, specs: tuple[TrajectorySpec, ...],
             t += turn.tool_latency_s
         worst = max(worst, t)
     return worst
+
+
+def max_decode_rate(cfg: RolloutWorkload, cost: RolloutCost, gpus: int, n: int) -> np.ndarray:
+    """R[s] for s = 0..n: the most tokens per second that at most s sequences can be
+    decoded at, together, on `gpus` GPUs split into workers of usable degrees, each worker
+    running a batch up to the batch limit and its KV capacity, priced with no context (a
+    real iteration reads its contexts too, so it is never cheaper)."""
+    degrees = _valid_degrees(cfg, cost, sorted(set(cfg.mp_degrees) | {cfg.baseline_mp}))
+    # best[g, s]: the largest rate of workers using g GPUs in all and s sequences in all
+    best = np.full((gpus + 1, n + 1), -np.inf)
+    best[0, 0] = 0.0
+    for g in range(1, gpus + 1):
+        for d in degrees:
+            if d > g:
+                continue
+            limit = max(1, min(cfg.max_batch, int(cost.kv_capacity(d) // max(cost.state_bytes_per_seq, 1.0))))
+            prev = best[g - d]
+            for b in range(0, min(limit, n) + 1):
+                rate = b / cost.decode_step(b, 0.0, d) if b else 0.0
+                cand = np.full(n + 1, -np.inf)
+                cand[b:] = prev[: n + 1 - b] + rate
+                best[g] = np.maximum(best[g], cand)
+    rate = np.maximum.accumulate(best.max(axis=0))  # GPUs may stay idle, sequences unused
+    return np.maximum(rate, 0.0)
+
+
+def tail_bound(cfg: RolloutWorkload, specs: tuple[TrajectorySpec, ...], cost: RolloutCost, gpus: int) -> float:
+    """A makespan no policy can beat: for every k, the k longest trajectories' decode tokens
+    in all over the most tokens per second k sequences can be decoded at (`max_decode_rate`:
+    at any moment at most k of them run, and other sequences in a batch only slow it);
+    the largest over k. k = all trajectories is the GPUs' aggregate decode rate; prefill
+    and tool calls are left out."""
+    toks = np.sort(np.array([s.generated_tokens for s in specs], dtype=float))[::-1]
+    n = len(toks)
+    rate = max_decode_rate(cfg, cost, gpus, n)
+    k = np.arange(1, n + 1)
+    return float(np.max(np.cumsum(toks) / rate[k]))
 
 
 def compare(cfg: RolloutWorkload, gpus: int, seeds: tuple[int, ...], policies: tuple[str, ...] | None = None,
@@ -92,12 +136,14 @@ def compare(cfg: RolloutWorkload, gpus: int, seeds: tuple[int, ...], policies: t
         runs += mine
         base = [r for r in mine if r.step_centric]
         best = max(base, key=lambda r: r.throughput_tokens_per_s) if base else None
-        bound = critical_path_bound(c, specs, cost)
+        crit = critical_path_bound(c, specs, cost)
+        tail = tail_bound(c, specs, cost, gpus)
+        bound = max(crit, tail)
         speed = {}
         for r in mine:
             if best and (not r.step_centric or r.baseline_mp == cfg.baseline_mp):
                 speed[r.policy] = r.throughput_tokens_per_s / best.throughput_tokens_per_s
         summaries.append(SeedSummary(seed, f"{best.policy}@MP{best.baseline_mp}" if best else "-",
                                      best.throughput_tokens_per_s if best else 0.0,
-                                     best.makespan_s if best else 0.0, bound, speed))
+                                     best.makespan_s if best else 0.0, bound, speed, crit, tail))
     return runs, summaries

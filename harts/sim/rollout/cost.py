@@ -16,6 +16,14 @@ Model: a `harts.config.models.ModelConfig` (hybrid KDA/MLA MoE) served tensor-pa
 - KV held by a trajectory with c context tokens: c x MLA layers x (c_kv + rope) values +
   KDA layers x heads x K x V state values.
 - KV transfer: bytes over the point-to-point link (NVLink inside a node, InfiniBand across).
+
+Dense grouped-query-attention models (`DENSE_SERVED_MODELS`, e.g. `qwen3-32b`) are priced
+with the same formulas: no routed experts, no recurrent state, KV = layers x 2 x KV heads x
+head dim values per context token, attention FLOPs 4 x layers x query heads x head dim per
+(query, key) pair. They are rollout-side shapes only (the trainer's models are the hybrid
+ones in `harts.config.models`): a dense model's per-token KV is ~30x the MLA latent of
+`flash`, so on them decode time grows with the contexts co-resident on a worker and the
+KV capacity binds, the regime in which where a long trajectory runs decides its speed.
 """
 
 from __future__ import annotations
@@ -26,6 +34,37 @@ from dataclasses import dataclass
 from harts.config.models import ModelConfig, get_model_config, parameter_counts
 from harts.config.rollout import RolloutWorkload
 from harts.sim.hardware import HardwareProfile, load_hardware
+
+
+@dataclass(frozen=True)
+class DenseServedModel:
+    """A dense GQA decoder's shape (Qwen3-style: SwiGLU MLP, untied embeddings)."""
+
+    name: str
+    num_layers: int
+    d_model: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_dim: int
+    vocab_size: int
+
+    @property
+    def params(self) -> int:
+        q = self.num_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        attn = self.d_model * (2 * q + 2 * kv)
+        mlp = 3 * self.d_model * self.ffn_dim
+        return self.num_layers * (attn + mlp + 2 * self.d_model) + 2 * self.vocab_size * self.d_model
+
+
+# published Qwen3 configurations (config.json of Qwen/Qwen3-32B and Qwen/Qwen3-8B)
+DENSE_SERVED_MODELS: dict[str, DenseServedModel] = {
+    m.name: m for m in (
+        DenseServedModel("qwen3-32b", 64, 5120, 64, 8, 128, 25600, 151936),
+        DenseServedModel("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936),
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -109,8 +148,10 @@ class RolloutCost:
 
 def make_rollout_cost(cfg: RolloutWorkload, model: ModelConfig | None = None,
                       hardware: HardwareProfile | None = None) -> RolloutCost:
-    m = model or get_model_config(cfg.model)
     hw = hardware or load_hardware(cfg.hardware)
+    if model is None and cfg.model in DENSE_SERVED_MODELS:
+        return _dense_cost(cfg, DENSE_SERVED_MODELS[cfg.model], hw)
+    m = model or get_model_config(cfg.model)
     pc = parameter_counts(m)
     routed = pc.by_component.get("routed_experts", 0)
     mla, kda = m.num_mla_layers, m.num_kda_layers
@@ -144,4 +185,40 @@ def make_rollout_cost(cfg: RolloutWorkload, model: ModelConfig | None = None,
         gpus_per_node=hw.gpus_per_node,
         mp_efficiency=cfg.mp_efficiency,
         hbm_utilization=cfg.hbm_utilization,
+    )
+
+
+def _links(hw: HardwareProfile) -> dict:
+    return dict(
+        hbm_bytes_per_s=hw.hbm_bytes_per_s,
+        hbm_capacity_bytes=float(hw.hbm_capacity_bytes),
+        matmul_flops_per_s=hw.matmul_flops_per_s,
+        kernel_launch_s=hw.kernel_launch_s,
+        nvlink_bus_bytes_per_s=hw.intra_node.bus_bytes_per_s,
+        nvlink_latency_s=hw.intra_node.latency_s,
+        nvlink_p2p_bytes_per_s=hw.intra_node.p2p_bytes_per_s,
+        ib_p2p_bytes_per_s=hw.inter_node.p2p_bytes_per_s,
+        ib_latency_s=hw.inter_node.latency_s,
+        gpus_per_node=hw.gpus_per_node,
+    )
+
+
+def _dense_cost(cfg: RolloutWorkload, m: DenseServedModel, hw: HardwareProfile) -> RolloutCost:
+    attn = 4.0 * m.num_layers * m.num_heads * m.head_dim  # QK^T and PV per (query, key) pair
+    return RolloutCost(
+        dense_weight_bytes=float(m.params * cfg.bytes_per_param),
+        routed_weight_bytes=0.0,
+        active_params=float(m.params - m.vocab_size * m.d_model),  # the input embedding is a lookup
+        experts=0,
+        top_k=0,
+        kv_bytes_per_token=float(m.num_layers * 2 * m.num_kv_heads * m.head_dim * cfg.kv_bytes_per_value),
+        state_bytes_per_seq=0.0,
+        mla_flops_per_context_token=attn,
+        mla_prefill_flops_per_pair=attn,
+        num_layers=m.num_layers,
+        hidden_bytes_per_token=float(m.d_model * 2),
+        kernels_per_layer=cfg.decode_kernels_per_layer,
+        mp_efficiency=cfg.mp_efficiency,
+        hbm_utilization=cfg.hbm_utilization,
+        **_links(hw),
     )

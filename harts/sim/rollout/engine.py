@@ -7,8 +7,11 @@ allow; least-recently-used KV of trajectories waiting on tools is evicted to mak
 prefills what they bring (the tool output, or the whole context where the KV was lost),
 then decodes k iterations at the batch's price, k = the fewest tokens any running turn
 has left. A turn arriving mid-chunk joins at the next iteration boundary (the chunk is
-cut there). Each chunk is priced at its middle context. Everything random was drawn into
-the `TrajectorySpec`s, so a run is deterministic.
+cut there). Each chunk is priced at its middle context. With live migration a chunk also
+ends where a running turn reaches its next re-prediction point, and a running sequence
+may leave the batch there: its KV is copied, and it rejoins the other worker's batch
+mid-turn, without a prefill. Everything random was drawn into the `TrajectorySpec`s, so a
+run is deterministic.
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ from harts.sim.rollout.workload import generate_trajectories
 READY, STEP_END, MIG_DONE = 0, 1, 2
 MIGRATION_MARGIN = 0.05  # a migration must cut the pair's drain estimate by this fraction
 STEAL_LOOKS = 16  # queued turns a worker with free slots examines per stealing attempt
+LIVE_MARGIN = 0.25  # live migration: the sequence's own predicted finish must drop by this fraction
+FIRST_CHECK = 512  # live migration: a running turn is re-predicted at 512, 1024, 2048, ... tokens
+GROUP_PRIOR_TURNS = 2.0  # group predictor: the prior counts as this many observed turns of the group
+OWN_PRIOR_TURNS = 1.0  # group predictor: the group's mean counts as this many of the trajectory's own turns
 
 
 @dataclass
@@ -64,6 +71,8 @@ class _T:
     queued_on: int = -1
     migrating: bool = False
     pending_ready: bool = False
+    resume: bool = False  # moved while running: re-admitted without a prefill, mid-turn
+    next_check: int = FIRST_CHECK  # live migration: tokens of the running turn at the next re-prediction
     done: bool = False
     finish: float = 0.0
     pred: tuple[float, float] = (0.0, 0.0)  # predicted (tokens, tool s) left, as of the last turn boundary
@@ -116,6 +125,12 @@ class _Sim:
         self.tr = [_T(s) for s in specs]
         self.action_prior = prior_action_mean(cfg)
         self.tool_prior = prior_tool_mean(cfg)
+        groups = max((s.group for s in specs), default=0) + 1
+        self.group_tokens = [0.0] * groups  # action tokens of the group's finished turns (observed)
+        self.group_turns = [0] * groups
+        self.members: dict[int, list[int]] = {}
+        for i, s in enumerate(specs):
+            self.members.setdefault(s.group, []).append(i)
         t0 = time.perf_counter()
         self.workers = self._plan()
         self.plan_seconds = time.perf_counter() - t0
@@ -131,9 +146,7 @@ class _Sim:
         self.tables = {d: iteration_table(cost, d, n + 1, cfg.max_batch, mean_ctx)
                        for d in {w.degree for w in self.workers}}
         for t in self.tr:
-            t.pred = self.predicted(t)
-            if t.assigned >= 0:
-                self.load_set(t)
+            self.repredict(t)
 
     # ---- planning ---------------------------------------------------------------------
 
@@ -216,18 +229,38 @@ class _Sim:
                 return
         t.segs.append(Segment(kind, start, end, worker, t.turn, before, after, **kw))
 
+    def group_prior(self, g: int) -> float:
+        """The per-turn action length of prompt group `g` as its finished turns show it (the
+        prior counting as `GROUP_PRIOR_TURNS` turns)."""
+        return (self.group_tokens[g] + GROUP_PRIOR_TURNS * self.action_prior) / (self.group_turns[g] + GROUP_PRIOR_TURNS)
+
     def predicted(self, t: _T) -> tuple[float, float]:
         """(remaining decode tokens, remaining tool seconds) the predictor expects; a running
-        turn counts as one of the remaining ones (its length is not known either)."""
+        turn counts as one of the remaining ones (its length is not known either; with
+        live migration its decoded part so far is seen)."""
         if t.done:
             return 0.0, 0.0
-        nxt = t.spec.turns[t.turn].input_tokens if t.turn < len(t.spec.turns) and not t.remaining else 0
-        x, turns = predict_remaining(t.spec, t.turn, t.turn_start_generated, self.action_prior,
-                                     self.cfg.max_context - t.context - nxt + (t.generated - t.turn_start_generated),
-                                     self.cfg.turns_range[1])
-        if t.remaining:
-            x = max(x - (t.generated - t.turn_start_generated), 1.0)
+        p = self.policy
+        running = t.remaining > 0
+        elapsed = t.generated - t.turn_start_generated if running else 0
+        nxt = t.spec.turns[t.turn].input_tokens if t.turn < len(t.spec.turns) and not running else 0
+        prior = self.group_prior(t.spec.group) if p.group_predictor else self.action_prior
+        if p.live_migration:
+            x, turns = predict_remaining(t.spec, t.turn, t.turn_start_generated, prior,
+                                         self.cfg.max_context - t.context - nxt, self.cfg.turns_range[1],
+                                         elapsed=elapsed, prior_weight=OWN_PRIOR_TURNS if p.group_predictor else 0.0)
+        else:
+            x, turns = predict_remaining(t.spec, t.turn, t.turn_start_generated, prior,
+                                         self.cfg.max_context - t.context - nxt + elapsed, self.cfg.turns_range[1],
+                                         prior_weight=OWN_PRIOR_TURNS if p.group_predictor else 0.0)
+            if running:
+                x = max(x - elapsed, 1.0)
         return x, max(turns - 1.0, 0.0) * self.tool_prior
+
+    def repredict(self, t: _T) -> None:
+        t.pred = self.predicted(t)
+        if t.assigned >= 0:
+            self.load_set(t)
 
     # ---- routing ----------------------------------------------------------------------
 
@@ -263,7 +296,10 @@ class _Sim:
                 break
             t = self.tr[tid]
             turn = t.spec.turns[t.turn]
-            need = cost.kv_bytes(t.context + turn.input_tokens + turn.action_tokens)
+            if t.resume:  # its KV (moved here whole, pinned) holds the turn so far
+                need = w.kv[tid]
+            else:
+                need = cost.kv_bytes(t.context + turn.input_tokens + turn.action_tokens)
             have = w.kv.get(tid, 0.0)
             extra = need - have
             if w.used + extra > cap:
@@ -276,7 +312,7 @@ class _Sim:
                     self.set_kv(w, v, 0.0, now)
                     self.tr[v].home = -1
             resident = have > 0
-            fresh = turn.input_tokens + (0 if resident else t.context)
+            fresh = 0 if t.resume else turn.input_tokens + (0 if resident else t.context)
             if not resident and t.context:
                 self.recomputed += t.context
             c0 = t.context - (0 if resident else t.context)
@@ -289,10 +325,14 @@ class _Sim:
             t.queued_on = -1
             if now > t.ready_at:
                 self.seg(t, SegmentKind.QUEUE, t.ready_at, now, w.info.wid, t.generated, t.generated)
+            w.running.append(tid)
+            if t.resume:
+                t.resume = False
+                continue
             admitted.append((tid, not resident and t.context > 0))
             t.context += turn.input_tokens
             t.remaining = turn.action_tokens
-            w.running.append(tid)
+            t.next_check = FIRST_CHECK
         self.prefill_tokens += int(new_tokens)
         pre = cost.prefill(new_tokens, pairs, d) if admitted else 0.0
         for tid, rec in admitted:
@@ -302,6 +342,9 @@ class _Sim:
             w.active = False
             return
         k = min(self.tr[i].remaining for i in w.running)
+        if self.policy.live_migration:  # stop at the next re-prediction point of a running turn
+            k = min(k, min(self.tr[i].next_check - (self.tr[i].generated - self.tr[i].turn_start_generated)
+                           for i in w.running))
         b = len(w.running)
         ctx = sum(self.tr[i].context for i in w.running) + b * k / 2
         w.step = cost.decode_step(b, ctx, d)
@@ -342,9 +385,17 @@ class _Sim:
             t.remaining -= k
             self.seg(t, SegmentKind.DECODE, w.decode_start, now, w.info.wid, before, t.generated)
             if t.remaining > 0:
+                if self.policy.live_migration and t.generated - t.turn_start_generated >= t.next_check:
+                    t.next_check *= 2
+                    self.repredict(t)
+                    if self.maybe_move_running(t, w, now):
+                        continue
                 still.append(tid)
                 continue
             turn = t.spec.turns[t.turn]
+            g = t.spec.group
+            self.group_tokens[g] += t.generated - t.turn_start_generated
+            self.group_turns[g] += 1
             t.turn += 1
             t.turn_start_generated = t.generated
             if t.turn == len(t.spec.turns):
@@ -353,9 +404,12 @@ class _Sim:
                 if t.assigned >= 0:
                     self.load_drop(t, self.ws[t.assigned])
                 continue
-            t.pred = self.predicted(t)  # progressive: re-predicted after every turn
-            if t.assigned >= 0:
-                self.load_set(t)
+            self.repredict(t)  # progressive: re-predicted after every turn
+            if self.policy.group_predictor:  # and so is every waiting member of its group
+                for o in self.members[g]:
+                    m = self.tr[o]
+                    if o != tid and not m.done and not m.remaining:
+                        self.repredict(m)
             w.lru[tid] = now
             self.seg(t, SegmentKind.TOOL, now, now + turn.tool_latency_s, w.info.wid, t.generated, t.generated)
             self.push(now + turn.tool_latency_s, READY, tid)
@@ -459,6 +513,40 @@ class _Sim:
             return
         self.start_move(t, src, best, size, dur, now)
 
+    def own_finish(self, t: _T, w: _W, joins: bool) -> float:
+        """When `t` would finish its predicted remaining decode on `w` at the per-token time of
+        the sequences there now (running and queued, plus `t` if it `joins`)."""
+        n = len(w.running) + len(w.queue) + (1 if joins else 0)
+        table = self.tables[w.info.degree]
+        return t.pred[0] * table[min(max(n, 1), len(table) - 1)]
+
+    def maybe_move_running(self, t: _T, src: _W, now: float) -> bool:
+        """Live migration at a re-prediction point: move the running sequence to the worker
+        where its own predicted finish (transfer included) is soonest, if that is at least
+        `LIVE_MARGIN` sooner than staying. (Also asking that the move not raise the pair's
+        larger drain estimate, as tool-call migration does, blocked nearly every move of a
+        long turn towards the high-degree workers, whose planned trajectories set the
+        bottleneck.) Returns whether it moved (then it is out of `src`'s batch)."""
+        tid = t.spec.tid
+        if t.assigned != src.info.wid or t.home != src.info.wid:
+            return False
+        size = src.kv[tid]
+        stay = self.own_finish(t, src, joins=False)
+        best, best_t = -1, stay * (1 - LIVE_MARGIN)
+        for w in self.ws:
+            o = w.info.wid
+            if o == src.info.wid or w.info.kv_capacity_bytes - w.used < size:
+                continue
+            go = self.own_finish(t, w, joins=True) + self.cost.transfer(size, self.same_node(src.info.wid, o))
+            if go < best_t:
+                best, best_t = o, go
+        if best < 0:
+            return False
+        t.resume = True
+        t.pending_ready = True
+        self.start_move(t, src.info.wid, best, size, self.cost.transfer(size, self.same_node(src.info.wid, best)), now)
+        return True
+
     def same_node(self, a: int, b: int) -> bool:
         per = self.cost.gpus_per_node
         return self.ws[a].info.gpus[0] // per == self.ws[b].info.gpus[0] // per
@@ -510,7 +598,8 @@ class _Sim:
         tid = t.spec.tid
         self.set_kv(self.ws[src], tid, 0.0, now)
         t.home = t.assigned
-        self.ws[t.home].lru[tid] = now
+        if not t.resume:  # a running sequence's KV stays pinned until it is re-admitted
+            self.ws[t.home].lru[tid] = now
         t.migrating = False
         if t.pending_ready:
             t.pending_ready = False

@@ -26,7 +26,8 @@ from harts.sim.rollout.types import TrajectorySpec
 
 
 def prior_action_mean(cfg: RolloutWorkload) -> float:
-    return cfg.action_median * math.exp((cfg.action_sigma ** 2 + cfg.action_traj_sigma ** 2) / 2)
+    return cfg.action_median * math.exp((cfg.action_sigma ** 2 + cfg.action_traj_sigma ** 2
+                                         + cfg.action_group_sigma ** 2) / 2)
 
 
 def prior_tool_mean(cfg: RolloutWorkload) -> float:
@@ -34,18 +35,32 @@ def prior_tool_mean(cfg: RolloutWorkload) -> float:
 
 
 def predict_remaining(spec: TrajectorySpec, turns_done: int, generated: int, action_prior: float,
-                      budget_tokens: float = math.inf, max_turns: float = math.inf) -> tuple[float, float]:
+                      budget_tokens: float = math.inf, max_turns: float = math.inf, elapsed: int = 0,
+                      prior_weight: float = 0.0) -> tuple[float, float]:
     """(predicted remaining decode tokens, predicted remaining turns) of an unfinished
-    trajectory after `turns_done` whole turns that generated `generated` tokens: the
-    run-length hint, never below a quarter of the turns done (a trajectory that outlived
-    its hint is expected to go on) nor below one, times the mean action length seen so far
-    (the prior mean before the first turn), at most `budget_tokens` (what the context cap
-    leaves: no trajectory decodes past it, so a prediction beyond it is known wrong) and
-    at most `max_turns` - `turns_done` turns (the tool-call budget). It never reads the
-    true turn or token counts."""
+    trajectory after `turns_done` whole turns that generated `generated` tokens, with
+    `elapsed` tokens of the running turn decoded so far (it counts among the remaining
+    turns): the run-length hint, never below a quarter of the turns done (a trajectory
+    that outlived its hint is expected to go on) nor below one, times a per-turn length:
+    the mean action length seen so far (`action_prior`, the prior mean or the prompt
+    group's observed mean, before the first turn; with `prior_weight` w > 0 the own mean
+    is shrunk towards it as if w more turns of that length had been seen). A running turn
+    that has outlived that length is expected to run as long again (long-tailed lengths:
+    the longer a turn has run, the longer it is expected to go on), and the later turns at
+    least as long as it. At most `budget_tokens` (what the context cap leaves: no
+    trajectory decodes past it, so a prediction beyond it is known wrong) and at most
+    `max_turns` - `turns_done` turns (the tool-call budget). It never reads the true turn
+    or token counts."""
     turns = max(min(max(spec.hint_turns - turns_done, 0.25 * turns_done), max_turns - turns_done), 1.0)
-    per_turn = generated / turns_done if turns_done else action_prior
-    return max(min(turns * per_turn, budget_tokens), 1.0), turns
+    if prior_weight > 0:
+        per_turn = (generated + prior_weight * action_prior) / (turns_done + prior_weight)
+    else:
+        per_turn = generated / turns_done if turns_done else action_prior
+    if elapsed > 0:
+        x = max(per_turn - elapsed, float(elapsed)) + (turns - 1.0) * max(per_turn, float(elapsed))
+    else:
+        x = turns * per_turn
+    return max(min(x, budget_tokens), 1.0), turns
 
 
 def iteration_table(cost: RolloutCost, degree: int, n: int, max_batch: int, mean_context: float) -> np.ndarray:

@@ -24,7 +24,16 @@ home worker) and adds, each switchable:
 - `migration`: when a trajectory starts a tool call, its KV may move to a worker whose
   predicted drain time it lowers, priced as a KV transfer over NVLink / InfiniBand;
 - `adaptive_mp`: the cluster's layout of model-parallel degrees (under the GPU budget) is
-  chosen by simulated annealing on the predicted drain time, instead of all `baseline_mp`.
+  chosen by simulated annealing on the predicted drain time, instead of all `baseline_mp`;
+- `group_predictor`: the remaining-length predictor learns the per-turn action length of
+  a prompt group from its members' finished turns (samples of one prompt share its
+  difficulty) and shrinks each trajectory's own mean towards it, instead of using the
+  prior until the trajectory's own first turn ends;
+- `live_migration`: a turn is re-predicted while it runs (at 512, 1024, 2048, ... tokens:
+  a turn that outlives its expected length is expected to run as long again), and a
+  running sequence whose own predicted finish is much sooner on another worker (fewer
+  sequences there, or a higher degree) moves there at an iteration boundary, its KV
+  copied over NVLink / InfiniBand, and resumes decoding without a prefill.
 
 With every switch off Heddle is `cache-aware`.
 """
@@ -53,6 +62,8 @@ class RolloutPolicyName(StrEnum):
     HEDDLE_NO_PLACEMENT = "heddle-no-placement"
     HEDDLE_NO_MIGRATION = "heddle-no-migration"
     HEDDLE_NO_ADAPTIVE_MP = "heddle-no-adaptive-mp"
+    HEDDLE_NO_GROUP_PREDICTOR = "heddle-no-group-predictor"
+    HEDDLE_NO_LIVE_MIGRATION = "heddle-no-live-migration"
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,8 @@ class RolloutPolicy:
     placement: bool = False
     migration: bool = False
     adaptive_mp: bool = False
+    group_predictor: bool = False
+    live_migration: bool = False
     description: str = ""
 
     @property
@@ -77,12 +90,19 @@ for _p in (
     RolloutPolicy(RolloutPolicyName.ROUND_ROBIN, Router.ROUND_ROBIN, description="turns in rotation"),
     RolloutPolicy(RolloutPolicyName.LEAST_LOADED, Router.LEAST_LOADED, description="turns to the least-loaded worker"),
     RolloutPolicy(RolloutPolicyName.CACHE_AWARE, Router.CACHE_AWARE, description="turns pinned to their KV"),
-    RolloutPolicy(RolloutPolicyName.HEDDLE, Router.HOME, True, True, True, True, "every mechanism"),
-    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_PRIORITY, Router.HOME, False, True, True, True, "without priority"),
-    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_PLACEMENT, Router.HOME, True, False, True, True, "without DP placement"),
-    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_MIGRATION, Router.HOME, True, True, False, True, "without migration"),
-    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_ADAPTIVE_MP, Router.HOME, True, True, True, False,
+    RolloutPolicy(RolloutPolicyName.HEDDLE, Router.HOME, True, True, True, True, True, True, "every mechanism"),
+    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_PRIORITY, Router.HOME, False, True, True, True, True, True,
+                  "without priority"),
+    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_PLACEMENT, Router.HOME, True, False, True, True, True, True,
+                  "without DP placement"),
+    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_MIGRATION, Router.HOME, True, True, False, True, True, True,
+                  "without migration at tool calls and work stealing"),
+    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_ADAPTIVE_MP, Router.HOME, True, True, True, False, True, True,
                   "without adaptive MP"),
+    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_GROUP_PREDICTOR, Router.HOME, True, True, True, True, False, True,
+                  "without the prompt-group predictor"),
+    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_LIVE_MIGRATION, Router.HOME, True, True, True, True, True, False,
+                  "without in-turn re-prediction and live migration"),
 ):
     POLICIES.register(_p.name, _p)
 del _p

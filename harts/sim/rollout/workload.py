@@ -15,13 +15,16 @@ def _lognormal(rng: np.random.Generator, median: float, sigma: float, lo: float,
 
 def generate_trajectories(cfg: RolloutWorkload) -> tuple[TrajectorySpec, ...]:
     rng = np.random.default_rng([cfg.seed, 22])
+    # the prompts' difficulty (shared action-length scale of a group) from a stream of its
+    # own, so that workloads without it draw exactly what they drew before it existed
+    group_scale = np.exp(cfg.action_group_sigma * np.random.default_rng([cfg.seed, 23]).standard_normal(cfg.num_prompts))
     out = []
     for g in range(cfg.num_prompts):
         prompt = int(rng.integers(cfg.prompt_tokens[0], cfg.prompt_tokens[1] + 1))
         for _ in range(cfg.rollouts_per_prompt):
             tid = len(out)
             want = int(round(_lognormal(rng, cfg.turns_median, cfg.turns_sigma, *cfg.turns_range)))
-            scale = float(np.exp(cfg.action_traj_sigma * rng.standard_normal()))
+            scale = float(np.exp(cfg.action_traj_sigma * rng.standard_normal())) * float(group_scale[g])
             turns: list[TurnSpec] = []
             context, inp = 0, prompt
             for k in range(want):

@@ -51,3 +51,14 @@ def test_compare_gantt_and_end_to_end(capsys, tmp_path):
 def test_bad_input_is_a_user_error(argv, msg):
     with pytest.raises(UserError, match=msg):
         run(argv)
+
+
+def test_a_dense_served_model_and_the_baseline_degree(capsys):
+    # qwen3-8b fits one GPU: baselines at MP1 give one worker per GPU
+    assert run(["--policy", "cache-aware", "--workload", "tiny", "--gpus", "4", "--model", "qwen3-8b",
+                "--baseline-mp", "1", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["worker_degrees"] == [1, 1, 1, 1] and d["generated_tokens"] > 0
+    for bad in (["--model", "nope"], ["--baseline-mp", "3"]):
+        with pytest.raises(UserError):
+            run(["--workload", "tiny", *bad])

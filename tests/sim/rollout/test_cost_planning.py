@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harts.config.rollout import RolloutWorkload
-from harts.sim.rollout.cost import make_rollout_cost
+from harts.sim.rollout.cost import DENSE_SERVED_MODELS, make_rollout_cost
 from harts.sim.rollout.planning import (
     dp_place,
     estimate_makespan,
@@ -39,6 +39,29 @@ def test_kv_capacity_is_hbm_minus_weights():
     assert COST.kv_capacity(4) == pytest.approx(4 * COST.hbm_capacity_bytes * 0.9 - COST.weight_bytes)
     assert COST.kv_bytes(1000) - COST.kv_bytes(0) == pytest.approx(1000 * COST.kv_bytes_per_token)
     assert COST.transfer(1e9, True) < COST.transfer(1e9, False)
+
+
+def test_dense_served_models_have_their_published_sizes():
+    # Qwen3-32B: 32.8B parameters; Qwen3-8B: 8.2B (model cards)
+    assert DENSE_SERVED_MODELS["qwen3-32b"].params / 1e9 == pytest.approx(32.8, abs=0.05)
+    assert DENSE_SERVED_MODELS["qwen3-8b"].params / 1e9 == pytest.approx(8.2, abs=0.05)
+    dense = make_rollout_cost(RolloutWorkload(model="qwen3-32b"))
+    # 64 layers x (K, V) x 8 KV heads x 128 dims x 2 bytes
+    assert dense.kv_bytes_per_token == 64 * 2 * 8 * 128 * 2
+    assert dense.kv_bytes(0) == 0.0 and dense.routed_weight_bytes == 0.0
+    assert dense.kv_capacity(1) > dense.kv_bytes(65536)  # one H200 serves it with room for a 64k context
+    assert dense.touched_fraction(256) == 0.0
+
+
+def test_dense_decode_is_bound_by_the_co_resident_kv():
+    dense = make_rollout_cost(RolloutWorkload(model="qwen3-32b"))
+    for d in (1, 2, 4, 8):
+        by_ctx = [dense.decode_step(16, c, d) for c in (0, 100_000, 1_000_000)]
+        assert by_ctx == sorted(by_ctx)
+        # a million co-resident context tokens (262 GB) read per iteration outweigh the 65.5 GB of weights
+        assert by_ctx[2] > 3 * by_ctx[0]
+    # per context token the dense model reads ~30x the MLA latent of flash
+    assert dense.kv_bytes_per_token > 25 * COST.kv_bytes_per_token
 
 
 def test_predictor_never_reads_the_truth_and_updates_per_turn():

@@ -1,6 +1,6 @@
 """Rollout simulator properties: conservation, KV capacity, migration continuity,
 determinism, GPU-count monotonicity of the baselines, Heddle-with-everything-off =
-cache-aware."""
+cache-aware, no policy beating the makespan bounds."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from harts.sim.rollout import (
     known_policies,
     simulate_rollout,
 )
+from harts.sim.rollout.compare import critical_path_bound, tail_bound
+from harts.sim.rollout.cost import make_rollout_cost
 from tests.strategies import rollout_workloads
 
 FAST = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -38,6 +40,9 @@ def _check_conservation(cfg: RolloutWorkload, res) -> None:
                 prev = tl.segments[tl.segments.index(s) - 1]
                 if prev.kind == SegmentKind.TOOL:  # a KV move runs during the tool call it follows
                     assert s.start == prev.start
+                elif prev.kind == SegmentKind.DECODE:  # live: a running sequence moves at an iteration boundary
+                    assert s.start == pytest.approx(prev.end, abs=1e-12) and s.turn == prev.turn
+                    prev_end = s.end
                 else:  # a queued turn stolen by a worker with free slots: it moves once it stops queueing
                     assert prev.kind == SegmentKind.QUEUE and s.start == pytest.approx(prev.end, abs=1e-12)
                     prev_end = s.end
@@ -54,9 +59,12 @@ def _check_conservation(cfg: RolloutWorkload, res) -> None:
 @FAST
 @given(rollout_workloads())
 def test_every_trajectory_runs_once_and_kv_fits(cfg):
+    specs, cost = generate_trajectories(cfg), make_rollout_cost(cfg)
+    bound = max(critical_path_bound(cfg, specs, cost), tail_bound(cfg, specs, cost, 8))
     for name in known_policies():
         res = simulate_rollout(cfg, name, 8)
         _check_conservation(cfg, res)
+        assert res.makespan_s >= bound * (1 - 1e-9)  # no policy beats either makespan bound
         for w, samples in zip(res.workers, res.kv_samples, strict=True):
             assert all(used <= w.kv_capacity_bytes * (1 + 1e-9) for _, used in samples)
             if samples:
@@ -126,14 +134,15 @@ def test_heddle_with_every_mechanism_off_is_cache_aware():
 
 def test_registry_names_and_errors():
     assert known_policies() == ["round-robin", "least-loaded", "cache-aware", "heddle", "heddle-no-priority",
-                                "heddle-no-placement", "heddle-no-migration", "heddle-no-adaptive-mp"]
+                                "heddle-no-placement", "heddle-no-migration", "heddle-no-adaptive-mp",
+                                "heddle-no-group-predictor", "heddle-no-live-migration"]
+    flags = ("priority", "placement", "migration", "adaptive_mp", "group_predictor", "live_migration")
     h = get_policy("heddle")
-    assert h.priority and h.placement and h.migration and h.adaptive_mp
-    for name, flag in (("heddle-no-priority", "priority"), ("heddle-no-placement", "placement"),
-                       ("heddle-no-migration", "migration"), ("heddle-no-adaptive-mp", "adaptive_mp")):
-        p = get_policy(name)
+    assert all(getattr(h, f) for f in flags)
+    for flag in flags:
+        p = get_policy("heddle-no-" + flag.replace("_", "-"))
         assert not getattr(p, flag)
-        assert sum(getattr(p, f) for f in ("priority", "placement", "migration", "adaptive_mp")) == 3
+        assert sum(getattr(p, f) for f in flags) == len(flags) - 1
     with pytest.raises(KeyError, match="known: round-robin"):
         get_policy("fifo")
 

@@ -142,3 +142,93 @@ def test_dp_balances_workers_below_the_bottleneck():
     per = [estimate_makespan([0] * c, x[1:1 + c], tools[1:1 + c], [4], tables) for c in counts if c]
     assert max(per) < est  # the short ones are not piled up to the bottleneck's estimate
     assert counts[-1] - counts[1] <= 0.5 * counts[-1]  # and spread over the other workers
+
+
+def test_predictor_in_turn_and_group_shrinkage():
+    from harts.sim.rollout.planning import predict_remaining
+    from harts.sim.rollout.types import TrajectorySpec, TurnSpec
+
+    a = TrajectorySpec(0, 0, tuple(TurnSpec(10, 100, 1.0) for _ in range(3)), hint_turns=3.0)
+    # a running turn within its expected length: the rest of it, then the other turns
+    assert predict_remaining(a, 0, 0, 500.0, elapsed=200) == (300.0 + 2 * 500.0, 3.0)
+    # one that has outlived it runs as long again, and the later turns are at least as long
+    assert predict_remaining(a, 0, 0, 500.0, elapsed=800) == (800.0 + 2 * 800.0, 3.0)
+    assert predict_remaining(a, 0, 0, 500.0, budget_tokens=1000.0, elapsed=800) == (1000.0, 3.0)
+    # shrinkage: one own turn of 100 tokens and a group mean of 500 weighted as one turn
+    assert predict_remaining(a, 1, 100, 500.0, prior_weight=1.0) == (2 * 300.0, 2.0)
+    assert predict_remaining(a, 1, 100, 500.0) == (2 * 100.0, 2.0)
+
+
+def _forced_live(live: bool):
+    """Every trajectory planned on worker 0 of four, no migration at tool calls nor
+    stealing: only live migration moves running sequences away."""
+    cfg = rollout_preset("small", seed=0)
+    pol = RolloutPolicy(RolloutPolicyName.HEDDLE, Router.HOME, priority=True, live_migration=live)
+    sim = _Sim(cfg, pol, 16, generate_trajectories(cfg), make_rollout_cost(cfg))
+    for t in sim.tr:
+        sim.load_drop(t, sim.ws[t.assigned])
+        t.assigned = 0
+        sim.load_set(t)
+    return cfg, sim.run()
+
+
+def test_live_migration_moves_running_sequences_and_resumes_without_prefill():
+    cfg, stuck = _forced_live(False)
+    _, moved = _forced_live(True)
+    assert stuck.migrations == 0 and moved.migrations > 0
+    assert moved.makespan_s < stuck.makespan_s
+    assert moved.generated_tokens == stuck.generated_tokens
+    assert moved.recomputed_tokens == 0  # a moved KV is never rebuilt
+    live = 0
+    for tl in moved.timelines:
+        segs = tl.segments
+        for i, s in enumerate(segs):
+            if s.kind != SegmentKind.MIGRATE or segs[i - 1].kind != SegmentKind.DECODE:
+                continue
+            live += 1
+            prev = segs[i - 1]
+            assert prev.turn == s.turn and prev.tokens_after == s.tokens_before == s.tokens_after
+            nxt = [x for x in segs[i + 1:] if x.kind in (SegmentKind.PREFILL, SegmentKind.DECODE)][0]
+            # it resumes the same turn where it stopped, on the new worker, with no prefill
+            assert nxt.kind == SegmentKind.DECODE and nxt.turn == s.turn
+            assert nxt.tokens_before == s.tokens_after and nxt.worker == s.to_worker and nxt.start >= s.end - 1e-12
+    assert live == moved.migrations
+
+
+def test_group_predictor_learns_only_from_finished_turns():
+    cfg = rollout_preset("small", seed=1, action_group_sigma=0.6)
+    pol = RolloutPolicy(RolloutPolicyName.HEDDLE, Router.HOME, priority=True, placement=True, group_predictor=True)
+    specs = generate_trajectories(cfg)
+    sim = _Sim(cfg, pol, 16, specs, make_rollout_cost(cfg))
+    assert sim.group_turns == [0] * cfg.num_prompts  # nothing is known before a turn ends
+    first = {t.spec.tid: t.pred for t in sim.tr}
+    assert len({p for p in first.values()}) <= len({s.hint_turns for s in specs})  # the hint and the prior only
+    sim.run()
+    for g in range(cfg.num_prompts):
+        members = [s for s in specs if s.group == g]
+        assert sim.group_turns[g] == sum(len(s.turns) for s in members)
+        assert sim.group_tokens[g] == sum(s.generated_tokens for s in members)
+
+
+def test_group_difficulty_is_shared_by_a_prompt_group():
+    cfg = rollout_preset("small", action_sigma=0.0, action_traj_sigma=0.0, action_group_sigma=0.8,
+                         turns_range=(1, 4), max_context=65536)
+    specs = generate_trajectories(cfg)
+    for g in range(cfg.num_prompts):
+        firsts = {s.turns[0].action_tokens for s in specs if s.group == g}
+        assert len(firsts) == 1  # one length per group when only the group's scale varies
+    assert len({s.turns[0].action_tokens for s in specs}) > 1
+    base = rollout_preset("small")
+    assert generate_trajectories(dataclasses.replace(base, action_group_sigma=0.0)) == generate_trajectories(base)
+
+
+def test_max_decode_rate_is_the_best_split():
+    from harts.sim.rollout.compare import max_decode_rate
+
+    cfg = rollout_preset("agentic-longtail")
+    rate = max_decode_rate(cfg, COST, 16, 64)
+    assert rate[0] == 0 and np.all(np.diff(rate) >= 0)
+    assert rate[1] == pytest.approx(1.0 / min(COST.decode_step(1, 0.0, d) for d in (2, 4, 8)))
+    two = max(2 / COST.decode_step(2, 0.0, 8), 1 / COST.decode_step(1, 0.0, 8) + 1 / COST.decode_step(1, 0.0, 8),
+              1 / COST.decode_step(1, 0.0, 8) + 1 / COST.decode_step(1, 0.0, 4))
+    assert rate[2] == pytest.approx(two)

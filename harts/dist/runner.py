@@ -48,6 +48,7 @@ from harts.config.kernels import KernelConfig
 from harts.config.optimizer import OptimizerConfig
 from harts.dist.mesh import LaunchError, backend_for
 from harts.dist.parallelize import ParallelModel
+from harts.dist.teardown import exit_without_finalization
 from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.moe import MoEGlobalStats
 from harts.exec.trainer import Microbatch, StepResult, moe_statistics_pass
@@ -362,8 +363,10 @@ def _worker(index: int, fn: Callable, port: int, nprocs: int, device: str, args:
                             world_size=nprocs, timeout=datetime.timedelta(seconds=120), **kw)
     try:
         fn(*args)
+        dist.barrier()  # no rank tears its group down while a peer still talks to it
     finally:
         dist.destroy_process_group()
+    exit_without_finalization(0)  # a failure above raises to spawn's error file instead
 
 
 def launch(fn: Callable, args: tuple, nprocs: int, *, device: str = "cpu", timeout: float = 300.0) -> None:

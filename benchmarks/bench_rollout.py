@@ -115,8 +115,9 @@ def main() -> int:
     print("| best baseline | " + " | ".join(s.best_baseline for s in summaries) + " | |")
     print("| bound on any policy | " + " | ".join(f"{s.speedup_cap:.2f}x" for s in summaries)
           + f" | {sum(s.speedup_cap for s in summaries) / len(summaries):.2f}x |")
-    print("\nMakespans (s): best baseline / critical path / tail-set bound / heddle: " + "; ".join(
+    print("\nMakespans (s): best baseline / critical path / tail-set bound / work bound / heddle: " + "; ".join(
         f"seed {s.seed}: {s.best_baseline_makespan_s:.1f} / {s.critical_path_s:.1f} / {s.tail_bound_s:.1f} / "
+        f"{s.work_bound_s:.1f} / "
         + next((f"{r.makespan_s:.1f}" for r in runs if r.seed == s.seed and r.policy == "heddle"), "-")
         for s in summaries))
     print(f"\n{wall:.1f} s wall")
@@ -131,6 +132,7 @@ def main() -> int:
                               "best_baseline_makespan_s": s.best_baseline_makespan_s,
                               "bound_makespan_s": s.bound_makespan_s, "speedup_cap": s.speedup_cap,
                               "critical_path_s": s.critical_path_s, "tail_bound_s": s.tail_bound_s,
+                              "work_bound_s": s.work_bound_s,
                               "speedup": s.speedup} for s in summaries]}
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0

@@ -417,6 +417,8 @@ def rollout_workloads(draw: st.DrawFn, max_trajectories: int = 12):
         # few of these sequences), 0.9: ample
         hbm_utilization=draw(st.sampled_from((0.4125, 0.415, 0.9))),
         max_batch=draw(st.sampled_from((2, 8, 256))),
+        # the hybrid MoE (MLA latent KV) and a dense GQA model (KV reads dominate decode)
+        model=draw(st.sampled_from(("flash", "qwen3-8b"))),
         anneal_iterations=10,
         seed=draw(st.integers(0, 2**16)),
     )

@@ -1,7 +1,7 @@
 """Heddle's rollout scheduling against step-centric baselines, with one ablation per
 mechanism, over seeds (`harts.sim.rollout.compare`): throughput, makespan, speedup over
 the best baseline of each seed, and the bound on any policy's speedup (best-baseline makespan
-over the larger of the critical-path and tail-set makespan bounds)."""
+over the largest of the critical-path, tail-set and work makespan bounds)."""
 
 from __future__ import annotations
 
@@ -84,6 +84,7 @@ def run(cfg: RolloutStudyConfig, progress: Progress) -> StudyResult:
                                                "bound_makespan_s": s.bound_makespan_s,
                                                "critical_path_s": s.critical_path_s,
                                                "tail_bound_s": s.tail_bound_s,
+                                               "work_bound_s": s.work_bound_s,
                                                "speedup_cap": s.speedup_cap, "speedup": s.speedup}
                                               for s in summaries]})
 

@@ -3,16 +3,20 @@ the study and `harts sim rollout --compare` report.
 
 The best step-centric baseline of a seed is the highest throughput of any baseline at any
 fixed degree in `baseline_mps` (so no baseline is held to a degree that suits it badly).
-Two makespans no policy can beat: `critical_path_bound`, the slowest trajectory alone on
-a worker of the highest usable degree (its prefills, its decode at batch 1, its tool
-calls, in sequence), and `tail_bound`, the k longest trajectories' tokens over the most
-tokens per second k sequences can be decoded at on the GPUs (for every k). Best-baseline
-makespan / the larger of the two caps any policy's speedup.
+Three makespans no policy can beat: `critical_path_bound`, the slowest trajectory alone
+on a worker of the highest usable degree (its prefills, its decode at batch 1, its tool
+calls, in sequence); `tail_bound`, the k longest trajectories' tokens over the most tokens
+per second k sequences can be decoded at on the GPUs (for every k); and `work_bound`, the
+GPU-seconds the step's KV reads, weight reads and prefills need at least, over the GPUs.
+Best-baseline makespan / the largest of the three caps any policy's speedup (each bound
+alone is loose: a schedule meeting one, e.g. the slowest trajectory alone on a worker,
+cannot meet another, the work at the cheapest degree, at the same time).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +59,7 @@ class SeedSummary:
 
     critical_path_s: float = 0.0
     tail_bound_s: float = 0.0
+    work_bound_s: float = 0.0
 
 
 def critical_path_bound(cfg: RolloutWorkload, specs: tuple[TrajectorySpec, ...], cost: RolloutCost) -> float:
@@ -110,6 +115,36 @@ def tail_bound(cfg: RolloutWorkload, specs: tuple[TrajectorySpec, ...], cost: Ro
     return float(np.max(np.cumsum(toks) / rate[k]))
 
 
+def work_bound(cfg: RolloutWorkload, specs: tuple[TrajectorySpec, ...], cost: RolloutCost, gpus: int) -> float:
+    """A makespan no policy can beat: the GPU-seconds the step's work needs at least,
+    over the GPUs. Every decoded token reads its context's KV (the context before it:
+    prompt, earlier turns, this turn's input and its tokens so far); every decode
+    iteration reads the dense weights and yields at most `max_batch` tokens; every input
+    token is prefilled at least once (its FLOPs). An iteration on d GPUs costs d x its
+    time >= bytes / (HBM x eff(d)) + d x (launches + all-reduce) GPU-seconds (and a
+    prefill >= FLOPs / matmul rate), which is least at the smallest usable degree d0, so
+    the sums are priced there. Tool calls, queueing and idle GPUs are left out."""
+    d0 = min(_valid_degrees(cfg, cost, sorted(set(cfg.mp_degrees) | {cfg.baseline_mp})))
+    kv_token_steps = 0.0  # sum over decoded tokens of their context
+    tokens = 0
+    prefill_flops = 0.0
+    for s in specs:
+        ctx = 0
+        for turn in s.turns:
+            n, a = turn.input_tokens, turn.action_tokens
+            prefill_flops += 2.0 * cost.active_params * n + (n * ctx + n * (n + 1) / 2) * cost.mla_prefill_flops_per_pair
+            ctx += n
+            kv_token_steps += a * ctx + a * (a - 1) / 2
+            ctx += a
+            tokens += a
+    iterations = math.ceil(tokens / cfg.max_batch)
+    per_iteration = cost.dense_weight_bytes / cost.hbm_bytes_per_s / cost.efficiency(d0) + d0 * (
+        cost.launch_overhead() + cost.allreduce(d0, 1))
+    kv = (kv_token_steps * cost.kv_bytes_per_token + tokens * cost.state_bytes_per_seq) / cost.hbm_bytes_per_s
+    gpu_seconds = kv / cost.efficiency(d0) + iterations * per_iteration + prefill_flops / cost.matmul_flops_per_s / cost.efficiency(d0)
+    return gpu_seconds / gpus
+
+
 def compare(cfg: RolloutWorkload, gpus: int, seeds: tuple[int, ...], policies: tuple[str, ...] | None = None,
             baseline_mps: tuple[int, ...] | None = None, progress: Any = None) -> tuple[list[PolicyRun], list[SeedSummary]]:
     policies = tuple(policies or known_policies())
@@ -138,12 +173,13 @@ def compare(cfg: RolloutWorkload, gpus: int, seeds: tuple[int, ...], policies: t
         best = max(base, key=lambda r: r.throughput_tokens_per_s) if base else None
         crit = critical_path_bound(c, specs, cost)
         tail = tail_bound(c, specs, cost, gpus)
-        bound = max(crit, tail)
+        work = work_bound(c, specs, cost, gpus)
+        bound = max(crit, tail, work)
         speed = {}
         for r in mine:
             if best and (not r.step_centric or r.baseline_mp == cfg.baseline_mp):
                 speed[r.policy] = r.throughput_tokens_per_s / best.throughput_tokens_per_s
         summaries.append(SeedSummary(seed, f"{best.policy}@MP{best.baseline_mp}" if best else "-",
                                      best.throughput_tokens_per_s if best else 0.0,
-                                     best.makespan_s if best else 0.0, bound, speed, crit, tail))
+                                     best.makespan_s if best else 0.0, bound, speed, crit, tail, work))
     return runs, summaries

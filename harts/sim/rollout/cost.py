@@ -31,6 +31,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from harts.config.models import ModelConfig, get_model_config, parameter_counts
 from harts.config.rollout import RolloutWorkload
 from harts.sim.hardware import HardwareProfile, load_hardware
@@ -108,13 +110,13 @@ class RolloutCost:
     def kv_bytes(self, context_tokens: int) -> float:
         return context_tokens * self.kv_bytes_per_token + self.state_bytes_per_seq
 
-    def _allreduce(self, degree: int, tokens: float) -> float:
+    def allreduce(self, degree: int, tokens: float) -> float:
         if degree == 1:
             return 0.0
         ring = 2.0 * (degree - 1) / degree * tokens * self.hidden_bytes_per_token / self.nvlink_bus_bytes_per_s
         return self.num_layers * 2 * (self.nvlink_latency_s + ring)
 
-    def _overhead(self) -> float:
+    def launch_overhead(self) -> float:
         return self.num_layers * self.kernels_per_layer * self.kernel_launch_s
 
     def touched_fraction(self, tokens: float) -> float:
@@ -130,7 +132,18 @@ class RolloutCost:
         kv = context_tokens * self.kv_bytes_per_token + batch * self.state_bytes_per_seq
         flops = batch * 2.0 * self.active_params + context_tokens * self.mla_flops_per_context_token
         roof = max((weights + kv) / degree / self.hbm_bytes_per_s, flops / degree / self.matmul_flops_per_s)
-        return roof / self.efficiency(degree) + self._overhead() + self._allreduce(degree, batch)
+        return roof / self.efficiency(degree) + self.launch_overhead() + self.allreduce(degree, batch)
+
+    def decode_steps(self, batch: np.ndarray, context_tokens: np.ndarray, degree: int) -> np.ndarray:
+        """`decode_step` elementwise over arrays of (possibly fractional) batches >= 1 and
+        context totals: what the planners price expected batches with."""
+        b = np.asarray(batch, dtype=float)
+        c = np.asarray(context_tokens, dtype=float)
+        weights = self.dense_weight_bytes + self.routed_weight_bytes * self.touched_fraction(b)
+        kv = c * self.kv_bytes_per_token + b * self.state_bytes_per_seq
+        flops = b * 2.0 * self.active_params + c * self.mla_flops_per_context_token
+        roof = np.maximum((weights + kv) / degree / self.hbm_bytes_per_s, flops / degree / self.matmul_flops_per_s)
+        return roof / self.efficiency(degree) + self.launch_overhead() + self.allreduce(degree, b)
 
     def prefill(self, new_tokens: float, pairs: float, degree: int) -> float:
         """Seconds to prefill `new_tokens` whose causal attention spans `pairs` (query, key) pairs."""
@@ -138,7 +151,7 @@ class RolloutCost:
             return 0.0
         flops = 2.0 * self.active_params * new_tokens + pairs * self.mla_prefill_flops_per_pair
         roof = max(self.weight_bytes / degree / self.hbm_bytes_per_s, flops / degree / self.matmul_flops_per_s)
-        return roof / self.efficiency(degree) + self._overhead() + self._allreduce(degree, new_tokens)
+        return roof / self.efficiency(degree) + self.launch_overhead() + self.allreduce(degree, new_tokens)
 
     def transfer(self, nbytes: float, same_node: bool) -> float:
         if same_node:

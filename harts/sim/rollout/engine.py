@@ -26,13 +26,14 @@ import numpy as np
 from harts.config.rollout import RolloutWorkload
 from harts.sim.rollout.cost import RolloutCost, make_rollout_cost
 from harts.sim.rollout.planning import (
+    DecodePrice,
     aggregate_estimate,
     anneal_layout,
     decode_fraction,
     dp_place,
     estimate_makespan,
+    expected_context,
     greedy_place,
-    iteration_table,
     predict_remaining,
     prior_action_mean,
     prior_tool_mean,
@@ -75,7 +76,7 @@ class _T:
     next_check: int = FIRST_CHECK  # live migration: tokens of the running turn at the next re-prediction
     done: bool = False
     finish: float = 0.0
-    pred: tuple[float, float] = (0.0, 0.0)  # predicted (tokens, tool s) left, as of the last turn boundary
+    pred: tuple[float, float, float] = (0.0, 0.0, 0.0)  # predicted (tokens, tool s, mean context) left
     segs: list[Segment] = field(default_factory=list)
 
 
@@ -96,12 +97,13 @@ class _W:
     busy: list[list[float]] = field(default_factory=list)
     samples: list[tuple[float, float]] = field(default_factory=list)
     peak: float = 0.0
-    # Heddle's view of the trajectories planned here: tid -> (tokens, tool s, decode fraction)
-    load: dict[int, tuple[float, float, float]] = field(default_factory=dict)
+    # Heddle's view of the trajectories planned here: tid -> (tokens, tool s, mean context, decode fraction)
+    load: dict[int, tuple[float, float, float, float]] = field(default_factory=dict)
     sum_x: float = 0.0
     sum_a: float = 0.0
+    sum_ac: float = 0.0
     est: float = -1.0  # cached aggregate estimate, -1 stale
-    top: tuple[float, float, float] | None = None  # cached largest load entry, None stale
+    top: tuple[float, float, float, float] | None = None  # cached largest load entry, None stale
 
 
 def make_workers(layout: list[int], cost: RolloutCost) -> tuple[Worker, ...]:
@@ -141,18 +143,11 @@ class _Sim:
         self.migrations = 0
         self.prefill_tokens = 0
         self.recomputed = 0
-        n = len(self.tr)
-        mean_ctx = self._mean_context()
-        self.tables = {d: iteration_table(cost, d, n + 1, cfg.max_batch, mean_ctx)
-                       for d in {w.degree for w in self.workers}}
+        self.prices = {d: DecodePrice(cost, d, cfg.max_batch) for d in {w.degree for w in self.workers}}
         for t in self.tr:
             self.repredict(t)
 
     # ---- planning ---------------------------------------------------------------------
-
-    def _mean_context(self) -> float:
-        ctx = [sum(t.input_tokens + t.action_tokens for t in tr.spec.turns) / 2 for tr in self.tr]
-        return float(np.mean(ctx)) if ctx else 0.0
 
     def _plan(self) -> tuple[Worker, ...]:
         cfg, cost, p = self.cfg, self.cost, self.policy
@@ -169,21 +164,17 @@ class _Sim:
                                    cfg.turns_range[1]) for t in self.tr]
         lengths = np.array([x for x, _ in preds], dtype=float)
         tools = np.array([(turns - 1.0) * self.tool_prior for _, turns in preds], dtype=float)
-        mean_ctx = self._mean_context()
-        tables: dict[int, np.ndarray] = {}
+        contexts = np.array([expected_context(0, t.spec.turns[0].input_tokens, x, cfg.max_context)
+                             for t, (x, _) in zip(self.tr, preds, strict=True)])
+        prices: dict[int, DecodePrice] = {}
         grids: dict[int, np.ndarray] = {}  # DP cost grids per degree, shared by every layout tried
 
-        def table(d: int) -> np.ndarray:
-            if d not in tables:
-                tables[d] = iteration_table(cost, d, n + 1, cfg.max_batch, mean_ctx)
-            return tables[d]
-
         def place(lay: list[int]) -> tuple[list[int], float]:
-            tabs = {d: table(d) for d in set(lay)}
+            pr = {d: prices.setdefault(d, DecodePrice(cost, d, cfg.max_batch)) for d in set(lay)}
             if p.placement:
-                return dp_place(lengths, tools, lay, tabs, cache=grids)
+                return dp_place(lengths, tools, contexts, lay, pr, cache=grids)
             a = greedy_place(n, lay)
-            return a, estimate_makespan(a, lengths, tools, lay, tabs)
+            return a, estimate_makespan(a, lengths, tools, contexts, lay, pr)
 
         if p.adaptive_mp:
             allowed = _valid_degrees(cfg, cost, sorted(set(cfg.mp_degrees) | {base}))
@@ -239,7 +230,7 @@ class _Sim:
         turn counts as one of the remaining ones (its length is not known either; with
         live migration its decoded part so far is seen)."""
         if t.done:
-            return 0.0, 0.0
+            return 0.0, 0.0, 0.0
         p = self.policy
         running = t.remaining > 0
         elapsed = t.generated - t.turn_start_generated if running else 0
@@ -255,7 +246,7 @@ class _Sim:
                                          prior_weight=OWN_PRIOR_TURNS if p.group_predictor else 0.0)
             if running:
                 x = max(x - elapsed, 1.0)
-        return x, max(turns - 1.0, 0.0) * self.tool_prior
+        return x, max(turns - 1.0, 0.0) * self.tool_prior, expected_context(t.context, nxt, x, self.cfg.max_context)
 
     def repredict(self, t: _T) -> None:
         t.pred = self.predicted(t)
@@ -429,11 +420,12 @@ class _Sim:
         self.load_drop(t, w)
         if t.done:
             return
-        x, tool = t.pred
-        a = decode_fraction(x, tool, self.tables[w.info.degree])
-        w.load[t.spec.tid] = (x, tool, a)
+        x, tool, c = t.pred
+        a = float(decode_fraction(x, tool, c, self.prices[w.info.degree]))
+        w.load[t.spec.tid] = (x, tool, c, a)
         w.sum_x += x
         w.sum_a += a
+        w.sum_ac += a * c
         w.est = -1.0
         w.top = None
 
@@ -441,41 +433,44 @@ class _Sim:
         old = w.load.pop(t.spec.tid, None)
         if old is not None:
             w.sum_x -= old[0]
-            w.sum_a -= old[2]
+            w.sum_a -= old[3]
+            w.sum_ac -= old[3] * old[2]
             w.est = -1.0
             w.top = None
             if not w.load:
-                w.sum_x = w.sum_a = 0.0
+                w.sum_x = w.sum_a = w.sum_ac = 0.0
 
-    def estimate(self, w: _W, add: tuple[float, float] | None = None, remove: int = -1) -> float:
+    def estimate(self, w: _W, add: tuple[float, float, float] | None = None, remove: int = -1) -> float:
         """Predicted drain time of `w`'s planned trajectories (`planning.worker_estimate`
-        from the worker's aggregate), optionally with one more (`add`) or one fewer (`remove`)."""
-        table = self.tables[w.info.degree]
+        from the worker's aggregate), optionally with one more (`add`: its predicted tokens,
+        tool seconds and context) or one fewer (`remove`)."""
         if add is None and remove < 0:
             if w.est < 0:
-                w.est = self._agg(w, table, None, -1)
+                w.est = self._agg(w, None, -1)
             return w.est
-        return self._agg(w, table, add, remove)
+        return self._agg(w, add, remove)
 
-    def _agg(self, w: _W, table: np.ndarray, add, remove: int) -> float:
-        sx, sa = w.sum_x, w.sum_a
+    def _agg(self, w: _W, add, remove: int) -> float:
+        price = self.prices[w.info.degree]
+        sx, sa, sac = w.sum_x, w.sum_a, w.sum_ac
+        none = (0.0, 0.0, 0.0, 0.0)
         if w.top is None:
-            w.top = max(w.load.values(), default=(0.0, 0.0, 0.0))
+            w.top = max(w.load.values(), default=none)
         top = w.top
         if remove >= 0:
             gone = w.load[remove]
-            sx, sa = sx - gone[0], sa - gone[2]
+            sx, sa, sac = sx - gone[0], sa - gone[3], sac - gone[3] * gone[2]
             if gone == top:
-                top = max((v for k, v in w.load.items() if k != remove), default=(0.0, 0.0, 0.0))
+                top = max((v for k, v in w.load.items() if k != remove), default=none)
         if add is not None:
-            x, tool = add
-            sx += x
-            sa += decode_fraction(x, tool, table)
+            x, tool, c = add
+            a = float(decode_fraction(x, tool, c, price))
+            sx, sa, sac = sx + x, sa + a, sac + a * c
             if x > top[0]:
-                top = (x, tool, 0.0)
+                top = (x, tool, c, a)
         if sx <= 0 and top[0] <= 0:
             return 0.0
-        return aggregate_estimate(sx, sa, top[0], top[1], table)
+        return aggregate_estimate(sx, sa, sac, top[:3], price)
 
     def gain(self, t: _T, src: _W, dst: _W, margin: float = MIGRATION_MARGIN) -> float:
         """How much moving `t` from `src` to `dst` lowers the larger of the two estimates
@@ -515,10 +510,11 @@ class _Sim:
 
     def own_finish(self, t: _T, w: _W, joins: bool) -> float:
         """When `t` would finish its predicted remaining decode on `w` at the per-token time of
-        the sequences there now (running and queued, plus `t` if it `joins`)."""
-        n = len(w.running) + len(w.queue) + (1 if joins else 0)
-        table = self.tables[w.info.degree]
-        return t.pred[0] * table[min(max(n, 1), len(table) - 1)]
+        the sequences there now (running and queued, plus `t` if it `joins`) over their
+        contexts."""
+        there = w.running + w.queue + ([t.spec.tid] if joins else [])
+        ctx = sum(self.tr[i].context for i in there)
+        return t.pred[0] * float(self.prices[w.info.degree].per_token(len(there), ctx))
 
     def maybe_move_running(self, t: _T, src: _W, now: float) -> bool:
         """Live migration at a re-prediction point: move the running sequence to the worker

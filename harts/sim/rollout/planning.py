@@ -2,10 +2,14 @@
 worker, presorted dynamic-programming placement and the simulated-annealing layout of
 model-parallel degrees.
 
-Worker estimate (`worker_estimate`): a trajectory with L decode tokens left and `tool`
-seconds of tool calls decodes a fraction L t(1) / (L t(1) + tool) of its life, so about B
-= the sum of those fractions share an iteration; the worker finishes after max(L_1 t(B) +
-tool_1, sum L t(B) / B), t(b) the decode iteration at batch b.
+Worker estimate (`worker_estimate`): a trajectory with L decode tokens left, `tool`
+seconds of tool calls and mean context c over the rest of its life decodes a fraction a
+= L t1(c) / (L t1(c) + tool) of its life (t1 its per-token time alone), so about B = sum a
+of them share an iteration, over about sum a c tokens of KV; the worker finishes after
+max(L_1 t + tool_1, sum L t / B), t the per-token time at that batch and context
+(`DecodePrice`). The contexts matter where KV reads dominate a decode iteration (dense
+attention): long trajectories are also the ones with long contexts, so a worker holding
+several of them is slow for each.
 
 Placement: trajectories sorted by predicted length (longest first) are cut into
 contiguous runs, one per worker, workers ordered fastest (highest degree) first; the
@@ -17,12 +21,20 @@ whatever the number of trajectories).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from harts.config.rollout import RolloutWorkload
 from harts.sim.rollout.cost import RolloutCost
 from harts.sim.rollout.types import TrajectorySpec
+
+
+def expected_context(context: float, next_input: float, remaining: float, max_context: int) -> float:
+    """The mean context over a trajectory's predicted remaining decode: what it holds now,
+    the input it prefills next and half of the `remaining` tokens it is expected to
+    decode, at most the context cap."""
+    return float(min(context + next_input + remaining / 2.0, max_context))
 
 
 def prior_action_mean(cfg: RolloutWorkload) -> float:
@@ -63,83 +75,86 @@ def predict_remaining(spec: TrajectorySpec, turns_done: int, generated: int, act
     return max(min(x, budget_tokens), 1.0), turns
 
 
-def iteration_table(cost: RolloutCost, degree: int, n: int, max_batch: int, mean_context: float) -> np.ndarray:
-    """t(m) for m = 0..n (t(0) = 0): a decode iteration at batch m; beyond what runs at
-    once, B = min(batch limit, KV capacity / KV of a mean-context sequence), the worker
-    needs m / B iterations of batch B per token of each."""
-    fit = int(cost.kv_capacity(degree) // max(cost.kv_bytes(int(mean_context)), 1.0))
-    max_batch = max(1, min(max_batch, fit))
-    t = np.zeros(n + 1)
-    for m in range(1, n + 1):
-        b = min(m, max_batch)
-        t[m] = cost.decode_step(b, b * mean_context, degree) * (m / b)
-    return t
+@dataclass(frozen=True)
+class DecodePrice:
+    """The per-token decode time a planner expects on a worker of `degree` GPUs: `batch`
+    sequences (an expected, fractional count) decoding together with `context` tokens of
+    KV in all. The batch that runs at once is capped by the batch limit and by the KV
+    capacity at that mean context per sequence; beyond it sequences take turns, so each
+    waits batch / that many iterations per token. Context matters: with dense attention a
+    sequence's tokens cost its whole context's KV reads, so a long trajectory among other
+    long ones decodes several times slower than among short ones."""
+
+    cost: RolloutCost
+    degree: int
+    max_batch: int
+
+    def per_token(self, batch, context):
+        B = np.maximum(np.asarray(batch, dtype=float), 1.0)
+        C = np.asarray(context, dtype=float)
+        per_seq = self.cost.kv_bytes_per_token * C / B + self.cost.state_bytes_per_seq
+        fit = np.clip(np.floor(self.cost.kv_capacity(self.degree) / np.maximum(per_seq, 1.0)), 1.0, self.max_batch)
+        b = np.minimum(B, fit)
+        return self.cost.decode_steps(b, C * b / B, self.degree) * (B / b)
 
 
-def _t_at(table: np.ndarray, batch: np.ndarray | float) -> np.ndarray:
-    """t(batch) for fractional batches >= 1 (linear between the table's points)."""
-    b = np.maximum(np.asarray(batch, dtype=float), 1.0)
-    return np.interp(b, np.arange(len(table)), table)
+def decode_fraction(x, tool, context, price: DecodePrice):
+    """a = L t1 / (L t1 + tool): the share of its life a trajectory with L decode tokens,
+    `tool` seconds of tool calls and mean context `context` left spends decoding (t1 its
+    per-token time alone on the worker)."""
+    busy = np.asarray(x, dtype=float) * price.per_token(1.0, context)
+    tl = np.asarray(tool, dtype=float)
+    return np.where(busy + tl > 0, busy / np.maximum(busy + tl, 1e-300), 0.0)
 
 
-def worker_estimate(lengths_desc: np.ndarray, tools_desc: np.ndarray, table: np.ndarray) -> float:
+def _estimate(sum_x, sum_a, sum_ac, top_x, top_tool, top_c, price: DecodePrice):
+    """max(L_1 t + tool_1, sum L t / B) with B = max(sum a, 1) sequences decoding together
+    over sum a c context tokens (at least the longest one's own), t their per-token time."""
+    B = np.maximum(sum_a, 1.0)
+    t = price.per_token(B, np.maximum(sum_ac, top_c))
+    return np.maximum(top_x * t + top_tool, sum_x * t / B)
+
+
+def worker_estimate(lengths_desc: np.ndarray, tools_desc: np.ndarray, contexts_desc: np.ndarray,
+                    price: DecodePrice) -> float:
     """Predicted time for a worker to finish trajectories with these remaining decode
-    tokens and tool seconds (sorted by tokens, longest first). Each trajectory decodes a
-    fraction a = L t(1) / (L t(1) + tool) of its life, so about B = sum a of them share an
-    iteration: the worker needs the longest one's L_1 t(B) + tool_1, and at least the
-    whole work sum L t(B) / B."""
+    tokens, tool seconds and mean contexts (sorted by tokens, longest first). Each
+    trajectory decodes a fraction a of its life (`decode_fraction`), so about B = sum a of
+    them share an iteration, over about sum a c context tokens: the worker needs the
+    longest one's L_1 t + tool_1, and at least the whole work sum L t / B, t the per-token
+    time at that batch and context."""
     if len(lengths_desc) == 0:
         return 0.0
-    c = _cost_row(lengths_desc, tools_desc, table)
-    return float(c[-1])
+    return float(_cost_row(lengths_desc, tools_desc, contexts_desc, price)[-1])
 
 
-def _cost_row(x: np.ndarray, tl: np.ndarray, table: np.ndarray) -> np.ndarray:
+def _cost_row(x: np.ndarray, tl: np.ndarray, c: np.ndarray, price: DecodePrice) -> np.ndarray:
     """Estimates of x[:1], x[:2], ... (x sorted longest first): vectorised `worker_estimate`."""
-    t1 = table[1] if len(table) > 1 else 0.0
-    busy = x * t1
-    a = np.where(busy + tl > 0, busy / np.maximum(busy + tl, 1e-12), 0.0)
-    B = np.maximum(np.cumsum(a), 1.0)
-    tB = _t_at(table, B)
-    work = np.cumsum(x) * tB / B
-    tail = x[0] * tB + tl[0]
-    return np.maximum(tail, work)
+    a = decode_fraction(x, tl, c, price)
+    return _estimate(np.cumsum(x), np.cumsum(a), np.cumsum(a * c), x[0], tl[0], c[0], price)
 
 
-def aggregate_estimate(sum_x: float, sum_a: float, top_x: float, top_tool: float, table: np.ndarray) -> float:
-    """`worker_estimate` from its sufficient statistics: the sum of remaining tokens, the
-    sum of decode fractions a, and the longest trajectory's tokens and tool seconds (what
-    the simulator keeps per worker so that migration and stealing decisions cost O(1))."""
-    if top_x <= 0 and sum_x <= 0:
+def aggregate_estimate(sum_x: float, sum_a: float, sum_ac: float, top: tuple[float, float, float],
+                       price: DecodePrice) -> float:
+    """`worker_estimate` from its sufficient statistics: the sums of remaining tokens, of
+    decode fractions a and of a x context, and the longest trajectory's (tokens, tool
+    seconds, context) (what the simulator keeps per worker so that migration and stealing
+    decisions cost O(1))."""
+    if top[0] <= 0 and sum_x <= 0:
         return 0.0
-    B = max(sum_a, 1.0)
-    i = min(int(B), len(table) - 2)
-    tB = table[i] + (min(B, len(table) - 1) - i) * (table[i + 1] - table[i])
-    return max(top_x * tB + top_tool, sum_x * tB / B)
+    return float(_estimate(sum_x, sum_a, sum_ac, top[0], top[1], top[2], price))
 
 
-def decode_fraction(x: float, tool: float, table: np.ndarray) -> float:
-    """a = L t(1) / (L t(1) + tool): the share of its life a trajectory spends decoding."""
-    busy = x * (table[1] if len(table) > 1 else 0.0)
-    return busy / (busy + tool) if busy + tool > 0 else 0.0
-
-
-def _grid(x: np.ndarray, tl: np.ndarray, pos: np.ndarray, table: np.ndarray) -> np.ndarray:
+def _grid(x: np.ndarray, tl: np.ndarray, c: np.ndarray, pos: np.ndarray, price: DecodePrice) -> np.ndarray:
     """C[p, q] = the estimate of the items pos[p]..pos[q]-1 of the longest-first order
     (p < q), 0 on the diagonal (an empty worker), inf below it; from prefix sums, so a
     grid of P cut positions costs O(P^2) whatever the number of items."""
-    t1 = table[1] if len(table) > 1 else 0.0
-    busy = x * t1
-    a = np.where(busy + tl > 0, busy / np.maximum(busy + tl, 1e-12), 0.0)
-    cx = np.concatenate(([0.0], np.cumsum(x)))
-    ca = np.concatenate(([0.0], np.cumsum(a)))
+    a = decode_fraction(x, tl, c, price)
+    cx, ca, cac = (np.concatenate(([0.0], np.cumsum(v))) for v in (x, a, a * c))
     P = len(pos)
     start = np.minimum(pos, len(x) - 1)
-    sx = cx[pos][None, :] - cx[pos][:, None]
-    B = np.maximum(ca[pos][None, :] - ca[pos][:, None], 1.0)
-    tB = _t_at(table, B)
-    tail = x[start][:, None] * tB + tl[start][:, None]
-    C = np.maximum(tail, sx * tB / B)
+    span = [v[pos][None, :] - v[pos][:, None] for v in (cx, ca, cac)]
+    C = _estimate(*span, x[start][:, None], tl[start][:, None], c[start][:, None], price)
     iu = np.triu_indices(P, 1)
     out = np.full((P, P), np.inf)
     out[iu] = C[iu]
@@ -147,8 +162,8 @@ def _grid(x: np.ndarray, tl: np.ndarray, pos: np.ndarray, table: np.ndarray) -> 
     return out
 
 
-def dp_place(lengths: np.ndarray, tools: np.ndarray, degrees: list[int], tables: dict[int, np.ndarray],
-             max_cuts: int = 512, cache: dict | None = None) -> tuple[list[int], float]:
+def dp_place(lengths: np.ndarray, tools: np.ndarray, contexts: np.ndarray, degrees: list[int],
+             prices: dict[int, DecodePrice], max_cuts: int = 512, cache: dict | None = None) -> tuple[list[int], float]:
     """Assign trajectories (indices into `lengths`) to workers (indices into `degrees`):
     presorted dynamic programming over contiguous runs of the longest-first order, workers
     fastest first, minimising the largest `worker_estimate` (ties within 0.1% broken by the
@@ -161,14 +176,14 @@ def dp_place(lengths: np.ndarray, tools: np.ndarray, degrees: list[int], tables:
     trajectory, estimated makespan). Workers may stay empty."""
     n, W = len(lengths), len(degrees)
     order = np.argsort(-lengths, kind="stable")
-    x, tl = lengths[order], tools[order]
+    x, tl, c = lengths[order], tools[order], contexts[order]
     pos = np.unique(np.round(np.linspace(0, n, min(n, max_cuts) + 1)).astype(np.int64))
     wo = sorted(range(W), key=lambda w: (-degrees[w], w))
     cache = {} if cache is None else cache
     grids = {}
     for d in {degrees[w] for w in wo}:
         if d not in cache:
-            cache[d] = _grid(x, tl, pos, tables[d])
+            cache[d] = _grid(x, tl, c, pos, prices[d])
         grids[d] = cache[d]
     P = len(pos)
     INF = float("inf")
@@ -209,8 +224,8 @@ def greedy_place(n: int, degrees: list[int]) -> list[int]:
     return out
 
 
-def estimate_makespan(assign: list[int], lengths: np.ndarray, tools: np.ndarray, degrees: list[int],
-                      tables: dict[int, np.ndarray]) -> float:
+def estimate_makespan(assign: list[int], lengths: np.ndarray, tools: np.ndarray, contexts: np.ndarray,
+                      degrees: list[int], prices: dict[int, DecodePrice]) -> float:
     worst = 0.0
     assign_a = np.asarray(assign)
     for w, d in enumerate(degrees):
@@ -218,7 +233,7 @@ def estimate_makespan(assign: list[int], lengths: np.ndarray, tools: np.ndarray,
         if len(idx) == 0:
             continue
         o = idx[np.argsort(-lengths[idx], kind="stable")]
-        worst = max(worst, worker_estimate(lengths[o], tools[o], tables[d]))
+        worst = max(worst, worker_estimate(lengths[o], tools[o], contexts[o], prices[d]))
     return worst
 
 

@@ -12,10 +12,11 @@ from hypothesis import strategies as st
 from harts.config.rollout import RolloutWorkload
 from harts.sim.rollout.cost import DENSE_SERVED_MODELS, make_rollout_cost
 from harts.sim.rollout.planning import (
+    DecodePrice,
     dp_place,
     estimate_makespan,
-    iteration_table,
     predict_remaining,
+    worker_estimate,
 )
 from harts.sim.rollout.types import TrajectorySpec, TurnSpec
 
@@ -64,6 +65,30 @@ def test_dense_decode_is_bound_by_the_co_resident_kv():
     assert dense.kv_bytes_per_token > 25 * COST.kv_bytes_per_token
 
 
+@pytest.mark.parametrize("model", ["flash", "qwen3-32b"])
+def test_vectorised_decode_prices_are_the_scalar_ones(model):
+    cost = make_rollout_cost(RolloutWorkload(model=model))
+    batch = np.array([1, 3, 17, 256, 256])
+    ctx = np.array([0.0, 9000.0, 2e5, 1e6, 4e6])
+    for d in (2, 4, 8):
+        want = [cost.decode_step(int(b), c, d) for b, c in zip(batch, ctx, strict=True)]
+        assert cost.decode_steps(batch, ctx, d) == pytest.approx(want, rel=1e-12)
+
+
+def test_planner_prices_long_contexts_on_dense_models():
+    dense = make_rollout_cost(RolloutWorkload(model="qwen3-32b"))
+    price = DecodePrice(dense, 8, 256)
+    # ten 60k-token trajectories at a mean context of 32k, against ten with 2k
+    x, tl = np.full(10, 60_000.0), np.zeros(10)
+    long_ctx = worker_estimate(x, tl, np.full(10, 32_000.0), price)
+    short_ctx = worker_estimate(x, tl, np.full(10, 2_000.0), price)
+    assert long_ctx > 1.5 * short_ctx  # 10 x 32k x 256 KiB read per token: 84 GB against 5 GB
+    # beyond the KV capacity sequences take turns: 200 sequences of 32k (1.7 TB) on one MP8 worker
+    many = float(price.per_token(200.0, 200 * 32_000.0))
+    fit = int(dense.kv_capacity(8) // (32_000 * dense.kv_bytes_per_token))
+    assert many == pytest.approx(dense.decode_step(fit, fit * 32_000.0, 8) * 200 / fit, rel=1e-9)
+
+
 def test_predictor_never_reads_the_truth_and_updates_per_turn():
     a = TrajectorySpec(0, 0, tuple(TurnSpec(10, 100, 1.0) for _ in range(3)), hint_turns=6.0)
     b = TrajectorySpec(1, 0, tuple(TurnSpec(10, 100, 1.0) for _ in range(9)), hint_turns=6.0)
@@ -78,9 +103,10 @@ def test_predictor_never_reads_the_truth_and_updates_per_turn():
 def test_dp_placement_is_the_best_contiguous_split(lengths, degrees):
     x = np.array(lengths, dtype=float)
     tools = np.array([float(v % 7) for v in lengths])
-    tables = {d: iteration_table(COST, d, len(x) + 1, 256, 4000.0) for d in set(degrees)}
-    assign, best = dp_place(x, tools, degrees, tables)
-    assert best == pytest.approx(estimate_makespan(assign, x, tools, degrees, tables), rel=1e-9)
+    ctx = 500.0 + x / 2
+    prices = {d: DecodePrice(COST, d, 256) for d in set(degrees)}
+    assign, best = dp_place(x, tools, ctx, degrees, prices)
+    assert best == pytest.approx(estimate_makespan(assign, x, tools, ctx, degrees, prices), rel=1e-9)
     order = np.argsort(-x, kind="stable")
     wo = sorted(range(len(degrees)), key=lambda w: (-degrees[w], w))
     brute = float("inf")
@@ -90,5 +116,5 @@ def test_dp_placement_is_the_best_contiguous_split(lengths, degrees):
         for j in range(len(degrees)):
             for i in order[bounds[j]:bounds[j + 1]]:
                 a[i] = wo[j]
-        brute = min(brute, estimate_makespan(a, x, tools, degrees, tables))
+        brute = min(brute, estimate_makespan(a, x, tools, ctx, degrees, prices))
     assert best <= brute * (1 + 1e-3) + 1e-12

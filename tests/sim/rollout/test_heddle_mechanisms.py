@@ -23,27 +23,31 @@ from harts.sim.rollout import (
 from harts.sim.rollout.cost import make_rollout_cost
 from harts.sim.rollout.engine import _Sim
 from harts.sim.rollout.planning import (
+    DecodePrice,
     aggregate_estimate,
     decode_fraction,
     dp_place,
     estimate_makespan,
-    iteration_table,
     worker_estimate,
 )
 
 COST = make_rollout_cost(RolloutWorkload())
-TABLE = iteration_table(COST, 4, 600, 256, 4000.0)
+PRICE = DecodePrice(COST, 4, 256)
+
+
+def _prices(degrees):
+    return {d: DecodePrice(COST, d, 256) for d in set(degrees)}
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.floats(1, 20000), st.floats(0, 60)), min_size=1, max_size=40))
+@given(st.lists(st.tuples(st.floats(1, 20000), st.floats(0, 60), st.floats(100, 60000)), min_size=1, max_size=40))
 def test_aggregate_estimate_is_the_sorted_estimate(items):
-    x = np.array([a for a, _ in items])
-    tl = np.array([b for _, b in items])
+    x, tl, c = (np.array(v) for v in zip(*items, strict=True))
     o = np.argsort(-x, kind="stable")
-    want = worker_estimate(x[o], tl[o], TABLE)
-    sa = sum(decode_fraction(a, b, TABLE) for a, b in items)
-    got = aggregate_estimate(float(x.sum()), sa, float(x[o[0]]), float(tl[o[0]]), TABLE)
+    want = worker_estimate(x[o], tl[o], c[o], PRICE)
+    a = [float(decode_fraction(*item, PRICE)) for item in items]
+    sac = sum(ai * ci for ai, ci in zip(a, c, strict=True))
+    got = aggregate_estimate(float(x.sum()), sum(a), sac, (float(x[o[0]]), float(tl[o[0]]), float(c[o[0]])), PRICE)
     assert got == pytest.approx(want, rel=1e-9)
 
 
@@ -52,11 +56,12 @@ def test_dp_on_quantile_cuts_is_consistent_and_close_to_exact():
     x = np.exp(rng.normal(7, 1.2, 300))
     tools = rng.uniform(0, 20, 300)
     degrees = [8, 4, 4, 2, 2, 4, 8]
-    tables = {d: iteration_table(COST, d, 301, 256, 4000.0) for d in set(degrees)}
-    exact_a, exact = dp_place(x, tools, degrees, tables)
-    coarse_a, coarse = dp_place(x, tools, degrees, tables, max_cuts=50)
+    ctx = 1000.0 + x / 2
+    prices = _prices(degrees)
+    exact_a, exact = dp_place(x, tools, ctx, degrees, prices)
+    coarse_a, coarse = dp_place(x, tools, ctx, degrees, prices, max_cuts=50)
     for a, est in ((exact_a, exact), (coarse_a, coarse)):
-        assert est == pytest.approx(estimate_makespan(a, x, tools, degrees, tables), rel=1e-9)
+        assert est == pytest.approx(estimate_makespan(a, x, tools, ctx, degrees, prices), rel=1e-9)
         # contiguous: every worker's trajectories form one run of the longest-first order
         order = list(np.argsort(-x, kind="stable"))
         seq = [a[i] for i in order]
@@ -64,9 +69,9 @@ def test_dp_on_quantile_cuts_is_consistent_and_close_to_exact():
         assert len(runs) == len(set(runs))
     assert exact <= coarse * (1 + 1e-3)  # coarser cuts can only lose
     cache: dict = {}
-    again = dp_place(x, tools, degrees, tables, cache=cache)
+    again = dp_place(x, tools, ctx, degrees, prices, cache=cache)
     assert again == (exact_a, exact) and set(cache) == set(degrees)
-    assert dp_place(x, tools, degrees, tables, cache=cache) == again  # reused grids give the same plan
+    assert dp_place(x, tools, ctx, degrees, prices, cache=cache) == again  # reused grids give the same plan
 
 
 def _forced_run(migration: bool):
@@ -136,10 +141,11 @@ def test_dp_balances_workers_below_the_bottleneck():
     x = np.array([50_000.0] + [500.0] * 200)
     tools = np.array([100.0] + [5.0] * 200)
     degrees = [4, 4, 4, 4]
-    tables = {4: iteration_table(COST, 4, 202, 256, 4000.0)}
-    assign, est = dp_place(x, tools, degrees, tables)
+    ctx = np.full(len(x), 4000.0)
+    prices = _prices(degrees)
+    assign, est = dp_place(x, tools, ctx, degrees, prices)
     counts = sorted(np.bincount(np.asarray(assign[1:]), minlength=4).tolist())
-    per = [estimate_makespan([0] * c, x[1:1 + c], tools[1:1 + c], [4], tables) for c in counts if c]
+    per = [estimate_makespan([0] * c, x[1:1 + c], tools[1:1 + c], ctx[1:1 + c], [4], prices) for c in counts if c]
     assert max(per) < est  # the short ones are not piled up to the bottleneck's estimate
     assert counts[-1] - counts[1] <= 0.5 * counts[-1]  # and spread over the other workers
 

@@ -102,7 +102,7 @@ def main() -> int:
         mp = "adaptive" if len(set(r.worker_degrees)) > 1 else r.worker_degrees[0]
         print(f"| {r.seed} | {r.policy} | {mp} "
               f"| {r.throughput_tokens_per_s:,.0f} | {r.makespan_s:.1f} | {r.gpu_utilization:.1%} | {r.migrations} "
-              f"| {'/'.join(map(str, r.worker_degrees))} |")
+              f"| {'/'.join(map(str, r.worker_degrees))}{f' (+{r.merges} merges)' if r.merges else ''} |")
     pols = list(policies)
     print("\n## Speedup over the best step-centric baseline of each seed\n")
     print("| policy | " + " | ".join(f"seed {s.seed}" for s in summaries) + " | mean |")

@@ -146,7 +146,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     for r in rows:
         c = [r["policy"], f"{r['throughput_tokens_per_s']:,.0f}", f"{r['makespan_s']:.1f}", f"{r['p50_finish_s']:.1f}",
              f"{r['gpu_utilization']:.1%}", str(r["migrations"]), f"{r['recomputed_tokens']:,}",
-             _layout(r["worker_degrees"])]
+             _layout(r["worker_degrees"]) + (f" (+{r['merges']} merges)" if r.get("merges") else "")]
         if len(rows) > 1:
             sp = r["speedup_vs_best_baseline"]
             c.insert(2, "-" if sp is None else f"{sp:.2f}x")

@@ -41,7 +41,8 @@ class PolicyRun:
     gpu_utilization: float
     migrations: int
     recomputed_tokens: int
-    worker_degrees: tuple[int, ...]
+    worker_degrees: tuple[int, ...]  # the layout the step starts with
+    merges: int = 0  # idle worker pairs merged during the step (dynamic MP)
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ def compare(cfg: RolloutWorkload, gpus: int, seeds: tuple[int, ...], policies: t
                 r = simulate_rollout(cc, pol, gpus, specs=specs, cost=cost)
                 mine.append(PolicyRun(seed, name, mp, pol.step_centric, r.throughput_tokens_per_s, r.makespan_s,
                                       r.gpu_utilization, r.migrations, r.recomputed_tokens,
-                                      tuple(w.degree for w in r.workers)))
+                                      r.initial_degrees, r.merges))
         runs += mine
         base = [r for r in mine if r.step_centric]
         best = max(base, key=lambda r: r.throughput_tokens_per_s) if base else None

@@ -16,6 +16,7 @@ run is deterministic.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import time
@@ -104,6 +105,9 @@ class _W:
     sum_ac: float = 0.0
     est: float = -1.0  # cached aggregate estimate, -1 stale
     top: tuple[float, float, float, float] | None = None  # cached largest load entry, None stale
+    retired: bool = False  # merged into a worker of twice the degree (dynamic MP)
+    end: float | None = None  # when it was retired
+    reconsider: bool = False  # a worker appeared: offer it the running batch at the next boundary
 
 
 def make_workers(layout: list[int], cost: RolloutCost) -> tuple[Worker, ...]:
@@ -137,6 +141,9 @@ class _Sim:
         self.workers = self._plan()
         self.plan_seconds = time.perf_counter() - t0
         self.ws = [_W(w) for w in self.workers]
+        self.merge_degrees = set(_valid_degrees(cfg, cost, sorted(set(cfg.mp_degrees) | {cfg.baseline_mp})))
+        self.merges = 0
+        self.unfinished = len(self.tr)
         self.events: list[tuple] = []
         self.seq = 0
         self.rr = 0
@@ -376,11 +383,12 @@ class _Sim:
             t.remaining -= k
             self.seg(t, SegmentKind.DECODE, w.decode_start, now, w.info.wid, before, t.generated)
             if t.remaining > 0:
-                if self.policy.live_migration and t.generated - t.turn_start_generated >= t.next_check:
+                check = self.policy.live_migration and t.generated - t.turn_start_generated >= t.next_check
+                if check:
                     t.next_check *= 2
                     self.repredict(t)
-                    if self.maybe_move_running(t, w, now):
-                        continue
+                if (check or w.reconsider) and self.maybe_move_running(t, w, now):
+                    continue
                 still.append(tid)
                 continue
             turn = t.spec.turns[t.turn]
@@ -391,6 +399,7 @@ class _Sim:
             t.turn_start_generated = t.generated
             if t.turn == len(t.spec.turns):
                 t.done, t.finish = True, now
+                self.unfinished -= 1
                 self.drop(t, now)
                 if t.assigned >= 0:
                     self.load_drop(t, self.ws[t.assigned])
@@ -408,9 +417,49 @@ class _Sim:
                 self.maybe_migrate(t, now)
         w.running = still
         w.active = False
+        w.reconsider = False
         self.start_chunk(w, now)
         if self.policy.migration and not w.queue and len(w.running) < self.cfg.max_batch:
             self.steal(w, now)
+        self.try_merge(w, now)
+
+    # ---- dynamic model parallelism ------------------------------------------------------
+
+    def idle(self, w: _W) -> bool:
+        """Nothing running, queued, cached or planned on `w` (and it still serves)."""
+        return not (w.retired or w.active or w.running or w.queue or w.kv or w.load)
+
+    def try_merge(self, w: _W, now: float) -> None:
+        """Dynamic MP: while `w` is idle and so is the other half of the aligned block of
+        twice its degree (one worker of the same degree on those GPUs), merge the two (a
+        usable degree only), then offer the merged worker queued turns and running
+        sequences elsewhere."""
+        if not self.policy.dynamic_mp or not self.unfinished:
+            return
+        merged = None
+        while self.idle(w) and 2 * w.info.degree in self.merge_degrees:
+            d = w.info.degree
+            block = w.info.gpus[0] // (2 * d)
+            buddy = next((v for v in self.ws if v is not w and v.info.degree == d and self.idle(v)
+                          and v.info.gpus[0] // (2 * d) == block), None)
+            if buddy is None:
+                break
+            for v in (w, buddy):
+                v.retired, v.end = True, now
+            info = Worker(len(self.ws), 2 * d, tuple(sorted(w.info.gpus + buddy.info.gpus)),
+                          self.cost.kv_capacity(2 * d), start_s=now)
+            self.prices.setdefault(2 * d, DecodePrice(self.cost, 2 * d, self.cfg.max_batch))
+            w = merged = _W(info)
+            self.ws.append(w)
+            self.merges += 1
+        if merged is None:
+            return
+        for v in self.ws:
+            if v.running and not v.retired:
+                v.reconsider = True  # its running sequences may move at its next iteration boundary
+                self.interrupt(v, now)
+        if self.policy.migration:
+            self.steal(merged, now)
 
     # ---- migration --------------------------------------------------------------------
 
@@ -496,7 +545,7 @@ class _Sim:
         best, best_gain = -1, 0.0
         for w in self.ws:
             o = w.info.wid
-            if o == src or w.info.kv_capacity_bytes - w.used < size:
+            if o == src or w.retired or w.info.kv_capacity_bytes - w.used < size:
                 continue
             g = self.gain(t, self.ws[src], w)
             if g > best_gain:
@@ -510,9 +559,10 @@ class _Sim:
 
     def own_finish(self, t: _T, w: _W, joins: bool) -> float:
         """When `t` would finish its predicted remaining decode on `w` at the per-token time of
-        the sequences there now (running and queued, plus `t` if it `joins`) over their
-        contexts."""
-        there = w.running + w.queue + ([t.spec.tid] if joins else [])
+        the sequences there now (running, queued and moving in, plus `t` if it `joins`) over
+        their contexts."""
+        moving_in = [i for i in w.kv if self.tr[i].migrating and self.tr[i].assigned == w.info.wid]
+        there = w.running + w.queue + moving_in + ([t.spec.tid] if joins else [])
         ctx = sum(self.tr[i].context for i in there)
         return t.pred[0] * float(self.prices[w.info.degree].per_token(len(there), ctx))
 
@@ -531,7 +581,7 @@ class _Sim:
         best, best_t = -1, stay * (1 - LIVE_MARGIN)
         for w in self.ws:
             o = w.info.wid
-            if o == src.info.wid or w.info.kv_capacity_bytes - w.used < size:
+            if o == src.info.wid or w.retired or w.info.kv_capacity_bytes - w.used < size:
                 continue
             go = self.own_finish(t, w, joins=True) + self.cost.transfer(size, self.same_node(src.info.wid, o))
             if go < best_t:
@@ -603,6 +653,7 @@ class _Sim:
         w = self.ws[src]
         if not w.active and w.queue:
             self.start_chunk(w, now)
+        self.try_merge(w, now)
 
     # ---- main loop --------------------------------------------------------------------
 
@@ -638,7 +689,7 @@ class _Sim:
         return RolloutResult(
             policy=self.policy.name.value,
             gpus=self.gpus,
-            workers=self.workers,
+            workers=tuple(dataclasses.replace(w.info, end_s=w.end) if w.retired else w.info for w in self.ws),
             makespan_s=makespan,
             generated_tokens=sum(t.generated for t in self.tr),
             prefill_tokens=self.prefill_tokens,
@@ -649,6 +700,7 @@ class _Sim:
             kv_peak_bytes=tuple(w.peak for w in self.ws),
             kv_samples=tuple(tuple(w.samples) for w in self.ws),
             plan_seconds=self.plan_seconds,
+            merges=self.merges,
         )
 
 

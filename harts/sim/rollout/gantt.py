@@ -1,5 +1,6 @@
 """Gantt chart of a simulated rollout phase (matplotlib, Agg): one row per worker, its
-busy intervals as bars (labelled with the degree), and below them the longest
+busy intervals as bars (labelled with the degree, and when it served if it was merged
+during the step), and below them the longest
 trajectories' timelines (decode, prefill, tool calls, queueing, migrations), so the long
 tail and the GPUs it leaves idle show on one time axis."""
 
@@ -36,7 +37,8 @@ def plot_rollout_gantt(result: RolloutResult, path: str | Path, title: str = "",
     labels, ticks = [], []
     for w, busy in zip(result.workers, result.busy, strict=True):
         ax.broken_barh([(s, e - s) for s, e in busy], (y - 0.35, 0.7), facecolors=BUSY, linewidth=0)
-        labels.append(f"worker {w.wid} (MP{w.degree})")
+        span = (f", from {w.start_s:.0f} s" if w.start_s else "") + (f", to {w.end_s:.0f} s" if w.end_s is not None else "")
+        labels.append(f"worker {w.wid} (MP{w.degree}{span})")
         ticks.append(y)
         y -= 1
     for t in longest:

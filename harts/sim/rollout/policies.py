@@ -29,6 +29,13 @@ home worker) and adds, each switchable:
   a prompt group from its members' finished turns (samples of one prompt share its
   difficulty) and shrinks each trajectory's own mean towards it, instead of using the
   prior until the trajectory's own first turn ends;
+- `dynamic_mp`: model parallelism re-decided during the step: two idle workers of one
+  degree on an aligned block of GPUs (nothing running, queued, cached or planned on
+  either) merge into one worker of twice the degree, if that degree is usable; the
+  merged worker takes queued turns (stealing) and running sequences whose own predicted
+  finish is sooner there (every worker re-examines its batch at its next iteration
+  boundary). The step starts with the throughput layout for the bulk and the long tail
+  ends on high-degree workers (the paper's trajectory-adaptive resource manager);
 - `live_migration`: a turn is re-predicted while it runs (at 512, 1024, 2048, ... tokens:
   a turn that outlives its expected length is expected to run as long again), and a
   running sequence whose own predicted finish is much sooner on another worker (fewer
@@ -64,6 +71,7 @@ class RolloutPolicyName(StrEnum):
     HEDDLE_NO_ADAPTIVE_MP = "heddle-no-adaptive-mp"
     HEDDLE_NO_GROUP_PREDICTOR = "heddle-no-group-predictor"
     HEDDLE_NO_LIVE_MIGRATION = "heddle-no-live-migration"
+    HEDDLE_NO_DYNAMIC_MP = "heddle-no-dynamic-mp"
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,7 @@ class RolloutPolicy:
     adaptive_mp: bool = False
     group_predictor: bool = False
     live_migration: bool = False
+    dynamic_mp: bool = False
     description: str = ""
 
     @property
@@ -90,19 +99,21 @@ for _p in (
     RolloutPolicy(RolloutPolicyName.ROUND_ROBIN, Router.ROUND_ROBIN, description="turns in rotation"),
     RolloutPolicy(RolloutPolicyName.LEAST_LOADED, Router.LEAST_LOADED, description="turns to the least-loaded worker"),
     RolloutPolicy(RolloutPolicyName.CACHE_AWARE, Router.CACHE_AWARE, description="turns pinned to their KV"),
-    RolloutPolicy(RolloutPolicyName.HEDDLE, Router.HOME, True, True, True, True, True, True, "every mechanism"),
-    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_PRIORITY, Router.HOME, False, True, True, True, True, True,
+    RolloutPolicy(RolloutPolicyName.HEDDLE, Router.HOME, True, True, True, True, True, True, True, "every mechanism"),
+    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_PRIORITY, Router.HOME, False, True, True, True, True, True, True,
                   "without priority"),
-    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_PLACEMENT, Router.HOME, True, False, True, True, True, True,
+    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_PLACEMENT, Router.HOME, True, False, True, True, True, True, True,
                   "without DP placement"),
-    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_MIGRATION, Router.HOME, True, True, False, True, True, True,
+    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_MIGRATION, Router.HOME, True, True, False, True, True, True, True,
                   "without migration at tool calls and work stealing"),
-    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_ADAPTIVE_MP, Router.HOME, True, True, True, False, True, True,
-                  "without adaptive MP"),
-    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_GROUP_PREDICTOR, Router.HOME, True, True, True, True, False, True,
+    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_ADAPTIVE_MP, Router.HOME, True, True, True, False, True, True, True,
+                  "without the annealed MP layout"),
+    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_GROUP_PREDICTOR, Router.HOME, True, True, True, True, False, True, True,
                   "without the prompt-group predictor"),
-    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_LIVE_MIGRATION, Router.HOME, True, True, True, True, True, False,
+    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_LIVE_MIGRATION, Router.HOME, True, True, True, True, True, False, True,
                   "without in-turn re-prediction and live migration"),
+    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_DYNAMIC_MP, Router.HOME, True, True, True, True, True, True, False,
+                  "without merging idle workers during the step"),
 ):
     POLICIES.register(_p.name, _p)
 del _p

@@ -33,12 +33,16 @@ class TrajectorySpec:
 
 @dataclass(frozen=True)
 class Worker:
-    """One inference instance: `degree` GPUs (tensor parallel inside one node)."""
+    """One inference instance: `degree` GPUs (tensor parallel inside one node), serving
+    from `start_s` until `end_s` (None: the step's end). Workers that start later are
+    merges of two idle ones (Heddle's dynamic model parallelism); those end at the merge."""
 
     wid: int
     degree: int
     gpus: tuple[int, ...]
     kv_capacity_bytes: float  # HBM for KV after the weights' share
+    start_s: float = 0.0
+    end_s: float | None = None
 
 
 class SegmentKind(StrEnum):
@@ -74,7 +78,7 @@ class TrajectoryTimeline:
 class RolloutResult:
     policy: str
     gpus: int
-    workers: tuple[Worker, ...]
+    workers: tuple[Worker, ...]  # every worker of the step: the initial layout, then merged ones
     makespan_s: float
     generated_tokens: int
     prefill_tokens: int  # including recomputation
@@ -85,6 +89,12 @@ class RolloutResult:
     kv_peak_bytes: tuple[float, ...]  # per worker
     kv_samples: tuple[tuple[tuple[float, float], ...], ...] = field(repr=False, default=())  # per worker (t, used)
     plan_seconds: float = 0.0
+    merges: int = 0  # pairs of idle workers merged into one of twice the degree
+
+    @property
+    def initial_degrees(self) -> tuple[int, ...]:
+        """The layout the step starts with (degrees of the workers serving at time 0)."""
+        return tuple(w.degree for w in self.workers if w.start_s == 0.0)
 
     @property
     def throughput_tokens_per_s(self) -> float:
@@ -116,7 +126,8 @@ class RolloutResult:
             "migrations": self.migrations,
             "gpu_utilization": self.gpu_utilization,
             "p50_finish_s": self.p50_finish_s,
-            "worker_degrees": [w.degree for w in self.workers],
+            "worker_degrees": list(self.initial_degrees),
+            "merges": self.merges,
             "kv_peak_fraction": max((p / w.kv_capacity_bytes for p, w in zip(self.kv_peak_bytes, self.workers,
                                                                                 strict=True)), default=0.0),
             "plan_seconds": self.plan_seconds,

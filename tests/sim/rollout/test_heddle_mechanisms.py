@@ -1,7 +1,7 @@
 """Heddle's mechanisms do what they are for: aggregate drain estimates equal the sorted
 ones, DP placement on quantile cuts stays consistent, a freed worker steals queued
 turns, progressive priority re-predicts after every turn and admits the longest
-predicted first, the loaded preset queues."""
+predicted first, the loaded preset queues, idle workers merge for the long tail."""
 
 from __future__ import annotations
 
@@ -18,7 +18,11 @@ from harts.sim.rollout import (
     RolloutPolicyName,
     Router,
     SegmentKind,
+    TrajectorySpec,
+    TurnSpec,
     generate_trajectories,
+    get_policy,
+    simulate_rollout,
 )
 from harts.sim.rollout.cost import make_rollout_cost
 from harts.sim.rollout.engine import _Sim
@@ -238,3 +242,23 @@ def test_max_decode_rate_is_the_best_split():
     two = max(2 / COST.decode_step(2, 0.0, 8), 1 / COST.decode_step(1, 0.0, 8) + 1 / COST.decode_step(1, 0.0, 8),
               1 / COST.decode_step(1, 0.0, 8) + 1 / COST.decode_step(1, 0.0, 4))
     assert rate[2] == pytest.approx(two)
+
+
+def test_dynamic_mp_merges_idle_workers_for_the_long_tail():
+    """Four MP2 workers of a dense model, one 20k-token trajectory and fifteen short ones:
+    once the short ones are done their workers merge, and the long one moves to a
+    higher degree and finishes sooner than on its MP2 worker."""
+    cfg = rollout_preset("tiny", model="qwen3-8b", baseline_mp=2, mp_degrees=(2, 4, 8), max_context=65536)
+    specs = (TrajectorySpec(0, 0, (TurnSpec(500, 20_000, 0.0),), hint_turns=1.0),
+             *(TrajectorySpec(i, 0, (TurnSpec(500, 300, 1.0), TurnSpec(100, 300, 0.0)), hint_turns=2.0)
+               for i in range(1, 16)))
+    runs = {}
+    for name in ("heddle", "heddle-no-dynamic-mp"):
+        runs[name] = simulate_rollout(cfg, dataclasses.replace(get_policy(name), adaptive_mp=False), 8, specs=specs)
+    dyn, static = runs["heddle"], runs["heddle-no-dynamic-mp"]
+    assert static.merges == 0 and {w.degree for w in static.workers} == {2}
+    assert dyn.merges >= 1 and dyn.initial_degrees == (2, 2, 2, 2)
+    long_on = {dyn.workers[s.worker].degree for s in dyn.timelines[0].segments if s.kind == SegmentKind.DECODE}
+    assert max(long_on) > 2
+    assert dyn.makespan_s < 0.9 * static.makespan_s
+    assert dyn.timelines[0].generated_tokens == 20_000

@@ -6,6 +6,8 @@ long-tail agentic workload, over 5 seeds (the issue's done-when table).
     python benchmarks/bench_rollout.py --workload agentic-longtail-loaded --json OUT.json
     python benchmarks/bench_rollout.py --workload agentic-reasoning --seeds 0 \
         --policies least-loaded,cache-aware --set action_group_sigma=0.0   # a variant's bound
+    python benchmarks/bench_rollout.py --workload agentic-reasoning --set model="'qwen3-32b'" \
+        --bounds-only          # the makespan bounds per seed, no policy simulated
 
 Every policy runs the same trajectories per seed (`harts.sim.rollout.compare`); the best
 baseline of a seed is the fastest of round-robin / least-loaded / cache-aware at any of
@@ -65,6 +67,33 @@ def install_oracle_predictor() -> None:
     engine.predict_remaining = oracle
 
 
+def bounds_only(cfg, args, seeds, overrides) -> int:
+    """The critical-path, tail-set and work bounds of each seed (no policy simulated)."""
+    import dataclasses
+
+    from harts.sim.rollout.compare import critical_path_bound, tail_bound, work_bound
+    from harts.sim.rollout.cost import make_rollout_cost
+    from harts.sim.rollout.workload import generate_trajectories
+
+    cost = make_rollout_cost(cfg)
+    rows = []
+    for seed in seeds:
+        c = dataclasses.replace(cfg, seed=seed)
+        specs = generate_trajectories(c)
+        rows.append({"seed": seed, "critical_path_s": critical_path_bound(c, specs, cost),
+                     "tail_bound_s": tail_bound(c, specs, cost, args.gpus),
+                     "work_bound_s": work_bound(c, specs, cost, args.gpus)})
+    print(f"## Makespan bounds: {args.workload} {overrides or ''}, {cfg.model} on {args.gpus} x {cfg.hardware}\n")
+    print("| seed | critical path s | tail-set bound s | work bound s |\n|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['seed']} | {r['critical_path_s']:.1f} | {r['tail_bound_s']:.1f} | {r['work_bound_s']:.1f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"provenance": provenance(), "workload": args.workload,
+                                               "overrides": overrides, "gpus": args.gpus, "bounds": rows},
+                                              indent=2) + "\n")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", default="agentic-longtail")
@@ -76,6 +105,8 @@ def main() -> int:
                     help="override a field of the workload preset (a Python literal), repeatable")
     ap.add_argument("--oracle", action="store_true",
                     help="diagnostic: Heddle's predictor reads the true remaining lengths (not a policy)")
+    ap.add_argument("--bounds-only", action="store_true",
+                    help="print the three makespan bounds per seed and simulate no policy")
     ap.add_argument("--json", help="write results + provenance here")
     args = ap.parse_args()
     if args.oracle:
@@ -88,6 +119,8 @@ def main() -> int:
     policies = tuple(args.policies.split(",")) if args.policies else tuple(known_policies())
     seeds = tuple(int(s) for s in args.seeds.split(","))
     mps = tuple(int(s) for s in args.baseline_mps.split(","))
+    if args.bounds_only:
+        return bounds_only(cfg, args, seeds, overrides)
     t0 = time.perf_counter()
     runs, summaries = compare(cfg, args.gpus, seeds, policies, mps,
                               progress=lambda s: print(f"  {s}", file=sys.stderr, flush=True))

@@ -95,7 +95,7 @@ def sec_decode(args):
                                         generator=g).bfloat16() for _ in range(2)) for _ in range(args.layers)]
             x = torch.randn(batch, m.d_model, device="cuda", generator=g).bfloat16()
             with torch.no_grad():
-                eager = time_cuda(lambda: _iteration(m, blocks, caches, x), repeats=args.repeats)
+                eager = time_cuda(lambda c=caches, x=x: _iteration(m, blocks, c, x), repeats=args.repeats)
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):

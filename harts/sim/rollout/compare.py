@@ -16,7 +16,6 @@ cannot meet another, the work at the cheapest degree, at the same time).
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,34 +115,55 @@ def tail_bound(cfg: RolloutWorkload, specs: tuple[TrajectorySpec, ...], cost: Ro
     return float(np.max(np.cumsum(toks) / rate[k]))
 
 
+def context_counts(specs: tuple[TrajectorySpec, ...], max_context: int) -> np.ndarray:
+    """n[c] for c = 0..max_context: the decoded tokens whose context (the tokens before
+    them: prompt, earlier turns, this turn's input and its tokens so far) is c."""
+    diff = np.zeros(max_context + 2)
+    for s in specs:
+        ctx = 0
+        for turn in s.turns:
+            ctx += turn.input_tokens
+            diff[ctx] += 1
+            diff[ctx + turn.action_tokens] -= 1
+            ctx += turn.action_tokens
+    return np.cumsum(diff)[: max_context + 1]
+
+
 def work_bound(cfg: RolloutWorkload, specs: tuple[TrajectorySpec, ...], cost: RolloutCost, gpus: int) -> float:
     """A makespan no policy can beat: the GPU-seconds the step's work needs at least,
-    over the GPUs. Every decoded token reads its context's KV (the context before it:
-    prompt, earlier turns, this turn's input and its tokens so far); every decode
-    iteration reads the dense weights and yields at most `max_batch` tokens; every input
-    token is prefilled at least once (its FLOPs). An iteration on d GPUs costs d x its
-    time >= bytes / (HBM x eff(d)) + d x (launches + all-reduce) GPU-seconds (and a
-    prefill >= FLOPs / matmul rate), which is least at the smallest usable degree d0, so
-    the sums are priced there. Tool calls, queueing and idle GPUs are left out."""
-    d0 = min(_valid_degrees(cfg, cost, sorted(set(cfg.mp_degrees) | {cfg.baseline_mp})))
-    kv_token_steps = 0.0  # sum over decoded tokens of their context
-    tokens = 0
+    over the GPUs. A decode iteration on a worker of degree d costs d x its time >= (dense
+    weights + the KV its batch reads) / (HBM x eff(d)) + d x (launches + a one-token
+    all-reduce) GPU-seconds: a fixed part F(d) plus each token's context KV read once. A
+    worker's iterations number at least its tokens / `max_batch` and at least the sum of
+    its tokens' KV over its capacity (a batch's KV is resident), hence at least any mix
+    lam x the first + (1 - lam) x the second; with that mix the cost splits per token, so
+    a token with context KV k costs at least min over usable d of k / (HBM eff(d)) + F(d)
+    x (lam / max_batch + (1 - lam) k / capacity(d)), whatever degree it ran on. The bound
+    is the largest over lam in {0, 0.1, ..., 1} of the tokens' sum, plus every input token
+    prefilled once (its FLOPs at the matmul rate and the smallest degree's efficiency).
+    Tool calls, queueing and idle GPUs are left out."""
+    degrees = _valid_degrees(cfg, cost, sorted(set(cfg.mp_degrees) | {cfg.baseline_mp}))
+    n_c = context_counts(specs, cfg.max_context)
+    kv_c = np.arange(len(n_c)) * cost.kv_bytes_per_token + cost.state_bytes_per_seq
+    best_decode = 0.0
+    for lam in np.linspace(0.0, 1.0, 11):
+        per_token = np.full(len(n_c), np.inf)
+        for d in degrees:
+            fixed = cost.dense_weight_bytes / (cost.hbm_bytes_per_s * cost.efficiency(d)) + d * (
+                cost.launch_overhead() + cost.allreduce(d, 1))
+            here = kv_c / (cost.hbm_bytes_per_s * cost.efficiency(d)) + fixed * (
+                lam / cfg.max_batch + (1.0 - lam) * kv_c / cost.kv_capacity(d))
+            per_token = np.minimum(per_token, here)
+        best_decode = max(best_decode, float(n_c @ per_token))
     prefill_flops = 0.0
     for s in specs:
         ctx = 0
         for turn in s.turns:
-            n, a = turn.input_tokens, turn.action_tokens
+            n = turn.input_tokens
             prefill_flops += 2.0 * cost.active_params * n + (n * ctx + n * (n + 1) / 2) * cost.mla_prefill_flops_per_pair
-            ctx += n
-            kv_token_steps += a * ctx + a * (a - 1) / 2
-            ctx += a
-            tokens += a
-    iterations = math.ceil(tokens / cfg.max_batch)
-    per_iteration = cost.dense_weight_bytes / cost.hbm_bytes_per_s / cost.efficiency(d0) + d0 * (
-        cost.launch_overhead() + cost.allreduce(d0, 1))
-    kv = (kv_token_steps * cost.kv_bytes_per_token + tokens * cost.state_bytes_per_seq) / cost.hbm_bytes_per_s
-    gpu_seconds = kv / cost.efficiency(d0) + iterations * per_iteration + prefill_flops / cost.matmul_flops_per_s / cost.efficiency(d0)
-    return gpu_seconds / gpus
+            ctx += n + turn.action_tokens
+    prefill = prefill_flops / cost.matmul_flops_per_s / cost.efficiency(min(degrees))
+    return (best_decode + prefill) / gpus
 
 
 def compare(cfg: RolloutWorkload, gpus: int, seeds: tuple[int, ...], policies: tuple[str, ...] | None = None,

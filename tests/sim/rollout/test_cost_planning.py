@@ -118,3 +118,18 @@ def test_dp_placement_is_the_best_contiguous_split(lengths, degrees):
                 a[i] = wo[j]
         brute = min(brute, estimate_makespan(a, x, tools, ctx, degrees, prices))
     assert best <= brute * (1 + 1e-3) + 1e-12
+
+
+def test_context_counts_and_the_work_bound_scale():
+    from harts.sim.rollout.compare import context_counts, work_bound
+
+    spec = TrajectorySpec(0, 0, (TurnSpec(3, 4, 1.0), TurnSpec(2, 1, 0.0)), hint_turns=2.0)
+    n = context_counts((spec,), 12)
+    # decoded tokens see contexts 3, 4, 5, 6 (first turn), then 3 + 4 + 2 = 9
+    assert n.tolist() == [0, 0, 0, 1, 1, 1, 1, 0, 0, 1, 0, 0, 0]
+    cfg = RolloutWorkload(model="qwen3-8b", max_context=4096)
+    cost = make_rollout_cost(cfg)
+    long = TrajectorySpec(1, 0, (TurnSpec(500, 3000, 0.0),), hint_turns=1.0)
+    one, two = work_bound(cfg, (long,), cost, 8), work_bound(cfg, (long, long), cost, 8)
+    assert 0 < one < two <= 2 * one * (1 + 1e-12)  # more work, and additive per trajectory
+    assert work_bound(cfg, (long,), cost, 16) == pytest.approx(one / 2, rel=1e-12)

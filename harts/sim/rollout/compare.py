@@ -23,7 +23,7 @@ import numpy as np
 
 from harts.config.rollout import RolloutWorkload
 from harts.sim.rollout.cost import RolloutCost, make_rollout_cost
-from harts.sim.rollout.engine import _valid_degrees, simulate_rollout
+from harts.sim.rollout.engine import _valid_degrees, simulate_rollout, usable_degrees
 from harts.sim.rollout.policies import get_policy, known_policies
 from harts.sim.rollout.types import TrajectorySpec
 from harts.sim.rollout.workload import generate_trajectories
@@ -63,7 +63,7 @@ class SeedSummary:
 
 
 def critical_path_bound(cfg: RolloutWorkload, specs: tuple[TrajectorySpec, ...], cost: RolloutCost) -> float:
-    degree = max(_valid_degrees(cfg, cost, sorted(set(cfg.mp_degrees) | {cfg.baseline_mp})))
+    degree = max(usable_degrees(cfg, cost))
     worst = 0.0
     for s in specs:
         t, ctx = 0.0, 0
@@ -83,7 +83,7 @@ def max_decode_rate(cfg: RolloutWorkload, cost: RolloutCost, gpus: int, n: int) 
     decoded at, together, on `gpus` GPUs split into workers of usable degrees, each worker
     running a batch up to the batch limit and its KV capacity, priced with no context (a
     real iteration reads its contexts too, so it is never cheaper)."""
-    degrees = _valid_degrees(cfg, cost, sorted(set(cfg.mp_degrees) | {cfg.baseline_mp}))
+    degrees = usable_degrees(cfg, cost)
     # best[g, s]: the largest rate of workers using g GPUs in all and s sequences in all
     best = np.full((gpus + 1, n + 1), -np.inf)
     best[0, 0] = 0.0
@@ -142,7 +142,7 @@ def work_bound(cfg: RolloutWorkload, specs: tuple[TrajectorySpec, ...], cost: Ro
     is the largest over lam in {0, 0.1, ..., 1} of the tokens' sum, plus every input token
     prefilled once (its FLOPs at the matmul rate and the smallest degree's efficiency).
     Tool calls, queueing and idle GPUs are left out."""
-    degrees = _valid_degrees(cfg, cost, sorted(set(cfg.mp_degrees) | {cfg.baseline_mp}))
+    degrees = usable_degrees(cfg, cost)
     n_c = context_counts(specs, cfg.max_context)
     kv_c = np.arange(len(n_c)) * cost.kv_bytes_per_token + cost.state_bytes_per_seq
     best_decode = 0.0

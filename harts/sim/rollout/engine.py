@@ -124,6 +124,12 @@ def _valid_degrees(cfg: RolloutWorkload, cost: RolloutCost, degrees) -> list[int
     return [d for d in degrees if d <= cost.gpus_per_node and cost.kv_capacity(d) >= need]
 
 
+def usable_degrees(cfg: RolloutWorkload, cost: RolloutCost) -> list[int]:
+    """The degrees any worker may have (adaptive layouts, merges, the bounds): the
+    adaptive ones and the baselines', within a node and holding one longest context."""
+    return _valid_degrees(cfg, cost, sorted(set(cfg.mp_degrees) | {cfg.baseline_mp}))
+
+
 class _Sim:
     def __init__(self, cfg: RolloutWorkload, policy: RolloutPolicy, gpus: int, specs, cost: RolloutCost):
         self.cfg, self.policy, self.cost = cfg, policy, cost
@@ -141,7 +147,7 @@ class _Sim:
         self.workers = self._plan()
         self.plan_seconds = time.perf_counter() - t0
         self.ws = [_W(w) for w in self.workers]
-        self.merge_degrees = set(_valid_degrees(cfg, cost, sorted(set(cfg.mp_degrees) | {cfg.baseline_mp})))
+        self.merge_degrees = set(usable_degrees(cfg, cost))
         self.merges = 0
         self.unfinished = len(self.tr)
         self.events: list[tuple] = []
@@ -184,7 +190,7 @@ class _Sim:
             return a, estimate_makespan(a, lengths, tools, contexts, lay, pr)
 
         if p.adaptive_mp:
-            allowed = _valid_degrees(cfg, cost, sorted(set(cfg.mp_degrees) | {base}))
+            allowed = usable_degrees(cfg, cost)
             rng = np.random.default_rng([cfg.seed, 7])
             layout = anneal_layout(self.gpus, layout, allowed, lambda lay: place(lay)[1], cfg.anneal_iterations, rng)
         workers = make_workers(layout, cost)

@@ -136,7 +136,10 @@ class RolloutCost:
 
     def decode_steps(self, batch: np.ndarray, context_tokens: np.ndarray, degree: int) -> np.ndarray:
         """`decode_step` elementwise over arrays of (possibly fractional) batches >= 1 and
-        context totals: what the planners price expected batches with."""
+        context totals: what the planners price expected batches with. The same formula
+        as `decode_step`, which stays scalar because the event loop calls it once per
+        chunk, where numpy's per-call overhead would cost more than the arithmetic (a test
+        checks that the two agree)."""
         b = np.asarray(batch, dtype=float)
         c = np.asarray(context_tokens, dtype=float)
         weights = self.dense_weight_bytes + self.routed_weight_bytes * self.touched_fraction(b)

@@ -148,7 +148,6 @@ class _Sim:
         self.plan_seconds = time.perf_counter() - t0
         self.ws = [_W(w) for w in self.workers]
         self.merge_degrees = set(usable_degrees(cfg, cost))
-        self.merges = 0
         self.unfinished = len(self.tr)
         self.events: list[tuple] = []
         self.seq = 0
@@ -457,7 +456,6 @@ class _Sim:
             self.prices.setdefault(2 * d, DecodePrice(self.cost, 2 * d, self.cfg.max_batch))
             w = merged = _W(info)
             self.ws.append(w)
-            self.merges += 1
         if merged is None:
             return
         for v in self.ws:
@@ -706,7 +704,6 @@ class _Sim:
             kv_peak_bytes=tuple(w.peak for w in self.ws),
             kv_samples=tuple(tuple(w.samples) for w in self.ws),
             plan_seconds=self.plan_seconds,
-            merges=self.merges,
         )
 
 

@@ -89,7 +89,12 @@ class RolloutResult:
     kv_peak_bytes: tuple[float, ...]  # per worker
     kv_samples: tuple[tuple[tuple[float, float], ...], ...] = field(repr=False, default=())  # per worker (t, used)
     plan_seconds: float = 0.0
-    merges: int = 0  # pairs of idle workers merged into one of twice the degree
+
+    @property
+    def merges(self) -> int:
+        """Pairs of idle workers merged into one of twice the degree during the step (a
+        merge happens at a chunk's end or a KV copy's, so its worker starts after 0)."""
+        return sum(1 for w in self.workers if w.start_s > 0.0)
 
     @property
     def initial_degrees(self) -> tuple[int, ...]:

@@ -107,6 +107,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         for n in names:
             _gantt_path(args, n, args.compare)
     specs = generate_trajectories(cfg)
+    bounds = _bounds(cfg, specs, args.gpus)
     rows = []
     for n in names:
         try:
@@ -128,7 +129,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
                 plot_rollout_gantt(res, tmp)
             row["gantt"] = str(target)
             say_wrote(target, args.json)
-        rows.append(row)
+        rows.append(row | {"makespan_bounds_s": bounds})
     best = max((r["throughput_tokens_per_s"] for r in rows if r["step_centric"]), default=0.0)
     for r in rows:
         r["speedup_vs_best_baseline"] = r["throughput_tokens_per_s"] / best if best > 0 else None
@@ -154,7 +155,24 @@ def cmd_rollout(args: argparse.Namespace) -> int:
             c += [f"{r['training_s']:.1f}", f"{r['step_s']:.1f}", f"{r['rollout_fraction']:.0%}"]
         cells.append(c)
     print(format_table(head, cells))
+    floor = max(bounds.values())
+    base = min((r["makespan_s"] for r in rows if r["step_centric"]), default=0.0)
+    print(f"\nno policy finishes before {floor:.1f} s on these trajectories (critical path {bounds['critical_path']:.1f}, "
+          f"tail set {bounds['tail_set']:.1f}, work {bounds['work']:.1f} s)"
+          + (f": at most {base / floor:.2f}x the best baseline" if len(rows) > 1 and base > 0 and floor > 0
+             else ""))
     return 0
+
+
+def _bounds(cfg: Any, specs: Any, gpus: int) -> dict[str, float]:
+    """The three makespans no schedule of these trajectories on `gpus` GPUs can beat
+    (`harts.sim.rollout.compare`): what any policy's makespan is measured against."""
+    from harts.sim.rollout.compare import critical_path_bound, tail_bound, work_bound
+    from harts.sim.rollout.cost import make_rollout_cost
+
+    cost = make_rollout_cost(cfg)
+    return {"critical_path": critical_path_bound(cfg, specs, cost), "tail_set": tail_bound(cfg, specs, cost, gpus),
+            "work": work_bound(cfg, specs, cost, gpus)}
 
 
 def res_json(res: Any) -> dict[str, Any]:

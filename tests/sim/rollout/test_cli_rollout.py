@@ -26,6 +26,9 @@ def test_json_shape(capsys):
     assert d["throughput_tokens_per_s"] > 0 and d["makespan_s"] > 0
     assert d["throughput_tokens_per_s"] == pytest.approx(d["generated_tokens"] / d["makespan_s"])
     assert sum(d["worker_degrees"]) == 8 and d["trajectories"] == 8
+    # the makespans no schedule can beat, reported beside the policy's own
+    assert set(d["makespan_bounds_s"]) == {"critical_path", "tail_set", "work"}
+    assert 0 < max(d["makespan_bounds_s"].values()) <= d["makespan_s"]
 
 
 def test_compare_gantt_and_end_to_end(capsys, tmp_path):
@@ -34,11 +37,13 @@ def test_compare_gantt_and_end_to_end(capsys, tmp_path):
     rows = json.loads(capsys.readouterr().out)
     assert [r["policy"] for r in rows][:4] == ["round-robin", "least-loaded", "cache-aware", "heddle"]
     assert max(r["speedup_vs_best_baseline"] for r in rows if r["step_centric"]) == pytest.approx(1.0)
+    assert len({json.dumps(r["makespan_bounds_s"]) for r in rows}) == 1  # one set of trajectories
     for r in rows:
+        assert max(r["makespan_bounds_s"].values()) <= r["makespan_s"]
         assert (tmp_path / f"g-{r['policy']}.png").stat().st_size > 1000
     assert run(["--policy", "cache-aware", "--workload", "tiny", "--gpus", "8", "--end-to-end"]) == 0
     out = capsys.readouterr().out
-    assert "training s" in out and "rollout share" in out
+    assert "training s" in out and "rollout share" in out and "no policy finishes before" in out
 
 
 @pytest.mark.parametrize("argv, msg", [

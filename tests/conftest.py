@@ -1,8 +1,27 @@
-"""Hypothesis profiles: `quick` for local runs (default), `ci` when CI=true."""
+"""Hypothesis profiles (`quick` for local runs, the default; `ci` when CI=true), and the
+parallel workers' size: pytest-xdist runs test files on `-n auto` workers (pyproject's
+addopts), here as many as the CPUs this process may use, at most 4, each with its share
+of them as threads."""
 
 import os
 
-from hypothesis import HealthCheck, settings
+
+def _cpus() -> int:
+    """CPUs this process may run on (its affinity where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if _WORKERS:
+    # before torch is imported (it sizes its thread pool from these) and inherited by every
+    # subprocess a test starts: workers x threads stays within the CPUs, since OpenMP's
+    # spinning threads slow everything down when they are oversubscribed (the suite took
+    # over twice as long on 2 workers x 2 threads as on 2 x 1, on 2 cores)
+    _share = str(max(1, _cpus() // _WORKERS))
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, _share)
+
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(
     "quick", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -22,3 +41,13 @@ def pytest_ignore_collect(collection_path, config):
     expr = (config.getoption("markexpr") or "").replace(" ", "")
     selected = "cuda" in expr and "notcuda" not in expr
     return None if selected else True
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: the CPUs this process may use, at most 4 (each worker holds a torch and
+    the distributed tests start 2-4 processes of their own); none (in-process) for the GPU
+    tests, which share one device."""
+    expr = (config.getoption("markexpr") or "").replace(" ", "")
+    if "cuda" in expr and "notcuda" not in expr:
+        return 0
+    return min(_cpus(), 4)

@@ -49,7 +49,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.optimize import nnls
 
 from harts.sim.hardware import attention_fwd_flops_per_pair_head
 from harts.sim.ops import ADAM_BYTES_PER_PARAM, OpCall, OpKind, Phase
@@ -269,6 +268,10 @@ def fit_profile(measurements: Iterable[Measurement], device: str = "") -> Calibr
         scale = np.abs(X[:, cols]).max(axis=0)
         scale[scale == 0] = 1.0
         A = (X[:, cols] / scale) / y[:, None]
+        # imported here, not at the top: scipy.optimize takes ~0.7 s to import, which every
+        # `harts` command (its parser imports harts.sim) would pay without fitting anything
+        from scipy.optimize import nnls
+
         sub, _ = nnls(A, np.ones_like(y))
         coef = np.zeros(len(names))
         coef[cols] = sub / scale

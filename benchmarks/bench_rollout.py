@@ -71,7 +71,7 @@ def bounds_only(cfg, args, seeds, overrides) -> int:
     """The critical-path, tail-set and work bounds of each seed (no policy simulated)."""
     import dataclasses
 
-    from harts.sim.rollout.compare import critical_path_bound, tail_bound, work_bound
+    from harts.sim.rollout.compare import makespan_bounds
     from harts.sim.rollout.cost import make_rollout_cost
     from harts.sim.rollout.workload import generate_trajectories
 
@@ -79,10 +79,9 @@ def bounds_only(cfg, args, seeds, overrides) -> int:
     rows = []
     for seed in seeds:
         c = dataclasses.replace(cfg, seed=seed)
-        specs = generate_trajectories(c)
-        rows.append({"seed": seed, "critical_path_s": critical_path_bound(c, specs, cost),
-                     "tail_bound_s": tail_bound(c, specs, cost, args.gpus),
-                     "work_bound_s": work_bound(c, specs, cost, args.gpus)})
+        b = makespan_bounds(c, generate_trajectories(c), cost, args.gpus)
+        rows.append({"seed": seed, "critical_path_s": b["critical_path"], "tail_bound_s": b["tail_set"],
+                     "work_bound_s": b["work"]})
     print(f"## Makespan bounds: {args.workload} {overrides or ''}, {cfg.model} on {args.gpus} x {cfg.hardware}\n")
     print("| seed | critical path s | tail-set bound s | work bound s |\n|---|---|---|---|")
     for r in rows:

@@ -38,16 +38,17 @@ def pytest_ignore_collect(collection_path, config):
     tests/exec/gpu still find triton unimported and run interpreted."""
     if collection_path.name != "cuda" or collection_path.parent.name != "tests":
         return None
+    return None if _cuda_selected(config) else True
+
+
+def _cuda_selected(config) -> bool:
+    """Whether the run's -m expression selects the `cuda` marker."""
     expr = (config.getoption("markexpr") or "").replace(" ", "")
-    selected = "cuda" in expr and "notcuda" not in expr
-    return None if selected else True
+    return "cuda" in expr and "notcuda" not in expr
 
 
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: the CPUs this process may use, at most 4 (each worker holds a torch and
     the distributed tests start 2-4 processes of their own); none (in-process) for the GPU
     tests, which share one device."""
-    expr = (config.getoption("markexpr") or "").replace(" ", "")
-    if "cuda" in expr and "notcuda" not in expr:
-        return 0
-    return min(_cpus(), 4)
+    return 0 if _cuda_selected(config) else min(_cpus(), 4)

@@ -107,7 +107,10 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         for n in names:
             _gantt_path(args, n, args.compare)
     specs = generate_trajectories(cfg)
-    bounds = _bounds(cfg, specs, args.gpus)
+    from harts.sim.rollout.compare import makespan_bounds
+    from harts.sim.rollout.cost import make_rollout_cost
+
+    bounds = makespan_bounds(cfg, specs, make_rollout_cost(cfg), args.gpus)
     rows = []
     for n in names:
         try:
@@ -162,17 +165,6 @@ def cmd_rollout(args: argparse.Namespace) -> int:
           + (f": at most {base / floor:.2f}x the best baseline" if len(rows) > 1 and base > 0 and floor > 0
              else ""))
     return 0
-
-
-def _bounds(cfg: Any, specs: Any, gpus: int) -> dict[str, float]:
-    """The three makespans no schedule of these trajectories on `gpus` GPUs can beat
-    (`harts.sim.rollout.compare`): what any policy's makespan is measured against."""
-    from harts.sim.rollout.compare import critical_path_bound, tail_bound, work_bound
-    from harts.sim.rollout.cost import make_rollout_cost
-
-    cost = make_rollout_cost(cfg)
-    return {"critical_path": critical_path_bound(cfg, specs, cost), "tail_set": tail_bound(cfg, specs, cost, gpus),
-            "work": work_bound(cfg, specs, cost, gpus)}
 
 
 def res_json(res: Any) -> dict[str, Any]:

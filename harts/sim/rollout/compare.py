@@ -166,6 +166,13 @@ def work_bound(cfg: RolloutWorkload, specs: tuple[TrajectorySpec, ...], cost: Ro
     return (best_decode + prefill) / gpus
 
 
+def makespan_bounds(cfg: RolloutWorkload, specs: tuple[TrajectorySpec, ...], cost: RolloutCost,
+                    gpus: int) -> dict[str, float]:
+    """The three makespans no schedule of `specs` on `gpus` GPUs can beat, by name."""
+    return {"critical_path": critical_path_bound(cfg, specs, cost), "tail_set": tail_bound(cfg, specs, cost, gpus),
+            "work": work_bound(cfg, specs, cost, gpus)}
+
+
 def compare(cfg: RolloutWorkload, gpus: int, seeds: tuple[int, ...], policies: tuple[str, ...] | None = None,
             baseline_mps: tuple[int, ...] | None = None, progress: Any = None) -> tuple[list[PolicyRun], list[SeedSummary]]:
     policies = tuple(policies or known_policies())
@@ -192,10 +199,9 @@ def compare(cfg: RolloutWorkload, gpus: int, seeds: tuple[int, ...], policies: t
         runs += mine
         base = [r for r in mine if r.step_centric]
         best = max(base, key=lambda r: r.throughput_tokens_per_s) if base else None
-        crit = critical_path_bound(c, specs, cost)
-        tail = tail_bound(c, specs, cost, gpus)
-        work = work_bound(c, specs, cost, gpus)
-        bound = max(crit, tail, work)
+        b = makespan_bounds(c, specs, cost, gpus)
+        crit, tail, work = b["critical_path"], b["tail_set"], b["work"]
+        bound = max(b.values())
         speed = {}
         for r in mine:
             if best and (not r.step_centric or r.baseline_mp == cfg.baseline_mp):

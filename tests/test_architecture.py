@@ -9,6 +9,7 @@ happens to import.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import networkx as nx
@@ -189,3 +190,31 @@ def test_no_test_folder_is_one_pytest_skips():
     hidden = [str(d.relative_to(tests)) for d in tests.rglob("*") if d.is_dir() and not d.name.startswith(".")
               and any(fnmatch.fnmatch(d.name, pat) for pat in skipped)]
     assert not hidden, hidden
+
+
+RESULT_PATH = re.compile(r"benchmarks/results/[A-Za-z0-9_.*<>/-]*")
+
+
+def _cited_result_paths() -> dict[str, set[str]]:
+    """Every `benchmarks/results/...` path cited in harts/, docs/, README.md and the
+    benchmarks' scripts, with the files citing it (`<topic>`-style templates skipped)."""
+    repo = ROOT.parent
+    files = [p for p in ROOT.rglob("*") if p.suffix in (".py", ".json", ".md") and p.is_file()]
+    files += sorted((repo / "docs").glob("*.md")) + [repo / "README.md"]
+    files += sorted((repo / "benchmarks").glob("*.py")) + sorted((repo / "benchmarks" / "gpu").glob("*.py"))
+    cited: dict[str, set[str]] = {}
+    for f in files:
+        for m in RESULT_PATH.finditer(f.read_text()):
+            path = m.group(0).rstrip(".,")
+            if "<" not in path:
+                cited.setdefault(path, set()).add(str(f.relative_to(repo)))
+    return cited
+
+
+def test_every_cited_result_file_exists():
+    repo = ROOT.parent
+    cited = _cited_result_paths()
+    assert len(cited) > 20  # the scan sees the citations
+    missing = {path: sorted(where) for path, where in cited.items()
+               if not (list(repo.glob(path)) if "*" in path else (repo / path).exists())}
+    assert not missing, missing

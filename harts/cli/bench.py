@@ -1,6 +1,6 @@
 """`harts bench`: update-step throughput, tree vs the non-tree baselines (packed expanded,
 prefix-merged expanded), on a CUDA device (prints a table, or with --json the runs as
-JSON; --out writes them in the `benchmarks/results/h200.json` run schema, with
+JSON; --out writes them in the run schema of `benchmarks/results/step/headline.json`, with
 provenance). The step is a built-in scheme, a workload preset (`--workload NAME --set
 key=value`) or the user's own rollouts (`--input rollouts.jsonl`)."""
 

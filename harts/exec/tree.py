@@ -685,8 +685,9 @@ class TreeContext:
         chunk = self.schedule.handoff == "chunk"
         # one split per tensor, not a slice per round: a slice's backward zero-fills a
         # gradient the size of the whole input and adds it to the others' (5 tensors x
-        # rounds x layers of them: 30 ms of a 1.32 s H200 tree step, s6d `opsites`); the
-        # split's backward is one cat
+        # rounds x layers of them: 30 ms of a 1.32 s H200 tree step,
+        # benchmarks/results/profile/2026-11-29-edc4f35-opsites.json); the split's
+        # backward is one cat
         sizes = [b - a for (a, b), *_ in self._rounds]
         parts = list(zip(*(x.split(sizes) for x in (q, k, v, g, beta)), strict=True)) if len(sizes) > 1 \
             else [(q, k, v, g, beta)]

@@ -5,7 +5,8 @@ sequence after sequence, replayed rows repeated) and reads the kept outputs back
 backward of advanced indexing zero-fills a source-sized gradient, then scatter-adds into
 it with a sort-based kernel, once per call; the round's gradients then add up as
 source-sized tensors. On the H200 that was 48 ms of the 1.43 s swe-treestep-1 tree step
-(`IndexBackward0`: fill, index_put, add; benchmarks/results/h200_session5/s5c).
+(`IndexBackward0`: fill, index_put, add;
+benchmarks/results/profile/2026-11-29-eda63d2-opsites.json).
 
 `RowGather` is built once per layout from the host index: the positions where each source
 row first occurs (a gather by their inverse when every source row occurs or at least half
@@ -54,7 +55,8 @@ class RowGather:
         # most source rows occur (a KDA round's outputs read back: all but the replayed rows'
         # second copies): the gradient still starts as a gather, and the few rows that never
         # occur are zeroed after (one pass, not a zero-fill, a gather and a scatter: the
-        # tree step's out-gather backward, 3.8 ms of fill and index_copy_ in s7c)
+        # tree step's out-gather backward, 3.8 ms of fill and index_copy_ in
+        # benchmarks/results/profile/2026-11-29-334d11c-opsites.json)
         self.mostly = bool(levels) and not self.covers_all and 2 * levels[0][0].size >= num_rows
         if self.covers_all or self.mostly:  # its gradient starts as a gather
             inverse = np.zeros(num_rows, dtype=np.int64)
@@ -71,7 +73,8 @@ class RowGather:
         for x in xs:
             if x.shape[0] != self.num_rows:
                 raise ValueError(f"gather over {self.num_rows} rows given a tensor of {x.shape[0]}")
-        if self.identity:  # no copy each way (the stepwise tree step's KDA rounds: ~5 ms, s7a)
+        if self.identity:  # no copy each way (the stepwise tree step's KDA rounds: ~5 ms,
+            # benchmarks/results/profile/2026-11-29-6799d3c-opsites.json)
             return tuple(xs)
         return _RowGatherFn.apply(self, *xs)
 

@@ -11,7 +11,7 @@ reads its sources and `base`, sums in fp32 in that order and writes `out` once i
 dtype. Deterministic, and it reads the bf16 source as it is: on the H200 tree step the
 ancestor keys' gradient scatter of the split attention (`attention.split`, 280k source rows
 of 16 x 192 onto 82k) was `index_add_` on float32 copies, 11.2 ms with its conversions'
-copies 6.3 ms more (benchmarks/results/h200_session6/s6e/sites).
+copies 6.3 ms more (benchmarks/results/profile/2026-11-29-edc4f35-opsites-2.json).
 
 `reference_gather_add` is the readable version (float64-capable, any device); CI checks
 the kernel against it under TRITON_INTERPRET=1.

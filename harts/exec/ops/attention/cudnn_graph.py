@@ -9,7 +9,8 @@ backward on any sequence longer than the head dim: it sizes cuDNN's dQ accumulat
 `query.size(2)`, which on the flat [T, H, D] layout is D (pytorch/pytorch#186142, fixed
 upstream after 2.11). So the split ran one dense cuDNN call per sequence, and on a layout of
 many short segments (small-treestep tiled to 32k: 39 segments, ~136 calls per forward and
-backward) the host spent 29 ms launching 9.5 ms of kernels (benchmarks/results/h200_session5).
+backward) the host spent 29 ms launching 9.5 ms of kernels
+(benchmarks/results/attention/2026-11-29-46fd948-attnvar.json).
 
 cuDNN's own frontend (`nvidia-cudnn-frontend`, the library torch vendors for these ops)
 builds the same fused flash-attention kernels from a graph whose dims and ragged offsets we
@@ -30,7 +31,8 @@ builds a graph per new bucket, not per step (a backward graph takes ~1 s to buil
 `GraphKernel.fwd_call` / `bwd_call` build (or fetch) a graph and its variant pack without
 running it (`GraphCall.run`); with `all_plans` every plan cuDNN offers is built, and
 `plan_table` times each (on the H200 the heuristic's choice was the fastest forward within
-3%, and the backward has a single plan: benchmarks/results/h200_session9/s9a).
+3%, and the backward has a single plan:
+benchmarks/results/attention/2026-11-30-3967089-attnplans.json).
 
 Host-only pieces (`ragged_metadata`, `padded_rows`, `bucket_len`, `bucket_batch`,
 `pad_batch`) are pure numpy and tested on CPU; the
@@ -59,7 +61,7 @@ def bucket_len(n: int) -> int:
     256 * 2^k * (1 + j/4) (j = 0..3) that holds n, so a training run's changing layouts
     share graphs (four bounds per octave; at most 25% over n, the rows past a sequence's
     length are masked). A new graph's backward takes ~1 s to build on the H200
-    (benchmarks/results/h200_session8/s8f), its forward ~50 ms."""
+    (benchmarks/results/attention/2026-11-30-3dbd850-graphbuild.json), its forward ~50 ms."""
     n = max(int(n), 1)
     base = S_ROUND
     while base * 2 < n:
@@ -74,7 +76,9 @@ def bucket_len(n: int) -> int:
 def bucket_batch(B: int) -> int:
     """A graph's sequence count for B sequences: a multiple of 8 up to 64, then the next
     of 64 * 2^k * {1, 1.5}; the batch is padded with empty sequences (zero rows: checked
-    against the reference on the H200, s8f, and in every kernel's self-check)."""
+    against the reference on the H200,
+    benchmarks/results/attention/2026-11-30-3dbd850-graphbuild.json, and in every kernel's
+    self-check)."""
     B = max(int(B), 1)
     if B <= 64:
         return -(-B // 8) * 8

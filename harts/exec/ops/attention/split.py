@@ -7,8 +7,8 @@ are the last rows of its key sequence). torch's flash varlen kernel has that, bu
 one head dim for q, k and v, so MLA's values (128) are padded to the qk dim (192). cuDNN's
 SDPA takes 192 / 128 as they are and is the fastest attention on the H200 at this shape
 (causal 32k x 16 heads: 39 ms forward+backward against 61 ms with padded values and 82 ms
-for flash varlen; benchmarks/results/h200_session3/), but its varlen entry aligns causal
-masks top-left. So split each query segment (see `varlen.segments_of`) into
+for flash varlen; benchmarks/results/attention/2026-11-29-9006abf-attnprobe.json), but its
+varlen entry aligns causal masks top-left. So split each query segment (see `varlen.segments_of`) into
 
   part A: its n queries x the a rows of its ancestor path, no mask (a rectangle);
   part B: its n queries x its own n rows, causal (a square, where top-left and
@@ -38,7 +38,8 @@ against the dense ancestor mask. `cudnn_kernel()` (default variant "dense-stride
 torch's private `_scaled_dot_product_cudnn_attention` and its backward once per sequence,
 the kernel `scaled_dot_product_attention` itself picks, on [1, H, n, D] views of the rows
 (variant "dense" copies them first: on the H200 the views took a whole SWE tree from 1.33x
-to 1.25x causal SDPA's time per pair, benchmarks/results/h200_session5/); sequences under
+to 1.25x causal SDPA's time per pair,
+benchmarks/results/attention/2026-11-29-46fd948-attnvar.json); sequences under
 `MIN_CUDNN_ROWS` take the reference's math. Variant "ragged" (`_cudnn_attention_forward`
 with cumulative lengths, one call for all sequences) is kept for when torch fixes it: on
 torch 2.11 / the H200 its backward is wrong on any sequence longer than the head dim
@@ -532,7 +533,8 @@ def path_split_attention(q_CHD: Tensor, k_LHD: Tensor, v_LHE: Tensor, scale: flo
     Why: a query's keys in that forward are exactly its trajectory's prefix, in order, from
     position 0, so a kernel whose per-row arithmetic depends only on the key sequence gives
     the bits the expanded baseline gets running the same kernel over the trajectory (on the
-    H200: every row identical with cuDNN's graph kernel, benchmarks/results/h200_session8/),
+    H200: every row identical with cuDNN's graph kernel,
+    benchmarks/results/attention/2026-11-30-dfa084a-attnbits.json),
     while the split's merge of two partial softmaxes cannot. The backward needs no such
     property (gradients of shared rows sum over branches in any case), and the split's is
     the cheaper one where segments are long (no gathered-key gradients to scatter).

@@ -22,12 +22,13 @@ g[t] and db = sum_t g (added up afterwards, a fixed order); a second reads dx as
 through the window's inverse (`window_inverse`: for each row, the (row, column) pairs that
 read it, a fork's last rows having one per branch), dx[t] = sum weight[:, j] * g[r] in a
 fixed order. The first version scattered all three with fp32 atomic adds; in the H200
-step profile (s5f) that backward took 5.8 ms a call at 2048 channels, 103.7 ms of the
-1.40 s tree step and 460 ms of the 5.26 s expanded one, against 0.28 ms for the forward.
+step profile (benchmarks/results/profile/2026-11-29-4a66155-profile.json) that backward
+took 5.8 ms a call at 2048 channels, 103.7 ms of the 1.40 s tree step and 460 ms of the
+5.26 s expanded one, against 0.28 ms for the forward.
 
 The default on CUDA (harts.exec.backend.conv_impl; `KernelConfig(conv="reference")` switches back):
 on the H200 at 82k rows x 2048 channels, bf16, 0.32 vs 3.4 ms forward and 6.7 vs 11.2 ms
-forward+backward against the gather form (benchmarks/results/h200_session3/conv.json).
+forward+backward against the gather form (benchmarks/results/conv/2026-11-29-9006abf-conv.json).
 CI checks it under TRITON_INTERPRET=1 against the reference.
 """
 
@@ -176,7 +177,8 @@ def _tiles(D: int) -> tuple[int, int]:
 def _bwd_tiles(D: int, tiles: tuple[int, ...] | None = None) -> tuple[int, int, int, int, int, int]:
     """(BD, BT and row tiles per program and warps of the g kernel, BT and warps of the dx
     kernel); `tiles` (`KernelConfig.conv_bwd_tiles`) overrides. The default is the fastest of 17 tile sets
-    on the H200 at 82k rows x 2048 channels (s6d `convtiles`: 1.89 ms per backward against
+    on the H200 at 82k rows x 2048 channels
+    (benchmarks/results/conv/2026-11-29-edc4f35-convtiles.json: 1.89 ms per backward against
     2.28 for 128-channel, 32-row tiles of 4 warps; dx's bits do not depend on the tiles)."""
     pow2 = max(16, triton.next_power_of_2(D))
     if tiles is not None:

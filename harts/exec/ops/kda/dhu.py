@@ -105,7 +105,7 @@ def value_block(num_seqs: int, heads: int, v_dim: int, sms: int | None) -> int:
     SM (>= 0.9 x sms programs), 64 when the SM count is unknown. Each program walks all its
     sequence's chunks in turn, so a round of a few long sequences (a tree's root chain)
     with 64-wide blocks leaves most SMs idle. Measured on the H200 (132 SMs; H = 16, K = V
-    = 128, ms for BV 64 / 32 / 16; benchmarks/results/h200_session5/s5c/dhu): one 38.7k
+    = 128, ms for BV 64 / 32 / 16; benchmarks/results/kda/2026-11-29-eda63d2-dhubv.json): one 38.7k
     sequence 2.30 / 1.77 / 1.64, two 1.87 / 1.45 / 1.67, three 1.57 / 1.21 / 1.41, sixteen
     of 2k 0.64 / 0.85 / 1.26 (fla's own kernel: 1.77, 1.64, 1.55, -); earlier, BV 64 beat 32
     at 16 and 64 sequences of the replay path (1.169-1.19x fla against 1.179-1.23x)."""

@@ -78,9 +78,9 @@ def fwd_h_config(num_seqs: int, heads: int, v_dim: int, sms: int | None,
     one sequence with fla's BV 32. There a smaller value block (which fla's configs lack)
     gives more programs. Measured on the H200 (132 SMs; H = 16, K = V = 128; ms for fla's
     launch under --no-autotune (BV 32, 2 warps, 2 stages) / BV 16, 4 warps, 3 stages / the
-    best config; benchmarks/results/h200_session6/s6a/fwdh): one 38.7k sequence 1.79 / 1.10
-    / 1.10, two 1.47 / 0.91 / 0.91, three 1.31 / 0.86 / 0.85 (BV 32, 4, 3); at sixteen of 2k
-    fla's own configs hold the best (BV 64, 4 warps, 2 stages: 0.38), so rounds of more
+    best config; benchmarks/results/kda/2026-11-29-f03a66c-fwdhbv.json): one 38.7k sequence
+    1.79 / 1.10 / 1.10, two 1.47 / 0.91 / 0.91, three 1.31 / 0.86 / 0.85 (BV 32, 4, 3); at
+    sixteen of 2k fla's own configs hold the best (BV 64, 4 warps, 2 stages: 0.38), so rounds of more
     than `kernels.kda_fwd_h_programs_per_sm` x sms programs at BV 32 keep fla's launch, as
     the expanded baseline does. `kernels.kda_fwd_h` overrides ("fla" or "BV,warps,stages")."""
     launch = kernels.kda_fwd_h_launch
@@ -344,7 +344,8 @@ def chunk_kda_fast(
         # forward state kernel runs at the narrow value block (`fwd_h_config`) and whose
         # state backward at `dhu.value_block`, where fla's launches leave half the SMs
         # idle (the stepwise tree step's fwd_h took 17.5 ms against 4.7 for its share of
-        # the expanded step's, s7a); no states selected
+        # the expanded step's, benchmarks/results/profile/2026-11-29-6799d3c-profile.json);
+        # no states selected
         ix = ix if ix is not None else boundary_index(cu_host.numpy(), chunk_size)
         none = np.zeros(0, np.int64)
         o, final, _ = _ChunkKDAStates.apply(

@@ -6,7 +6,9 @@
 The page is self-contained (tables inline, PNG plots embedded as base64, no scripts), so
 it opens from disk without a server and can be mailed or archived with a paper draft.
 Paper columns are shaded grey, ours are in blue; every section names the run, its
-config, its git commit and when it ran.
+config, its git commit and when it ran, and a study run on its tiny config says above its
+tables that those numbers are not comparable with the paper's beside them. Bar axes start
+at 0.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ caption { caption-side: top; text-align: left; font-weight: 600; padding-bottom:
 img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
 .missing { color: #a33; } nav a { margin-right: 1em; } code { background: #f5f5f5; padding: 0 0.2em; }
 .legend span { padding: 0 0.4em; margin-right: 0.6em; }
+.caveat { color: #8a5a00; background: #fff6e0; padding: 0.3em 0.6em; font-size: 0.85em; }
 """
 
 
@@ -155,6 +158,8 @@ def render_html(runs: dict[str, Any], order: list[str], uri: str) -> str:
             + (f", commit <code>{_e(commit[:10])}</code>{_e(dirty)}" if commit else "") + "</div>"
         )
         tables = _tables(run.files)
+        if run.tags.get("harts.config") == "tiny" and any(_has_paper(t) for t in tables):
+            parts.append(f'<p class="caveat">{_e(TINY_CAVEAT)}</p>')
         if not tables:
             parts.append('<p class="missing">this run has no table artifact</p>')
         parts += [render_table(t) for t in tables]
@@ -209,6 +214,18 @@ def _plot_order(files: dict[str, bytes]) -> list[str]:
         listed = [p for p in json.loads(files["figures.json"]) if p in files]
         return listed + [p for p in pngs if p not in listed]
     return pngs
+
+
+# one line above a study measured on its tiny config whose tables put the paper's numbers beside it
+TINY_CAVEAT = ("Caveat: measured on the study's tiny config (a far smaller workload, fewer steps and GPUs "
+               "than the paper's, seconds to run); these numbers beside the paper's are a smoke test of the "
+               "pipeline, not a comparison with the paper's results.")
+
+
+def _has_paper(table: dict[str, Any]) -> bool:
+    """Whether a table puts paper numbers beside ours (a paper column or a paper row)."""
+    return (any(c.get("kind") == "paper" for c in table.get("columns", ()))
+            or "paper" in (table.get("row_kinds") or ()))
 
 
 def _tables(files: dict[str, bytes]) -> list[dict[str, Any]]:

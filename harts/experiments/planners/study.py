@@ -125,8 +125,9 @@ def _plot(rows: list[dict], cfg: PlannersConfig) -> bytes:
         ax.set_title(title, fontsize=10)
         ax.grid(axis="y", linestyle=":", linewidth=0.5)
         if ours == "b":
-            lo = min([v for r in rows for v in (r["b"], r["paper_b"]) if v] or [0.5]) * 100
-            ax.set_ylim(max(0.0, lo - 5), 100.5)
+            ax.set_ylim(0.0, 100.5)  # bars from 0: a cut axis would exaggerate the gaps
+        else:
+            ax.set_ylim(bottom=0.0)
     axes[0].legend(fontsize=8, loc="upper center", bbox_to_anchor=(1.7, -0.1), ncol=len(series), frameon=False)
     fig.suptitle("Planners: paper (Table 4) vs ours", fontsize=11)
     return png(fig)

@@ -97,6 +97,7 @@ def _plot(rows: list[dict]) -> bytes:
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([r["policy"] for r in rows], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("rollout throughput / best baseline")
+    ax.set_ylim(bottom=0.0)
     ax.grid(axis="y", linestyle=":", linewidth=0.5)
     return png(fig)
 

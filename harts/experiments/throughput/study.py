@@ -214,6 +214,7 @@ def _plot(rows: list[dict], cfg: ThroughputConfig) -> bytes:
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([r["case"] for r in rows], fontsize=8)
     ax.set_ylabel("speedup over expanded baseline (x)")
+    ax.set_ylim(bottom=0.0)
     ax.set_title("Update throughput vs trajectory-expanded training (simulated)", fontsize=10)
     ax.grid(axis="y", linestyle=":", linewidth=0.5)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=n + 1, frameon=False)

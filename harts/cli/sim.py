@@ -209,10 +209,21 @@ def cmd_sim(args: argparse.Namespace) -> int:
     else:
         for k, v in out.items():
             if k not in ("busy_seconds_by_kind", "trace", "gantt", "schedule_file"):
-                print(f"{k.replace('_', ' '):24s} {human(k, v)}")
+                print(f"{label(k):24s} {human(k, v)}")
     for path in written:
         say_wrote(path, args.json)
     return 0
+
+
+def label(key: str) -> str:
+    """A result field's name as the table prints it: the JSON key without its unit suffix
+    (`peak_memory_bytes` -> "peak memory"; `human` prints the unit beside the value)."""
+    return key.removesuffix("_bytes").replace("_", " ")
+
+
+def gib(nbytes: float) -> str:
+    """Bytes in GiB (2**30), one decimal: how `harts sim` and `harts sim sweep` print memory."""
+    return f"{nbytes / 2**30:,.1f}"
 
 
 def human(key: str, value: Any) -> str:
@@ -224,8 +235,8 @@ def human(key: str, value: Any) -> str:
         return str(value)
     if key == "throughput":
         return f"{_sig3(value / 1e3)} k tok/s"
-    if key.endswith("_bytes") or (key.endswith("_per_stage") and "memory" in key):
-        return f"{value / 2**30:,.1f} GiB"
+    if key.endswith("_bytes"):
+        return f"{gib(value)} GiB"
     if key.endswith("_seconds"):
         return f"{_sig3(value)} s"
     if key.endswith("_fraction"):
@@ -304,19 +315,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(f"model {meta['model']}, {args.gpus} GPUs ({meta['parallel']}), {meta['hardware']}, "
           f"{meta['cost_model']} cost model, schedule {default_schedule}")
     print(format_table(
-        ["workload", "planner", "mbs", "compression", "step s", "k tok/s", "speedup", "bubble %", "peak GB", "plan s"],
+        ["workload", "planner", "mbs", "compression", "step s", "k tok/s", "speedup", "bubble %", "peak memory GiB",
+         "plan s"],
         [[r["workload"], r["planner"], r["microbatches"], round(r["compression"], 3), round(r["step_seconds"], 3),
           round(r["throughput"] / 1e3, 1),
           "-" if r["speedup_vs_expanded"] is None else f"{r['speedup_vs_expanded']:.2f}x",
-          round(100 * r["bubble_fraction"], 1), round(r["peak_memory_bytes"] / 1e9, 1), round(r["plan_seconds"], 3)]
+          round(100 * r["bubble_fraction"], 1), gib(r["peak_memory_bytes"]), round(r["plan_seconds"], 3)]
          for r in rows],
     ))
     print()
     print(f"pipeline schedules ({sched_planner})")
     print(format_table(
-        ["workload", "schedule", "step s", "k tok/s", "bubble %", "peak GB", "ep lockstep"],
+        ["workload", "schedule", "step s", "k tok/s", "bubble %", "peak memory GiB", "ep lockstep"],
         [[r["workload"], r["schedule"], round(r["step_seconds"], 3), round(r["throughput"] / 1e3, 1),
-          round(100 * r["bubble_fraction"], 1), round(r["peak_memory_bytes"] / 1e9, 1), str(r["ep_lockstep"])]
+          round(100 * r["bubble_fraction"], 1), gib(r["peak_memory_bytes"]), str(r["ep_lockstep"])]
          for r in sched_rows],
     ))
     if gantts:

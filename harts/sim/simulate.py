@@ -207,7 +207,7 @@ class SimResult:
             "step_seconds": self.step_seconds,
             "bubble_fraction": self.bubble_fraction,
             "peak_memory_bytes": self.peak_memory_bytes,
-            "peak_memory_per_stage": list(self.peak_memory_per_stage),
+            "peak_memory_per_stage_bytes": list(self.peak_memory_per_stage),
             "hbm_capacity_bytes": self.hbm_capacity_bytes,
             "fits_memory": self.fits_memory,
             "critical_path_seconds": self.critical_path_seconds,

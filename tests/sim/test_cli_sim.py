@@ -82,7 +82,7 @@ def test_sim_table_has_units_and_rounding(capsys):
     assert code == 0
     lines = {line[:24].strip(): line[24:].strip() for line in out.splitlines()}
     assert lines["throughput"].endswith(" k tok/s") and lines["step seconds"].endswith(" s")
-    assert lines["peak memory bytes"].endswith(" GiB") and lines["bubble fraction"].endswith("%")
+    assert lines["peak memory"].endswith(" GiB") and lines["bubble fraction"].endswith("%")
     assert lines["compression"].endswith("x")
     number = lines["step seconds"].removesuffix(" s")
     assert len(number.replace(".", "").replace(",", "").lstrip("0")) == 3  # 3 significant digits
@@ -90,4 +90,39 @@ def test_sim_table_has_units_and_rounding(capsys):
                                 "--gpus", "1", "--json"])
     d = json.loads(out)
     assert f"{d['step_seconds']:.3g}" == f"{float(number):.3g}"
-    assert f"{d['peak_memory_bytes'] / 2**30:,.1f} GiB" == lines["peak memory bytes"]
+    assert f"{d['peak_memory_bytes'] / 2**30:,.1f} GiB" == lines["peak memory"]
+
+
+def _first_row(text: str, header_line: int = 1) -> dict[str, str]:
+    """The first row of a `format_table` table whose header is line `header_line` of `text`."""
+    import re
+
+    lines = text.splitlines()
+    head = re.split(r"\s{2,}", lines[header_line].strip())
+    return dict(zip(head, re.split(r"\s{2,}", lines[header_line + 2].strip()), strict=True))
+
+
+def test_sim_and_sweep_print_peak_memory_alike(capsys):
+    """The same step's peak memory: one label, one unit (GiB) and one number in both
+    commands; the JSON keeps bytes under keys ending in `_bytes`."""
+    case = ["--workload", "tiny-treestep", "--model", "tiny", "--gpus", "2", "--pp", "2", "--microbatch-tokens", "4096"]
+    code, out, _ = run(capsys, ["sim", *case, "--planner", "l1", "--schedule", "consumer-1f1b"])
+    assert code == 0
+    lines = {line[:24].strip(): line[24:].strip() for line in out.splitlines()}
+    assert "peak memory bytes" not in lines and "peak memory per stage" in lines
+    single = lines["peak memory"]
+    code, out, _ = run(capsys, ["sim", "sweep", *case, "--planners", "l1", "--schedules", "consumer-1f1b",
+                                "--schedule-planner", "l1"])
+    assert code == 0 and "GB" not in out.replace("GiB", "")
+    row = _first_row(out)
+    assert single == f"{row['peak memory GiB']} GiB"
+    code, out, _ = run(capsys, ["sim", *case, "--planner", "l1", "--schedule", "consumer-1f1b", "--json"])
+    d = json.loads(out)
+    assert single == f"{d['peak_memory_bytes'] / 2**30:,.1f} GiB"
+    assert max(d["peak_memory_per_stage_bytes"]) == d["peak_memory_bytes"]
+    sizes = [k for k, v in d.items() if ("memory" in k or "capacity" in k) and not isinstance(v, bool)]
+    assert sizes and all(k.endswith("_bytes") for k in sizes), sizes
+    code, out, _ = run(capsys, ["sim", "sweep", *case, "--planners", "l1", "--schedules", "consumer-1f1b",
+                                "--schedule-planner", "l1", "--json"])
+    rows = json.loads(out)["planners"]
+    assert rows[0]["peak_memory_bytes"] == d["peak_memory_bytes"]

@@ -22,20 +22,22 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 from transformers import KimiLinearConfig, KimiLinearForCausalLM  # noqa: E402
-from transformers.models.kimi_linear import modeling_kimi_linear  # noqa: E402
 
 from harts.cli.main import main  # noqa: E402
 from harts.models import load, save  # noqa: E402
 from harts.models.hf.io import read_checkpoint  # noqa: E402
 from harts.tree import Trajectory  # noqa: E402
 from harts.tree.io import save_jsonl  # noqa: E402
-from tests.models.hf_float64 import float64_reference  # noqa: E402
+from tests.models.float64_reference import float64_module, torch_only_modeling  # noqa: E402
+
+# the reference: transformers' modeling code on its pure-torch KDA and convolution
+modeling_kimi_linear = torch_only_modeling("transformers.models.kimi_linear.modeling_kimi_linear")
 
 VOCAB = 96
 CHUNK = 64  # the model's KDA chunk size (ModelConfig.chunk_size of a kimi_linear checkpoint)
 
 
-def _hf_model(**over) -> KimiLinearForCausalLM:
+def _hf_model(**over):
     kw = dict(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=40, moe_intermediate_size=12,
         num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=16, q_lora_rank=12,
@@ -47,7 +49,7 @@ def _hf_model(**over) -> KimiLinearForCausalLM:
     )
     kw.update(over)
     torch.manual_seed(0)
-    model = KimiLinearForCausalLM(KimiLinearConfig(**kw)).to(torch.float64).eval()
+    model = modeling_kimi_linear.KimiLinearForCausalLM(KimiLinearConfig(**kw)).to(torch.float64).eval()
     with torch.no_grad():  # off the trivial init: correction biases and norm weights matter
         for m in model.modules():
             if isinstance(m, modeling_kimi_linear.KimiLinearTopkRouter):
@@ -84,7 +86,7 @@ def _trajectories(seed: int = 0) -> list[Trajectory]:
 
 
 @pytest.fixture(scope="module")
-def hf_model() -> KimiLinearForCausalLM:
+def hf_model():
     return _hf_model()
 
 
@@ -103,9 +105,9 @@ def rollouts(tmp_path_factory) -> tuple[Path, list[Trajectory]]:
     return path, trajs
 
 
-def _reference(model: KimiLinearForCausalLM, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _reference(model, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """transformers' per-trajectory forward: (log-prob of token p from the logits at p-1, entropy)."""
-    with torch.no_grad(), float64_reference(modeling_kimi_linear):
+    with torch.no_grad(), float64_module(modeling_kimi_linear):
         logits = model(torch.as_tensor(tokens)[None]).logits[0]
     logp = torch.log_softmax(logits, dim=-1)
     lp = logp[:-1].gather(1, torch.as_tensor(tokens[1:])[:, None])[:, 0]

@@ -13,17 +13,13 @@ from harts.config.models import ConfigError, FFNKind, parameter_counts
 from harts.exec.model import PackedContext
 from harts.exec.model.model import HybridModel
 from harts.models.hf import qwen3_5, qwen3_5_moe
-from tests.models.float64_reference import float64_module
+from tests.models.float64_reference import float64_module, torch_only_modeling
 
 transformers = pytest.importorskip("transformers")
-from transformers import (  # noqa: E402
-    Qwen3_5ForCausalLM,
-    Qwen3_5MoeForCausalLM,
-    Qwen3_5MoeTextConfig,
-    Qwen3_5TextConfig,
-)
-from transformers.models.qwen3_5 import modeling_qwen3_5 as M5  # noqa: E402
-from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as M5moe  # noqa: E402
+from transformers import Qwen3_5MoeTextConfig, Qwen3_5TextConfig  # noqa: E402
+
+M5 = torch_only_modeling("transformers.models.qwen3_5.modeling_qwen3_5")
+M5moe = torch_only_modeling("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
 
 COMMON = dict(
     vocab_size=53, hidden_size=24, intermediate_size=36, num_hidden_layers=3,
@@ -36,8 +32,8 @@ COMMON = dict(
 )
 MOE = dict(moe_intermediate_size=10, shared_expert_intermediate_size=14, num_experts_per_tok=2, num_experts=4)
 CASES = {
-    "dense": (Qwen3_5TextConfig, Qwen3_5ForCausalLM, M5, qwen3_5.ADAPTER, {}),
-    "moe": (Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM, M5moe, qwen3_5_moe.ADAPTER, MOE),
+    "dense": (Qwen3_5TextConfig, M5.Qwen3_5ForCausalLM, M5, qwen3_5.ADAPTER, {}),
+    "moe": (Qwen3_5MoeTextConfig, M5moe.Qwen3_5MoeForCausalLM, M5moe, qwen3_5_moe.ADAPTER, MOE),
 }
 
 
@@ -55,21 +51,16 @@ def case(request):
     cfg = config_cls(**COMMON, **extra)
     cfg._attn_implementation = "eager"
     cfg._experts_implementation = "eager"
-    saved = module.torch_chunk_gated_delta_rule
-    module.torch_chunk_gated_delta_rule = saved.__wrapped__  # the pure-torch fallback
-    try:
-        with float64_module(module):
-            torch.manual_seed(1)
-            model = model_cls(cfg).to(torch.float64).eval()
-            with torch.no_grad():
-                for name, p in model.named_parameters():
-                    if "norm" in name or name.endswith(("dt_bias", "A_log")):
-                        p.add_(0.1 * torch.randn_like(p))
-                    if name.endswith("mlp.gate.weight"):
-                        p.normal_(0.0, 0.5)
-            yield request.param, model, adapter
-    finally:
-        module.torch_chunk_gated_delta_rule = saved
+    with float64_module(module):  # transformers' pure-torch GDN and convolution, in float64
+        torch.manual_seed(1)
+        model = model_cls(cfg).to(torch.float64).eval()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name or name.endswith(("dt_bias", "A_log")):
+                    p.add_(0.1 * torch.randn_like(p))
+                if name.endswith("mlp.gate.weight"):
+                    p.normal_(0.0, 0.5)
+        yield request.param, model, adapter
 
 
 def test_logprobs_equal_transformers_and_round_trip_is_exact(case):

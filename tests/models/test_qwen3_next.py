@@ -11,7 +11,8 @@ heads), converted by the adapter.
 
 transformers' Qwen3-Next casts to float32 inside (norms, router softmax, the GDN kernel,
 RoPE frequencies); `float64_module` keeps those in float64 without touching its algorithm,
-and its GDN runs its pure-torch chunked fallback (fla's kernel needs a GPU).
+and the model comes from `torch_only_modeling`'s copy of its modeling module, whose GDN and
+convolution are transformers' pure-torch functions (fla's kernels compute in float32).
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ from harts.exec.tree_trainer import TreeTrainer
 from harts.models.hf.qwen3_next import ADAPTER
 from harts.tree.trajectory import Trajectory
 from harts.verify.equivalence import compare_steps
-from tests.models.float64_reference import float64_module
+from tests.models.float64_reference import float64_module, torch_only_modeling
 
 transformers = pytest.importorskip("transformers")
-from transformers import Qwen3NextConfig, Qwen3NextForCausalLM  # noqa: E402
-from transformers.models.qwen3_next import modeling_qwen3_next as M  # noqa: E402
+from transformers import Qwen3NextConfig  # noqa: E402
+
+M = torch_only_modeling("transformers.models.qwen3_next.modeling_qwen3_next")
 
 CHUNK = 8  # HARTS chunk size for the tree tests (forks placed around it)
 
@@ -62,23 +64,18 @@ def hf_model():
     cfg = Qwen3NextConfig(**HF_CONFIG)
     cfg._attn_implementation = "eager"
     cfg._experts_implementation = "eager"  # the per-expert loop (grouped_mm takes no float64)
-    saved = M.torch_chunk_gated_delta_rule
-    M.torch_chunk_gated_delta_rule = saved.__wrapped__
-    try:
-        with float64_module(M):
-            torch.manual_seed(0)
-            model = Qwen3NextForCausalLM(cfg).to(torch.float64).eval()
-            with torch.no_grad():  # non-trivial norm offsets, A_log, dt_bias
-                for name, p in model.named_parameters():
-                    if "norm" in name or name.endswith(("dt_bias", "A_log")):
-                        p.add_(0.1 * torch.randn_like(p))
-                # the MoE router is zero-initialised; spread its scores
-                for name, p in model.named_parameters():
-                    if name.endswith("mlp.gate.weight"):
-                        p.normal_(0.0, 0.5)
-            yield model
-    finally:
-        M.torch_chunk_gated_delta_rule = saved
+    with float64_module(M):
+        torch.manual_seed(0)
+        model = M.Qwen3NextForCausalLM(cfg).to(torch.float64).eval()
+        with torch.no_grad():  # non-trivial norm offsets, A_log, dt_bias
+            for name, p in model.named_parameters():
+                if "norm" in name or name.endswith(("dt_bias", "A_log")):
+                    p.add_(0.1 * torch.randn_like(p))
+            # the MoE router is zero-initialised; spread its scores
+            for name, p in model.named_parameters():
+                if name.endswith("mlp.gate.weight"):
+                    p.normal_(0.0, 0.5)
+        yield model
 
 
 def _hf_logprobs(hf_model, tokens: np.ndarray) -> np.ndarray:

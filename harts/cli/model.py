@@ -26,6 +26,7 @@ def cmd_params(args: argparse.Namespace) -> int:
         ModelName,
         get_model_config,
         known_models,
+        layer_ratio,
         parameter_counts,
     )
 
@@ -48,8 +49,9 @@ def cmd_params(args: argparse.Namespace) -> int:
             "table1_total": None if paper is None else int(paper[0] * 1e9),
             "table1_active": None if paper is None else int(paper[1] * 1e9),
             "layers": config.num_layers,
-            "kda_mla": (f"{config.kda_per_mla}:1" if config.layer_kind_list is None
-                        else f"{config.num_kda_layers}:{config.num_mla_layers}"),
+            "layer_ratio": layer_ratio(config),  # by the model's own kinds: "KDA:MLA 3:1", "GDN:attn 3:1"
+            "layer_kinds": {k.value: n for k in dict.fromkeys(config.layer_kinds)
+                            if (n := config.num_layers_of(k))},
             "experts_topk": f"{config.num_experts}/{config.top_k}",
             "by_component": counts.by_component,
         })
@@ -66,12 +68,12 @@ def cmd_params(args: argparse.Namespace) -> int:
         return "-" if paper is None else f"{100 * (ours / paper - 1):+.1f}%"
 
     rows = [
-        (r["model"], r["layers"], r["kda_mla"], r["experts_topk"],
+        (r["model"], r["layers"], r["layer_ratio"], r["experts_topk"],
          billions(r["total"]), billions(r["table1_total"]), diff(r["total"], r["table1_total"]),
          billions(r["active"]), billions(r["table1_active"]), diff(r["active"], r["table1_active"]))
         for r in records
     ]
-    headers = ["model", "layers", "KDA:MLA", "experts/top-k", "total", "Table 1", "diff",
+    headers = ["model", "layers", "layer kinds", "experts/top-k", "total", "Table 1", "diff",
                "active", "Table 1", "diff"]
     print(format_table(headers, rows))
     return 0

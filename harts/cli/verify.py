@@ -168,8 +168,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
                                                      ("baseline repacked", "expanded_repacked"))
              if key in report]
     blank = lambda r, key: "-" if r is None else r[key]  # noqa: E731
+    linear = report.get("linear_attention") or "linear-attention"  # the rows' layer kind: KDA, GDN
     rows = [
-        ("KDA rounds (most in a microbatch)", report["rounds"], nr["rounds"], *("-" for _ in extra)),
+        (f"{linear} rounds (most in a microbatch)", report["rounds"], nr["rounds"], *("-" for _ in extra)),
         ("replay tokens", report["replay_tokens"], nr["replay_tokens"], *("-" for _ in extra)),
     ]
     for key in ("max_rel_logprob_err", "rms_rel_logprob_err", "max_rel_entropy_err", "max_rel_grad_err",
@@ -178,10 +179,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     rows.append(("loss abs err", report["loss_abs_err"]["loss"], nr["loss_abs_err"]["loss"],
                  *("-" if r is None else r["loss_abs_err"]["loss"] for _, r in extra)))
     kda = report["kda_layer"]
+    checked = report.get("kda_layer_kind") or linear  # the first linear-attention layer's kind
     if kda:
-        rows.append(("KDA layer bit-identical", str(kda["replay"]["bit_identical"]), str(kda["node"]["bit_identical"]),
+        rows.append((f"{checked} layer bit-identical", str(kda["replay"]["bit_identical"]), str(kda["node"]["bit_identical"]),
                      *("-" for _ in extra)))
-        rows.append(("KDA layer max abs err", kda["replay"]["max_abs_err"], kda["node"]["max_abs_err"],
+        rows.append((f"{checked} layer max abs err", kda["replay"]["max_abs_err"], kda["node"]["max_abs_err"],
                      *("-" for _ in extra)))
     print(format_table(["vs expanded", "tree (replay)", "no replay", *(label for label, _ in extra)], rows))
     if any(r is None for _, r in extra):

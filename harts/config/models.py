@@ -19,6 +19,7 @@ E = routed experts, k = top-k, f = FFN hidden dims.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
@@ -37,6 +38,12 @@ class LayerKind(StrEnum):
     # (`harts.exec.model.gdn`), and its gated full attention (`harts.exec.model.gated_attention`)
     GDN = "gdn"
     GATED_ATTENTION = "gated_attention"
+
+
+# How tables name each layer kind, and the kinds that run the chunkwise linear recurrence
+LAYER_KIND_LABEL = {LayerKind.KDA: "KDA", LayerKind.MLA: "MLA", LayerKind.GDN: "GDN",
+                    LayerKind.GATED_ATTENTION: "attn"}
+LINEAR_ATTENTION_KINDS = (LayerKind.KDA, LayerKind.GDN)
 
 
 class FFNKind(StrEnum):
@@ -337,6 +344,25 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
+
+
+def layer_ratio(config: ModelConfig) -> str:
+    """The model's layers by its own kinds, as the smallest integer ratio: "KDA:MLA 3:1"
+    (Kimi-Linear-shaped), "GDN:attn 3:1" (Qwen3-Next), "KDA:MLA 20:7", "MLA only"."""
+    kinds = config.layer_kinds
+    present = [k for k in LayerKind if k in kinds]
+    if len(present) == 1:
+        return f"{LAYER_KIND_LABEL[present[0]]} only"
+    counts = [kinds.count(k) for k in present]
+    g = math.gcd(*counts)
+    return ":".join(LAYER_KIND_LABEL[k] for k in present) + " " + ":".join(str(n // g) for n in counts)
+
+
+def linear_attention_label(config: ModelConfig) -> str | None:
+    """The model's linear-attention kind as tables name it ("KDA", "GDN", "KDA/GDN" when
+    both), None without linear-attention layers."""
+    present = [LAYER_KIND_LABEL[k] for k in LINEAR_ATTENTION_KINDS if k in config.layer_kinds]
+    return "/".join(present) or None
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:

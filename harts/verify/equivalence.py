@@ -9,9 +9,11 @@ report max and RMS relative errors:
 
 (normwise, so a tolerance means the same for any size; gradients per parameter tensor,
 the worst tensor reported). The no-replay ablation reruns the tree side with every node
-as its own KDA sequence (mid-chunk starts, no replay) to show what replay buys; and the
-KDA layer check feeds the first KDA layer's real inputs through the tree path and the
-per-trajectory chunkwise path to see whether they agree bit for bit.
+as its own linear-attention sequence (mid-chunk starts, no replay) to show what replay
+buys; and the layer check feeds the first linear-attention layer's real inputs (KDA, or
+Gated DeltaNet, which runs the same chunkwise recurrence) through the tree path and the
+per-trajectory chunkwise path to see whether they agree bit for bit. The report names
+the kinds (`linear_attention`: "KDA", "GDN"; `kda_layer_kind`: the checked layer's).
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ import numpy as np
 import torch
 
 from harts.config.kernels import KernelConfig
-from harts.config.models import ModelConfig, get_model_config
+from harts.config.models import (
+    LAYER_KIND_LABEL,
+    LINEAR_ATTENTION_KINDS,
+    ModelConfig,
+    get_model_config,
+    linear_attention_label,
+)
 from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.model import HybridModel, build_model
 from harts.exec.trainer import ExpandedTrainer, StepResult
@@ -127,7 +135,8 @@ class _CaptureKDA:
 
 def kda_layer_check(model: HybridModel, trajectories: Sequence[Trajectory],
                     kernels: KernelConfig | None = None) -> dict[str, Any] | None:
-    """First KDA layer on its real inputs: tree (replay / no replay) vs per-trajectory."""
+    """First linear-attention layer (KDA or GDN: both run `ctx.kda`) on its real inputs:
+    tree (replay / no replay) vs per-trajectory."""
     kernels = kernels if kernels is not None else KernelConfig.from_env()
     from harts.exec.backend import chunk_kda
     from harts.exec.tree import TreeContext
@@ -242,6 +251,7 @@ def verify_step(
     got = tree.forward_backward(trajectories, microbatch_tokens, partition)
     report: dict[str, Any] = {
         "model": config.name,
+        "linear_attention": linear_attention_label(config),  # what `rounds` and `kda_layer` are of
         "dtype": str(dtype).removeprefix("torch."),
         "planner": planner,
         "aux_scope": config.aux_scope,
@@ -285,5 +295,7 @@ def verify_step(
         else:
             report["expanded_repacked"] = None  # the per-microbatch aux loss would change with the packing
     report["kda_layer"] = kda_layer_check(tree_model, trajectories, kernels)
+    first = next((k for k in config.layer_kinds if k in LINEAR_ATTENTION_KINDS), None)
+    report["kda_layer_kind"] = LAYER_KIND_LABEL[first] if first is not None else None
     report["kernels_ran"] = {"expanded": expanded.kernel_record.to_dict(), "tree": tree.kernel_record.to_dict()}
     return report

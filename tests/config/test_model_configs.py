@@ -110,3 +110,23 @@ def test_cli_model_params(capsys):
     assert rec["table1_total"] == 124_000_000_000
     assert main(["model", "params", "--model", "nope"]) == 2
     assert "unknown model 'nope'" in capsys.readouterr().err
+
+
+def test_layer_ratio_by_the_models_own_kinds(capsys):
+    from harts.config.models import layer_ratio, linear_attention_label
+
+    assert layer_ratio(get_model_config("tiny")) == "KDA:MLA 3:1"
+    assert layer_ratio(get_model_config("kimi-linear-48b-a3b")) == "KDA:MLA 20:7"
+    qwen = get_model_config("qwen3-next-80b-a3b")  # 36 Gated DeltaNet + 12 gated attention layers
+    assert layer_ratio(qwen) == "GDN:attn 3:1" and linear_attention_label(qwen) == "GDN"
+    assert layer_ratio(get_model_config("tiny-cpu").replace(kda_per_mla=0, num_layers=2)) == "MLA only"
+    mixed = get_model_config("tiny-cpu").replace(layer_kind_list=("gdn", "gated_attention", "kda", "mla"))
+    assert layer_ratio(mixed) == "KDA:MLA:GDN:attn 1:1:1:1" and linear_attention_label(mixed) == "KDA/GDN"
+
+    assert main(["model", "params"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[2:]}
+    assert "GDN:attn 3:1" in rows["qwen3-next-80b-a3b"] and "KDA" not in rows["qwen3-next-80b-a3b"]
+    assert "KDA:MLA 20:7" in rows["kimi-linear-48b-a3b"] and "KDA:MLA 3:1" in rows["tiny"]
+    assert main(["model", "params", "--model", "qwen3-next-80b-a3b", "--json"]) == 0
+    (rec,) = json.loads(capsys.readouterr().out)
+    assert rec["layer_ratio"] == "GDN:attn 3:1" and rec["layer_kinds"] == {"gdn": 36, "gated_attention": 12}

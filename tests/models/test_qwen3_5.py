@@ -88,6 +88,30 @@ def test_logprobs_equal_transformers_and_round_trip_is_exact(case):
     assert all(torch.equal(back[k], sd[k]) for k in sd)
 
 
+def test_tree_rows_rotate_by_their_depth(case):
+    """The multimodal RoPE as 1-D RoPE at the depth, in a tree: two branches of a shared
+    prefix (the second branch's rows sit at row indices other than their depths) equal
+    transformers' forward on each trajectory alone."""
+    from harts.exec.tree_trainer import TreeTrainer
+    from harts.tree.trajectory import Trajectory
+
+    _, hf_model, adapter = case
+    config = adapter.to_config(hf_model.config.to_dict())
+    model = HybridModel(config).to(torch.float64)
+    model.load_state_dict(adapter.to_harts(dict(hf_model.state_dict()), config), strict=True)
+    rng = np.random.default_rng(2)
+    prefix = rng.integers(0, COMMON["vocab_size"], 7)
+    trajs = [Trajectory.make(f"t{n}", "g", np.concatenate([prefix, rng.integers(0, COMMON["vocab_size"], n)]))
+             for n in (6, 4)]
+    result = TreeTrainer(model).evaluate(trajs, 1 << 16)
+    assert result.executed_rows == 7 + 6 + 4
+    for t, lp in zip(trajs, result.logprobs, strict=True):
+        ids = torch.as_tensor(t.tokens)
+        with torch.no_grad():
+            ref = torch.log_softmax(hf_model(ids[None]).logits[0], -1)[:-1].gather(1, ids[1:, None])[:, 0]
+        assert np.abs(lp[1:] - ref.numpy()).max() <= 1e-9, (t.id, np.abs(lp[1:] - ref.numpy()).max())
+
+
 def test_the_multimodal_composite_is_refused_naming_the_field():
     with pytest.raises(ConfigError, match="model_type.*text_config"):
         qwen3_5.ADAPTER.to_config({"model_type": "qwen3_5", "text_config": {}})

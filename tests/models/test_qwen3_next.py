@@ -120,6 +120,31 @@ def test_per_trajectory_logprobs_equal_transformers(hf_model):
         assert np.abs(ours - ref).max() <= 1e-9, np.abs(ours - ref).max()
 
 
+def test_rows_rotate_by_their_depth_in_trees_and_packs(hf_model):
+    """RoPE at a row's depth, not its row index: two groups, each a prefix shared by two
+    branches, run as one forest, where a branch's rows sit at row indices other than their
+    depths while they attend to their prefix's rows (rotary scores depend on the difference
+    of positions, so only an offset that varies along a path shows: a constant one per
+    packed sequence cancels); and packed back to back. Every trajectory's log-probs equal
+    transformers' forward on it alone."""
+    model = _harts_model(hf_model)
+    rng = np.random.default_rng(5)
+    trajs = []
+    for group in ("a", "b"):
+        prefix = rng.integers(0, HF_CONFIG["vocab_size"], 6)
+        for n in (5, 9):
+            tokens = np.concatenate([prefix, rng.integers(0, HF_CONFIG["vocab_size"], n)])
+            trajs.append(Trajectory.make(f"{group}{n}", group, tokens))
+    tree = TreeTrainer(model).evaluate(trajs, 1 << 16)
+    packed = ExpandedTrainer(model).evaluate(trajs, 1 << 16)
+    assert len(tree.layout) == len(packed.layout) == 1  # one forest, one pack
+    assert tree.executed_rows == sum(map(len, trajs)) - 2 * 6  # the prefixes computed once
+    for t, lp_tree, lp_packed in zip(trajs, tree.logprobs, packed.logprobs, strict=True):
+        ref = _hf_logprobs(hf_model, t.tokens)
+        assert np.abs(lp_tree[1:] - ref).max() <= 1e-9, (t.id, np.abs(lp_tree[1:] - ref).max())
+        assert np.abs(lp_packed[1:] - ref).max() <= 1e-9, (t.id, np.abs(lp_packed[1:] - ref).max())
+
+
 def test_round_trip_is_exact_and_per_expert_layout_loads(hf_model):
     sd = dict(hf_model.state_dict())
     config = ADAPTER.to_config(hf_model.config.to_dict())

@@ -6,7 +6,7 @@
 
 Table 4 of the paper (one step, DP 8): every planner's compression, per-slot balance and
 planning seconds. Table 5 (DP 2/4/8): balance P5 and slot counts of l1l2 next to
-ortools-ffd. Then the issue's targets, each marked met or MISSED with the numbers.
+ortools-ffd. Then the planner targets, each marked met or MISSED with the numbers.
 Planning time is the best of --repeats runs (ortools-ffd: one run; its CP-SAT limit
 dominates). Plans are validated (outside the timing).
 """

@@ -1,5 +1,5 @@
 """Rollout throughput of Heddle, its ablations and the step-centric baselines on a
-long-tail agentic workload, over 5 seeds (the issue's done-when table).
+long-tail agentic workload, over 5 seeds (the table the >= 2x target is read from).
 
     python benchmarks/bench_rollout.py [--workload agentic-longtail] [--gpus 32]
         [--seeds 0,1,2,3,4] [--baseline-mps 4,8] [--json OUT.json]

@@ -3,7 +3,7 @@ kernels' build cost.
 
     python3 benchmarks/gpu/attention.py [pairs] [graphbuild] [--layouts NAME...] [--out DIR]
 
-`pairs`: bf16, 16 heads, qk 192 / v 128 (the issue's shape), forward+backward seconds of the
+`pairs`: bf16, 16 heads, qk 192 / v 128 (MLA's shape), forward+backward seconds of the
 tree attention the backend picks (`FastTreeAttention`) and of the per-segment dense cuDNN
 split, on five layouts: the first 32k rows of swe-treestep-1 (one chain), all of
 swe-treestep-1 (82k rows), small-treestep tiled to 32k rows (bushy), and swe-treestep-32's
@@ -52,7 +52,7 @@ from harts.tree.workload import generate, preset  # noqa: E402
 
 def _attention_bench(f, H: int, qk: int, vd: int, scale: float, kernels: KernelConfig, rows: int = 3 * 32768):
     """Inputs of the tree-attention speed sections: bf16 q, k, v (3 x 32k rows, grads on) and
-    dO, causal cuDNN SDPA's forward+backward seconds on 32k rows (the issue's baseline;
+    dO, causal cuDNN SDPA's forward+backward seconds on 32k rows (the per-pair baseline;
     `kernels` with baseline_attention cudnn) and
     per attended pair, and three layouts (parents): the first 32k rows of forest `f` (one
     chain), all of `f`, and small-treestep tiled to 32k rows (bushy)."""
@@ -87,7 +87,7 @@ def _layout_case(par: np.ndarray, qkv, device="cuda"):
 def _swe32_windows(R: int = 32768) -> dict:
     """The first R rows (a DFS prefix: itself a tree layout) of each swe-treestep-32 tree
     that has R rows, by density (attended pairs / R^2; causal = 0.5): the sparsest (tree 10:
-    0.266, the issue's "27% density" tree mask) and the median one. The Flash presets cap
+    0.266, the attention target's "27% density" tree mask) and the median one. The Flash presets cap
     contexts at 32k, so these are the generator's own 32k-row trees, not tuned layouts."""
     f = generate(preset("swe-treestep-32")).forest()
     par, end = f.row_parent, f.row_end
@@ -132,8 +132,8 @@ def sec_pairs(args):
     frontend, forward one bottom-right graph call over root-to-row paths, backward the split
     with the dense per-segment kernel on long segments and the graph's on short ones) against
     the per-segment dense cuDNN split (tree attention "cudnn"), on the three attention layouts
-    and swe-treestep-32's sparsest (27% density: with FlexAttention too, the issue's easy
-    path) and median 32k windows, forward+backward per attended pair against causal cuDNN SDPA."""
+    and swe-treestep-32's sparsest (27% density: with FlexAttention too, the easy path the
+    target compares with) and median 32k windows, forward+backward per attended pair against causal cuDNN SDPA."""
     H, qk, vd = 16, 192, 128
     scale = qk ** -0.5
     from benchmarks.gpu.baselines import workload

@@ -6,8 +6,8 @@
 lengths (8 heads, as the model's MLA; the backend's default path on the first T rows of
 swe-treestep-1, or the varlen flash path with --varlen-tree), fla chunk_kda at 3 token
 counts, device copies, one fused AdamW step over tiny-h200's parameters; written to
-DIR/calib_profile.json. `ops` (not by default): the attention and KDA op benchmarks at the
-issue's shape plus GEMMs, to DIR/h200_profile.json. `attn` (not by default): the attention
+DIR/calib_profile.json. `ops` (not by default): the attention and KDA op benchmarks at
+MLA's and KDA's shapes (16 heads, qk 192 / v 128; 16 x 128) plus GEMMs, to DIR/h200_profile.json. `attn` (not by default): the attention
 op benchmark alone, to DIR/attn_profile.json. Each profile carries its provenance.
 """
 
@@ -44,7 +44,8 @@ def sec_calib(kernels: KernelConfig, varlen_tree: bool = False):
     """Profile rows at several sizes for `harts sim fit` (schema harts.sim.profile/v1): GEMMs
     of tiny-h200's shapes, causal SDPA and the tree attention at 3 lengths (8 heads, as
     the model's MLA; the backend's default path on the first T rows of swe-treestep-1, or
-    the varlen path with varlen_tree, as the third session measured), fla chunk_kda at 3
+    the varlen path with varlen_tree, as
+    benchmarks/results/calibration/2026-11-29-9006abf-calib_profile.json measured), fla chunk_kda at 3
     token counts, device copies, and one fused AdamW step over tiny-h200's parameters.
     The attentions run on `kernels` (the suite's KernelConfig, recorded in the provenance).
     Written to calib_profile.json."""
@@ -164,7 +165,7 @@ def sum_ops(out):
 
 SECTIONS = [
     Section("calib", lambda args: sec_calib(args.kernels, args.varlen_tree), "per-op profile rows at several sizes", sum_calib),
-    Section("ops", sec_ops, "attention/KDA/GEMM op benchmarks at the issue's shape", sum_ops, default=False),
+    Section("ops", sec_ops, "attention/KDA/GEMM op benchmarks at MLA's and KDA's shapes", sum_ops, default=False),
     Section("attn", sec_attn, "the attention op benchmark alone", None, default=False),
 ]
 

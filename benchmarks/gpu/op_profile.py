@@ -78,8 +78,9 @@ def sec_profile(args):
                 a[0] += e.device_time / 1e6
                 a[1] += 1
         busy = sum(v[0] for v in agg.values())
-        # every kernel (sorted): with only the top 40 the tail (0.11 s tree / 0.32 s
-        # expanded in the fourth session) lands in sim_vs_h200's "other" category, GEMMs included
+        # every kernel (sorted): with only the top 40 the tail (0.11 s tree / 0.32 s expanded in
+        # benchmarks/results/profile/2026-11-29-05c3a9b-profile.json) lands in sim_vs_h200's
+        # "other" category, GEMMs included
         top = sorted(agg.items(), key=lambda kv: -kv[1][0])
         # kernel time by the work it scales with: what the ideal speedup is weighted with
         by_kind = {k.value: t for k, t in kind_seconds({n: v[0] for n, v in agg.items()}).items()}

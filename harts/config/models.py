@@ -549,7 +549,7 @@ _register(
 # d_model 1536, dense first layer (8192), MoE top-8 with one shared expert of 512, sigmoid
 # router -- with 8 layers instead of 24, 64 routed experts instead of 128 and a 32k
 # vocabulary (one [rows, vocab] logit block per microbatch at 163,840 would take tens of
-# GB). Per-token costs keep Tiny's proportions. Used by the GPU benchmark (issue 8).
+# GB). Per-token costs keep Tiny's proportions. Used by the GPU benchmarks (benchmarks/gpu).
 _register(
     ModelName.TINY_H200,
     ModelConfig(

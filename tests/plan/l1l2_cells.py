@@ -27,7 +27,7 @@ forest_and_config = plan_forests().flatmap(lambda f: st.tuples(st.just(f), plan_
 @functools.cache
 def swe64_32k_dp8():
     """(forest, config, plan, metrics) of l1l2 on swe-treestep-64 at a 32k cap and budget,
-    DP 8 (the issue's slot-balance setting), built once; the plan validated, every row
+    DP 8 (the setting of the slot-balance target), built once; the plan validated, every row
     computed exactly once, on no more slots than l1's."""
     # the shape these targets were set on: the generator with its copies at the context cap
     # and last-turn forks (`allow_duplicates`, `last_turn_branching`)

@@ -112,7 +112,7 @@ def test_running_the_stages_in_one_call_or_one_by_one_is_the_same(forest_config)
 
 
 def test_dp8_slot_balance_target_at_a_32k_cap():
-    """swe-treestep-64 at a 32k cap and budget, DP 8 (the issue's setting): the default
+    """swe-treestep-64 at a 32k cap and budget, DP 8 (the target's setting): the default
     plan reaches a 97.5% slot balance with P5 above 93%, every row computed once."""
     forest, _, _, m = swe64_32k_dp8()
     assert m.slot_balance >= 0.975

@@ -135,6 +135,8 @@ def test_rows_rotate_by_their_depth_in_trees_and_packs(hf_model):
         for n in (5, 9):
             tokens = np.concatenate([prefix, rng.integers(0, HF_CONFIG["vocab_size"], n)])
             trajs.append(Trajectory.make(f"{group}{n}", group, tokens))
+    # the constant offset would cancel in the scores, but not in the angles' rounding
+    assert PackedContext(torch.tensor([0, 3, 5])).position_ids.tolist() == [0, 1, 2, 0, 1]
     tree = TreeTrainer(model).evaluate(trajs, 1 << 16)
     packed = ExpandedTrainer(model).evaluate(trajs, 1 << 16)
     assert len(tree.layout) == len(packed.layout) == 1  # one forest, one pack

@@ -37,7 +37,8 @@ def _add_common(p: argparse.ArgumentParser, sweep: bool) -> None:
     p.add_argument("--gpus", type=int, default=8, help="GPUs (DP x PP)")
     p.add_argument("--dp", type=int, help="data-parallel replicas (default: from --gpus)")
     p.add_argument("--pp", type=int, help="pipeline stages (default: 2 for tiny at >= 8 GPUs, 4 for flash)")
-    p.add_argument("--ep", type=int, help="expert parallelism inside a stage's DP group")
+    p.add_argument("--ep", type=int, help="expert parallelism inside a stage's DP group (default: the "
+                   "largest power of two dividing DP and the expert count, at most 8)")
     p.add_argument("--microbatch-tokens", type=int, help="planner token budget (default: the preset's own)")
     p.add_argument("--hardware", default="h200", help="hardware profile name or JSON path")
     p.add_argument("--cost-model", default="roofline", help="roofline or calibrated")
@@ -65,8 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     sw.add_argument("--planners", default=",".join(PLANNER_NAMES))
     sw.add_argument("--schedules", default=",".join(SCHEDULE_NAMES))
     sw.add_argument("--schedule-planner", default="l1l2", help="planner of the schedule table")
-    sw.add_argument("--gantt", help="Gantt charts of the schedule table, one PNG per workload and "
-                    "schedule, named <stem>-<workload>-<schedule>.png beside it (its folder must exist)")
+    sw.add_argument("--gantt", help="write the Gantt charts of the schedule table to this one PNG, a panel per "
+                    "workload and schedule on one time axis (its folder must exist)")
     sw.set_defaults(func=cmd_sweep)
     fit = ssub.add_parser("fit", help="fit the calibrated cost model to a measured profile")
     fit.add_argument("--profile", required=True, help="profile JSON or CSV (harts.sim.profile/v1)")
@@ -275,7 +276,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     default_schedule = "consumer-1f1b" if "consumer-1f1b" in schedules else schedules[0]
     rows: list[dict[str, Any]] = []
     sched_rows: list[dict[str, Any]] = []
-    gantts: list[Any] = []
+    panels: list[tuple[Any, str]] = []  # (trace, title) of each schedule-table row, for --gantt
     t0 = time.perf_counter()
     for wl in workloads:
         results: dict[str, dict[str, Any]] = {}
@@ -289,21 +290,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 if planner == sched_planner:
                     sched_rows.append(row)
                     if args.gantt:
-                        from pathlib import Path
-
-                        from harts.sim.gantt import plot_gantt
-
-                        p = Path(args.gantt)
-                        name = p.with_name(f"{p.stem}-{wl}-{schedule}{p.suffix or '.png'}")
-                        with atomic_output(name, "--gantt") as tmp:
-                            plot_gantt(res.trace, tmp, title=_title({**row, "model": setup.model.name}))
-                        row["gantt"] = str(name)
-                        gantts.append(name)
+                        panels.append((res.trace, _title({**row, "model": setup.model.name})))
+                        row["gantt"] = args.gantt
         base = results.get(BASELINE)
         for planner in planners:
             row = results[planner]
             row["speedup_vs_expanded"] = row["throughput"] / base["throughput"] if base else None
             rows.append(row)
+    gantts = []
+    if args.gantt:
+        from harts.sim.gantt import plot_gantt_panels
+
+        with atomic_output(args.gantt, "--gantt") as tmp:
+            plot_gantt_panels(panels, tmp)
+        gantts.append(args.gantt)
     meta = {"model": setup.model.name, "gpus": args.gpus, "parallel": setup.parallel.describe(),
             "hardware": setup.hardware.name, "cost_model": setup.cost_model,
             "sweep_seconds": time.perf_counter() - t0}

@@ -88,8 +88,29 @@ def test_every_write_prints_its_path(tmp_path, capsys):
     gantt = tmp_path / "s.png"
     assert main(["sim", "sweep", "--workload", "tiny-treestep", "--model", "tiny", "--gpus", "1",
                  "--planners", "l1", "--schedules", "consumer-1f1b", "--gantt", str(gantt)]) == 0
-    written = tmp_path / "s-tiny-treestep-consumer-1f1b.png"
-    assert f"wrote {written}" in capsys.readouterr().out and written.exists()
+    assert f"wrote {gantt}" in capsys.readouterr().out and gantt.exists()
+
+
+def test_sim_sweep_writes_the_one_gantt_file_it_is_given(tmp_path, capsys):
+    """A panel per workload and schedule, in the named file and no other."""
+    import json
+
+    from PIL import Image
+
+    gantt = tmp_path / "sweep.png"
+    one = tmp_path / "one" / "sweep.png"
+    one.parent.mkdir()
+    common = ["sim", "sweep", "--workload", "tiny-treestep", "--model", "tiny", "--gpus", "4", "--pp", "2",
+              "--planners", "l1l2", "--json"]
+    assert main([*common, "--schedules", "non-overlap,consumer-1f1b", "--gantt", str(gantt)]) == 0
+    out = capsys.readouterr()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "sweep.png"]
+    assert out.err == f"wrote {gantt}\n"
+    assert [r["gantt"] for r in json.loads(out.out)["schedules"]] == [str(gantt)] * 2
+    assert main([*common, "--schedules", "consumer-1f1b", "--gantt", str(one)]) == 0
+    capsys.readouterr()
+    with Image.open(gantt) as two_panels, Image.open(one) as one_panel:
+        assert two_panels.width == one_panel.width and two_panels.height > 1.6 * one_panel.height
 
 
 def test_bench_without_a_gpu_refuses_cleanly(monkeypatch, capsys):

@@ -5,11 +5,9 @@ of them as threads."""
 
 import os
 
-
-def _cpus() -> int:
-    """CPUs this process may run on (its affinity where the OS has one)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
+# torch-free; the `harts` CLI sizes its threads with the same share (harts.config.env.thread_settings)
+from harts.config.env import available_cpus as _cpus
+from harts.config.env import cpu_share
 
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
 if _WORKERS:
@@ -17,7 +15,7 @@ if _WORKERS:
     # subprocess a test starts: workers x threads stays within the CPUs, since OpenMP's
     # spinning threads slow everything down when they are oversubscribed (the suite took
     # over twice as long on 2 workers x 2 threads as on 2 x 1, on 2 cores)
-    _share = str(max(1, _cpus() // _WORKERS))
+    _share = str(cpu_share(_cpus(), _WORKERS))
     for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(_var, _share)
 

@@ -40,6 +40,35 @@ class UserError(Exception):
         return {"error": str(self), "file": self.file, "line": self.line, "field": self.field}
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, carrying the one line that says what the command had finished
+    ("interrupted after step 3; checkpoint at ckpt/step-000002"); `harts.cli.main` prints
+    it on stderr and exits 130."""
+
+
+def caused_by_interrupt(err: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is behind `err`: in its chain of causes and contexts, or
+    among the per-rank failures a torch.distributed.checkpoint error carries (DCP catches
+    every exception of a save, Ctrl-C's too, and re-raises them wrapped)."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [err]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        todo += [c for c in (e.__cause__, e.__context__) if c is not None]
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            for failure in failures.values():
+                failure = failure[0] if isinstance(failure, tuple) and failure else failure
+                if isinstance(failure, BaseException):
+                    todo.append(failure)
+    return False
+
+
 def rollout_error(err: Any) -> UserError:
     """A `harts.tree.io.RolloutFormatError` as a UserError carrying its file, line and field."""
     return UserError(str(err), file=getattr(err, "file", None), line=getattr(err, "line", None) or None,

@@ -29,17 +29,36 @@ def model_config(args: argparse.Namespace):
     """The ModelConfig of --model or --model-path (config.json only)."""
     from harts.config.models import ConfigError, get_model_config
 
-    try:
-        if getattr(args, "model_path", None):
-            from harts.models import CheckpointError, load_config
+    if getattr(args, "model_path", None):
+        from harts.models import CheckpointError, load_config
 
-            try:
-                return load_config(args.model_path)[0]
-            except CheckpointError as err:
-                raise UserError(str(err), file=str(args.model_path)) from None
+        try:
+            return load_config(args.model_path)[0]
+        except CheckpointError as err:
+            raise checkpoint_error(err, args.model_path) from None
+        except ConfigError as err:
+            raise config_error(err, args.model_path) from None
+    try:
         return get_model_config(args.model)
     except ConfigError as err:
-        raise UserError(str(err), field="--model-path" if getattr(args, "model_path", None) else "--model") from None
+        raise UserError(str(err), field="--model") from None
+
+
+def checkpoint_error(err, model_path) -> UserError:
+    """A `harts.models.CheckpointError` as a UserError whose `file` is the file it names (a
+    shard, the index, config.json), else the --model-path directory."""
+    return UserError(str(err), file=getattr(err, "path", None) or str(model_path))
+
+
+def config_error(err, model_path) -> UserError:
+    """An adapter's ConfigError (an unsupported config.json value) as a UserError whose
+    `file` is the config.json and `field` the config field it names."""
+    from pathlib import Path
+
+    from harts.models.hf import config_field
+    from harts.models.hf.io import CONFIG
+
+    return UserError(str(err), file=str(Path(model_path) / CONFIG), field=config_field(err))
 
 
 def load_checkpoint(args: argparse.Namespace, dtype, device):
@@ -50,22 +69,28 @@ def load_checkpoint(args: argparse.Namespace, dtype, device):
     try:
         return load(args.model_path, dtype=dtype, device=device, allow_pickle=args.allow_pickle)
     except CheckpointError as err:
-        raise UserError(str(err), file=str(args.model_path)) from None
+        raise checkpoint_error(err, args.model_path) from None
     except ConfigError as err:
-        raise UserError(str(err), field="--model-path") from None
+        raise config_error(err, args.model_path) from None
 
 
 def train_model(args: argparse.Namespace, config, dtype, device):
     """(model, LoadedModel or None): --model-path's checkpoint in `dtype` (None: its own),
     or `config` built from --seed (float32 where `dtype` is None); recompute from
-    --recompute."""
+    --recompute, the MoE aux loss's scope from --aux-scope (`ModelConfig.aux_scope`, what
+    every trainer of the model reads)."""
     import torch
 
+    aux_scope = getattr(args, "aux_scope", None)
     if getattr(args, "model_path", None):
         loaded = load_checkpoint(args, dtype, device)
         loaded.model.recompute = args.recompute
+        if aux_scope is not None:  # save() writes the checkpoint's config whatever the scope
+            loaded.model.config = loaded.model.config.replace(aux_scope=aux_scope)
         return loaded.model, loaded
     from harts.exec.model import build_model
 
+    if aux_scope is not None:
+        config = config.replace(aux_scope=aux_scope)
     return build_model(config, seed=args.seed, dtype=dtype or torch.float32, device=device,
                        recompute=args.recompute), None

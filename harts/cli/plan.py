@@ -65,7 +65,7 @@ def _add_step_args(p: argparse.ArgumentParser, planning: bool = True) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--workload", metavar="PRESET", help="workload preset (see `harts workload presets`)")
     src.add_argument("--input", metavar="JSONL", help="rollout JSONL file")
-    p.add_argument("--seed", type=int, default=None, help="workload seed (with --workload)")
+    p.add_argument("--seed", type=int, default=None, help="workload seed (with --workload; default: the preset's own)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a workload parameter (with --workload); repeatable")
     if not planning:

@@ -6,7 +6,14 @@ import argparse
 import itertools
 
 from harts.cli import train_checkpoint
-from harts.cli.common import UserError, format_table, print_json, rollout_error, say_wrote
+from harts.cli.common import (
+    Interrupted,
+    UserError,
+    caused_by_interrupt,
+    print_json,
+    rollout_error,
+    say_wrote,
+)
 from harts.cli.model_source import add_model_args, model_config, train_model
 
 # Refuse to build models this large on a CPU: the Table 1 configs are for GPUs (and the
@@ -17,7 +24,8 @@ _CPU_MAX_PARAMS = 200_000_000
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="run RL policy-update steps (PPO/GRPO loss) on rollouts")
     p.add_argument("--mode", choices=["expanded", "tree"], default="expanded",
-                   help="expanded: trajectory-by-trajectory baseline; tree: rollout-tree execution")
+                   help="expanded: the trajectory-by-trajectory baseline; tree: rollout-tree execution, the "
+                   "same numbers with every shared token computed once (--parallel needs tree)")
     add_model_args(p, "tiny-cpu")
     p.add_argument("--save", metavar="DIR", default=None,
                    help="with --model-path: write the trained weights there as a Hugging Face checkpoint "
@@ -28,14 +36,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--input", metavar="FILE.jsonl", default=None, help="rollout JSONL file")
     p.add_argument("--steps", type=int, default=3, help="update steps (default 3)")
     p.add_argument("--microbatch-tokens", type=int, default=4096, help="token budget per microbatch")
+    p.add_argument("--aux-scope", choices=["microbatch", "global"], default="microbatch",
+                   help="the MoE aux loss's routing statistics (ModelConfig.aux_scope): microbatch: each "
+                   "microbatch's own, scaled by its token share (depends on the split: pipeline stages and "
+                   "planners split differently); global: the step's, from one extra no-grad pass (the same "
+                   "aux loss for any split)")
     p.add_argument("--planner", default=None, metavar="NAME",
                    help="tree mode: execute this step planner's plan (e.g. l1l2: trees larger than the "
-                   "budget split into producer/consumer sharing windows); default: whole trees")
+                   "budget split into producer/consumer sharing windows); default: whole trees per microbatch, "
+                   "with --parallel l1l2")
     p.add_argument("--seed", type=int, default=0, help="model init and workload seed")
-    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate")
     p.add_argument("--grad-clip", type=float, default=1.0, help="max grad norm (<= 0: off)")
     p.add_argument("--agg-mode", default="token-mean",
-                   choices=["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+                   choices=["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"],
+                   help="how the policy loss averages over tokens and sequences")
     p.add_argument("--kl-coef", type=float, default=0.0, help="k3 KL to the rollouts' ref log-probs")
     p.add_argument("--old-logprobs", choices=["recompute", "input"], default="recompute",
                    help="recompute: current policy's log-probs before the step (on-policy, "
@@ -46,8 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--recompute", action="store_true", help="activation recomputation per layer")
     p.add_argument("--parallel", default=None, metavar="SPEC",
-                   help="distributed: dp=N,pp=N,ep=N,tp=N (under torchrun --nproc-per-node N; needs --mode tree)")
-    p.add_argument("--plan", default=None, metavar="FILE.json", help="with --parallel: run this saved plan")
+                   help="distributed: dp=N,pp=N,ep=N,tp=N (under torchrun --nproc-per-node N; needs --mode tree); "
+                   "default: one process")
+    p.add_argument("--plan", default=None, metavar="FILE.json", help="with --parallel: run this saved plan (default: plan with --planner)")
     p.add_argument("--schedule", default="consumer-1f1b", choices=["non-overlap", "overlap-bwd-first", "consumer-1f1b"],
                    help="with --parallel pp>1: the pipeline schedule (the simulator's, lowered to the pipelining runtime)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -144,7 +160,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
 
     checkpoints = train_checkpoint.RunCheckpoints(args, trainer.model, trainer.optimizer)
-    records = []
+    records: list[dict] = []
     if args.old_logprobs == "recompute":  # each step's batch depends on the model the last step left
         def results():
             for _ in range(checkpoints.start, args.steps):
@@ -154,29 +170,40 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:  # the same batch every step: its data side is prepared one step ahead
         stream = run_steps(trainer, itertools.repeat(trajectories, args.steps - checkpoints.start),
                            args.microbatch_tokens)
-    for step, result in enumerate(stream, start=checkpoints.start + 1):
-        rec = {
-            "step": step,
-            **{k: v for k, v in result.losses.items()},
-            "grad_norm": result.grad_norm,
-            "tokens": result.tokens,
-            "trained_tokens": result.trained_tokens,
-            "microbatches": len(result.microbatches),
-            "executed_rows": result.executed_rows,
-            "seconds": result.seconds,
-            "tokens_per_s": result.tokens_per_second,
-        }
-        records.append(rec)
-        saved = checkpoints.after_step(step)
-        if not args.json:
-            if step == checkpoints.start + 1:
+    try:
+        for step, result in enumerate(stream, start=checkpoints.start + 1):
+            rec = {
+                "step": step,
+                **{k: v for k, v in result.losses.items()},
+                "grad_norm": result.grad_norm,
+                "tokens": result.tokens,
+                "trained_tokens": result.trained_tokens,
+                "microbatches": len(result.microbatches),
+                "executed_rows": result.executed_rows,
+                "seconds": result.seconds,
+                "tokens_per_s": result.tokens_per_second,
+            }
+            records.append(rec)
+            if not args.json and step == checkpoints.start + 1:
                 print(f"{config.name} ({args.mode}): {len(trajectories)} trajectories, {result.tokens} tokens "
                       f"-> {result.executed_rows} executed rows, {len(result.microbatches)} microbatches "
                       f"of <= {args.microbatch_tokens} tokens, {device}")
-            print(f"step {step}  loss {rec['loss']:.6f}  pg {rec['pg_loss']:.6f}  aux {rec['aux_loss']:.3e}  "
-                  f"grad_norm {rec['grad_norm']:.4f}  {rec['tokens_per_s']:,.0f} tok/s", flush=True)
-            if saved is not None:
+            if not args.json:  # each step once, as it finishes
+                print(f"step {step}  loss {rec['loss']:.6f}  pg {rec['pg_loss']:.6f}  kl {rec['kl']:.3e}  "
+                      f"aux {rec['aux_loss']:.3e}  grad_norm {rec['grad_norm']:.4f}  entropy {rec['entropy']:.4f}  "
+                      f"clip_frac {rec['clip_frac']:.4f}  {rec['tokens_per_s']:,.0f} tok/s", flush=True)
+            saved = checkpoints.after_step(step)
+            if saved is not None and not args.json:
                 print(f"checkpoint {saved}", flush=True)
+    except (KeyboardInterrupt, UserError) as err:
+        if isinstance(err, UserError) and not caused_by_interrupt(err):
+            raise
+        done = records[-1]["step"] if records else checkpoints.start
+        if args.json:  # the finished steps' records, still valid JSON
+            print_json({"model": config.name, "mode": args.mode, "steps": records, "interrupted": True})
+        latest = checkpoints.latest()
+        where = f"checkpoint at {latest}" if latest is not None else "no checkpoint"
+        raise Interrupted(f"interrupted after step {done}; {where}") from None
     if loaded is not None and args.save is not None:
         from harts.models import CheckpointError, save
 
@@ -186,13 +213,6 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise UserError(str(err), field="--save") from None
     if args.json:
         print_json({"model": config.name, "mode": args.mode, "steps": records})
-    else:
-        print(format_table(
-            ["step", "loss", "pg_loss", "kl", "aux_loss", "grad_norm", "entropy", "clip_frac", "tokens/s"],
-            [(r["step"], r["loss"], r["pg_loss"], r["kl"], r["aux_loss"], r["grad_norm"], r["entropy"],
-              r["clip_frac"], round(r["tokens_per_s"]))
-             for r in records],
-        ))
     if loaded is not None and args.save is not None:
         say_wrote(args.save, args.json, "Hugging Face checkpoint")
     return 0

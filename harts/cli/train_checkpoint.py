@@ -6,7 +6,7 @@ checkpoint (model, optimizer, RNG states) and continues at the step after it, wi
 batch that step would have had; with no checkpoint in D yet the run starts at step 1, so
 one command line serves a first launch and its restarts. A resume refuses a checkpoint
 written for other data or with other settings that change the numbers (model, mode,
-planner, dtype, optimizer and loss settings), and a run without `--resume` refuses a
+planner, dtype, optimizer and loss settings, aux scope), and a run without `--resume` refuses a
 directory that already holds checkpoints.
 """
 
@@ -22,7 +22,9 @@ from harts.cli.common import UserError
 
 # the flags whose values change a run's numbers: a resume must have the checkpoint's
 _RUN_FLAGS = ("model", "mode", "planner", "dtype", "microbatch_tokens", "lr", "grad_clip", "agg_mode",
-              "kl_coef", "old_logprobs")
+              "kl_coef", "old_logprobs", "aux_scope")
+# what a checkpoint written before a flag existed ran with
+_BEFORE_THE_FLAG = {"aux_scope": "microbatch"}
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
@@ -30,7 +32,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help="write checkpoints (torch.distributed.checkpoint) into DIR: after every "
                    "--checkpoint-every steps and after the last step")
     p.add_argument("--checkpoint-every", type=int, metavar="N", default=None,
-                   help="checkpoint after every N-th step (needs --checkpoint-dir)")
+                   help="checkpoint after every N-th step (needs --checkpoint-dir; default: after the last step only)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run from the latest checkpoint in --checkpoint-dir (from step 1 "
                    "if it holds none yet)")
@@ -76,7 +78,7 @@ class RunCheckpoints:
         from harts.dist.checkpoint import CheckpointConfig, Checkpointer, CheckpointError
 
         self.source = data_source(args)
-        self.meta = {k: getattr(args, k) for k in _RUN_FLAGS}
+        self.meta = {k: getattr(args, k, _BEFORE_THE_FLAG.get(k)) for k in _RUN_FLAGS}
         self.checkpointer = Checkpointer(CheckpointConfig(Path(args.checkpoint_dir), every=args.checkpoint_every),
                                          model, optimizer, group=group)
         try:
@@ -98,9 +100,10 @@ class RunCheckpoints:
             return
         saved = read_train_state(latest)
         for key, value in self.meta.items():
-            if saved.meta.get(key) != value:
+            was = saved.meta.get(key, _BEFORE_THE_FLAG.get(key))
+            if was != value:
                 flag = "--" + key.replace("_", "-")
-                raise UserError(f"--resume: {latest} was written with {flag} {saved.meta.get(key)}; "
+                raise UserError(f"--resume: {latest} was written with {flag} {was}; "
                                 f"this run has {value}", field=flag)
         if saved.data.source != self.source:
             raise UserError(f"--resume: {latest} was written for data {saved.data.source}; this run reads "
@@ -110,6 +113,17 @@ class RunCheckpoints:
             raise UserError(f"--resume: {latest} is at step {state.step} but batch {state.data.next_batch}; "
                             "harts train uses one batch per step", field="--resume")
         self.start = state.step
+
+    def latest(self) -> Path | None:
+        """The checkpoint a `--resume` would continue from now (None without one)."""
+        if self.checkpointer is None:
+            return None
+        from harts.dist.checkpoint import CheckpointError
+
+        try:
+            return self.checkpointer.latest()
+        except CheckpointError:
+            return None
 
     def after_step(self, step: int) -> Path | None:
         """Save after update step `step` (1-based) when it is due or the run's last."""

@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     src = st.add_mutually_exclusive_group(required=True)
     src.add_argument("--input", help="rollout JSONL file")
     add_workload_args(src, required=False)
-    st.add_argument("--seed", type=int, default=None, help="workload seed (with --workload)")
+    st.add_argument("--seed", type=int, default=None, help="workload seed (with --workload; default: the preset's own)")
     st.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a workload parameter (with --workload); repeatable")
     st.add_argument("--json", action="store_true", help="machine-readable output")
@@ -48,7 +48,7 @@ def add_workload_args(parser: Any, required: bool) -> None:
     parser.add_argument("--workload", metavar="PRESET", required=required,
                         help="workload preset (see `harts workload presets`)")
     if required:
-        parser.add_argument("--seed", type=int, default=None, help="override the preset's seed")
+        parser.add_argument("--seed", type=int, default=None, help="override the preset's seed (default: the preset's own)")
         parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                             help="override a workload parameter, e.g. --set num_groups=4; repeatable")
 

@@ -80,7 +80,7 @@ def load(path: str | os.PathLike[str], *, dtype: torch.dtype | None = None, devi
     except CheckpointKeyError as err:
         # a missing tensor is in no file: name the one that lists the weights
         where = ckpt.path / ckpt.files.get(err.tensor or "", ckpt.weights)
-        raise CheckpointError(f"{where}: {err}") from None
+        raise CheckpointError(f"{where}: {err}", path=where) from None
     dtype = dtype if dtype is not None else _main_dtype(ckpt.tensors)
     with torch.device("meta"):
         model = HybridModel(config)
@@ -88,10 +88,11 @@ def load(path: str | os.PathLike[str], *, dtype: torch.dtype | None = None, devi
     missing = sorted(set(own) - set(state))
     if missing or set(state) - set(own):
         raise CheckpointError(f"{ckpt.path}: the {adapter.model_type} adapter gave no tensor for {missing[:3]} "
-                              f"or extra ones {sorted(set(state) - set(own))[:3]}")
+                              f"or extra ones {sorted(set(state) - set(own))[:3]}", path=ckpt.path)
     for name, t in state.items():
         if not torch.isfinite(t).all():
-            raise CheckpointError(f"{ckpt.path / ckpt.files.get(name, '')}: non-finite values in tensor for {name!r}")
+            where = ckpt.path / ckpt.files.get(name, "")
+            raise CheckpointError(f"{where}: non-finite values in tensor for {name!r}", path=where)
     # no extra copy where the dtype and device already fit (a 48B checkpoint is ~100 GB)
     state = {k: v.to(device=device, dtype=dtype).contiguous() for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=True)

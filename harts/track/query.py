@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harts.config import env
 from harts.track.record import _quiet, client_for
 
 
@@ -38,7 +39,8 @@ def _fetch(client: Any, run_id: str, paths: tuple[str, ...], dirs: tuple[str, ..
     if not wanted:
         return files
     present = {f.path for f in client.list_artifacts(run_id)}
-    with tempfile.TemporaryDirectory(prefix="harts-fetch-") as tmp:
+    # no download progress bars on stderr (`harts report` fetches dozens of small files)
+    with env.mlflow_progress_bars_off(), tempfile.TemporaryDirectory(prefix="harts-fetch-") as tmp:
         for path in wanted:
             top = path.split("/", 1)[0]
             if top not in present:

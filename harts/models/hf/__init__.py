@@ -13,11 +13,13 @@ other than SiLU, attention biases, dropout, a layer layout HARTS cannot express,
 
 from __future__ import annotations
 
+import re
+
 from harts.config.models import ConfigError
 from harts.config.registry import Registry
 from harts.models.hf.adapter import CheckpointKeyError, HFAdapter, HFModelType
 
-__all__ = ["CheckpointKeyError", "HFAdapter", "HFModelType", "get_adapter", "register_adapter",
+__all__ = ["CheckpointKeyError", "HFAdapter", "HFModelType", "config_field", "get_adapter", "register_adapter",
            "supported_model_types"]
 
 
@@ -48,6 +50,28 @@ def get_adapter(model_type: object) -> HFAdapter:
         raise ConfigError(f"config.json: field 'model_type' is {model_type!r}; supported model types: "
                           f"{', '.join(supported_model_types())}")
     return _ADAPTERS.get(model_type)
+
+
+# the adapters' refusals name the config.json field first: "config.json: field 'hidden_act' is ...",
+# "config.json: fields 'num_experts' and 'n_routed_experts' disagree ..." (kimi_linear), or
+# "hidden_act: 'gelu' is not supported" (qwen3_next and the Qwen3.5 adapters built on it)
+_QUOTED_FIELD = re.compile(r"^config\.json: fields? '([^']+)'")
+_LEADING_FIELD = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*): ")
+
+
+def config_field(err: ConfigError) -> str | None:
+    """The config.json field an adapter's ConfigError refuses (dotted for a nested one:
+    'linear_attn_config.kda_layers'); None where the message names none, e.g. a value the
+    adapter mapped that HARTS's own ModelConfig then refused ("config.json: dense_ffn_dim:
+    ...", "qwen3_next config: ..."): those name a ModelConfig field, not the file's."""
+    message = str(err)
+    quoted = _QUOTED_FIELD.match(message)
+    if quoted:
+        return quoted.group(1)
+    if message.startswith("config.json: "):
+        return None
+    leading = _LEADING_FIELD.match(message)
+    return leading.group(1) if leading else None
 
 
 # registration: one module per model type, each exposing ADAPTER

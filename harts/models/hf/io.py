@@ -38,7 +38,12 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
 class CheckpointError(ValueError):
-    """A checkpoint directory that cannot be read or written; one line naming the file."""
+    """A checkpoint directory that cannot be read or written; one line naming the file.
+    `path`: that file (or directory), where there is one (the CLI reports it as `file`)."""
+
+    def __init__(self, message: str, path: str | os.PathLike[str] | None = None):
+        super().__init__(message)
+        self.path = None if path is None else os.fspath(path)
 
 
 @dataclass(frozen=True)
@@ -56,16 +61,16 @@ class Checkpoint:
 def read_config(path: str | os.PathLike[str]) -> dict:
     root = Path(path)
     if not root.is_dir():
-        raise CheckpointError(f"{root}: not a checkpoint directory (config.json + safetensors)")
+        raise CheckpointError(f"{root}: not a checkpoint directory (config.json + safetensors)", path=root)
     cfg = root / CONFIG
     if not cfg.is_file():
-        raise CheckpointError(f"{cfg}: missing (a checkpoint directory needs its config.json)")
+        raise CheckpointError(f"{cfg}: missing (a checkpoint directory needs its config.json)", path=cfg)
     try:
         hf = json.loads(cfg.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{cfg}: not readable JSON ({err})") from None
+        raise CheckpointError(f"{cfg}: not readable JSON ({err})", path=cfg) from None
     if not isinstance(hf, dict):
-        raise CheckpointError(f"{cfg}: must hold a JSON object")
+        raise CheckpointError(f"{cfg}: must hold a JSON object", path=cfg)
     return hf
 
 
@@ -73,7 +78,7 @@ def _read_safetensors(file: Path) -> dict[str, Tensor]:
     from safetensors import safe_open
 
     if not file.is_file():
-        raise CheckpointError(f"{file}: missing")
+        raise CheckpointError(f"{file}: missing", path=file)
     try:
         out = {}
         with safe_open(str(file), framework="pt", device="cpu") as fh:
@@ -84,7 +89,7 @@ def _read_safetensors(file: Path) -> dict[str, Tensor]:
         raise
     except Exception as err:  # noqa: BLE001 - any unreadable file is the user's input error
         detail = " ".join(str(err).split()) or type(err).__name__
-        raise CheckpointError(f"{file}: not a readable safetensors file, truncated or corrupt ({detail})") from None
+        raise CheckpointError(f"{file}: not a readable safetensors file, truncated or corrupt ({detail})", path=file) from None
 
 
 def _read_pickle(file: Path) -> dict[str, Tensor]:
@@ -92,9 +97,9 @@ def _read_pickle(file: Path) -> dict[str, Tensor]:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001
         raise CheckpointError(f"{file}: not a readable torch weights file ({type(err).__name__}: "
-                              f"{' '.join(str(err).split())[:200]})") from None
+                              f"{' '.join(str(err).split())[:200]})", path=file) from None
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()):
-        raise CheckpointError(f"{file}: expected a dict of tensor name -> tensor")
+        raise CheckpointError(f"{file}: expected a dict of tensor name -> tensor", path=file)
     return state
 
 
@@ -103,26 +108,26 @@ def _read_index(root: Path, index_name: str, reader) -> tuple[dict[str, Tensor],
     try:
         weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{index}: not a readable index with a 'weight_map' ({err})") from None
+        raise CheckpointError(f"{index}: not a readable index with a 'weight_map' ({err})", path=index) from None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise CheckpointError(f"{index}: 'weight_map' must map tensor names to file names")
+        raise CheckpointError(f"{index}: 'weight_map' must map tensor names to file names", path=index)
     by_shard: dict[str, list[str]] = {}
     for name, shard in weight_map.items():
         if Path(shard).name != shard:
-            raise CheckpointError(f"{index}: tensor {name!r} points outside the directory ({shard!r})")
+            raise CheckpointError(f"{index}: tensor {name!r} points outside the directory ({shard!r})", path=index)
         by_shard.setdefault(shard, []).append(name)
     tensors: dict[str, Tensor] = {}
     files: dict[str, str] = {}
     for shard, names in by_shard.items():
         if not (root / shard).is_file():
-            raise CheckpointError(f"{root / shard}: missing shard (the index lists tensor {names[0]!r} in it)")
+            raise CheckpointError(f"{root / shard}: missing shard (the index lists tensor {names[0]!r} in it)", path=root / shard)
         got = reader(root / shard)
         for name in names:
             if name not in got:
-                raise CheckpointError(f"{root / shard}: tensor {name!r} is missing (the index lists it here)")
+                raise CheckpointError(f"{root / shard}: tensor {name!r} is missing (the index lists it here)", path=root / shard)
         for name, t in got.items():
             if weight_map.get(name) != shard:
-                raise CheckpointError(f"{root / shard}: tensor {name!r} is not listed for this file in {index_name}")
+                raise CheckpointError(f"{root / shard}: tensor {name!r} is not listed for this file in {index_name}", path=root / shard)
             tensors[name] = t
             files[name] = shard
     return tensors, files
@@ -142,7 +147,7 @@ def read_checkpoint(path: str | os.PathLike[str], *, allow_pickle: bool = False)
         name = PICKLE if (root / PICKLE).is_file() else PICKLE_INDEX
         if not allow_pickle:
             raise CheckpointError(f"{root / name}: a pickle checkpoint; unpickling an untrusted file can run code. "
-                                  "Convert it to safetensors, or opt in with allow_pickle=True (--allow-pickle)")
+                                  "Convert it to safetensors, or opt in with allow_pickle=True (--allow-pickle)", path=root / name)
         if name == PICKLE:
             tensors = _read_pickle(root / PICKLE)
             files = dict.fromkeys(tensors, PICKLE)
@@ -150,7 +155,7 @@ def read_checkpoint(path: str | os.PathLike[str], *, allow_pickle: bool = False)
             tensors, files = _read_index(root, PICKLE_INDEX, _read_pickle)
         weights = name
     else:
-        raise CheckpointError(f"{root}: no {SAFETENSORS} or {INDEX} (weights) in the checkpoint directory")
+        raise CheckpointError(f"{root}: no {SAFETENSORS} or {INDEX} (weights) in the checkpoint directory", path=root)
     return Checkpoint(root, hf, tensors, files, weights)
 
 
@@ -168,17 +173,17 @@ def write_checkpoint(out_dir: str | os.PathLike[str], hf_config: dict, tensors: 
     target = Path(out_dir)
     parent = target.parent
     if not parent.is_dir():
-        raise CheckpointError(f"{target}: folder {parent} does not exist (create it first)")
+        raise CheckpointError(f"{target}: folder {parent} does not exist (create it first)", path=target)
     if target.exists() and not target.is_dir():
-        raise CheckpointError(f"{target}: exists and is not a directory")
+        raise CheckpointError(f"{target}: exists and is not a directory", path=target)
     if target.is_dir() and any(target.iterdir()) and not (target / CONFIG).is_file():
-        raise CheckpointError(f"{target}: exists, is not empty and is not a checkpoint directory; not replacing it")
+        raise CheckpointError(f"{target}: exists, is not empty and is not a checkpoint directory; not replacing it", path=target)
     if shard_bytes < 1:
         raise CheckpointError(f"shard size must be >= 1 byte, got {shard_bytes}")
     try:
         tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{target.name}.", suffix=".tmp"))
     except OSError as err:
-        raise CheckpointError(f"{target}: cannot write there ({err.strerror})") from None
+        raise CheckpointError(f"{target}: cannot write there ({err.strerror})", path=target) from None
     try:
         names = sorted(tensors)
         shards: list[list[str]] = [[]]
@@ -220,7 +225,7 @@ def write_checkpoint(out_dir: str | os.PathLike[str], hf_config: dict, tensors: 
             os.replace(tmp, target)
     except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"{target}: cannot write ({err.strerror or err})") from None
+        raise CheckpointError(f"{target}: cannot write ({err.strerror or err})", path=target) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -560,3 +560,48 @@ def trace_candidates(draw: st.DrawFn, max_candidates: int = 8, n_features: int =
             out.append(Candidate(f"p{i}/t1", f"p{i}", CandidateKind.PREFIX, f, s, fl, draw(st.integers(1, 3)),
                                  f"p{i}-r0", draw(st.integers(1, 50))))
     return out
+
+
+# ---- distributed launches (harts/dist): a world of 1-4 ranks, a `--parallel` spec (a
+# factorization of the world, or degrees drawn freely so that some do not fit it or the
+# model; dp left out at times, to fill the world) and a small forest of
+# tests/distributed/cases.py, whose groups may be fewer than the DP replicas.
+
+
+@dataclass(frozen=True)
+class LaunchCase:
+    """A launch as `torchrun --nproc-per-node world ... --parallel spec` would make it."""
+
+    world: int
+    spec: str
+    seed: int
+    groups: int
+    kids: int
+
+    def trajectories(self):
+        from tests.distributed.cases import small_trajectories
+
+        return small_trajectories(self.seed, self.groups, self.kids)
+
+
+@st.composite
+def parallel_launches(draw: st.DrawFn, min_world: int = 1, max_world: int = 4, max_groups: int = 3,
+                      max_kids: int = 3, free_degrees: bool = True):
+    """`free_degrees=False`: factorizations of the world only."""
+    world = draw(st.integers(min_world, max_world))
+
+    def divisor(n: int) -> int:
+        return draw(st.sampled_from([d for d in range(1, n + 1) if n % d == 0]))
+
+    if not free_degrees or draw(st.integers(0, 3)):  # mostly a factorization: pp x dp x tp, ep | dp
+        pp = divisor(world)
+        tp = divisor(world // pp)
+        dp = world // (pp * tp)
+        degrees = {"dp": dp, "pp": pp, "ep": divisor(dp), "tp": tp}
+    else:
+        degrees = {name: draw(st.integers(1, max_world)) for name in ("dp", "pp", "ep", "tp")}
+    # a degree of 1 may be left out, and dp at any value (it then fills the world)
+    parts = [f"{name}={n}" for name, n in degrees.items()
+             if not ((name == "dp" or n == 1) and draw(st.booleans()))]
+    return LaunchCase(world, ",".join(draw(st.permutations(parts))), draw(st.integers(0, 1000)),
+                      draw(st.integers(1, max_groups)), draw(st.integers(1, max_kids)))

@@ -5,6 +5,7 @@ must be those of the `harts train` command the README names next to it."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shlex
@@ -134,20 +135,68 @@ def test_checkpoint_commands_run_as_written(tmp_path):
     assert all(torch.isfinite(t).all() for t in reloaded.values())
 
 
-def test_distributed_commands_parse():
-    """Every line of "More than one GPU" names flags the CLI has (what runs under torchrun is
-    `harts ...` itself; tests/distributed runs the configurations)."""
-    from harts.cli.main import build_parser
+_STEP_LINE = re.compile(r"^step (\d+)\s+loss (\S+)\s+pg (\S+)\s.*?grad_norm (\S+)", re.M)
+
+
+def _distributed_argv(line: str) -> list[str]:
+    """A "More than one GPU" line as this interpreter runs it: `torchrun` is
+    `python -m torch.distributed.run` with the same arguments, `harts` is `python -m harts`."""
+    argv = shlex.split(line, comments=True)
+    if argv[0] == "torchrun":
+        assert argv[argv.index("-m") + 1] == "harts", line
+        return [sys.executable, "-m", "torch.distributed.run", *argv[1:]]
+    assert argv[0] == "harts", line
+    return [sys.executable, "-m", "harts", *argv[1:]]
+
+
+def test_distributed_commands_run_as_written(tmp_path):
+    """Every line of "More than one GPU", in order, from a folder holding the rollouts.jsonl
+    of "Command line" (tiny-stepwise: 2 trees, 16 trajectories), on the CPU: no CUDA device,
+    so the lines' default device is the CPU and their process groups gloo, in the default
+    dtype (float32) where a line names none. Each exits 0. A training line prints one line
+    per step it runs, with finite numbers: steps 1..--steps, or with --resume the steps after
+    the checkpoint the line before wrote; lines training the same first step (the same
+    model, rollouts and loss, split another way) print the same policy loss and about the
+    same gradient norm (the model's MoE aux loss is per microbatch, so it and its gradient
+    change a little with the split). A verify line passes. torchrun's port comes from PET_MASTER_PORT (its --master-port), so
+    concurrent tests do not share one."""
+    from harts.dist.runner import free_port
 
     (block,) = _blocks("bash", "More than one GPU")
     lines = [line for line in block.splitlines() if line.strip()]
     assert len(lines) >= 5
-    parser = build_parser()
+    assert _harts("harts workload generate --workload tiny-stepwise --out rollouts.jsonl", tmp_path).returncode == 0
+    first_steps: dict[bool, list[tuple[str, float, float]]] = {}
     for line in lines:
         argv = shlex.split(line, comments=True)
-        if argv[0] == "torchrun":
-            argv = argv[argv.index("harts") + 1:]
+        ckpt = tmp_path / argv[argv.index("--checkpoint-dir") + 1] if "--checkpoint-dir" in argv else None
+        before = max((int(d.name.removeprefix("step-")) for d in ckpt.glob("step-*")), default=0) if ckpt else 0
+        env = dict(_env(), PET_MASTER_PORT=str(free_port()))
+        res = subprocess.run(_distributed_argv(line), cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=600)
+        assert res.returncode == 0, f"{line}\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}"
+        if "verify" in argv:
+            report = json.loads(res.stdout)
+            assert report["passed"] is True and report["verdict"].startswith("PASS"), (line, report["verdict"])
+            continue
+        assert "train" in argv, line
+        steps = int(argv[argv.index("--steps") + 1]) if "--steps" in argv else 3
+        printed = [(int(m[1]), float(m[2]), float(m[3]), float(m[4])) for m in _STEP_LINE.finditer(res.stdout)]
+        numbers = [n for p in printed for n in p[1:]]
+        assert all(math.isfinite(x) for x in numbers), (line, res.stdout)
+        done = [p[0] for p in printed]
+        if "--resume" in argv:  # the steps after the latest checkpoint the lines before wrote
+            assert before > 0 and done == list(range(before + 1, steps + 1)), (line, before, res.stdout)
+            assert (ckpt / f"step-{steps:06d}").is_dir(), line
         else:
-            assert argv[0] == "harts", line
-            argv = argv[1:]
-        parser.parse_args(argv)  # argparse exits (SystemExit) on an unknown flag
+            assert done == list(range(1, steps + 1)), (line, res.stdout)
+            first_steps.setdefault("--old-logprobs" in argv, []).append((line, printed[0][2], printed[0][3]))
+        if "--checkpoint-every" in argv:
+            every = int(argv[argv.index("--checkpoint-every") + 1])
+            assert all((ckpt / f"step-{s:06d}").is_dir() for s in range(every, steps + 1, every)), line
+    # the policy loss printed to 6 decimals: equal up to float32 rounding and the print's
+    for runs in first_steps.values():
+        _, pg, norm = runs[0]
+        for line, other_pg, other_norm in runs[1:]:
+            assert abs(other_pg - pg) <= 2e-6 and abs(other_norm - norm) <= 1e-3 * norm, (line, runs[0])
+    assert len(first_steps[False]) >= 4 and len(first_steps[True]) >= 2, first_steps

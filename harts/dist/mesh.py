@@ -63,11 +63,17 @@ def parse_parallel(text: str, world_size: int | None = None) -> ParallelConfig:
 def check_launch(parallel: ParallelConfig, world_size: int, model: ModelConfig, plan: Any = None) -> None:
     """Refuse, with one line, a launch that cannot run the step: a mesh other than the world
     size, ep not dividing the experts, pp above the layer count, tp not dividing the heads
-    and FFN widths, or a plan made for another number of DP replicas."""
+    and FFN widths, pipeline stages with tp or ep, a plan made for another number of DP
+    replicas, or a pipeline (pp > 1) on a plan that gives a replica no microbatch (the
+    pipelining runtime runs a replica's microbatches; one with none would skip the stage's
+    FSDP collectives). Without a pipeline a replica with no microbatch takes part in every
+    collective with a zero contribution (`harts.dist.runner`)."""
     p = parallel
     if p.world_size != world_size:
         raise LaunchError(f"mesh {p.spec()} needs {p.world_size} ranks (dp x pp x tp) and does not divide "
                           f"the world size {world_size}")
+    if p.pp > 1 and (p.tp > 1 or p.ep > 1):
+        raise LaunchError(f"--parallel {p.spec()}: pipeline stages run with data parallelism only (tp=1, ep=1)")
     if p.ep > 1:
         if not model.num_moe_layers:
             raise LaunchError(f"ep={p.ep}: {model.name} has no MoE layer to shard experts over")
@@ -90,6 +96,12 @@ def check_launch(parallel: ParallelConfig, world_size: int, model: ModelConfig, 
                 raise LaunchError(f"tp={p.tp} does not divide the {n} {what} of {model.name}")
     if plan is not None and plan.dp != p.dp:
         raise LaunchError(f"the plan was made for dp={plan.dp} replicas; this launch has dp={p.dp}")
+    if plan is not None and p.pp > 1:
+        idle = sorted(set(range(p.dp)) - {m.replica for m in plan.microbatches})
+        if idle:
+            raise LaunchError(f"--parallel {p.spec()}: the plan gives replica{'s' if len(idle) > 1 else ''} "
+                              f"{', '.join(map(str, idle))} no microbatch ({len(plan.microbatches)} microbatch(es) "
+                              f"over {p.dp} replicas); a pipeline needs one on every replica (lower dp)")
 
 
 @dataclass(frozen=True)

@@ -451,7 +451,10 @@ def apply_tp(model: nn.Module, mesh: DistMesh, shards: dict[str, ShardInfo], seq
 def apply_fsdp(model: nn.Module, mesh: DistMesh) -> list[Any]:
     """FSDP2 over "dp": each block a unit, a layer's local experts a unit over
     "dp_mod_ep" (the replicas holding the same experts), the root last. Gradients are
-    summed (divide factor 1): the loss already carries the step's denominators."""
+    summed (divide factor 1): the loss already carries the step's denominators. The
+    reduction is a plain SUM collective (`set_force_sum_reduction_for_comms`): in float32 and
+    bfloat16 FSDP2 would otherwise fold the factor into a PREMUL_SUM, which gloo lacks; a
+    divide factor of 1 then divides by nothing, so the sum is the same."""
     if mesh.parallel.dp == 1:
         return []
     from torch.distributed.fsdp import fully_shard
@@ -467,6 +470,7 @@ def apply_fsdp(model: nn.Module, mesh: DistMesh) -> list[Any]:
     units.append(fully_shard(model, mesh=dp_mesh))
     for u in units:
         u.set_gradient_divide_factor(1.0)
+        u.set_force_sum_reduction_for_comms(True)
     return units
 
 

@@ -750,6 +750,8 @@ def pipeline_trainer(model: HybridModel, mesh: object, plan: Plan, schedule: Sch
             units.append(fully_shard(module, mesh=dp_mesh, reshard_after_forward=False))
             for u in units:
                 u.set_gradient_divide_factor(1.0)  # the loss carries the step's denominators
+                # a SUM collective in every dtype (float32 would use PREMUL_SUM, not in gloo)
+                u.set_force_sum_reduction_for_comms(True)
             reduce_grads = False
     return PipelineTrainer(module, plan, schedule, group=group, replica=replica, dp_group=dp_group,
                            reduce_grads=reduce_grads, **kwargs)

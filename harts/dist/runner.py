@@ -22,7 +22,11 @@ optimizer. What the distribution adds sits around that loop, never inside it:
   no shadow runs.
 - Gradients are reduced once per step: after the last microbatch every rank runs one
   zero-row forward/backward with FSDP's gradient sync on, which reduce-scatters
-  (sums) every unit's accumulated gradient, then reshards.
+  (sums) every unit's accumulated gradient, then reshards. A parameter this replica's
+  microbatches did not reach (all of them on a replica the plan gives no microbatch, the
+  LM head and the routed experts on one that only ran shadows) gets a zero gradient
+  first, so every replica reduce-scatters the same parameters (torch's
+  `set_reduce_scatter_unused_params` semantics, which torch 2.11 lacks).
 - Results (log-probs, losses, expert loads, layouts) are gathered over "dp", so each rank's
   `StepResult` is the step's; `grad_norm` is the norm of the full gradient, and clipping
   uses it.
@@ -56,7 +60,7 @@ from harts.exec.window import PlanTrainer
 from harts.plan.plan import Plan, PlanMode
 
 __all__ = ["DistPlanTrainer", "JointEvent", "NullContext", "free_port", "full_gradients", "joint_events",
-           "launch"]
+           "launch", "zero_missing_grads"]
 
 
 class NullContext:
@@ -237,8 +241,9 @@ class DistPlanTrainer(PlanTrainer):
             stats, loads = moe_statistics_pass(self.model, microbatches)
             local, weight = torch.stack(loads).sum(0), stats.total_weight
         else:
-            for _ in microbatches:  # a replica without microbatches only runs the group's shadows
-                pass
+            with torch.no_grad():  # a replica without microbatches only runs the group's shadows
+                for _ in microbatches:
+                    pass
         both = torch.cat([local.reshape(-1), torch.tensor([weight], dtype=torch.float64)]).to(self.mesh.device)
         dist.all_reduce(both, group=self._dp_group)
         both = both.cpu()
@@ -253,6 +258,8 @@ class DistPlanTrainer(PlanTrainer):
         result = super()._run(trajectories, microbatch_tokens, backward, partition, prepared)
         if backward:
             self.pm.enable_gradient_sync()
+            if self.pm.fsdp_modules:
+                zero_missing_grads(self.model)
             self.shadow_backward(self.shadow_forward())  # every unit's one reduce-scatter
         self.pm.reshard()
         result = self._gather(result)
@@ -287,6 +294,14 @@ class DistPlanTrainer(PlanTrainer):
                         p.grad.mul_(coef)
         self.optimizer.step()
         return replace(result, seconds=time.perf_counter() - start)
+
+
+def zero_missing_grads(model: torch.nn.Module) -> None:
+    """A zero gradient for every trainable parameter without one: its part of a summed
+    reduction when this rank's microbatches did not use it (module docstring)."""
+    for p in model.parameters():
+        if p.requires_grad and p.grad is None:
+            p.grad = torch.zeros_like(p)
 
 
 def merge_per_trajectory(parts: Sequence[Sequence[np.ndarray] | None]) -> list[np.ndarray] | None:

@@ -28,7 +28,7 @@ from harts.config.parallel import ParallelConfig
 from harts.exec.loss import PolicyLossConfig
 from harts.tree import Trajectory
 
-__all__ = ["verify_distributed"]
+__all__ = ["verify_distributed", "verify_distributed_dtypes"]
 
 
 def _plan(trajectories, config: ModelConfig, planner: str, microbatch_tokens: int, dp: int, pp: int = 1):
@@ -41,9 +41,22 @@ def _plan(trajectories, config: ModelConfig, planner: str, microbatch_tokens: in
 
 
 def _worker(payload: dict, out_path: str) -> None:
+    """One step report per dtype of `payload["dtypes"]`, on one mesh (rank 0 writes them)."""
     import torch.distributed as dist
 
     from harts.dist.mesh import init_mesh
+
+    mesh = init_mesh(payload["parallel"], payload["device"])
+    reports = [_step_report(payload, mesh, dtype) for dtype in payload["dtypes"]]
+    if dist.get_rank() == 0:
+        Path(out_path).write_text(json.dumps(reports))
+
+
+def _step_report(payload: dict, mesh, dtype: torch.dtype) -> dict[str, Any] | None:
+    """The distributed step in `dtype` against the single-process expanded one: the report
+    on rank 0, None on the others."""
+    import torch.distributed as dist
+
     from harts.dist.parallelize import parallelize
     from harts.dist.runner import DistPlanTrainer, full_gradients
     from harts.exec.model.model import build_model
@@ -52,12 +65,11 @@ def _worker(payload: dict, out_path: str) -> None:
 
     parallel: ParallelConfig = payload["parallel"]
     config: ModelConfig = payload["config"]
-    device, dtype, loss = payload["device"], payload["dtype"], payload["loss"]
+    device, loss = payload["device"], payload["loss"]
     mbt = payload["microbatch_tokens"]
     trajectories = payload["trajectories"]
-    mesh = init_mesh(parallel, device)
     template = build_model(config, seed=payload["seed"], dtype=dtype, device=device)
-    if payload["weights"] is not None:  # a checkpoint's weights (harts verify --model-path)
+    if payload["weights"] is not None:  # a checkpoint's weights (harts verify --model-path), cast to dtype
         template.load_state_dict(payload["weights"])
     if payload["recompute_old_logprobs"]:
         box = [None]
@@ -76,7 +88,7 @@ def _worker(payload: dict, out_path: str) -> None:
         grads = full_gradients(pm)
         applied = pm.applied
     if dist.get_rank() != 0:
-        return
+        return None
     ref_model = copy.deepcopy(template)
     ref = ExpandedTrainer(ref_model, loss=loss, kernels=payload["kernels"]).forward_backward(trajectories, mbt)
     got_model = copy.deepcopy(template)
@@ -106,7 +118,7 @@ def _worker(payload: dict, out_path: str) -> None:
         "ref_losses": ref.losses,
         **compare_steps(ref, ref_model, got, got_model),
     }
-    Path(out_path).write_text(json.dumps(report))
+    return report
 
 
 def _pipeline_step(payload: dict, mesh, model, plan, trajectories) -> tuple[Any, dict, list[str], dict]:
@@ -166,34 +178,60 @@ def verify_distributed(
     timeout: float = 300.0,
 ) -> dict[str, Any]:
     """One distributed forward/backward under `parallel` against the single-process
-    expanded step; the comparison report (`compare_steps`'s fields, the step's shape,
-    `world_size` and the mesh). With pp > 1 the pipeline runs the simulator's `schedule`
-    (tp = ep = 1) and the report adds `schedule` and `executed_is_simulated`. With tp > 1,
-    `sequence_parallel` row-shards the residual stream (`harts.dist.parallelize`). `model`: a
-    registered name or config (weights from `seed`), or a model (a loaded checkpoint) whose
-    weights every worker starts from. Launch checks
-    (`check_launch`) run before any process starts."""
-    from harts.dist.mesh import LaunchError, check_launch
+    expanded step (`verify_distributed_dtypes` with one dtype); the comparison report
+    (`compare_steps`'s fields, the step's shape, `world_size` and the mesh). With pp > 1
+    the pipeline runs the simulator's `schedule` (tp = ep = 1) and the report adds
+    `schedule` and `executed_is_simulated`. With tp > 1, `sequence_parallel` row-shards the
+    residual stream (`harts.dist.parallelize`). `model`: a registered name or config
+    (weights from `seed`), or a model (a loaded checkpoint) whose weights every worker
+    starts from. Launch checks (`check_launch`, the plan's included) run before any
+    process starts."""
+    return verify_distributed_dtypes(
+        trajectories, parallel=parallel, model=model, dtypes=(dtype,), seed=seed, microbatch_tokens=microbatch_tokens,
+        planner=planner, loss=loss, device=device, recompute_old_logprobs=recompute_old_logprobs, kernels=kernels,
+        schedule=schedule, sequence_parallel=sequence_parallel, timeout=timeout)[0]
+
+
+def verify_distributed_dtypes(
+    trajectories: Sequence[Trajectory],
+    *,
+    parallel: ParallelConfig,
+    dtypes: Sequence[torch.dtype],
+    model: str | ModelConfig | torch.nn.Module = "tiny-cpu",
+    seed: int = 0,
+    microbatch_tokens: int = 1 << 20,
+    planner: str = "l1l2",
+    loss: PolicyLossConfig | None = None,
+    device: str = "cpu",
+    recompute_old_logprobs: bool = True,
+    kernels: KernelConfig | None = None,
+    schedule: str = "consumer-1f1b",
+    sequence_parallel: bool = True,
+    timeout: float = 300.0,
+) -> list[dict[str, Any]]:
+    """`verify_distributed`'s report for each of `dtypes`, one after the other in the same
+    worker processes (one launch, one mesh; each dtype its own model from the same weights,
+    its own distributed step and its own single-process reference in that dtype)."""
+    from harts.dist.mesh import check_launch
     from harts.dist.runner import launch
 
     weights = None
     if isinstance(model, torch.nn.Module):
-        weights = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype)
-                   for k, v in model.state_dict().items()}
+        weights = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
         model = model.config
     config = get_model_config(model) if isinstance(model, str) else model
     config = config.replace(aux_scope="global")
     trajectories = list(trajectories)
     check_launch(parallel, parallel.world_size, config)
-    if parallel.pp > 1 and (parallel.tp > 1 or parallel.ep > 1):
-        raise LaunchError(f"--parallel {parallel.spec()}: pipeline stages run with data parallelism only "
-                          "(tp=1, ep=1)")
     if loss is None:
         has_ref = all(t.ref_logprobs is not None for t in trajectories)
         loss = PolicyLossConfig(kl_coef=0.1 if has_ref else 0.0)
-    # the plan is made here first so a planner's refusal is reported before workers start
-    _plan(trajectories, config, planner, microbatch_tokens, parallel.dp, parallel.pp)
-    payload = {"schedule": schedule, "parallel": parallel, "config": config, "device": device, "dtype": dtype, "loss": loss,
+    # the plan is made here first so a planner's refusal, or a plan the launch cannot run,
+    # is reported before workers start
+    check_launch(parallel, parallel.world_size, config,
+                 _plan(trajectories, config, planner, microbatch_tokens, parallel.dp, parallel.pp))
+    payload = {"schedule": schedule, "parallel": parallel, "config": config, "device": device, "dtypes": list(dtypes),
+               "loss": loss,
                "microbatch_tokens": microbatch_tokens, "trajectories": trajectories, "seed": seed,
                "planner": planner, "recompute_old_logprobs": recompute_old_logprobs,
                "sequence_parallel": sequence_parallel, "weights": weights,

@@ -74,7 +74,7 @@ def test_every_command_line_command_runs_as_written(tmp_path, monkeypatch, capsy
             verdict = json.loads(res.out)["verdict"] if "--json" in command else res.out.splitlines()[-1]
             assert verdict.startswith("PASS: tree == expanded within 1e-10 relative"), command
     for name in ("rollouts.jsonl", "plan.json", "harts-runs/mlflow.db", "harts-runs/report.html",
-                 "sweep-swe-treestep-8-consumer-1f1b.png"):
+                 "sweep.png"):
         assert (tmp_path / name).is_file(), name
 
 

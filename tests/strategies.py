@@ -562,7 +562,7 @@ def trace_candidates(draw: st.DrawFn, max_candidates: int = 8, n_features: int =
     return out
 
 
-# ---- distributed launches (harts/dist): a world of 1-4 ranks, a `--parallel` spec (a
+# ---- distributed launches (harts/distributed): a world of 1-4 ranks, a `--parallel` spec (a
 # factorization of the world, or degrees drawn freely so that some do not fit it or the
 # model; dp left out at times, to fill the world) and a small forest of
 # tests/distributed/cases.py, whose groups may be fewer than the DP replicas.

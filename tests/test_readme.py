@@ -160,7 +160,7 @@ def test_distributed_commands_run_as_written(tmp_path):
     same gradient norm (the model's MoE aux loss is per microbatch, so it and its gradient
     change a little with the split). A verify line passes. torchrun's port comes from PET_MASTER_PORT (its --master-port), so
     concurrent tests do not share one."""
-    from harts.dist.runner import free_port
+    from harts.distributed.runner import free_port
 
     (block,) = _blocks("bash", "More than one GPU")
     lines = [line for line in block.splitlines() if line.strip()]

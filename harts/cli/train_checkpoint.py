@@ -1,6 +1,6 @@
 """`harts train`'s checkpoint flags: `--checkpoint-dir`, `--checkpoint-every`, `--resume`.
 
-A run with `--checkpoint-dir D` writes a checkpoint (`harts.dist.checkpoint`) after every
+A run with `--checkpoint-dir D` writes a checkpoint (`harts.distributed.checkpoint`) after every
 `--checkpoint-every` N-th step and after its last step. `--resume` loads D's latest
 checkpoint (model, optimizer, RNG states) and continues at the step after it, with the
 batch that step would have had; with no checkpoint in D yet the run starts at step 1, so
@@ -75,7 +75,7 @@ class RunCheckpoints:
         self.checkpointer = None
         if args.checkpoint_dir is None:
             return
-        from harts.dist.checkpoint import CheckpointConfig, Checkpointer, CheckpointError
+        from harts.distributed.checkpoint import CheckpointConfig, Checkpointer, CheckpointError
 
         self.source = data_source(args)
         self.meta = {k: getattr(args, k, _BEFORE_THE_FLAG.get(k)) for k in _RUN_FLAGS}
@@ -93,7 +93,7 @@ class RunCheckpoints:
             raise UserError(str(err), field="--resume" if args.resume else "--checkpoint-dir") from None
 
     def _resume(self, latest: Path | None) -> None:
-        from harts.dist.checkpoint import read_train_state
+        from harts.distributed.checkpoint import read_train_state
 
         if latest is None:
             print(f"--resume: no checkpoint in {self.args.checkpoint_dir} yet; starting at step 1", file=sys.stderr)
@@ -118,7 +118,7 @@ class RunCheckpoints:
         """The checkpoint a `--resume` would continue from now (None without one)."""
         if self.checkpointer is None:
             return None
-        from harts.dist.checkpoint import CheckpointError
+        from harts.distributed.checkpoint import CheckpointError
 
         try:
             return self.checkpointer.latest()
@@ -129,7 +129,7 @@ class RunCheckpoints:
         """Save after update step `step` (1-based) when it is due or the run's last."""
         if self.checkpointer is None:
             return None
-        from harts.dist.checkpoint import CheckpointError, DataPosition, TrainState
+        from harts.distributed.checkpoint import CheckpointError, DataPosition, TrainState
 
         if not (self.checkpointer.config.due(step) or step == self.args.steps):
             return None

@@ -18,7 +18,7 @@ def cmd_train_distributed(args: argparse.Namespace, load_trajectories) -> int:
     from harts.cli import train_checkpoint
     from harts.cli.model_source import model_config
     from harts.config.models import ConfigError
-    from harts.dist.mesh import LaunchError, backend_for, check_launch, parse_parallel
+    from harts.distributed.mesh import LaunchError, backend_for, check_launch, parse_parallel
 
     if args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
@@ -60,7 +60,7 @@ def cmd_train_distributed(args: argparse.Namespace, load_trajectories) -> int:
     except LaunchError as err:
         raise UserError(str(err)) from None
     if not launched:
-        from harts.dist.runner import free_port
+        from harts.distributed.runner import free_port
 
         dist.init_process_group(backend_for(device), init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
                                 world_size=1)
@@ -108,9 +108,9 @@ def _train(args, parallel, config, plan, trajectories, device: str, rank: int) -
     from harts.cli import train_checkpoint
     from harts.cli.model_source import train_model
     from harts.config.optimizer import OptimizerConfig
-    from harts.dist.mesh import init_mesh
-    from harts.dist.parallelize import parallelize
-    from harts.dist.runner import DistPlanTrainer
+    from harts.distributed.mesh import init_mesh
+    from harts.distributed.parallelize import parallelize
+    from harts.distributed.runner import DistPlanTrainer
     from harts.exec.loss import PolicyLossConfig
     from harts.exec.trainer import run_steps
 
@@ -121,8 +121,8 @@ def _train(args, parallel, config, plan, trajectories, device: str, rank: int) -
     loss = PolicyLossConfig(agg_mode=args.agg_mode, kl_coef=args.kl_coef)
     if parallel.pp > 1:
         # pipeline stages on torch.distributed.pipelining, the plan's schedule lowered to the
-        # runtime's actions, each stage sharded over "dp" by FSDP2 (harts.dist.pipeline)
-        from harts.dist.pipeline import pipeline_trainer
+        # runtime's actions, each stage sharded over "dp" by FSDP2 (harts.distributed.pipeline)
+        from harts.distributed.pipeline import pipeline_trainer
 
         trainer = pipeline_trainer(model, mesh.mesh, plan, args.schedule, optimizer=optimizer, loss=loss)
         applied = ["pp"] + (["fsdp"] if parallel.dp > 1 else [])

@@ -304,7 +304,7 @@ def cmd_parallel(args: argparse.Namespace, trajectories: list) -> int:
     the step check's verdict; launch errors are one line, exit code 2, before any worker starts."""
     import torch
 
-    from harts.dist.mesh import LaunchError, parse_parallel
+    from harts.distributed.mesh import LaunchError, parse_parallel
 
     if args.fidelity:
         raise UserError("--parallel and --fidelity are separate reports: pick one")

@@ -1,6 +1,6 @@
 """The parallel layout of a step: DP replicas x PP stages x TP ranks, EP carved out of each
 stage's DP group. Rank placement and the stage split of the simulator live in
-`harts.sim.parallel`; the torch.distributed mesh of a run in `harts.dist.mesh` (ranks laid
+`harts.sim.parallel`; the torch.distributed mesh of a run in `harts.distributed.mesh` (ranks laid
 out as pp x dp x tp, tp innermost)."""
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The distributed step against the single-process expanded reference.
 
-`verify_distributed` starts `world_size` worker processes (`harts.dist.runner.launch`:
+`verify_distributed` starts `world_size` worker processes (`harts.distributed.runner.launch`:
 gloo on CPU, NCCL on CUDA), each building the same model from the seed, the same plan for
 `dp` replicas (and `pp` stages) and its share of the mesh; they run one distributed
-forward/backward (`DistPlanTrainer`; with pp > 1 the pipeline of `harts.dist.pipeline`
+forward/backward (`DistPlanTrainer`; with pp > 1 the pipeline of `harts.distributed.pipeline`
 under a simulator schedule) and assemble the full gradients. Rank 0 then runs the single-process
 `ExpandedTrainer` from the same weights and compares every log-prob, entropy, loss term,
 expert load and parameter gradient (`compare_steps`), as `harts verify` does for one
@@ -44,7 +44,7 @@ def _worker(payload: dict, out_path: str) -> None:
     """One step report per dtype of `payload["dtypes"]`, on one mesh (rank 0 writes them)."""
     import torch.distributed as dist
 
-    from harts.dist.mesh import init_mesh
+    from harts.distributed.mesh import init_mesh
 
     mesh = init_mesh(payload["parallel"], payload["device"])
     reports = [_step_report(payload, mesh, dtype) for dtype in payload["dtypes"]]
@@ -57,8 +57,8 @@ def _step_report(payload: dict, mesh, dtype: torch.dtype) -> dict[str, Any] | No
     on rank 0, None on the others."""
     import torch.distributed as dist
 
-    from harts.dist.parallelize import parallelize
-    from harts.dist.runner import DistPlanTrainer, full_gradients
+    from harts.distributed.parallelize import parallelize
+    from harts.distributed.runner import DistPlanTrainer, full_gradients
     from harts.exec.model.model import build_model
     from harts.exec.trainer import ExpandedTrainer
     from harts.verify.equivalence import compare_steps
@@ -122,7 +122,7 @@ def _step_report(payload: dict, mesh, dtype: torch.dtype) -> dict[str, Any] | No
 
 
 def _pipeline_step(payload: dict, mesh, model, plan, trajectories) -> tuple[Any, dict, list[str], dict]:
-    """One pipeline forward/backward (`harts.dist.pipeline`) and, on rank 0, the whole
+    """One pipeline forward/backward (`harts.distributed.pipeline`) and, on rank 0, the whole
     step assembled from the ranks: every stage's gradients (replica 0's: the replicas'
     are all-reduced), the log-probs and entropies of every replica's last stage, the
     losses and expert loads every rank holds; plus whether every rank ran the simulated
@@ -131,8 +131,8 @@ def _pipeline_step(payload: dict, mesh, model, plan, trajectories) -> tuple[Any,
 
     import torch.distributed as dist
 
-    from harts.dist.pipeline import executed_schedule, pipeline_trainer
-    from harts.dist.runner import merge_per_trajectory
+    from harts.distributed.pipeline import executed_schedule, pipeline_trainer
+    from harts.distributed.runner import merge_per_trajectory
 
     trainer = pipeline_trainer(model, mesh.mesh, plan, payload["schedule"], loss=payload["loss"],
                                kernels=payload["kernels"])
@@ -182,7 +182,7 @@ def verify_distributed(
     (`compare_steps`'s fields, the step's shape, `world_size` and the mesh). With pp > 1
     the pipeline runs the simulator's `schedule` (tp = ep = 1) and the report adds
     `schedule` and `executed_is_simulated`. With tp > 1, `sequence_parallel` row-shards the
-    residual stream (`harts.dist.parallelize`). `model`: a registered name or config
+    residual stream (`harts.distributed.parallelize`). `model`: a registered name or config
     (weights from `seed`), or a model (a loaded checkpoint) whose weights every worker
     starts from. Launch checks (`check_launch`, the plan's included) run before any
     process starts."""
@@ -212,8 +212,8 @@ def verify_distributed_dtypes(
     """`verify_distributed`'s report for each of `dtypes`, one after the other in the same
     worker processes (one launch, one mesh; each dtype its own model from the same weights,
     its own distributed step and its own single-process reference in that dtype)."""
-    from harts.dist.mesh import check_launch
-    from harts.dist.runner import launch
+    from harts.distributed.mesh import check_launch
+    from harts.distributed.runner import launch
 
     weights = None
     if isinstance(model, torch.nn.Module):

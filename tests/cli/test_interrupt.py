@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harts.cli.main import main
-from harts.dist.checkpoint import latest_checkpoint, verify_checkpoint
+from harts.distributed.checkpoint import latest_checkpoint, verify_checkpoint
 from harts.tree.io import save_jsonl
 from harts.tree.workload import generate_trajectories
 

@@ -1,4 +1,4 @@
-"""Checkpoint and resume (`harts.dist.checkpoint`, `harts train --checkpoint-dir/--resume`).
+"""Checkpoint and resume (`harts.distributed.checkpoint`, `harts train --checkpoint-dir/--resume`).
 
 - A `harts train` run killed with SIGKILL right after a checkpoint and resumed with `--resume`
   computes the following steps and final weights bit-identically to an uninterrupted run.
@@ -29,7 +29,7 @@ import torch
 from harts.cli.main import main
 from harts.config.models import get_model_config
 from harts.config.optimizer import OptimizerConfig
-from harts.dist.checkpoint import (
+from harts.distributed.checkpoint import (
     CheckpointError,
     DataPosition,
     TrainState,
@@ -125,7 +125,7 @@ def _params(trainer: ExpandedTrainer) -> dict[str, torch.Tensor]:
 # is complete (nothing flushed, nothing cleaned up: the process just stops)
 _KILLER = textwrap.dedent("""
     import os, signal, sys
-    import harts.dist.checkpoint as ckpt
+    import harts.distributed.checkpoint as ckpt
     from harts.cli.main import main
     kill_after = int(sys.argv[1])
     save = ckpt.save_checkpoint
@@ -370,7 +370,7 @@ def _fail_in_dcp_writer(monkeypatch):
 
 
 def _fail_before_manifest(monkeypatch):
-    import harts.dist.checkpoint as ckpt
+    import harts.distributed.checkpoint as ckpt
 
     def fail(*_args, **_kwargs):
         raise OSError("simulated crash before the manifest")
@@ -379,7 +379,7 @@ def _fail_before_manifest(monkeypatch):
 
 
 def _fail_updating_latest(monkeypatch):
-    import harts.dist.checkpoint as ckpt
+    import harts.distributed.checkpoint as ckpt
 
     def fail(*_args, **_kwargs):
         raise OSError("simulated crash after the rename, before latest")
@@ -432,7 +432,7 @@ def _dp_worker(rank: int, world: int, port: int, directory: str, steps: int, out
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from harts.dist.checkpoint import CheckpointConfig, Checkpointer
+    from harts.distributed.checkpoint import CheckpointConfig, Checkpointer
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from harts.dist.mesh import parse_parallel
+from harts.distributed.mesh import parse_parallel
 from harts.verify.distributed import verify_distributed_dtypes
 from tests.distributed.cases import BUDGET, TOL, TOL32, small_config, small_trajectories
 

@@ -9,8 +9,8 @@ import pytest
 
 from harts.cli.main import main
 from harts.config.plan import PlanConfig
-from harts.dist.mesh import LaunchError, check_launch, parse_parallel
-from harts.dist.runner import joint_events, launch
+from harts.distributed.mesh import LaunchError, check_launch, parse_parallel
+from harts.distributed.runner import joint_events, launch
 from harts.plan.planners import make_plan
 from harts.tree import build_forest
 from tests.distributed.cases import BUDGET, small_config, small_trajectories
@@ -136,7 +136,7 @@ def test_train_parallel_pp2_under_torchrun_takes_the_single_process_plan_steps(c
     import subprocess
     import sys
 
-    from harts.dist.runner import free_port
+    from harts.distributed.runner import free_port
     from harts.tree.io import save_jsonl
 
     trajs = small_trajectories()

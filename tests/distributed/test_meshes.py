@@ -17,7 +17,7 @@ from hypothesis import event, example, given, settings
 
 from harts.cli.main import main
 from harts.config.plan import PlanConfig
-from harts.dist.mesh import LaunchError, check_launch, parse_parallel
+from harts.distributed.mesh import LaunchError, check_launch, parse_parallel
 from harts.plan.planners import make_plan
 from harts.tree import build_forest
 from harts.tree.io import save_jsonl
@@ -51,7 +51,7 @@ def _runnable(parallel, plan, forest) -> None:
     """What the workers rely on: without a pipeline each EP group's joint events cover its
     replicas' microbatches once each, in their plan order (a replica without any runs only
     shadows); with one, every replica has microbatches and a schedule to lower."""
-    from harts.dist.runner import joint_events
+    from harts.distributed.runner import joint_events
 
     if parallel.pp == 1:
         for first in range(0, parallel.dp, parallel.ep):
@@ -61,7 +61,7 @@ def _runnable(parallel, plan, forest) -> None:
                 own = [e.members[r] for e in events if r in e.members and e.kind != "B"]
                 assert own == [m.id for m in sorted(plan.replica_sequence(r), key=lambda m: m.order)]
         return
-    from harts.dist.pipeline import lower_schedule
+    from harts.distributed.pipeline import lower_schedule
     from harts.sim.adapter import step_from_plan
     from harts.sim.schedule import ScheduleName, build_schedule
 
@@ -99,7 +99,7 @@ def test_every_launch_is_refused_in_one_line_or_runnable(case):
         started.append(nprocs)
         raise _Launched
 
-    with mock.patch("harts.dist.runner.launch", launch):
+    with mock.patch("harts.distributed.runner.launch", launch):
         try:
             verify_distributed_dtypes(case.trajectories(), parallel=parallel, dtypes=[], model=small_config(),
                                       microbatch_tokens=BUDGET)

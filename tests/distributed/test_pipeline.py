@@ -1,4 +1,4 @@
-"""Pipeline parallel (harts.dist.pipeline) on CPU with gloo, float64, 2 processes: a plan with
+"""Pipeline parallel (harts.distributed.pipeline) on CPU with gloo, float64, 2 processes: a plan with
 sharing windows run under each simulator schedule equals the single-process expanded
 reference (log-probs, losses, expert loads, every gradient), and each rank runs exactly the
 passes the simulator scheduled for it, in its order. pp=2 under consumer-1f1b and dp=2 x
@@ -42,10 +42,10 @@ JOIN_SECONDS = 120
 
 
 def _pp():
-    """harts.dist.pipeline, imported when a test runs rather than when the suite is
+    """harts.distributed.pipeline, imported when a test runs rather than when the suite is
     collected: it imports torch.distributed.pipelining and with it triton, which must come
     after the TRITON_INTERPRET=1 tests of tests/exec/gpu set that variable."""
-    import harts.dist.pipeline as pp
+    import harts.distributed.pipeline as pp
 
     return pp
 

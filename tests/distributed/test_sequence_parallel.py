@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harts.dist.runner import launch
+from harts.distributed.runner import launch
 from tests.distributed.cases import BUDGET, small_config, small_trajectories
 
 
@@ -17,9 +17,9 @@ def _worker(out: str) -> None:
     import torch.distributed as dist
 
     from harts.config.plan import PlanConfig
-    from harts.dist.mesh import init_mesh, parse_parallel
-    from harts.dist.parallelize import SPBlock, parallelize
-    from harts.dist.runner import DistPlanTrainer
+    from harts.distributed.mesh import init_mesh, parse_parallel
+    from harts.distributed.parallelize import SPBlock, parallelize
+    from harts.distributed.runner import DistPlanTrainer
     from harts.exec.model.model import build_model
     from harts.plan.planners import make_plan
     from harts.tree import build_forest

@@ -67,7 +67,7 @@ def check_launch(parallel: ParallelConfig, world_size: int, model: ModelConfig, 
     replicas, or a pipeline (pp > 1) on a plan that gives a replica no microbatch (the
     pipelining runtime runs a replica's microbatches; one with none would skip the stage's
     FSDP collectives). Without a pipeline a replica with no microbatch takes part in every
-    collective with a zero contribution (`harts.dist.runner`)."""
+    collective with a zero contribution (`harts.distributed.runner`)."""
     p = parallel
     if p.world_size != world_size:
         raise LaunchError(f"mesh {p.spec()} needs {p.world_size} ranks (dp x pp x tp) and does not divide "
@@ -146,7 +146,7 @@ class DistMesh:
 
 def init_mesh(parallel: ParallelConfig, device: str | torch.device = "cpu") -> DistMesh:
     """The run's mesh over an initialised default process group (`torchrun` and
-    `dist.init_process_group`, or `harts.dist.runner.launch`): one `init_device_mesh`
+    `dist.init_process_group`, or `harts.distributed.runner.launch`): one `init_device_mesh`
     ("pp", "dp", "tp"), "dp" unflattened into ("dp_mod_ep", "ep")."""
     from torch.distributed.device_mesh import init_device_mesh
 

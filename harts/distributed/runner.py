@@ -50,9 +50,9 @@ import torch.distributed as dist
 
 from harts.config.kernels import KernelConfig
 from harts.config.optimizer import OptimizerConfig
-from harts.dist.mesh import LaunchError, backend_for
-from harts.dist.parallelize import ParallelModel
-from harts.dist.teardown import exit_without_finalization
+from harts.distributed.mesh import LaunchError, backend_for
+from harts.distributed.parallelize import ParallelModel
+from harts.distributed.teardown import exit_without_finalization
 from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.moe import MoEGlobalStats
 from harts.exec.trainer import Microbatch, StepResult, moe_statistics_pass
@@ -191,7 +191,7 @@ class DistPlanTrainer(PlanTrainer):
         if plan.dp != mesh.parallel.dp:
             raise LaunchError(f"the plan was made for dp={plan.dp} replicas; this launch has dp={mesh.parallel.dp}")
         if mesh.parallel.pp > 1:
-            raise NotImplementedError("pp > 1 runs on the pipeline schedule runner (harts.dist.pipeline)")
+            raise NotImplementedError("pp > 1 runs on the pipeline schedule runner (harts.distributed.pipeline)")
         super().__init__(pm.model, plan, optimizer, loss, kernels=kernels)
         self.pm, self.mesh = pm, mesh
         me = mesh.replica

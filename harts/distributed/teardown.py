@@ -5,7 +5,7 @@ destroyed by then, but a gloo worker thread may still be releasing the last coll
 tensors; when that needs the GIL after finalization has begun, Python ends the thread with
 pthread_exit, whose unwinding through a noexcept C++ frame aborts the process ("terminate
 called without an active exception", exit -6) after the run itself succeeded. Both kinds
-of worker hit it: torchrun's (`harts/__main__`) and `harts.dist.runner.launch`'s spawned
+of worker hit it: torchrun's (`harts/__main__`) and `harts.distributed.runner.launch`'s spawned
 ones (the tp2sp equivalence test aborted so in CI). Everything the worker wrote is closed
 by then; only the standard streams need flushing.
 """

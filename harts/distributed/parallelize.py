@@ -2,7 +2,7 @@
 
 `parallelize(model, mesh)` applies, as torchtitan's parallelize.py orders them:
 
-1. `apply_pp` (pp > 1): the pipeline split, this rank's stage (`harts.dist.pipeline`,
+1. `apply_pp` (pp > 1): the pipeline split, this rank's stage (`harts.distributed.pipeline`,
    imported only when pp > 1);
 2. `apply_tp` (tp > 1): DTensor `parallelize_module` on the projections;
 3. `apply_ep` (ep > 1): routed experts sharded over the "ep" dimension;
@@ -48,7 +48,7 @@ expanded batch. Each all-to-all's backward is the reverse all-to-all.
 
 Parameters that end up as plain local slices (EP experts, TP per-head parameters) are
 listed in `ParallelModel.shards` with the single-process name and the dimension they were
-cut along, so full gradients and norms can be assembled (`harts.dist.runner`).
+cut along, so full gradients and norms can be assembled (`harts.distributed.runner`).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from harts.config.models import FFNKind
-from harts.dist.mesh import DistMesh
+from harts.distributed.mesh import DistMesh
 from harts.exec.model.kda import KDAMixer
 from harts.exec.model.layers import (
     GatedRMSNorm,
@@ -475,8 +475,8 @@ def apply_fsdp(model: nn.Module, mesh: DistMesh) -> list[Any]:
 
 
 def apply_pp(model: nn.Module, mesh: DistMesh) -> nn.Module:
-    """This rank's pipeline stage (`harts.dist.pipeline.apply_pp`), imported only when pp > 1."""
-    from harts.dist.pipeline import apply_pp as pipeline_apply_pp
+    """This rank's pipeline stage (`harts.distributed.pipeline.apply_pp`), imported only when pp > 1."""
+    from harts.distributed.pipeline import apply_pp as pipeline_apply_pp
 
     return pipeline_apply_pp(model, mesh)
 

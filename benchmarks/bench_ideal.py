@@ -56,7 +56,7 @@ def main() -> int:
               f"sim {r['expanded']['simulated_speedup']:6.2f}x | prefix-merged: ideal "
               f"{r['prefix-merged']['ideal']:6.2f}x sim {r['prefix-merged']['simulated_speedup']:6.2f}x", flush=True)
     if args.json:
-        from harts.exec.bench import provenance  # git revision, command, packages, device
+        from harts.bench.provenance import provenance  # git revision, command, packages, device
         Path(args.json).write_text(json.dumps({"provenance": provenance(), "model": args.model, "hardware": "h200", "rows": rows}, indent=1))
     return 0
 

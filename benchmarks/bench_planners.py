@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"slots {a['slots']} vs {b['slots']}"))
 
     if args.json:
-        from harts.exec.bench import provenance  # git revision, command, packages, device
+        from harts.bench.provenance import provenance  # git revision, command, packages, device
         json.dump({"provenance": provenance(), "workload": args.workload, "dp": args.dp, "planners": main_rows,
                    "dp_sweep": {str(k): v for k, v in dp_rows.items()},
                    "targets": [{"target": t, "met": bool(ok), "measured": m} for t, ok, m in targets]},

@@ -24,11 +24,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from harts.config.models import get_model_config  # noqa: E402
 from harts.config.plan import PlanConfig  # noqa: E402
 from harts.plan.planners import make_plan  # noqa: E402
-from harts.sim.adapter import step_from_plan  # noqa: E402
+from harts.plan.schedule import build_schedule  # noqa: E402
+from harts.plan.step import step_from_plan  # noqa: E402
 from harts.sim.costs import make_cost_model  # noqa: E402
 from harts.sim.hardware import load_hardware  # noqa: E402
 from harts.sim.parallel import default_parallel  # noqa: E402
-from harts.sim.schedule import build_schedule  # noqa: E402
 from harts.sim.simulate import simulate_step  # noqa: E402
 from harts.tree.workload import generate, preset  # noqa: E402
 
@@ -133,7 +133,7 @@ def main() -> None:
           f"{time.perf_counter() - t0:.1f} s")
     if args.json:
         with open(args.json, "w") as fh:
-            from harts.exec.bench import provenance  # git revision, command, packages, device
+            from harts.bench.provenance import provenance  # git revision, command, packages, device
             json.dump({"provenance": provenance(), "table6": t6, "speedups": sp, "speedups_65536": sp_small}, fh, indent=1)
 
 

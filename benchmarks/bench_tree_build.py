@@ -54,7 +54,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = [run(n, args.tokens, args.repeats) for n in ("swe-treestep-1", "swe-stepwise-1")]
     if args.json:
-        from harts.exec.bench import provenance  # git revision, command, packages, device
+        from harts.bench.provenance import provenance  # git revision, command, packages, device
         print(json.dumps({"provenance": provenance(), "rows": rows}, indent=2))
         return
     print(f"{'workload':16} {'trajs':>6} {'expanded':>12} {'compact':>10} {'seconds':>8} {'Mtok/s':>8}")

@@ -73,7 +73,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     rows = [bench(s, args.repeats, args.microbatch_tokens) for s in WORKLOADS]
     if args.json:
-        from harts.exec.bench import provenance  # git revision, command, packages, device
+        from harts.bench.provenance import provenance  # git revision, command, packages, device
         print(json.dumps({"provenance": provenance(), "rows": rows}, indent=2))
         return
     print(f"{'scheme':9} {'expanded':>9} {'compact':>8} {'replay':>7} {'compress':>9} {'flop lim':>9} "

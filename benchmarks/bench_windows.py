@@ -131,7 +131,7 @@ def main() -> None:
     rows = [study(n, b, args.model) for n, b in cases]
     cpu = measured_cpu()
     if args.json:
-        from harts.exec.bench import provenance  # git revision, command, packages, device
+        from harts.bench.provenance import provenance  # git revision, command, packages, device
         print(json.dumps({"provenance": provenance(), "analytic": rows, "measured_cpu": cpu}, indent=2))
         return
     print(f"{'workload':16} {'budget':>7} {'mbs':>4} {'win':>4} {'extra rows':>10} {'replay 1mb':>10} "

@@ -85,7 +85,7 @@ def _cost_and_step(planner: str, cost_model: str, hardware: str = "h200", calibr
     from harts.config.models import get_model_config
     from harts.config.plan import PlanConfig
     from harts.plan.planners import make_plan
-    from harts.sim.adapter import step_from_plan
+    from harts.plan.step import step_from_plan
     from harts.sim.costs import make_cost_model
     from harts.sim.hardware import load_hardware
     from harts.sim.parallel import default_parallel
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                      "simulated": {c: sim[c] for c in CATEGORIES}})
     scale = None if cal is None else cal.elementwise_scale
     if args.json:
-        from harts.exec.bench import provenance  # git revision, command, packages, device
+        from harts.bench.provenance import provenance  # git revision, command, packages, device
         print(json.dumps({"provenance": provenance(), "cost_model": args.cost_model, "hardware": args.hardware, "elementwise_scale": scale,
                           "fit_elementwise": args.fit_elementwise, "fit_kda": args.fit_kda, "rows": rows}, indent=1))
         return 0

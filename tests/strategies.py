@@ -167,7 +167,7 @@ def trajectory_sets(
 def sim_steps(draw: st.DrawFn, max_replicas: int = 3, max_windows: int = 3, max_consumers: int = 3):
     """A StepWork: per replica, windows of a producer and its consumers or plain
     microbatches, with small random token counts, KDA rounds and attention pairs."""
-    from harts.sim.work import KDARound, MicrobatchWork, StepWork
+    from harts.plan.work import KDARound, MicrobatchWork, StepWork
 
     replicas = draw(st.integers(1, max_replicas))
     mbs = []

@@ -107,11 +107,29 @@ def test_no_import_cycle():
     ("models", {"verify", "cli"}),
     ("verify", {"models", "cli"}),
     ("rl", {"verify", "experiments", "cli"}),
+    # harts.bench (the benchmarks behind `harts bench`) sits above exec and sim, beside verify
+    ("bench", {"distributed", "models", "verify", "rl", "track", "experiments", "cli"}),
 ])
 def test_layers_import_only_downwards(layer, forbidden):
     bad = sorted((m, t) for m, (internal, _) in IMPORTS.items() if _layer(m) == layer
                  for t in internal if _layer(t) in forbidden)
     assert not bad, f"harts.{layer} imports against the layer direction: {bad}"
+
+
+def test_only_the_cli_and_the_experiments_import_the_benchmarks():
+    assert "harts.bench.step" in IMPORTS["harts.cli.bench"][0]  # the scan sees the CLI's import
+    bad = sorted((m, t) for m, (internal, _) in IMPORTS.items()
+                 if _layer(m) not in ("bench", "cli", "experiments")
+                 for t in internal if _layer(t) == "bench")
+    assert not bad, f"harts.bench imported outside the CLI and the experiments: {bad}"
+
+
+@pytest.mark.parametrize("layer", ["exec", "distributed"])
+def test_execution_never_imports_the_simulator(layer):
+    # the step structure the executors need (schedules, stages, StepWork) lives in harts.plan
+    bad = sorted((m, t) for m, (internal, _) in IMPORTS.items() if _layer(m) == layer
+                 for t in internal if _layer(t) == "sim")
+    assert not bad, f"harts.{layer} imports the simulator: {bad}"
 
 
 @pytest.mark.parametrize("layer", ["tree", "config", "plan", "sim"])

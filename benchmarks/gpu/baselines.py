@@ -72,7 +72,7 @@ def workload(name: str, vocab_size: int) -> list[Trajectory]:
 
 def _section(name: str):
     def run(args):
-        from harts.exec.bench import step_benchmark
+        from harts.bench.step import step_benchmark
 
         trajs = workload(name, get_model_config(args.model).vocab_size)
         r = step_benchmark(trajs, model=args.model, microbatch_tokens=args.microbatch_tokens, steps=args.steps,

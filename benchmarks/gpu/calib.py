@@ -26,13 +26,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.gpu.common import Section, ctx, run_suite, time_cuda  # noqa: E402
-from harts.config.kernels import KernelConfig  # noqa: E402
-from harts.config.models import get_model_config  # noqa: E402
-from harts.exec.bench import (  # noqa: E402
+from harts.bench.ops import (  # noqa: E402
     attention_op_benchmark,
     gemm_profile,
     kda_op_benchmark,
 )
+from harts.config.kernels import KernelConfig  # noqa: E402
+from harts.config.models import get_model_config  # noqa: E402
 from harts.exec.model.model import build_model  # noqa: E402
 from harts.exec.ops.attention.causal import causal_attention  # noqa: E402
 from harts.exec.ops.attention.tree import FastTreeAttention  # noqa: E402

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from harts.exec.bench import provenance
+from harts.bench.provenance import provenance
 
 
 def hf_config(family: str, layers: int) -> dict:

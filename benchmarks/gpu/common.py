@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from harts.bench.timing import time_cuda  # noqa: F401  (the suites time through common; one helper)
 from harts.config.kernels import BaselineAttention, ConvKernel, KernelConfig, TreeAttention
-from harts.exec.bench import time_cuda  # noqa: F401  (the suites time through common; one helper)
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULT_SCHEMA = "harts.bench.gpu/v1"
@@ -123,14 +123,14 @@ def ends_from_parents(par: np.ndarray) -> np.ndarray:
 # ------------------------------------------------------------------- provenance
 
 
-# provenance is the library's (harts.exec.bench), shared with `harts bench --out`; the
+# provenance is the library's (harts.bench.provenance), shared with `harts bench --out`; the
 # suites add the environment variables that change kernel numerics or the device seen
-from harts.exec.bench import PACKAGES, device_info, package_versions  # noqa: E402,F401
-from harts.exec.bench import provenance as _provenance  # noqa: E402
+from harts.bench.provenance import PACKAGES, device_info, package_versions  # noqa: E402,F401
+from harts.bench.provenance import provenance as _provenance  # noqa: E402
 
 
 def provenance(argv: list[str] | None = None) -> dict[str, Any]:
-    """`harts.exec.bench.provenance` plus TRITON_F32_DEFAULT / CUDA_VISIBLE_DEVICES where set."""
+    """`harts.bench.provenance.provenance` plus TRITON_F32_DEFAULT / CUDA_VISIBLE_DEVICES where set."""
     return {**_provenance(argv),
             "env": {k: os.environ[k] for k in ("TRITON_F32_DEFAULT", "CUDA_VISIBLE_DEVICES") if k in os.environ}}
 

@@ -29,8 +29,8 @@ from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_bwd_dhu  # noqa:
 from fla.ops.utils import prepare_chunk_offsets  # noqa: E402
 
 from benchmarks.gpu.common import Section, kernel_config, rel, run_suite, time_cuda  # noqa: E402
+from harts.bench.ops import kda_op_benchmark  # noqa: E402
 from harts.config.kernels import KernelConfig  # noqa: E402
-from harts.exec.bench import kda_op_benchmark  # noqa: E402
 from harts.exec.ops.kda.dhu import bwd_dhu_inject  # noqa: E402
 from harts.exec.ops.kda.fla import _fla, _fwd_h, fwd_h_config  # noqa: E402
 from harts.exec.ops.record import KernelRecord  # noqa: E402

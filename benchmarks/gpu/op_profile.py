@@ -32,8 +32,8 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from benchmarks.gpu.common import Section, add_kernel_args, run_suite  # noqa: E402
 from benchmarks.gpu.step import STEP_WORKLOADS  # noqa: E402
+from harts.bench.step import kind_seconds  # noqa: E402
 from harts.config.models import get_model_config  # noqa: E402
-from harts.exec.bench import kind_seconds  # noqa: E402
 from harts.exec.model.model import build_model  # noqa: E402
 from harts.exec.trainer import ExpandedTrainer  # noqa: E402
 from harts.exec.tree_trainer import TreeTrainer  # noqa: E402

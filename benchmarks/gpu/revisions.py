@@ -93,8 +93,8 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     if args.worker:
         return worker(args)
+    from harts.bench.provenance import provenance
     from harts.config.models import get_model_config
-    from harts.exec.bench import provenance
     from harts.tree.io import save_jsonl
     from harts.tree.workload import generate, preset
 

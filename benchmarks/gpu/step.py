@@ -23,8 +23,8 @@ elif _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 from benchmarks.gpu.common import Section, add_kernel_args, run_suite  # noqa: E402
+from harts.bench.step import step_benchmark  # noqa: E402
 from harts.config.models import get_model_config  # noqa: E402
-from harts.exec.bench import step_benchmark  # noqa: E402
 from harts.tree.workload import generate, preset  # noqa: E402
 
 STEP_WORKLOADS = {

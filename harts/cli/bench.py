@@ -102,8 +102,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     import torch
 
+    from harts.bench.step import step_benchmark
     from harts.cli.model_source import load_checkpoint, model_config
-    from harts.exec.bench import step_benchmark
 
     if args.set and not args.workload:
         raise UserError("--set needs --workload")
@@ -119,7 +119,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     model = args.model if not args.model_path else load_checkpoint(args, torch.bfloat16, "cpu").model
     if args.steps < 1 or args.microbatch_tokens < 1:
         raise UserError("--steps and --microbatch-tokens must be >= 1")
-    from harts.exec.bench import largest_fitting_budget, memory_plan
+    from harts.bench.memory import largest_fitting_budget, memory_plan
 
     capacity = torch.cuda.get_device_properties(0).total_memory
     plan = memory_plan(cfg, args.microbatch_tokens)
@@ -158,7 +158,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          f"{r['tree']['seconds']:.2f}", f"{v['speedup']:.2f}", f"{v['of_ideal']:.2f}",
                          f"{v['speedup_inline']:.2f}", f"{r[key]['peak_bytes'] / 2**30:.1f}",
                          f"{r['tree']['peak_bytes'] / 2**30:.1f}"))
-    from harts.exec.bench import provenance
+    from harts.bench.provenance import provenance
 
     doc = {"runs": runs, "provenance": provenance()}
     if args.out:

@@ -130,7 +130,7 @@ class _Setup:
     def step(self, workload: str, planner: str) -> tuple[Any, Any]:
         from harts.config.plan import PlanConfig
         from harts.plan.planners import make_plan
-        from harts.sim.adapter import step_from_plan
+        from harts.plan.step import step_from_plan
 
         forest = self.forest(workload)
         # plan for the pipeline that is simulated (microbatches enough to fill its stages)
@@ -148,8 +148,8 @@ class _Setup:
         return plan, step_from_plan(plan, forest, self.model.chunk_size)
 
     def simulate(self, step: Any, schedule: str) -> Any:
+        from harts.plan.schedule import build_schedule
         from harts.sim.costs import make_cost_model
-        from harts.sim.schedule import build_schedule
         from harts.sim.simulate import simulate_step
 
         try:

@@ -39,7 +39,7 @@ def kernel_settings() -> dict[str, str]:
 
 
 # a result's git revision where the tree's git metadata is absent or not its own (a copy
-# on another machine): harts.exec.bench.provenance
+# on another machine): harts.bench.provenance.provenance
 GIT_REV = "HARTS_GIT_REV"
 
 

@@ -93,9 +93,9 @@ from harts.exec.trainer import LOSS_TERMS, step_denominators
 from harts.exec.tree import Stash
 from harts.exec.window import PlanTrainer
 from harts.plan.plan import Plan, PlanMode
-from harts.sim.adapter import step_from_plan
-from harts.sim.parallel import stage_layers
-from harts.sim.schedule import PassOp, Schedule, ScheduleName, build_schedule
+from harts.plan.schedule import PassOp, Schedule, ScheduleName, build_schedule
+from harts.plan.stages import stage_layers
+from harts.plan.step import step_from_plan
 from harts.tree import Trajectory, build_forest
 
 __all__ = [

@@ -58,7 +58,7 @@ from harts.exec.tree import Stash, StashNeeds, TreeContext, consumer_needs
 from harts.exec.tree_layout import LocalLayout, replay_schedule
 from harts.exec.tree_trainer import target_table
 from harts.plan.plan import Plan, PlanMode
-from harts.sim.schedule import Schedule
+from harts.plan.schedule import Schedule
 from harts.tree import Trajectory, build_forest
 from harts.tree.forest import RolloutForest
 
@@ -201,7 +201,7 @@ class PlanTrainer(ExpandedTrainer):
         (default: each replica's plan order, replicas one after another). Windows may
         overlap — a producer may run before the previous window's last consumer — as long
         as every consumer follows its producer; each producer's backward still runs right
-        after its own last consumer. `schedule`: a simulator schedule (harts.sim.schedule)
+        after its own last consumer. `schedule`: a simulator schedule (harts.plan.schedule)
         of this plan instead of `order`: its first stage's forward order (`order_from_schedule`).
         `offload_producers`: hold a window producer's large saved tensors (its blocks'
         checkpointed inputs) in host memory while its consumers run (`HostOffload`); the

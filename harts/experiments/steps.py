@@ -98,9 +98,9 @@ def simulate_work(step_work: Any, schedule: str, *, model: str, parallel: Any, h
                   cost_model: str = "roofline", recompute: bool = True) -> Any:
     """Simulate a `StepWork` under a pipeline schedule (harts.sim); returns its SimResult."""
     from harts.config.models import get_model_config
+    from harts.plan.schedule import build_schedule
     from harts.sim.costs import make_cost_model
     from harts.sim.hardware import load_hardware
-    from harts.sim.schedule import build_schedule
     from harts.sim.simulate import simulate_step
 
     cost = make_cost_model(cost_model, get_model_config(model), parallel, load_hardware(hardware),
@@ -111,6 +111,6 @@ def simulate_work(step_work: Any, schedule: str, *, model: str, parallel: Any, h
 def plan_work(plan: Any, forest: RolloutForest, model: str) -> Any:
     """The simulator's view (`StepWork`) of a plan."""
     from harts.config.models import get_model_config
-    from harts.sim.adapter import step_from_plan
+    from harts.plan.step import step_from_plan
 
     return step_from_plan(plan, forest, get_model_config(model).chunk_size)

@@ -25,11 +25,11 @@ from harts.config.costs import CostModelName
 from harts.config.models import ModelConfig
 from harts.config.parallel import ParallelConfig
 from harts.config.registry import Registry
+from harts.plan.stages import stage_layers
+from harts.plan.work import MicrobatchWork
 from harts.sim.hardware import HardwareProfile
 from harts.sim.ops import OpCall, OpKind, Phase, StageCounter
-from harts.sim.parallel import stage_layers
 from harts.sim.profile import Calibration, op_features, op_key
-from harts.sim.work import MicrobatchWork
 
 __all__ = [
     "COST_MODELS",

@@ -33,9 +33,16 @@ from enum import StrEnum
 import numpy as np
 
 from harts.config.models import ModelConfig, parameter_counts
+from harts.plan.stages import stage_layers
+from harts.plan.work import (
+    KDARound,
+    MicrobatchWork,
+    chain_pairs,
+    expanded_microbatch,
+    segment_pairs,
+)
 from harts.sim.ops import OpCall, OpKind, Phase, StageCounter
-from harts.sim.parallel import default_parallel, stage_layers
-from harts.sim.work import KDARound, MicrobatchWork, chain_pairs, expanded_microbatch, segment_pairs
+from harts.sim.parallel import default_parallel
 from harts.tree.forest import RolloutForest
 
 __all__ = ["IdealSpeedup", "StepFlops", "WorkKind", "flop_ratio", "ideal_speedup", "simulated_ideal",
@@ -181,7 +188,7 @@ def step_work(forest: RolloutForest, mode: str, chunk_size: int = 64) -> Microba
         rounds = tuple(KDARound(int(seq_tokens[ids].sum()), int(seq_chunks[ids].max()), int(ids.size))
                        for ids in kp.rounds if ids.size)
         # a row attends its root path (position + 1 rows); a tree without a fork is one
-        # causal sequence (as `harts.sim.adapter` prices it), a tree with one needs the mask
+        # causal sequence (as `harts.plan.step` prices it), a tree with one needs the mask
         root = np.arange(forest.num_nodes)
         for v in range(forest.num_nodes):  # preorder: a parent's root is known first
             if forest.node_parent[v] >= 0:

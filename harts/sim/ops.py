@@ -27,8 +27,8 @@ from harts.config.models import (
     mla_layer_params,
 )
 from harts.config.parallel import ParallelConfig
-from harts.sim.parallel import StageLayers
-from harts.sim.work import MicrobatchWork
+from harts.plan.stages import StageLayers
+from harts.plan.work import MicrobatchWork
 
 __all__ = [
     "OpCall",

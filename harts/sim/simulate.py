@@ -33,12 +33,12 @@ from typing import Any
 
 from harts.config.models import ModelConfig
 from harts.config.parallel import ParallelConfig
+from harts.plan.schedule import PassOp, Schedule, build_schedule
+from harts.plan.work import MicrobatchWork, StepWork
 from harts.sim.costs import CostModel, make_cost_model
 from harts.sim.engine import Action, DeadlockError, Lane, Program, Trace, execute, lower_bound
 from harts.sim.hardware import HardwareProfile
 from harts.sim.ops import Phase
-from harts.sim.schedule import PassOp, Schedule, build_schedule
-from harts.sim.work import MicrobatchWork, StepWork
 
 __all__ = ["SimResult", "lower", "pad_ep_groups", "simulate", "simulate_step"]
 

@@ -62,8 +62,8 @@ def _runnable(parallel, plan, forest) -> None:
                 assert own == [m.id for m in sorted(plan.replica_sequence(r), key=lambda m: m.order)]
         return
     from harts.distributed.pipeline import lower_schedule
-    from harts.sim.adapter import step_from_plan
-    from harts.sim.schedule import ScheduleName, build_schedule
+    from harts.plan.schedule import ScheduleName, build_schedule
+    from harts.plan.step import step_from_plan
 
     assert {m.replica for m in plan.microbatches} == set(range(parallel.dp))
     schedule = build_schedule(ScheduleName.CONSUMER_1F1B,

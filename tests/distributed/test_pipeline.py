@@ -28,7 +28,7 @@ from harts.exec.model.model import build_model
 from harts.exec.trainer import ExpandedTrainer
 from harts.exec.window import PlanTrainer
 from harts.plan.planners import make_plan
-from harts.sim.schedule import ScheduleName
+from harts.plan.schedule import ScheduleName
 from harts.tree import build_forest
 from harts.tree.workload import generate_trajectories
 from harts.verify.equivalence import max_rel, rms_rel
@@ -258,8 +258,8 @@ def test_pp2_matches_expanded_and_runs_the_simulated_schedule(tmp_path, referenc
 def test_lowering_maps_passes_to_runtime_actions():
     from torch.distributed.pipelining.schedules import FULL_BACKWARD, OVERLAP_F_B
 
-    from harts.sim.adapter import step_from_plan
-    from harts.sim.schedule import build_schedule
+    from harts.plan.schedule import build_schedule
+    from harts.plan.step import step_from_plan
 
     trajs, plan = _case()
     sched = build_schedule(ScheduleName.CONSUMER_1F1B, step_from_plan(plan, build_forest(trajs), CHUNK), 2)

@@ -213,8 +213,8 @@ def test_the_executor_runs_a_simulator_schedule():
     with the same step as the plan's own order."""
     from harts.config.models import get_model_config
     from harts.exec.window import order_from_schedule
-    from harts.sim.adapter import step_from_plan
-    from harts.sim.schedule import build_schedule
+    from harts.plan.schedule import build_schedule
+    from harts.plan.step import step_from_plan
 
     trajs = generate_trajectories("tiny-treestep", seed=1)
     forest = build_forest(trajs)

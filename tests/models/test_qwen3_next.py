@@ -277,11 +277,11 @@ def test_registered_80b_is_the_published_config_and_its_size():
 def test_simulator_counts_the_qwen3_next_layers():
     from harts.config.models import get_model_config
     from harts.config.parallel import ParallelConfig
+    from harts.plan.stages import stage_layers
+    from harts.plan.work import expanded_microbatch
     from harts.sim.costs import make_cost_model
     from harts.sim.hardware import load_hardware
     from harts.sim.ops import OpKind, Phase
-    from harts.sim.parallel import stage_layers
-    from harts.sim.work import expanded_microbatch
 
     model = get_model_config("qwen3-next-80b-a3b")
     lays = stage_layers(model, 2)

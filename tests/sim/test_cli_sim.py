@@ -7,8 +7,8 @@ import json
 import pytest
 
 from harts.cli.main import main
+from harts.plan.schedule import Schedule
 from harts.sim.profile import save_profile
-from harts.sim.schedule import Schedule
 from harts.sim.trace_io import diff_traces, load_trace_events
 from tests.sim.test_profile import synthetic_rows
 

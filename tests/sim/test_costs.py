@@ -8,6 +8,8 @@ import pytest
 
 from harts.config.models import get_model_config, parameter_counts
 from harts.config.parallel import ParallelConfig
+from harts.plan.stages import stage_layers
+from harts.plan.work import KDARound, MicrobatchWork, expanded_microbatch
 from harts.sim.costs import (
     COST_MODELS,
     CostModelName,
@@ -17,8 +19,7 @@ from harts.sim.costs import (
 )
 from harts.sim.hardware import load_hardware
 from harts.sim.ops import OpCall, OpKind, Phase
-from harts.sim.parallel import default_parallel, stage_layers
-from harts.sim.work import KDARound, MicrobatchWork, expanded_microbatch
+from harts.sim.parallel import default_parallel
 
 HW = load_hardware("h200")
 TINY = get_model_config("tiny")

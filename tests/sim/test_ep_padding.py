@@ -9,11 +9,11 @@ from hypothesis import given
 from harts.config.models import get_model_config
 from harts.config.plan import PlanConfig
 from harts.plan.planners import make_plan
-from harts.sim.adapter import step_from_plan
+from harts.plan.schedule import build_schedule
+from harts.plan.step import step_from_plan
 from harts.sim.costs import make_cost_model
 from harts.sim.hardware import load_hardware
 from harts.sim.parallel import default_parallel
-from harts.sim.schedule import build_schedule
 from harts.sim.simulate import pad_ep_groups, simulate_step
 from harts.tree.workload import generate, preset
 from tests.strategies import sim_steps

@@ -7,6 +7,7 @@ import pytest
 
 from harts.config.models import get_model_config
 from harts.config.parallel import ParallelConfig
+from harts.plan.work import expanded_microbatch
 from harts.sim.costs import make_cost_model
 from harts.sim.hardware import load_hardware
 from harts.sim.profile import (
@@ -16,7 +17,6 @@ from harts.sim.profile import (
     measurement_features,
     save_profile,
 )
-from harts.sim.work import expanded_microbatch
 from harts.testing import assert_close
 
 # ground truth the synthetic device follows: per-call overhead, per FLOP, per byte, ...

@@ -10,13 +10,13 @@ from hypothesis import strategies as st
 
 from harts.config.models import get_model_config
 from harts.config.parallel import ParallelConfig
+from harts.plan.schedule import build_schedule
+from harts.plan.work import KDARound, MicrobatchWork, StepWork
 from harts.sim.costs import make_cost_model
 from harts.sim.engine import lower_bound
 from harts.sim.hardware import load_hardware
 from harts.sim.ops import Phase
-from harts.sim.schedule import build_schedule
 from harts.sim.simulate import lower, simulate, simulate_step
-from harts.sim.work import KDARound, MicrobatchWork, StepWork
 from tests.strategies import sim_steps
 
 SCHEDULES = ("non-overlap", "overlap-bwd-first", "consumer-1f1b")

@@ -79,7 +79,7 @@ def nodewise_work(work: Any, plan: Any, forest: Any, chunk_size: int) -> Any:
     """`work` with each tree microbatch's KDA calls replaced by node-by-node execution:
     every piece is a sequence of its own, in the round of its depth among the microbatch's
     pieces, with no replay (its chunk grid starts at the piece)."""
-    from harts.sim.work import KDARound
+    from harts.plan.work import KDARound
 
     by_id = {mb.id: mb for mb in plan.microbatches}
     out = []

@@ -80,7 +80,7 @@ def simulate_step_end_to_end(cfg: RolloutWorkload, policy: str, gpus: int, plann
     from harts.config.models import get_model_config
     from harts.config.plan import PlanConfig
     from harts.plan.planners import make_plan
-    from harts.sim.adapter import step_from_plan
+    from harts.plan.step import step_from_plan
     from harts.sim.hardware import load_hardware
     from harts.sim.parallel import default_parallel
     from harts.sim.simulate import simulate

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from harts.config.registry import Registry
-from harts.sim.work import StepWork, Window
+from harts.plan.work import StepWork, Window
 
 __all__ = [
     "SCHEDULES",

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harts.sim.schedule import PassOp, Schedule, build_schedule, known_schedules
-from harts.sim.work import KDARound, MicrobatchWork, StepWork
+from harts.plan.schedule import PassOp, Schedule, build_schedule, known_schedules
+from harts.plan.work import KDARound, MicrobatchWork, StepWork
 from tests.strategies import sim_steps
 
 SCHEDULES = ("non-overlap", "overlap-bwd-first", "consumer-1f1b")

@@ -5,7 +5,7 @@ measured times (no number here is asserted about speed)."""
 import pytest
 import torch
 
-from harts.exec.bench import step_benchmark
+from harts.bench.step import step_benchmark
 from harts.tree.workload import generate, preset
 
 
@@ -48,7 +48,7 @@ def test_step_benchmark_on_cpu(monkeypatch):
 
 
 def test_kernel_kinds():
-    from harts.exec.bench import kernel_kind, kind_seconds
+    from harts.bench.step import kernel_kind, kind_seconds
     from harts.sim.flops import WorkKind
 
     assert kernel_kind("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") == WorkKind.ATTENTION_PAIRS
@@ -68,7 +68,7 @@ def test_unknown_baseline_is_refused():
 
 
 def test_memory_plan_of_tiny_on_one_h200():
-    from harts.exec.bench import largest_fitting_budget, memory_plan
+    from harts.bench.memory import largest_fitting_budget, memory_plan
 
     h200 = 139.8 * 2**30
     plan = memory_plan("tiny", 131072)
@@ -87,7 +87,7 @@ def test_memory_plan_of_tiny_on_one_h200():
 def test_provenance_takes_the_revision_named_in_the_environment(monkeypatch):
     """A copy of the tree on another machine may carry stale git metadata: HARTS_GIT_REV,
     where set, is the revision recorded (and no dirty flag is claimed for it)."""
-    from harts.exec.bench import provenance
+    from harts.bench.provenance import provenance
 
     monkeypatch.setenv("HARTS_GIT_REV", "0123abc")
     p = provenance(["harts", "bench"])

@@ -9,8 +9,8 @@ from harts.config.plan import PlanConfig
 from harts.plan.kda_calls import plan_kda_calls_for
 from harts.plan.plan import Microbatch, Piece
 from harts.plan.planners import known_planners, make_plan
-from harts.sim.adapter import step_from_plan, tree_microbatch_work
-from harts.sim.work import segment_pairs
+from harts.plan.step import step_from_plan, tree_microbatch_work
+from harts.plan.work import segment_pairs
 from harts.tree.workload import generate, preset
 
 

@@ -1,5 +1,6 @@
-"""What the simulator needs to know about a step: per-microbatch work, sharing windows, DP
-placement. Independent of how a planner represents its plan (`adapter.py` converts one).
+"""The structure of a step as the simulator prices it and the pipeline executor schedules it:
+per-microbatch work, sharing windows, DP placement. Independent of how a planner
+represents its plan (`harts.plan.step` converts one).
 
 A microbatch's work is counted once, in the units the cost model prices:
 - `tokens`: compact rows it computes (outputs written) through every token-wise layer;

@@ -20,7 +20,7 @@ import numpy as np
 
 from harts.plan.kda_calls import plan_kda_calls
 from harts.plan.plan import Microbatch, Plan, PlanMode
-from harts.sim.work import KDARound, MicrobatchWork, StepWork, expanded_microbatch, segment_pairs
+from harts.plan.work import KDARound, MicrobatchWork, StepWork, expanded_microbatch, segment_pairs
 from harts.tree.forest import RolloutForest
 
 __all__ = ["step_from_plan", "tree_microbatch_work"]

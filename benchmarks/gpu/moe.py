@@ -20,7 +20,8 @@ elif _ROOT not in sys.path:
 import torch  # noqa: E402
 
 from benchmarks.gpu.common import Section, rel, run_suite, time_cuda  # noqa: E402
-from harts.exec.model.moe import experts_grouped, experts_loop  # noqa: E402
+from harts.exec.ops.moe import experts_loop  # noqa: E402
+from harts.exec.ops.moe.grouped import experts_grouped  # noqa: E402
 
 
 def sec_moe(args):

@@ -3,18 +3,20 @@
 Every choice follows the caller's `KernelConfig` (`harts.config.kernels`), which a
 trainer builds once and hands to the contexts its microbatches run on; nothing here reads
 the environment or process-wide switches. Each op family lives in `harts.exec.ops.<op>`
-with its reference beside its fast paths:
+with its reference beside its fast paths, and declares them in its registry
+(`harts.exec.ops.registry`: each fast path with the devices, dtypes, settings and package
+it needs, and a priority), in `harts.exec.ops.<op>.paths`:
 
-- KDA: fla-core's kernels with our boundary-state kernel (`ops.kda.fla`) on CUDA in
+- KDA (`KDA`): fla-core's kernels with our boundary-state kernel (`ops.kda.fla`) on CUDA in
   fp32/bf16/fp16 where fla imports, the chunkwise reference (`ops.kda.chunk`) otherwise.
-- ancestor attention: `ops.attention.tree.FastTreeAttention` on CUDA where FlexAttention
-  imports (graph, cuDNN per segment, varlen or flex by `tree_attention`), the dense-mask
-  reference (`ops.attention.naive`) otherwise.
+- ancestor attention (`TREE_ATTENTION`): `ops.attention.tree.FastTreeAttention` on CUDA
+  where FlexAttention imports (graph, cuDNN per segment, varlen or flex by
+  `tree_attention`), the dense-mask reference (`ops.attention.naive`) otherwise.
+- MoE experts (`MOE`): torch's `grouped_mm` over expert-sorted rows on CUDA bf16
+  (`ops.moe.grouped`), the per-expert loop (`ops.moe.naive`) otherwise.
+- short conv (`CONV`): the fused Triton kernels (`ops.conv.triton`) on CUDA, the
+  gather-form reference elsewhere or with conv=reference.
 - the baseline's causal attention: `ops.attention.causal` (`baseline_attention`).
-- MoE experts: torch's `grouped_mm` over expert-sorted rows on CUDA bf16, the per-expert
-  loop otherwise.
-- short conv: the fused Triton kernels (`ops.conv.triton`) on CUDA, the gather-form
-  reference elsewhere or with conv=reference.
 
 `force_reference` runs the references everywhere. A path that cannot run a call falls
 back and says so per call (`ops.record`). Call sites ask here and never import a GPU
@@ -23,77 +25,43 @@ module themselves, so CPU-only machines never touch triton kernels.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import Tensor
 
 from harts.config.kernels import ConvKernel, Impl, KernelConfig, TreeAttention
+from harts.exec.ops.attention.paths import TREE_ATTENTION, flex_available
+from harts.exec.ops.conv.paths import CONV
+from harts.exec.ops.kda.paths import FAST_DTYPES, KDA, fla_available
+from harts.exec.ops.moe.paths import MOE, grouped_mm_available
 from harts.exec.ops.record import KernelRecord, report, report_fallback
 
-__all__ = ["FAST_DTYPES", "Impl", "KernelConfig", "KernelRecord", "chunk_kda", "conv_impl", "fla_available",
-           "flex_available", "grouped_mm_available", "kda_impl", "moe_impl", "short_conv", "tree_attention",
-           "tree_attention_impl"]
+__all__ = ["CONV", "FAST_DTYPES", "KDA", "MOE", "TREE_ATTENTION", "Impl", "KernelConfig", "KernelRecord",
+           "chunk_kda", "conv_impl", "experts", "fla_available", "flex_available", "grouped_mm_available",
+           "kda_impl", "moe_impl", "short_conv", "tree_attention", "tree_attention_impl"]
 
-FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 DEFAULT_KERNELS = KernelConfig()
 
 
-@functools.cache
-def fla_available() -> bool:
-    try:
-        import fla.ops.kda  # noqa: F401
-        import triton  # noqa: F401
-    except Exception:  # noqa: BLE001 - any import failure means "not available"
-        return False
-    return True
-
-
-@functools.cache
-def flex_available() -> bool:
-    try:
-        from torch.nn.attention.flex_attention import BlockMask, flex_attention  # noqa: F401
-    except Exception:  # noqa: BLE001
-        return False
-    return True
-
-
-@functools.cache
-def grouped_mm_available() -> bool:
-    import torch.nn.functional as F
-
-    return hasattr(F, "grouped_mm")
-
-
 def kda_impl(device: torch.device, dtype: torch.dtype, kernels: KernelConfig = DEFAULT_KERNELS) -> Impl:
-    if kernels.force_reference or device.type != "cuda" or dtype not in FAST_DTYPES or not fla_available():
-        return Impl.REFERENCE
-    return Impl.FLA
+    return KDA.select(device, dtype, kernels)
 
 
 def tree_attention_impl(device: torch.device, kernels: KernelConfig = DEFAULT_KERNELS) -> Impl:
     """FLEX (standing for the fast paths, `FastTreeAttention` picks among them) on CUDA
     where FlexAttention imports, else the dense-mask REFERENCE."""
-    if kernels.force_reference or device.type != "cuda" or not flex_available():
-        return Impl.REFERENCE
-    return Impl.FLEX
+    return TREE_ATTENTION.select(device, None, kernels)
 
 
 def moe_impl(device: torch.device, dtype: torch.dtype, kernels: KernelConfig = DEFAULT_KERNELS) -> Impl:
     """MoE experts: grouped matrix products on CUDA bf16 (what grouped_mm's CUDA kernels
     take), the per-expert loop reference otherwise (any dtype, float64 included)."""
-    if kernels.force_reference or device.type != "cuda" or dtype != torch.bfloat16 or not grouped_mm_available():
-        return Impl.REFERENCE
-    return Impl.GROUPED
+    return MOE.select(device, dtype, kernels)
 
 
 def conv_impl(device: torch.device, kernels: KernelConfig = DEFAULT_KERNELS) -> Impl:
-    """Short conv: on CUDA the fused Triton kernels (`harts.exec.ops.conv.triton`; on the
-    H200 at 82k rows x 2048 channels 0.32 vs 3.4 ms forward, 6.7 vs 11.2 ms
-    forward+backward), elsewhere or with conv=reference the gather-form reference."""
-    if kernels.force_reference or device.type != "cuda" or kernels.conv is ConvKernel.REFERENCE:
-        return Impl.REFERENCE
-    return Impl.TRITON
+    """Short conv: on CUDA the fused Triton kernels, elsewhere or with conv=reference the
+    gather-form reference."""
+    return CONV.select(device, None, kernels)
 
 
 def short_conv(x_TD: Tensor, weight_DW: Tensor, bias_D: Tensor | None, *, window_TW: Tensor,
@@ -105,14 +73,7 @@ def short_conv(x_TD: Tensor, weight_DW: Tensor, bias_D: Tensor | None, *, window
         report_fallback(record, "conv", ConvKernel.TRITON, impl, f"the fused kernels need CUDA, not {x_TD.device.type}")
     else:
         report(record, "conv", impl)
-    if impl is Impl.TRITON:
-        from harts.exec.ops.conv.triton import short_conv_fused
-
-        return short_conv_fused(x_TD, weight_DW, bias_D, window_TW=window_TW, activation=activation,
-                                bwd_tiles=kernels.conv_bwd_tiles)
-    from harts.exec.ops.conv import short_conv as reference
-
-    return reference(x_TD, weight_DW, bias_D, window_TW=window_TW, activation=activation)
+    return CONV.run(impl)(x_TD, weight_DW, bias_D, window_TW=window_TW, activation=activation, kernels=kernels)
 
 
 def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, kernels: KernelConfig = DEFAULT_KERNELS,
@@ -124,13 +85,7 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, kerne
     cu_cpu = kwargs.pop("cu_seqlens_cpu", None)
     impl = kda_impl(q.device, q.dtype, kernels)
     report(record, "kda", impl)
-    if impl is Impl.FLA:
-        from harts.exec.ops.kda.fla import chunk_kda_fast
-
-        return chunk_kda_fast(q, k, v, g, beta, cu_seqlens_cpu=cu_cpu, kernels=kernels, record=record, **kwargs)
-    from harts.exec.ops.kda import chunk_kda as reference
-
-    return reference(q, k, v, g, beta, **kwargs)
+    return KDA.run(impl)(q, k, v, g, beta, kernels=kernels, record=record, cu_seqlens_cpu=cu_cpu, **kwargs)
 
 
 def tree_attention(q_local_C: Tensor, end_L: Tensor, device: torch.device, parent_L=None, q_local_host=None, *,
@@ -139,11 +94,17 @@ def tree_attention(q_local_C: Tensor, end_L: Tensor, device: torch.device, paren
     dense-mask reference runs. parent_L (numpy, local parents) enables the varlen, cuDNN
     and graph paths; q_local_host (numpy, q_local_C's values) spares a device-to-host read
     when a layout's queries are not all its rows."""
-    if tree_attention_impl(device, kernels) is Impl.REFERENCE:
-        return None
-    from harts.exec.ops.attention.tree import FastTreeAttention
+    impl = tree_attention_impl(device, kernels)
+    return TREE_ATTENTION.run(impl)(q_local_C, end_L, parent_L, q_local_host, kernels=kernels, record=record)
 
-    return FastTreeAttention(q_local_C, end_L, parent_L, q_local_host, kernels=kernels, record=record)
+
+def experts(x_TD: Tensor, top_i_Tk: Tensor, top_w_Tk: Tensor, w_gate_EFD: Tensor, w_up_EFD: Tensor,
+            w_down_EDF: Tensor, *, kernels: KernelConfig = DEFAULT_KERNELS,
+            record: KernelRecord | None = None) -> Tensor:
+    """`harts.exec.ops.moe.experts_loop`'s contract, on the implementation `moe_impl` picks."""
+    impl = moe_impl(x_TD.device, x_TD.dtype, kernels)
+    report(record, "moe", impl)
+    return MOE.run(impl)(x_TD, top_i_Tk, top_w_Tk, w_gate_EFD, w_up_EFD, w_down_EDF)
 
 
 def reference_attention_reason(device: torch.device, kernels: KernelConfig) -> str | None:

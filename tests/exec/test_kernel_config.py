@@ -131,8 +131,8 @@ def test_conv_asked_for_the_fused_kernels_on_the_cpu_runs_the_reference_and_says
         backend.short_conv(x, w, None, window_TW=window, kernels=KernelConfig(conv="triton", force_reference=True))
 
 
-def test_the_backend_follows_the_config_not_the_environment(clean_env, monkeypatch):
-    monkeypatch.setattr(backend, "fla_available", lambda: True)
+def test_the_backend_follows_the_config_not_the_environment(clean_env, libraries):
+    libraries.set(fla=True, flex=True, grouped_mm=True)
     cuda = torch.device("cuda")
     clean_env.setenv(env.FORCE_REFERENCE, "1")
     clean_env.setenv(env.CONV, "reference")

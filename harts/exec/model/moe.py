@@ -58,6 +58,10 @@ from harts.config.models import ConfigError, ModelConfig
 from harts.exec.model.context import MixingContext
 from harts.exec.model.layers import SwiGLU
 
+# the expert functions, as harts.distributed.parallelize imports them from here
+from harts.exec.ops.moe.grouped import experts_grouped  # noqa: F401
+from harts.exec.ops.moe.naive import experts_loop  # noqa: F401
+
 
 @dataclass(frozen=True)
 class MoEGlobalStats:
@@ -199,98 +203,7 @@ class MoE(nn.Module):
     def _experts(self, x_TD: Tensor, top_i_Tk: Tensor, top_w_Tk: Tensor, ctx: object = None) -> Tensor:
         """The routed experts on `moe_impl`'s pick for the context's `kernels` (defaults
         where the context has none)."""
-        from harts.exec.backend import DEFAULT_KERNELS, Impl, moe_impl
-        from harts.exec.ops.record import report
+        from harts.exec.backend import DEFAULT_KERNELS, experts
 
-        impl = moe_impl(x_TD.device, x_TD.dtype, getattr(ctx, "kernels", DEFAULT_KERNELS))
-        report(getattr(ctx, "kernel_record", None), "moe", impl)
-        if impl is Impl.GROUPED:
-            return experts_grouped(x_TD, top_i_Tk, top_w_Tk, self.w_gate, self.w_up, self.w_down)
-        return experts_loop(x_TD, top_i_Tk, top_w_Tk, self.w_gate, self.w_up, self.w_down)
-
-
-def experts_loop(x_TD: Tensor, top_i_Tk: Tensor, top_w_Tk: Tensor, w_gate_EFD: Tensor,
-                 w_up_EFD: Tensor, w_down_EDF: Tensor) -> Tensor:
-    """Reference: one SwiGLU per expert over the rows routed to it (any dtype, float64 too)."""
-    T, k = top_i_Tk.shape
-    flat_e = top_i_Tk.reshape(-1)
-    flat_t = torch.arange(T, device=x_TD.device).repeat_interleave(k)
-    flat_w = top_w_Tk.reshape(-1).to(x_TD.dtype)
-    order = torch.argsort(flat_e, stable=True)
-    counts = torch.bincount(flat_e, minlength=w_gate_EFD.shape[0]).tolist()
-    y_TD = torch.zeros_like(x_TD)
-    start = 0
-    for e, n in enumerate(counts):
-        if n == 0:
-            continue
-        idx = order[start : start + n]
-        start += n
-        rows = flat_t[idx]
-        x_nD = x_TD[rows]
-        h_nF = F.silu(x_nD @ w_gate_EFD[e].T) * (x_nD @ w_up_EFD[e].T) * flat_w[idx, None]
-        y_TD = y_TD.index_add(0, rows, h_nF @ w_down_EDF[e].T)
-    return y_TD
-
-
-def grouped_mm_reference(mat_a: Tensor, mat_b: Tensor, *, offs: Tensor) -> Tensor:
-    """What `F.grouped_mm(a [N, K], b [G, K, M], offs=offs)` computes, one group at a time
-    (any dtype, float64 included: lets the tests check `experts_grouped` exactly)."""
-    out, start = [], 0
-    for g, end in enumerate(offs.tolist()):
-        out.append(mat_a[start:end] @ mat_b[g])
-        start = end
-    return torch.cat(out) if out else mat_a.new_zeros(0, mat_b.shape[-1])
-
-
-def experts_grouped(x_TD: Tensor, top_i_Tk: Tensor, top_w_Tk: Tensor, w_gate_EFD: Tensor,
-                    w_up_EFD: Tensor, w_down_EDF: Tensor, mm=F.grouped_mm) -> Tensor:
-    """The same function as `experts_loop` with three grouped matrix products.
-
-    The T*k (row, expert) assignments are sorted by expert, so expert e's rows are one
-    contiguous run ending at offs[e]; `grouped_mm` multiplies every run by its expert's
-    weights in one launch each for gate, up and down (no per-expert Python loop, no host
-    sync on the counts). The k weighted outputs of each row are summed in a fixed order
-    (a view [T, k, D] reduced over k), so the result is deterministic. Hand-written rather
-    than a library MoE layer because routing statistics, occurrence weights and the
-    reference loop must stay in this module; torch supplies the kernels. `mm` is the
-    grouped product (`grouped_mm_reference` runs the same bookkeeping in float64).
-    """
-    T, k = top_i_Tk.shape
-    E = w_gate_EFD.shape[0]
-    flat_e = top_i_Tk.reshape(-1)
-    sorted_e, order = torch.sort(flat_e, stable=True)
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(order.numel(), device=order.device)
-    # end of each expert's run; searchsorted rather than bincount(...).cumsum(), whose
-    # CUDA kernel reads the largest id on the host (a stream sync per MoE layer)
-    offs = torch.searchsorted(sorted_e, torch.arange(E, device=flat_e.device, dtype=sorted_e.dtype),
-                              right=True).to(torch.int32)
-    x_ND = _GatherSlots.apply(x_TD, order, inverse, k)
-    gate_NF = mm(x_ND, w_gate_EFD.transpose(-2, -1), offs=offs)
-    up_NF = mm(x_ND, w_up_EFD.transpose(-2, -1), offs=offs)
-    # the routing weight scales the F-wide hidden before the down projection (the same
-    # function: the projection is linear), a third of the elements of the D-wide output
-    h_NF = F.silu(gate_NF) * up_NF * top_w_Tk.reshape(-1)[order, None].to(up_NF.dtype)
-    y_ND = mm(h_NF, w_down_EDF.transpose(-2, -1), offs=offs)
-    return _GatherSlots.apply(y_ND, inverse, order, 1).view(T, k, -1).sum(1)
-
-
-class _GatherSlots(torch.autograd.Function):
-    """rows[index // k] where `index` is a permutation of the T*k slots (slot = row*k + j)
-    and `inverse` its inverse. Autograd's backward of advanced indexing is a sort-based
-    scatter-add; here it is a gather by the inverse and a fixed-order sum over the k slots
-    of each row: faster, and deterministic (no atomics)."""
-
-    @staticmethod
-    def forward(ctx, rows: Tensor, index: Tensor, inverse: Tensor, k: int) -> Tensor:
-        ctx.save_for_backward(inverse)
-        ctx.k = k
-        return rows[index // k] if k > 1 else rows[index]
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (inverse,) = ctx.saved_tensors
-        g = grad[inverse]
-        if ctx.k > 1:
-            g = g.view(-1, ctx.k, g.shape[-1]).sum(1)
-        return g, None, None, None
+        return experts(x_TD, top_i_Tk, top_w_Tk, self.w_gate, self.w_up, self.w_down,
+                       kernels=getattr(ctx, "kernels", DEFAULT_KERNELS), record=getattr(ctx, "kernel_record", None))

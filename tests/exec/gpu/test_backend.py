@@ -15,9 +15,8 @@ def test_cpu_and_float64_run_the_references():
     assert backend.tree_attention(torch.arange(3), torch.tensor([2, 2, 2]), torch.device("cpu")) is None
 
 
-def test_force_reference_switch(monkeypatch):
-    monkeypatch.setattr(backend, "fla_available", lambda: True)
-    monkeypatch.setattr(backend, "flex_available", lambda: True)
+def test_force_reference_switch(libraries):
+    libraries.set(fla=True, flex=True, grouped_mm=True)
     assert backend.kda_impl(torch.device("cuda"), torch.bfloat16) is Impl.FLA
     assert backend.tree_attention_impl(torch.device("cuda")) is Impl.FLEX
     forced = KernelConfig(force_reference=True)

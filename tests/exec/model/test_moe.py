@@ -117,7 +117,8 @@ def test_token_dropping_only_where_rows_are_tokens(make_config):
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from harts.exec.model.moe import experts_grouped, experts_loop, grouped_mm_reference  # noqa: E402
+from harts.exec.ops.moe import experts_loop, grouped_mm_reference  # noqa: E402
+from harts.exec.ops.moe.grouped import experts_grouped  # noqa: E402
 
 
 def _routing(T: int, E: int, k: int, D: int, F_: int, seed: int):

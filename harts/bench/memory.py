@@ -23,7 +23,8 @@ def memory_plan(model: str | ModelConfig, microbatch_tokens: int, param_bytes: i
     ratio `MEASURED_OVER_SIMULATED_ACTIVATIONS`), and the LM head's largest logits
     workspace (three float32 [chunk, vocab] tensors in the chunked head, three
     [rows, vocab] without it). An estimate to plan the budget with, not a measurement."""
-    from harts.config.models import get_model_config, parameter_counts
+    from harts.config.models import get_model_config
+    from harts.config.param_counts import parameter_counts
     from harts.exec.loss import DEFAULT_LM_HEAD_CHUNK_ELEMENTS
     from harts.plan.stages import stage_layers
     from harts.sim.ops import StageCounter

@@ -123,7 +123,8 @@ def step_benchmark(trajectories, *, model: str | torch.nn.Module = "tiny-h200", 
     `progress`: called with a line as each mode's model is built, warmed up and timed
     (the seconds so far), so a long run shows where it is."""
     from harts.config.kernels import KernelConfig
-    from harts.config.models import get_model_config, parameter_counts
+    from harts.config.models import get_model_config
+    from harts.config.param_counts import parameter_counts
     from harts.exec.model.model import build_model
     from harts.exec.prefix_trainer import PrefixMergedTrainer
     from harts.exec.trainer import ExpandedTrainer

@@ -27,8 +27,8 @@ def cmd_params(args: argparse.Namespace) -> int:
         get_model_config,
         known_models,
         layer_ratio,
-        parameter_counts,
     )
+    from harts.config.param_counts import parameter_counts
 
     if args.model_path:  # one checkpoint directory's config.json
         configs = [model_config(args)]

@@ -101,7 +101,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UserError(f"--microbatch-tokens must be >= 1, got {args.microbatch_tokens}")
     train_checkpoint.check_flags(args)
 
-    from harts.config.models import ConfigError, parameter_counts
+    from harts.config.models import ConfigError
+    from harts.config.param_counts import parameter_counts
 
     if args.save is not None:
         if not args.model_path:

@@ -73,7 +73,8 @@ def parallel_for(model: str, gpus: int) -> Any:
 @lru_cache(maxsize=8)
 def cost_model_for(model: str) -> Any:
     from harts.config.costs import TokenPairCost
-    from harts.config.models import get_model_config, parameter_counts
+    from harts.config.models import get_model_config
+    from harts.config.param_counts import parameter_counts
 
     cfg = get_model_config(model)
     return TokenPairCost.for_model(cfg, parameter_counts(cfg).active)

@@ -32,7 +32,8 @@ from enum import StrEnum
 
 import numpy as np
 
-from harts.config.models import ModelConfig, parameter_counts
+from harts.config.models import ModelConfig
+from harts.config.param_counts import parameter_counts
 from harts.plan.stages import stage_layers
 from harts.plan.work import (
     KDARound,

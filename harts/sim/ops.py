@@ -19,14 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from harts.config.models import (
-    ModelConfig,
+from harts.config.models import ModelConfig
+from harts.config.parallel import ParallelConfig
+from harts.config.param_counts import (
     gated_attention_layer_params,
     gdn_layer_params,
     kda_layer_params,
     mla_layer_params,
 )
-from harts.config.parallel import ParallelConfig
 from harts.plan.stages import StageLayers
 from harts.plan.work import MicrobatchWork
 

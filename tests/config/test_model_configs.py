@@ -15,8 +15,8 @@ from harts.config.models import (
     ModelName,
     get_model_config,
     known_models,
-    parameter_counts,
 )
+from harts.config.param_counts import parameter_counts
 
 
 def test_registry_lists_every_name_and_fails_loudly_on_unknown():

@@ -7,13 +7,8 @@ import dataclasses
 
 import pytest
 
-from harts.config.models import (
-    PUBLISHED_PARAMS_B,
-    ConfigError,
-    ModelName,
-    get_model_config,
-    parameter_counts,
-)
+from harts.config.models import PUBLISHED_PARAMS_B, ConfigError, ModelName, get_model_config
+from harts.config.param_counts import parameter_counts
 from harts.models.hf import (
     HFAdapter,
     HFModelType,

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from harts.config.models import ConfigError, FFNKind, parameter_counts
+from harts.config.models import ConfigError, FFNKind
+from harts.config.param_counts import parameter_counts
 from harts.exec.model import PackedContext
 from harts.exec.model.model import HybridModel
 from harts.models.hf import qwen3_5, qwen3_5_moe

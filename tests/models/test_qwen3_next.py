@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 import torch
 
-from harts.config.models import ConfigError, FFNKind, LayerKind, parameter_counts
+from harts.config.models import ConfigError, FFNKind, LayerKind
+from harts.config.param_counts import parameter_counts
 from harts.exec.model import PackedContext
 from harts.exec.model.model import HybridModel
 from harts.exec.trainer import ExpandedTrainer

@@ -261,7 +261,8 @@ def test_cost_is_additive_over_a_split():
 
 
 def test_pair_weight_derived_from_the_tiny_model():
-    from harts.config.models import get_model_config, parameter_counts
+    from harts.config.models import get_model_config
+    from harts.config.param_counts import parameter_counts
 
     tiny = get_model_config("tiny")
     derived = TokenPairCost.for_model(tiny, parameter_counts(tiny).active)

@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from harts.config.models import get_model_config, parameter_counts
+from harts.config.models import get_model_config
 from harts.config.parallel import ParallelConfig
+from harts.config.param_counts import parameter_counts
 from harts.plan.stages import stage_layers
 from harts.plan.work import KDARound, MicrobatchWork, expanded_microbatch
 from harts.sim.costs import (

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harts.config.models import ModelConfig, get_model_config, parameter_counts
+from harts.config.models import ModelConfig, get_model_config
+from harts.config.param_counts import parameter_counts
 from harts.config.rollout import RolloutWorkload
 from harts.sim.hardware import HardwareProfile, load_hardware
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from harts.config.models import ConfigError, parameter_counts
+from harts.config.models import ConfigError
+from harts.config.param_counts import parameter_counts
 from harts.exec.model import build_model
 from harts.exec.model.moe import MoE, MoEGlobalStats, set_moe_global
 from harts.testing import assert_close

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harts.config.models import parameter_counts
+from harts.config.param_counts import parameter_counts
 from harts.exec.model import build_model
 from harts.exec.model.gated_attention import GatedAttentionMixer
 from harts.exec.model.gdn import GDNMixer

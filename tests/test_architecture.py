@@ -147,7 +147,7 @@ def test_lower_layers_never_reach_torch(layer):
 
 
 # harts.rl's credit assignment and allocation are numpy only (the loop's modules use exec)
-RL_NUMPY = ("harts.rl", "harts.rl.signatures", "harts.rl.rtmc", "harts.rl.trace")
+RL_NUMPY = ("harts.rl", "harts.rl.signatures", "harts.rl.rtmc", "harts.rl.trace", "harts.rl.trace_predictor")
 
 
 @pytest.mark.parametrize("module", RL_NUMPY)

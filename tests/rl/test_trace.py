@@ -16,18 +16,15 @@ from harts.rl.trace import (
     AllocationName,
     Candidate,
     CandidateKind,
-    LogisticPredictor,
     TraceAllocator,
     allocate,
-    feature_count,
     group_mixed_probability,
     mixed_probability,
     mixed_share,
-    node_targets,
     prefix_candidates,
-    prefix_features,
     uniform_allocation,
 )
+from harts.rl.trace_predictor import LogisticPredictor, feature_count, node_targets, prefix_features
 from harts.tree.trajectory import Trajectory
 from tests.strategies import trace_candidates
 

@@ -20,17 +20,15 @@ import dataclasses
 import heapq
 import math
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from harts.config.rollout import RolloutWorkload
 from harts.sim.rollout.cost import RolloutCost, make_rollout_cost
+from harts.sim.rollout.migration import Migration
 from harts.sim.rollout.planning import (
     DecodePrice,
-    aggregate_estimate,
     anneal_layout,
-    decode_fraction,
     dp_place,
     estimate_makespan,
     expected_context,
@@ -40,6 +38,7 @@ from harts.sim.rollout.planning import (
     prior_tool_mean,
 )
 from harts.sim.rollout.policies import RolloutPolicy, Router, get_policy
+from harts.sim.rollout.state import FIRST_CHECK, READY, STEP_END, TrajState, WorkerState
 from harts.sim.rollout.types import (
     RolloutResult,
     Segment,
@@ -50,64 +49,8 @@ from harts.sim.rollout.types import (
 )
 from harts.sim.rollout.workload import generate_trajectories
 
-READY, STEP_END, MIG_DONE = 0, 1, 2
-MIGRATION_MARGIN = 0.05  # a migration must cut the pair's drain estimate by this fraction
-STEAL_LOOKS = 16  # queued turns a worker with free slots examines per stealing attempt
-LIVE_MARGIN = 0.25  # live migration: the sequence's own predicted finish must drop by this fraction
-FIRST_CHECK = 512  # live migration: a running turn is re-predicted at 512, 1024, 2048, ... tokens
 GROUP_PRIOR_TURNS = 2.0  # group predictor: the prior counts as this many observed turns of the group
 OWN_PRIOR_TURNS = 1.0  # group predictor: the group's mean counts as this many of the trajectory's own turns
-
-
-@dataclass
-class _T:
-    spec: TrajectorySpec
-    turn: int = 0
-    context: int = 0  # tokens of the trajectory so far (what its KV holds when resident)
-    generated: int = 0
-    turn_start_generated: int = 0  # generated when the current turn began
-    remaining: int = 0  # action tokens left in the running turn
-    home: int = -1  # worker holding its KV, -1 none
-    assigned: int = -1  # Heddle's planned worker
-    ready_at: float = 0.0
-    queued_on: int = -1
-    migrating: bool = False
-    pending_ready: bool = False
-    resume: bool = False  # moved while running: re-admitted without a prefill, mid-turn
-    next_check: int = FIRST_CHECK  # live migration: tokens of the running turn at the next re-prediction
-    done: bool = False
-    finish: float = 0.0
-    pred: tuple[float, float, float] = (0.0, 0.0, 0.0)  # predicted (tokens, tool s, mean context) left
-    segs: list[Segment] = field(default_factory=list)
-
-
-@dataclass
-class _W:
-    info: Worker
-    kv: dict[int, float] = field(default_factory=dict)
-    used: float = 0.0
-    lru: dict[int, float] = field(default_factory=dict)  # evictable cached entries
-    running: list[int] = field(default_factory=list)
-    queue: list[int] = field(default_factory=list)
-    version: int = 0
-    active: bool = False
-    decode_start: float = 0.0
-    step: float = 0.0
-    k: int = 0
-    chunk_start: float = 0.0
-    busy: list[list[float]] = field(default_factory=list)
-    samples: list[tuple[float, float]] = field(default_factory=list)
-    peak: float = 0.0
-    # Heddle's view of the trajectories planned here: tid -> (tokens, tool s, mean context, decode fraction)
-    load: dict[int, tuple[float, float, float, float]] = field(default_factory=dict)
-    sum_x: float = 0.0
-    sum_a: float = 0.0
-    sum_ac: float = 0.0
-    est: float = -1.0  # cached aggregate estimate, -1 stale
-    top: tuple[float, float, float, float] | None = None  # cached largest load entry, None stale
-    retired: bool = False  # merged into a worker of twice the degree (dynamic MP)
-    end: float | None = None  # when it was retired
-    reconsider: bool = False  # a worker appeared: offer it the running batch at the next boundary
 
 
 def make_workers(layout: list[int], cost: RolloutCost) -> tuple[Worker, ...]:
@@ -130,11 +73,11 @@ def usable_degrees(cfg: RolloutWorkload, cost: RolloutCost) -> list[int]:
     return _valid_degrees(cfg, cost, sorted(set(cfg.mp_degrees) | {cfg.baseline_mp}))
 
 
-class _Sim:
+class _Sim(Migration):
     def __init__(self, cfg: RolloutWorkload, policy: RolloutPolicy, gpus: int, specs, cost: RolloutCost):
         self.cfg, self.policy, self.cost = cfg, policy, cost
         self.gpus = gpus
-        self.tr = [_T(s) for s in specs]
+        self.tr = [TrajState(s) for s in specs]
         self.action_prior = prior_action_mean(cfg)
         self.tool_prior = prior_tool_mean(cfg)
         groups = max((s.group for s in specs), default=0) + 1
@@ -146,7 +89,7 @@ class _Sim:
         t0 = time.perf_counter()
         self.workers = self._plan()
         self.plan_seconds = time.perf_counter() - t0
-        self.ws = [_W(w) for w in self.workers]
+        self.ws = [WorkerState(w) for w in self.workers]
         self.merge_degrees = set(usable_degrees(cfg, cost))
         self.unfinished = len(self.tr)
         self.events: list[tuple] = []
@@ -205,7 +148,7 @@ class _Sim:
         heapq.heappush(self.events, (t, self.seq, kind, a, b))
         self.seq += 1
 
-    def set_kv(self, w: _W, tid: int, nbytes: float, now: float) -> None:
+    def set_kv(self, w: WorkerState, tid: int, nbytes: float, now: float) -> None:
         w.used += nbytes - w.kv.get(tid, 0.0)
         if nbytes > 0:
             w.kv[tid] = nbytes
@@ -217,13 +160,13 @@ class _Sim:
         w.peak = max(w.peak, w.used)
         w.samples.append((now, w.used))
 
-    def drop(self, t: _T, now: float) -> None:
+    def drop(self, t: TrajState, now: float) -> None:
         """Free a trajectory's cached KV (it is re-routed elsewhere or finished)."""
         if t.home >= 0:
             self.set_kv(self.ws[t.home], t.spec.tid, 0.0, now)
             t.home = -1
 
-    def seg(self, t: _T, kind: SegmentKind, start: float, end: float, worker: int, before: int, after: int,
+    def seg(self, t: TrajState, kind: SegmentKind, start: float, end: float, worker: int, before: int, after: int,
             **kw) -> None:
         if kind == SegmentKind.DECODE and t.segs:
             last = t.segs[-1]
@@ -237,7 +180,7 @@ class _Sim:
         prior counting as `GROUP_PRIOR_TURNS` turns)."""
         return (self.group_tokens[g] + GROUP_PRIOR_TURNS * self.action_prior) / (self.group_turns[g] + GROUP_PRIOR_TURNS)
 
-    def predicted(self, t: _T) -> tuple[float, float]:
+    def predicted(self, t: TrajState) -> tuple[float, float]:
         """(remaining decode tokens, remaining tool seconds) the predictor expects; a running
         turn counts as one of the remaining ones (its length is not known either; with
         live migration its decoded part so far is seen)."""
@@ -260,7 +203,7 @@ class _Sim:
                 x = max(x - elapsed, 1.0)
         return x, max(turns - 1.0, 0.0) * self.tool_prior, expected_context(t.context, nxt, x, self.cfg.max_context)
 
-    def repredict(self, t: _T) -> None:
+    def repredict(self, t: TrajState) -> None:
         t.pred = self.predicted(t)
         if t.assigned >= 0:
             self.load_set(t)
@@ -271,7 +214,7 @@ class _Sim:
         return min(range(len(self.ws)),
                    key=lambda i: ((len(self.ws[i].running) + len(self.ws[i].queue)) / self.ws[i].info.degree, i))
 
-    def route(self, t: _T) -> int:
+    def route(self, t: TrajState) -> int:
         r = self.policy.router
         if r == Router.ROUND_ROBIN:
             w = self.rr % len(self.ws)
@@ -285,12 +228,12 @@ class _Sim:
 
     # ---- workers ----------------------------------------------------------------------
 
-    def admit_order(self, w: _W) -> list[int]:
+    def admit_order(self, w: WorkerState) -> list[int]:
         if self.policy.priority:
             return sorted(w.queue, key=lambda i: (-self.tr[i].pred[0], self.tr[i].ready_at, i))
         return sorted(w.queue, key=lambda i: (self.tr[i].ready_at, i))
 
-    def start_chunk(self, w: _W, now: float) -> None:
+    def start_chunk(self, w: WorkerState, now: float) -> None:
         cost, d = self.cost, w.info.degree
         cap = w.info.kv_capacity_bytes
         new_tokens, pairs, admitted = 0.0, 0.0, []
@@ -363,7 +306,7 @@ class _Sim:
             w.busy.append([now, end])
         self.push(end, STEP_END, w.info.wid, w.version)
 
-    def interrupt(self, w: _W, now: float) -> None:
+    def interrupt(self, w: WorkerState, now: float) -> None:
         """A turn arrived at a busy worker: cut the chunk at the next iteration boundary."""
         if not w.active:
             self.start_chunk(w, now)
@@ -377,7 +320,7 @@ class _Sim:
             w.busy[-1][1] = end
             self.push(end, STEP_END, w.info.wid, w.version)
 
-    def step_end(self, w: _W, now: float) -> None:
+    def step_end(self, w: WorkerState, now: float) -> None:
         k = w.k
         still = []
         for tid in w.running:
@@ -430,11 +373,11 @@ class _Sim:
 
     # ---- dynamic model parallelism ------------------------------------------------------
 
-    def idle(self, w: _W) -> bool:
+    def idle(self, w: WorkerState) -> bool:
         """Nothing running, queued, cached or planned on `w` (and it still serves)."""
         return not (w.retired or w.active or w.running or w.queue or w.kv or w.load)
 
-    def try_merge(self, w: _W, now: float) -> None:
+    def try_merge(self, w: WorkerState, now: float) -> None:
         """Dynamic MP: while `w` is idle and so is the other half of the aligned block of
         twice its degree (one worker of the same degree on those GPUs), merge the two (a
         usable degree only), then offer the merged worker queued turns and running
@@ -454,7 +397,7 @@ class _Sim:
             info = Worker(len(self.ws), 2 * d, tuple(sorted(w.info.gpus + buddy.info.gpus)),
                           self.cost.kv_capacity(2 * d), start_s=now)
             self.prices.setdefault(2 * d, DecodePrice(self.cost, 2 * d, self.cfg.max_batch))
-            w = merged = _W(info)
+            w = merged = WorkerState(info)
             self.ws.append(w)
         if merged is None:
             return
@@ -465,203 +408,9 @@ class _Sim:
         if self.policy.migration:
             self.steal(merged, now)
 
-    # ---- migration --------------------------------------------------------------------
-
-    def load_set(self, t: _T) -> None:
-        """(Re)enter `t`'s predicted remaining work in its planned worker's aggregate."""
-        w = self.ws[t.assigned]
-        self.load_drop(t, w)
-        if t.done:
-            return
-        x, tool, c = t.pred
-        a = float(decode_fraction(x, tool, c, self.prices[w.info.degree]))
-        w.load[t.spec.tid] = (x, tool, c, a)
-        w.sum_x += x
-        w.sum_a += a
-        w.sum_ac += a * c
-        w.est = -1.0
-        w.top = None
-
-    def load_drop(self, t: _T, w: _W) -> None:
-        old = w.load.pop(t.spec.tid, None)
-        if old is not None:
-            w.sum_x -= old[0]
-            w.sum_a -= old[3]
-            w.sum_ac -= old[3] * old[2]
-            w.est = -1.0
-            w.top = None
-            if not w.load:
-                w.sum_x = w.sum_a = w.sum_ac = 0.0
-
-    def estimate(self, w: _W, add: tuple[float, float, float] | None = None, remove: int = -1) -> float:
-        """Predicted drain time of `w`'s planned trajectories (`planning.worker_estimate`
-        from the worker's aggregate), optionally with one more (`add`: its predicted tokens,
-        tool seconds and context) or one fewer (`remove`)."""
-        if add is None and remove < 0:
-            if w.est < 0:
-                w.est = self._agg(w, None, -1)
-            return w.est
-        return self._agg(w, add, remove)
-
-    def _agg(self, w: _W, add, remove: int) -> float:
-        price = self.prices[w.info.degree]
-        sx, sa, sac = w.sum_x, w.sum_a, w.sum_ac
-        none = (0.0, 0.0, 0.0, 0.0)
-        if w.top is None:
-            w.top = max(w.load.values(), default=none)
-        top = w.top
-        if remove >= 0:
-            gone = w.load[remove]
-            sx, sa, sac = sx - gone[0], sa - gone[3], sac - gone[3] * gone[2]
-            if gone == top:
-                top = max((v for k, v in w.load.items() if k != remove), default=none)
-        if add is not None:
-            x, tool, c = add
-            a = float(decode_fraction(x, tool, c, price))
-            sx, sa, sac = sx + x, sa + a, sac + a * c
-            if x > top[0]:
-                top = (x, tool, c, a)
-        if sx <= 0 and top[0] <= 0:
-            return 0.0
-        return aggregate_estimate(sx, sa, sac, top[:3], price)
-
-    def gain(self, t: _T, src: _W, dst: _W, margin: float = MIGRATION_MARGIN) -> float:
-        """How much moving `t` from `src` to `dst` lowers the larger of the two estimates
-        (0 unless it lowers it by more than `margin` of it)."""
-        before = max(self.estimate(src), self.estimate(dst))
-        after = max(self.estimate(src, remove=t.spec.tid), self.estimate(dst, add=t.pred))
-        return before - after if before - after > margin * before else 0.0
-
-    def move_plan(self, t: _T, dst: int) -> None:
-        self.load_drop(t, self.ws[t.assigned])
-        t.assigned = dst
-        self.load_set(t)
-
-    def maybe_migrate(self, t: _T, now: float) -> None:
-        """At a tool-call start: move the KV to the worker whose predicted drain time the
-        move lowers most (by at least `MIGRATION_MARGIN`), if the transfer fits in the
-        mean tool latency."""
-        src = t.home
-        tid = t.spec.tid
-        if src < 0 or t.assigned != src:
-            return
-        size = self.ws[src].kv[tid]
-        best, best_gain = -1, 0.0
-        for w in self.ws:
-            o = w.info.wid
-            if o == src or w.retired or w.info.kv_capacity_bytes - w.used < size:
-                continue
-            g = self.gain(t, self.ws[src], w)
-            if g > best_gain:
-                best, best_gain = o, g
-        if best < 0:
-            return
-        dur = self.cost.transfer(size, self.same_node(src, best))
-        if dur > self.tool_prior:
-            return
-        self.start_move(t, src, best, size, dur, now)
-
-    def own_finish(self, t: _T, w: _W, joins: bool) -> float:
-        """When `t` would finish its predicted remaining decode on `w` at the per-token time of
-        the sequences there now (running, queued and moving in, plus `t` if it `joins`) over
-        their contexts."""
-        moving_in = [i for i in w.kv if self.tr[i].migrating and self.tr[i].assigned == w.info.wid]
-        there = w.running + w.queue + moving_in + ([t.spec.tid] if joins else [])
-        ctx = sum(self.tr[i].context for i in there)
-        return t.pred[0] * float(self.prices[w.info.degree].per_token(len(there), ctx))
-
-    def maybe_move_running(self, t: _T, src: _W, now: float) -> bool:
-        """Live migration at a re-prediction point: move the running sequence to the worker
-        where its own predicted finish (transfer included) is soonest, if that is at least
-        `LIVE_MARGIN` sooner than staying. (Also asking that the move not raise the pair's
-        larger drain estimate, as tool-call migration does, blocked nearly every move of a
-        long turn towards the high-degree workers, whose planned trajectories set the
-        bottleneck.) Returns whether it moved (then it is out of `src`'s batch)."""
-        tid = t.spec.tid
-        if t.assigned != src.info.wid or t.home != src.info.wid:
-            return False
-        size = src.kv[tid]
-        stay = self.own_finish(t, src, joins=False)
-        best, best_t = -1, stay * (1 - LIVE_MARGIN)
-        for w in self.ws:
-            o = w.info.wid
-            if o == src.info.wid or w.retired or w.info.kv_capacity_bytes - w.used < size:
-                continue
-            go = self.own_finish(t, w, joins=True) + self.cost.transfer(size, self.same_node(src.info.wid, o))
-            if go < best_t:
-                best, best_t = o, go
-        if best < 0:
-            return False
-        t.resume = True
-        t.pending_ready = True
-        self.start_move(t, src.info.wid, best, size, self.cost.transfer(size, self.same_node(src.info.wid, best)), now)
-        return True
-
-    def same_node(self, a: int, b: int) -> bool:
-        per = self.cost.gpus_per_node
-        return self.ws[a].info.gpus[0] // per == self.ws[b].info.gpus[0] // per
-
-    def start_move(self, t: _T, src: int, dst: int, size: float, dur: float, now: float) -> None:
-        tid = t.spec.tid
-        self.ws[src].lru.pop(tid, None)  # pinned while it moves
-        self.set_kv(self.ws[dst], tid, size, now)
-        t.migrating = True
-        self.move_plan(t, dst)
-        self.migrations += 1
-        self.seg(t, SegmentKind.MIGRATE, now, now + dur, src, t.generated, t.generated, to_worker=dst)
-        self.push(now + dur, MIG_DONE, tid, src)
-
-    def steal(self, w: _W, now: float) -> None:
-        """Work stealing: `w` has free batch slots and nothing queued, so it takes queued
-        turns from other workers (longest predicted remaining first, from the worker with
-        the largest estimate first) while each move lowers the pair's larger estimate at
-        all: a queued turn's alternative is to keep waiting, and one turn of hundreds on a
-        loaded worker moves its estimate by far less than `MIGRATION_MARGIN`. A stolen turn's KV moves over NVLink / InfiniBand (it waits
-        for the copy, then queues here); one without a resident KV just re-queues here."""
-        slots = self.cfg.max_batch - len(w.running)
-        victims = sorted((v for v in self.ws if v is not w and v.queue), key=lambda v: (-self.estimate(v), v.info.wid))
-        looked = 0
-        for v in victims:
-            for tid in sorted(v.queue, key=lambda i: (-self.tr[i].pred[0], self.tr[i].ready_at, i)):
-                looked += 1
-                if slots <= 0 or looked > STEAL_LOOKS:
-                    return
-                t = self.tr[tid]
-                if t.assigned != v.info.wid or self.gain(t, v, w, margin=0.0) <= 0:
-                    continue
-                size = self.ws[t.home].kv.get(tid, 0.0) if t.home >= 0 else 0.0
-                if size and w.info.kv_capacity_bytes - w.used < size:
-                    continue
-                v.queue.remove(tid)
-                t.queued_on = -1
-                if now > t.ready_at:
-                    self.seg(t, SegmentKind.QUEUE, t.ready_at, now, v.info.wid, t.generated, t.generated)
-                slots -= 1
-                if size:
-                    t.pending_ready = True
-                    self.start_move(t, t.home, w.info.wid, size, self.cost.transfer(size, self.same_node(t.home, w.info.wid)), now)
-                else:
-                    self.move_plan(t, w.info.wid)
-                    self.ready(t, now)
-
-    def mig_done(self, t: _T, src: int, now: float) -> None:
-        tid = t.spec.tid
-        self.set_kv(self.ws[src], tid, 0.0, now)
-        t.home = t.assigned
-        if not t.resume:  # a running sequence's KV stays pinned until it is re-admitted
-            self.ws[t.home].lru[tid] = now
-        t.migrating = False
-        if t.pending_ready:
-            t.pending_ready = False
-            self.ready(t, now)
-        w = self.ws[src]
-        if not w.active and w.queue:
-            self.start_chunk(w, now)
-        self.try_merge(w, now)
-
     # ---- main loop --------------------------------------------------------------------
 
-    def ready(self, t: _T, now: float) -> None:
+    def ready(self, t: TrajState, now: float) -> None:
         if t.migrating:
             t.pending_ready = True
             return

@@ -1,0 +1,213 @@
+"""Heddle's moves between workers in the rollout simulator: each worker's aggregate of the
+predicted work planned on it and its drain estimate, KV migration at a tool call, live
+migration of a running sequence at a re-prediction point, and work stealing by a worker
+with free slots.
+
+`Migration` is mixed into the simulator (`harts.sim.rollout.engine`), whose state it
+reads and changes: the trajectories `tr`, the workers `ws`, their decode `prices`, and
+through `set_kv`, `seg`, `push`, `ready`, `start_chunk` and `try_merge`.
+"""
+
+from __future__ import annotations
+
+from harts.sim.rollout.planning import aggregate_estimate, decode_fraction
+from harts.sim.rollout.state import MIG_DONE, TrajState, WorkerState
+from harts.sim.rollout.types import SegmentKind
+
+MIGRATION_MARGIN = 0.05  # a migration must cut the pair's drain estimate by this fraction
+STEAL_LOOKS = 16  # queued turns a worker with free slots examines per stealing attempt
+LIVE_MARGIN = 0.25  # live migration: the sequence's own predicted finish must drop by this fraction
+
+
+class Migration:
+    def load_set(self, t: TrajState) -> None:
+        """(Re)enter `t`'s predicted remaining work in its planned worker's aggregate."""
+        w = self.ws[t.assigned]
+        self.load_drop(t, w)
+        if t.done:
+            return
+        x, tool, c = t.pred
+        a = float(decode_fraction(x, tool, c, self.prices[w.info.degree]))
+        w.load[t.spec.tid] = (x, tool, c, a)
+        w.sum_x += x
+        w.sum_a += a
+        w.sum_ac += a * c
+        w.est = -1.0
+        w.top = None
+
+    def load_drop(self, t: TrajState, w: WorkerState) -> None:
+        old = w.load.pop(t.spec.tid, None)
+        if old is not None:
+            w.sum_x -= old[0]
+            w.sum_a -= old[3]
+            w.sum_ac -= old[3] * old[2]
+            w.est = -1.0
+            w.top = None
+            if not w.load:
+                w.sum_x = w.sum_a = w.sum_ac = 0.0
+
+    def estimate(self, w: WorkerState, add: tuple[float, float, float] | None = None, remove: int = -1) -> float:
+        """Predicted drain time of `w`'s planned trajectories (`planning.worker_estimate`
+        from the worker's aggregate), optionally with one more (`add`: its predicted tokens,
+        tool seconds and context) or one fewer (`remove`)."""
+        if add is None and remove < 0:
+            if w.est < 0:
+                w.est = self._agg(w, None, -1)
+            return w.est
+        return self._agg(w, add, remove)
+
+    def _agg(self, w: WorkerState, add, remove: int) -> float:
+        price = self.prices[w.info.degree]
+        sx, sa, sac = w.sum_x, w.sum_a, w.sum_ac
+        none = (0.0, 0.0, 0.0, 0.0)
+        if w.top is None:
+            w.top = max(w.load.values(), default=none)
+        top = w.top
+        if remove >= 0:
+            gone = w.load[remove]
+            sx, sa, sac = sx - gone[0], sa - gone[3], sac - gone[3] * gone[2]
+            if gone == top:
+                top = max((v for k, v in w.load.items() if k != remove), default=none)
+        if add is not None:
+            x, tool, c = add
+            a = float(decode_fraction(x, tool, c, price))
+            sx, sa, sac = sx + x, sa + a, sac + a * c
+            if x > top[0]:
+                top = (x, tool, c, a)
+        if sx <= 0 and top[0] <= 0:
+            return 0.0
+        return aggregate_estimate(sx, sa, sac, top[:3], price)
+
+    def gain(self, t: TrajState, src: WorkerState, dst: WorkerState, margin: float = MIGRATION_MARGIN) -> float:
+        """How much moving `t` from `src` to `dst` lowers the larger of the two estimates
+        (0 unless it lowers it by more than `margin` of it)."""
+        before = max(self.estimate(src), self.estimate(dst))
+        after = max(self.estimate(src, remove=t.spec.tid), self.estimate(dst, add=t.pred))
+        return before - after if before - after > margin * before else 0.0
+
+    def move_plan(self, t: TrajState, dst: int) -> None:
+        self.load_drop(t, self.ws[t.assigned])
+        t.assigned = dst
+        self.load_set(t)
+
+    def maybe_migrate(self, t: TrajState, now: float) -> None:
+        """At a tool-call start: move the KV to the worker whose predicted drain time the
+        move lowers most (by at least `MIGRATION_MARGIN`), if the transfer fits in the
+        mean tool latency."""
+        src = t.home
+        tid = t.spec.tid
+        if src < 0 or t.assigned != src:
+            return
+        size = self.ws[src].kv[tid]
+        best, best_gain = -1, 0.0
+        for w in self.ws:
+            o = w.info.wid
+            if o == src or w.retired or w.info.kv_capacity_bytes - w.used < size:
+                continue
+            g = self.gain(t, self.ws[src], w)
+            if g > best_gain:
+                best, best_gain = o, g
+        if best < 0:
+            return
+        dur = self.cost.transfer(size, self.same_node(src, best))
+        if dur > self.tool_prior:
+            return
+        self.start_move(t, src, best, size, dur, now)
+
+    def own_finish(self, t: TrajState, w: WorkerState, joins: bool) -> float:
+        """When `t` would finish its predicted remaining decode on `w` at the per-token time of
+        the sequences there now (running, queued and moving in, plus `t` if it `joins`) over
+        their contexts."""
+        moving_in = [i for i in w.kv if self.tr[i].migrating and self.tr[i].assigned == w.info.wid]
+        there = w.running + w.queue + moving_in + ([t.spec.tid] if joins else [])
+        ctx = sum(self.tr[i].context for i in there)
+        return t.pred[0] * float(self.prices[w.info.degree].per_token(len(there), ctx))
+
+    def maybe_move_running(self, t: TrajState, src: WorkerState, now: float) -> bool:
+        """Live migration at a re-prediction point: move the running sequence to the worker
+        where its own predicted finish (transfer included) is soonest, if that is at least
+        `LIVE_MARGIN` sooner than staying. (Also asking that the move not raise the pair's
+        larger drain estimate, as tool-call migration does, blocked nearly every move of a
+        long turn towards the high-degree workers, whose planned trajectories set the
+        bottleneck.) Returns whether it moved (then it is out of `src`'s batch)."""
+        tid = t.spec.tid
+        if t.assigned != src.info.wid or t.home != src.info.wid:
+            return False
+        size = src.kv[tid]
+        stay = self.own_finish(t, src, joins=False)
+        best, best_t = -1, stay * (1 - LIVE_MARGIN)
+        for w in self.ws:
+            o = w.info.wid
+            if o == src.info.wid or w.retired or w.info.kv_capacity_bytes - w.used < size:
+                continue
+            go = self.own_finish(t, w, joins=True) + self.cost.transfer(size, self.same_node(src.info.wid, o))
+            if go < best_t:
+                best, best_t = o, go
+        if best < 0:
+            return False
+        t.resume = True
+        t.pending_ready = True
+        self.start_move(t, src.info.wid, best, size, self.cost.transfer(size, self.same_node(src.info.wid, best)), now)
+        return True
+
+    def same_node(self, a: int, b: int) -> bool:
+        per = self.cost.gpus_per_node
+        return self.ws[a].info.gpus[0] // per == self.ws[b].info.gpus[0] // per
+
+    def start_move(self, t: TrajState, src: int, dst: int, size: float, dur: float, now: float) -> None:
+        tid = t.spec.tid
+        self.ws[src].lru.pop(tid, None)  # pinned while it moves
+        self.set_kv(self.ws[dst], tid, size, now)
+        t.migrating = True
+        self.move_plan(t, dst)
+        self.migrations += 1
+        self.seg(t, SegmentKind.MIGRATE, now, now + dur, src, t.generated, t.generated, to_worker=dst)
+        self.push(now + dur, MIG_DONE, tid, src)
+
+    def steal(self, w: WorkerState, now: float) -> None:
+        """Work stealing: `w` has free batch slots and nothing queued, so it takes queued
+        turns from other workers (longest predicted remaining first, from the worker with
+        the largest estimate first) while each move lowers the pair's larger estimate at
+        all: a queued turn's alternative is to keep waiting, and one turn of hundreds on a
+        loaded worker moves its estimate by far less than `MIGRATION_MARGIN`. A stolen turn's KV moves over NVLink / InfiniBand (it waits
+        for the copy, then queues here); one without a resident KV just re-queues here."""
+        slots = self.cfg.max_batch - len(w.running)
+        victims = sorted((v for v in self.ws if v is not w and v.queue), key=lambda v: (-self.estimate(v), v.info.wid))
+        looked = 0
+        for v in victims:
+            for tid in sorted(v.queue, key=lambda i: (-self.tr[i].pred[0], self.tr[i].ready_at, i)):
+                looked += 1
+                if slots <= 0 or looked > STEAL_LOOKS:
+                    return
+                t = self.tr[tid]
+                if t.assigned != v.info.wid or self.gain(t, v, w, margin=0.0) <= 0:
+                    continue
+                size = self.ws[t.home].kv.get(tid, 0.0) if t.home >= 0 else 0.0
+                if size and w.info.kv_capacity_bytes - w.used < size:
+                    continue
+                v.queue.remove(tid)
+                t.queued_on = -1
+                if now > t.ready_at:
+                    self.seg(t, SegmentKind.QUEUE, t.ready_at, now, v.info.wid, t.generated, t.generated)
+                slots -= 1
+                if size:
+                    t.pending_ready = True
+                    self.start_move(t, t.home, w.info.wid, size, self.cost.transfer(size, self.same_node(t.home, w.info.wid)), now)
+                else:
+                    self.move_plan(t, w.info.wid)
+                    self.ready(t, now)
+
+    def mig_done(self, t: TrajState, src: int, now: float) -> None:
+        tid = t.spec.tid
+        self.set_kv(self.ws[src], tid, 0.0, now)
+        t.home = t.assigned
+        if not t.resume:  # a running sequence's KV stays pinned until it is re-admitted
+            self.ws[t.home].lru[tid] = now
+        t.migrating = False
+        if t.pending_ready:
+            t.pending_ready = False
+            self.ready(t, now)
+        w = self.ws[src]
+        if not w.active and w.queue:
+            self.start_chunk(w, now)
+        self.try_merge(w, now)

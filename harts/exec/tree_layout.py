@@ -4,8 +4,9 @@
 A `LocalLayout` is a microbatch's computed rows plus the *context* rows it reads from a
 producer (sharing windows). A `KDASchedule` is the rounds of packed chunkwise calls that
 cover its computed rows: `replay_schedule` (the minimum-call plan of
-`harts.plan.kda_calls`, sequences starting on their trajectories' chunk grids) or
-`node_schedule` (the no-replay ablation). `chunk_state_of` names the round and index of
+`harts.plan.kda_calls`, sequences starting on their trajectories' chunk grids; for a
+plan's microbatch `plan_replay_schedule` builds the same from the plan's own call plans,
+`harts.plan.step.plan_kda_calls_of`) or `node_schedule` (the no-replay ablation). `chunk_state_of` names the round and index of
 the chunk-boundary state a sequence hands on at a position.
 """
 
@@ -15,7 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from harts.plan.kda_calls import plan_kda_calls
+from harts.plan.kda_calls import KDACallPlan, plan_kda_calls
+from harts.plan.step import MicrobatchKDACalls
 from harts.tree.forest import RolloutForest
 
 ZERO_STATE = -1
@@ -201,6 +203,55 @@ def replay_schedule(layout: LocalLayout, chunk_size: int = 64) -> KDASchedule:
         n_virtual.append(False)
     plan = plan_kda_calls(np.asarray(n_parent, np.int64), np.asarray(n_start, np.int64),
                           np.asarray(n_end, np.int64), B)
+    return _replay_rounds(layout, plan, n_parent, n_rows, n_shift, n_virtual, root_ext, external)
+
+
+def plan_replay_schedule(layout: LocalLayout, forest: RolloutForest, kda: MicrobatchKDACalls) -> KDASchedule:
+    """`replay_schedule` of a plan's microbatch from the plan's own KDA call plan
+    (`harts.plan.step.plan_kda_calls_of`, made once per plan and shared with the simulator)
+    instead of planning the layout's segments again: the planner nodes are the
+    microbatch's pieces (a fork-free run of them continues one chain, as one segment
+    would) and a virtual node of replayed context rows before each entry that starts
+    mid-chunk. `layout` holds the pieces' rows (and its context rows); the schedule is
+    `replay_schedule(layout, kda.chunk_size)`, array for array."""
+    if kda.calls is None:  # nothing computed here
+        return replay_schedule(layout, kda.chunk_size)
+    calls = kda.calls
+    rs = forest.node_row_start
+    n_parent = calls.node_parent.tolist()
+    n_rows, n_shift, n_virtual = [], [], []
+    root_ext: dict[int, int] = {}  # planner root node -> external state index or ZERO_STATE
+    external: list[tuple[int, int]] = []
+    for k, (i, shift) in enumerate(zip(kda.node_piece.tolist(), kda.node_shift.tolist(), strict=True)):
+        # a virtual node heads the entry piece right after it
+        v, a, b = kda.pieces[i if i >= 0 else int(kda.node_piece[k + 1])]
+        f = int(np.searchsorted(layout.rows, int(rs[v]) + a))  # the piece's first local row
+        if i >= 0:
+            n_rows.append(np.arange(f, f + b - a, dtype=np.int64))
+        else:
+            # the replayed context rows [a, s) above the entry
+            n_rows.append(np.asarray([layout.ancestor(f, j) for j in range(int(calls.node_end[k]), 0, -1)],
+                                     np.int64))
+        if n_parent[k] < 0:
+            # a tree of computed rows, planned shifted by its aligned start: S(a) is external
+            # (zeros when a = 0)
+            if shift > 0:
+                external.append((shift, layout.ancestor(f, int(layout.position[f]) - shift + 1)))
+                root_ext[k] = len(external) - 1
+            else:
+                root_ext[k] = ZERO_STATE
+        n_shift.append(shift)
+        n_virtual.append(i < 0)
+    return _replay_rounds(layout, calls, n_parent, n_rows, n_shift, n_virtual, root_ext, external)
+
+
+def _replay_rounds(layout: LocalLayout, plan: KDACallPlan, n_parent: list[int], n_rows: list[np.ndarray],
+                   n_shift: list[int], n_virtual: list[bool], root_ext: dict[int, int],
+                   external: list[tuple[int, int]]) -> KDASchedule:
+    """The rounds of a KDA call plan over planner nodes (their local rows, the shift of
+    their coordinates, whether they are virtual, the external state of each root) as
+    gather/scatter indices."""
+    B = plan.chunk_size
     root_of = np.arange(len(n_parent))
     for v in range(len(n_parent)):
         if n_parent[v] >= 0:

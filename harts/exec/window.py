@@ -55,10 +55,11 @@ from harts.exec.ops.gather import RowGather
 from harts.exec.trainer import ExpandedTrainer, Microbatch, PreparedStep
 from harts.exec.transfer import to_device
 from harts.exec.tree import Stash, StashNeeds, TreeContext, consumer_needs
-from harts.exec.tree_layout import LocalLayout, replay_schedule
+from harts.exec.tree_layout import LocalLayout, plan_replay_schedule
 from harts.exec.tree_trainer import target_table
 from harts.plan.plan import Plan, PlanMode
 from harts.plan.schedule import Schedule
+from harts.plan.step import plan_kda_calls_of
 from harts.tree import Trajectory, build_forest
 from harts.tree.forest import RolloutForest
 
@@ -225,6 +226,9 @@ class PlanTrainer(ExpandedTrainer):
                 raise ValueError(f"order runs consumer {m.id} before its producer {m.producer}")
         self.execution_order = order
         self.offload_producers = offload_producers
+        # the last step's (plan, trajectories, forest): a step over the same trajectory
+        # objects (immutable) with the same plan reuses the forest it was validated on
+        self._forest_cache: tuple[Plan, tuple[Trajectory, ...], RolloutForest] | None = None
         self.windows: list[WindowStats] = []
         # the most producer state alive at once (overlapping windows add up)
         self.peak_retained_bytes = 0
@@ -261,8 +265,7 @@ class PlanTrainer(ExpandedTrainer):
         # any parameter's device and dtype (a pipeline stage's module holds no LM head)
         ref = next(model.parameters())
         device, dtype = ref.device, ref.dtype
-        forest = build_forest(trajectories)
-        plan.validate(forest)
+        forest = self._plan_forest(trajectories)
         mbs = {m.id: m for m in plan.microbatches}
         consumers = plan.consumers()
         targets = forest.targets()
@@ -288,7 +291,9 @@ class PlanTrainer(ExpandedTrainer):
         B = model.config.chunk_size
         layouts = {m.id: LocalLayout.of_rows(forest, computed[m.id], piece_rows(forest, m.context))
                    for m in plan.microbatches}
-        schedules = {i: replay_schedule(lay, B) for i, lay in layouts.items()}
+        # the plan's KDA call plans, made once per plan (the simulator prices the same ones)
+        kda = plan_kda_calls_of(plan, forest, B)
+        schedules = {i: plan_replay_schedule(lay, forest, kda[i]) for i, lay in layouts.items()}
         owned = {m.id: np.isin(targets.traj, np.asarray(m.trajectories, np.int64)) for m in plan.microbatches}
         needs = {}
         for p, cs in consumers.items():
@@ -346,6 +351,19 @@ class PlanTrainer(ExpandedTrainer):
                 list(m.trajectories), ids_T, ctx, table, int(round(weights[m.id].sum())), info,
                 hidden_of=hidden_of, after_forward=after_forward, saved_tensors=saved_tensors)))
         return run
+
+    def _plan_forest(self, trajectories: Sequence[Trajectory]) -> RolloutForest:
+        """The step's forest, checked against the plan (`Plan.validate`): built and checked
+        once per plan and trajectories (the same trajectory objects, in the same order);
+        later steps over them reuse it."""
+        cached = self._forest_cache
+        if (cached is not None and cached[0] is self.plan and len(cached[1]) == len(trajectories)
+                and all(a is b for a, b in zip(cached[1], trajectories, strict=True))):
+            return cached[2]
+        forest = build_forest(trajectories)
+        self.plan.validate(forest)
+        self._forest_cache = (self.plan, tuple(trajectories), forest)
+        return forest
 
     def _producer_backward(self, window: _Window) -> None:
         stash = window.stash

@@ -12,27 +12,52 @@ Per microbatch:
   a root path computed elsewhere) starts from a handed-off boundary state, available
   before the microbatch starts, so it runs in round 0 and replays s mod B rows of state. Expanded
   microbatches are one round of independent sequences.
+
+A plan's KDA call plans (`plan_kda_calls_of`) are made once per plan: the executor builds
+its KDA schedules from the same ones (`harts.exec.tree_layout.plan_replay_schedule`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import threading
+import weakref
+from dataclasses import dataclass
+
 import numpy as np
 
-from harts.plan.kda_calls import plan_kda_calls
-from harts.plan.plan import Microbatch, Plan, PlanMode
+from harts.plan.kda_calls import KDACallPlan, plan_kda_calls
+from harts.plan.plan import Microbatch, Piece, Plan, PlanMode
 from harts.plan.work import KDARound, MicrobatchWork, StepWork, expanded_microbatch, segment_pairs
 from harts.tree.forest import RolloutForest
 
-__all__ = ["step_from_plan", "tree_microbatch_work"]
+__all__ = ["MicrobatchKDACalls", "microbatch_kda_calls", "plan_kda_calls_of", "step_from_plan",
+           "tree_microbatch_work"]
 
 
-def tree_microbatch_work(mb: Microbatch, forest: RolloutForest, chunk_size: int = 64) -> MicrobatchWork:
+@dataclass(frozen=True, eq=False)
+class MicrobatchKDACalls:
+    """The minimum-call KDA plan of one tree-mode microbatch: `calls` over planner nodes
+    that are its pieces (`pieces`, sorted: DFS preorder) and, before each component entry
+    that starts mid-chunk, a virtual node covering the replayed rows [a, s) of that entry's
+    root path. Planner coordinates are shifted down by the component's aligned start
+    (`node_shift`, a multiple of B, so every chunk boundary stays one): the planned
+    sequence starts exactly where the real one does, from the handed-off state S(a)."""
+
+    chunk_size: int
+    pieces: tuple[Piece, ...]
+    node_piece: np.ndarray  # int64 [N]: the piece a planner node is, -1 for a virtual node
+    node_shift: np.ndarray  # int64 [N]: the aligned start its component is shifted by
+    calls: KDACallPlan | None  # None when the microbatch computes nothing
+
+
+def _pieces_forest(pieces: tuple[Piece, ...], forest: RolloutForest) -> tuple[list[int], list[int], list[int], list[int]]:
+    """(first depth, end depth, predecessor piece or -1, component entry) per sorted piece.
+    The predecessor is the piece whose rows end right before this piece's first row on its path."""
     node_start = forest.node_start
-    pieces = sorted(mb.pieces)  # node ids are DFS preorder: parents before children
     n = len(pieces)
     starts = [int(node_start[v]) + a for v, a, _ in pieces]
     ends = [int(node_start[v]) + b for v, _, b in pieces]
-    # predecessor piece: the one whose rows end right before this piece's first row on its path
     by_end: dict[tuple[int, int], int] = {}
     for i, (v, _, b) in enumerate(pieces):
         by_end[(v, b)] = i
@@ -46,27 +71,24 @@ def tree_microbatch_work(mb: Microbatch, forest: RolloutForest, chunk_size: int 
             p = int(parent_node[v])
             if p >= 0:
                 pred[i] = by_end.get((p, int(node_len[p])), -1)
-    # attention: split components into chains (causal) and trees (ancestor mask)
-    children = [0] * n
-    for i in range(n):
-        if pred[i] >= 0:
-            children[pred[i]] += 1
     comp = list(range(n))
     for i in range(n):
         if pred[i] >= 0:
             comp[i] = comp[pred[i]]
-    forked = {comp[i] for i in range(n) if children[i] > 1}
-    pairs = segment_pairs(np.asarray(starts), np.asarray(ends)) if n else np.zeros(0, dtype=np.int64)
-    causal = int(sum(int(pairs[i]) for i in range(n) if comp[i] not in forked))
-    tree = int(sum(int(pairs[i]) for i in range(n) if comp[i] in forked))
-    # KDA: a forest over the pieces. Each component is shifted down by its entry's aligned
-    # start (a multiple of B, so every chunk boundary stays a chunk boundary) and an entry
-    # that starts mid-chunk hangs below a virtual root covering the replayed rows: the
-    # planned sequence then starts exactly where the real one does, from the handed-off
-    # state, in round 0.
+    return starts, ends, pred, comp
+
+
+def microbatch_kda_calls(mb: Microbatch, forest: RolloutForest, chunk_size: int = 64) -> MicrobatchKDACalls:
+    """The KDA call plan of the pieces `mb` computes (`MicrobatchKDACalls`). A piece whose
+    predecessor row is not computed here starts from a handed-off boundary state."""
+    pieces = tuple(sorted(mb.pieces))  # node ids are DFS preorder: parents before children
+    starts, ends, pred, comp = _pieces_forest(pieces, forest)
+    n = len(pieces)
     k_parent: list[int] = []
     k_start: list[int] = []
     k_end: list[int] = []
+    k_piece: list[int] = []
+    k_shift: list[int] = []
     index = [0] * n
     for i in range(n):
         entry = comp[i]
@@ -75,6 +97,8 @@ def tree_microbatch_work(mb: Microbatch, forest: RolloutForest, chunk_size: int 
             k_parent.append(-1)
             k_start.append(0)
             k_end.append(starts[i] - shift)
+            k_piece.append(-1)
+            k_shift.append(shift)
             parent = len(k_parent) - 1
         else:
             parent = -1 if pred[i] < 0 else index[pred[i]]
@@ -82,9 +106,70 @@ def tree_microbatch_work(mb: Microbatch, forest: RolloutForest, chunk_size: int 
         k_parent.append(parent)
         k_start.append(starts[i] - shift)
         k_end.append(ends[i] - shift)
+        k_piece.append(i)
+        k_shift.append(shift)
+    calls = (plan_kda_calls(np.asarray(k_parent), np.asarray(k_start), np.asarray(k_end), chunk_size)
+             if n else None)
+    return MicrobatchKDACalls(chunk_size, pieces, np.asarray(k_piece, np.int64), np.asarray(k_shift, np.int64),
+                              calls)
+
+
+def _forest_key(forest: RolloutForest) -> bytes:
+    """The node structure a plan's KDA calls depend on, as a digest."""
+    h = hashlib.blake2b(digest_size=16)
+    for a in (forest.node_parent, forest.node_start, forest.node_length):
+        h.update(np.ascontiguousarray(a, dtype=np.int64).tobytes())
+    return h.digest()
+
+
+# plan identity -> (a weak reference to the plan, {(chunk size, forest key): calls by microbatch id})
+_PLAN_KDA_CALLS: dict[int, tuple[weakref.ref, dict[tuple[int, bytes], dict[int, MicrobatchKDACalls]]]] = {}
+_PLAN_KDA_CALLS_LOCK = threading.Lock()
+
+
+def plan_kda_calls_of(plan: Plan, forest: RolloutForest, chunk_size: int = 64) -> dict[int, MicrobatchKDACalls]:
+    """Every tree-mode microbatch's KDA call plan (`microbatch_kda_calls`) by microbatch id,
+    computed once per plan (and chunk size and forest structure) and shared by whoever asks:
+    the simulator's `step_from_plan` and the executor's KDA schedules
+    (`harts.exec.tree_layout.plan_replay_schedule`). Plans are immutable, and the result is
+    forgotten with the plan. Empty for an expanded-mode plan."""
+    if plan.mode != PlanMode.TREE:
+        return {}
+    key = (int(chunk_size), _forest_key(forest))
+    pid = id(plan)
+    with _PLAN_KDA_CALLS_LOCK:
+        entry = _PLAN_KDA_CALLS.get(pid)
+        if entry is None or entry[0]() is not plan:
+            entry = (weakref.ref(plan, lambda _: _PLAN_KDA_CALLS.pop(pid, None)), {})
+            _PLAN_KDA_CALLS[pid] = entry
+        memo = entry[1]
+        calls = memo.get(key)
+        if calls is None:
+            calls = memo[key] = {mb.id: microbatch_kda_calls(mb, forest, chunk_size) for mb in plan.microbatches}
+    return calls
+
+
+def tree_microbatch_work(mb: Microbatch, forest: RolloutForest, chunk_size: int = 64,
+                         kda: MicrobatchKDACalls | None = None) -> MicrobatchWork:
+    """`kda`: the microbatch's KDA call plan where already made (`plan_kda_calls_of`)."""
+    pieces = tuple(sorted(mb.pieces))
+    n = len(pieces)
+    starts, ends, pred, comp = _pieces_forest(pieces, forest)
+    # attention: split components into chains (causal) and trees (ancestor mask)
+    children = [0] * n
+    for i in range(n):
+        if pred[i] >= 0:
+            children[pred[i]] += 1
+    forked = {comp[i] for i in range(n) if children[i] > 1}
+    pairs = segment_pairs(np.asarray(starts), np.asarray(ends)) if n else np.zeros(0, dtype=np.int64)
+    causal = int(sum(int(pairs[i]) for i in range(n) if comp[i] not in forked))
+    tree = int(sum(int(pairs[i]) for i in range(n) if comp[i] in forked))
+    # KDA: the minimum-call plan over the pieces (`microbatch_kda_calls`)
+    if kda is None:
+        kda = microbatch_kda_calls(mb, forest, chunk_size)
     rounds: tuple[KDARound, ...] = ()
-    if n:
-        kp = plan_kda_calls(np.asarray(k_parent), np.asarray(k_start), np.asarray(k_end), chunk_size)
+    if kda.calls is not None:
+        kp = kda.calls
         seq_tokens = kp.seq_end - kp.seq_start
         seq_chunks = -(-seq_tokens // chunk_size)
         rounds = tuple(
@@ -108,12 +193,13 @@ def tree_microbatch_work(mb: Microbatch, forest: RolloutForest, chunk_size: int 
 
 def step_from_plan(plan: Plan, forest: RolloutForest, chunk_size: int = 64) -> StepWork:
     traj_len = forest.traj_length
+    kda = plan_kda_calls_of(plan, forest, chunk_size)
     works = []
     for mb in plan.microbatches:
         if plan.mode == PlanMode.EXPANDED:
             w = expanded_microbatch(mb.id, mb.replica, traj_len[list(mb.trajectories)].tolist(), chunk_size,
                                     slot=mb.slot, order=mb.order)
         else:
-            w = tree_microbatch_work(mb, forest, chunk_size)
+            w = tree_microbatch_work(mb, forest, chunk_size, kda[mb.id])
         works.append(w)
     return StepWork(tuple(works), plan.dp, expanded_tokens=int(forest.expanded_tokens), label=plan.planner)

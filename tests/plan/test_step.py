@@ -9,7 +9,7 @@ from harts.config.plan import PlanConfig
 from harts.plan.kda_calls import plan_kda_calls_for
 from harts.plan.plan import Microbatch, Piece
 from harts.plan.planners import known_planners, make_plan
-from harts.plan.step import step_from_plan, tree_microbatch_work
+from harts.plan.step import plan_kda_calls_of, step_from_plan, tree_microbatch_work
 from harts.plan.work import segment_pairs
 from harts.tree.workload import generate, preset
 
@@ -64,3 +64,24 @@ def test_entry_pieces_start_from_handed_off_states(forest):
     assert w.kda_tokens == (e - s) + s % 64
     assert w.kda_rounds[0].max_chunks == -(-(e - s + s % 64) // 64)
     assert w.attn_pairs_causal == segment_pairs(s, e) and w.attn_pairs_tree == 0
+
+
+def test_a_plans_kda_calls_are_made_once(forest):
+    import gc
+
+    import harts.plan.step as plan_step
+
+    plan = make_plan(forest, "l1", PlanConfig(dp=2, microbatch_tokens=8192))
+    calls = plan_kda_calls_of(plan, forest, 64)
+    assert set(calls) == {m.id for m in plan.microbatches}
+    assert plan_kda_calls_of(plan, forest, 64) is calls  # made once per plan ...
+    assert plan_kda_calls_of(plan, forest, 16) is not calls  # ... and chunk size
+    # the simulator's counts from the shared plans are those of each microbatch planned alone
+    step = step_from_plan(plan, forest, 64)
+    assert step.microbatches == tuple(tree_microbatch_work(m, forest, 64) for m in plan.microbatches)
+    # forgotten with the plan
+    assert id(plan) in plan_step._PLAN_KDA_CALLS
+    key = id(plan)
+    del plan
+    gc.collect()
+    assert key not in plan_step._PLAN_KDA_CALLS

@@ -26,7 +26,7 @@ A microbatch's rows form a `LocalLayout`: its computed rows plus the *context* r
 reads from a producer microbatch (sharing windows, harts.exec.window). Context rows are
 never recomputed: their mixing inputs (attention keys/values, conv inputs, KDA inputs of
 replayed rows) and the KDA states at the consumer's chunk-aligned starts come from a
-`Stash` the producer recorded. With no context rows (`TreeContext(forest)`) this is the
+`Stash` the producer recorded (`harts.exec.stash`). With no context rows (`TreeContext(forest)`) this is the
 single-microbatch tree path.
 
 Two KDA schedules: `replay` (the minimum-call plan of harts.plan.kda_calls: sequences
@@ -38,7 +38,6 @@ sequence, starting mid-chunk at its fork from its parent's final state).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -48,6 +47,7 @@ from harts.config.kernels import Impl, KernelConfig
 from harts.exec.ops.attention import naive as naive_attention
 from harts.exec.ops.gather import RowGather, RowPlace
 from harts.exec.ops.record import KernelRecord, report, report_fallback
+from harts.exec.stash import Stash, StashNeeds, stash_category
 from harts.exec.transfer import to_device
 from harts.exec.tree_layout import (
     EXTERNAL_STATE,
@@ -59,237 +59,6 @@ from harts.exec.tree_layout import (
     replay_schedule,
 )
 from harts.tree.forest import RolloutForest
-
-
-def stash_category(name: str) -> str:
-    """Which row set a mixing input needs: attention keys/values, conv inputs or KDA inputs."""
-    return "attention" if name == "attention" else ("conv" if name.startswith("conv:") else "kda")
-
-
-@dataclass
-class StashNeeds:
-    """The producer rows (global ids, ascending) consumers read, per kind of state."""
-
-    attention: np.ndarray  # context rows: every consumer row attends its ancestors
-    conv: np.ndarray  # the W-1 rows above each consumer root
-    kda: np.ndarray  # rows replayed by consumer KDA sequences
-    hidden: np.ndarray  # context rows whose logits serve consumer targets
-    states: list[tuple[int, int]]  # (global row at depth a-1, a): S(a) at consumer starts
-
-    @classmethod
-    def union(cls, needs: list[StashNeeds]) -> StashNeeds:
-        def cat(name: str) -> np.ndarray:
-            parts = [getattr(n, name) for n in needs]
-            return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
-
-        states = sorted({s for n in needs for s in n.states})
-        return cls(cat("attention"), cat("conv"), cat("kda"), cat("hidden"), states)
-
-
-def _own_storage(grad: Tensor) -> Tensor:
-    return grad.clone() if grad._base is not None else grad
-
-
-def _leaf(t: Tensor) -> Tensor:
-    """A detached leaf copy of a stashed tensor for consumers to read. Its gradient keeps
-    storage of its own: a consumer reads a leaf through a cat or a placement whose backward
-    hands it a slice of a wider gradient, and autograd would keep that slice (and so the
-    whole wider buffer, e.g. a conv input's gradient over all the consumer's rows) as the
-    leaf's `.grad` until the producer's backward. Later consumers add in place. (The hook
-    does not look at the leaf: a reference to it would make a cycle that only the garbage
-    collector frees, holding the stash past its window.)"""
-    leaf = t.detach().requires_grad_(t.requires_grad)
-    if leaf.requires_grad:
-        leaf.register_hook(_own_storage)
-    return leaf
-
-
-class Stash:
-    """What a producer microbatch hands to its consumers.
-
-    While the producer runs, its context records every mixing input over its computed rows
-    and the states its KDA rounds hand on. `keep(needs)` then cuts that down to what the
-    consumers read — attention keys/values of context rows, conv inputs of the W-1 rows
-    above each consumer root, KDA inputs of replayed rows, the K x V states at consumer
-    starts, hidden rows serving consumer targets — and nothing more: with activation
-    recomputation this is all the producer retains until its backward.
-    `leaves()` gives the consumers detached leaf copies (shared by all consumers, so their
-    backward passes accumulate into `.grad`); `producer_backward_pairs()` pairs each kept
-    tensor with that gradient for the producer's single backward.
-
-    Given the consumers' `needs` up front, each input is cut to its kept rows as it is
-    recorded, so the producer never holds every layer's full mixing inputs at once (it
-    would until the end of its forward otherwise). The cuts are `RowGather`s, built once
-    per kind of input: their backward is a gather, not autograd's zero-fill and
-    scatter-add of `t[idx]`.
-    """
-
-    def __init__(self, computed_rows: np.ndarray, local_rows: np.ndarray | None = None,
-                 needs: StashNeeds | None = None, device: torch.device | str | None = None):
-        self.rows = computed_rows  # global rows the recorded tensors are indexed by
-        # their local rows in the producer's layout (the schedule's numbering)
-        self.local_rows = np.arange(computed_rows.size) if local_rows is None else local_rows
-        self.needs = needs
-        self._cuts: dict[str, RowGather] = {}
-        if needs is not None:
-            if device is None:
-                raise ValueError("a stash cut as it records needs the device of its index tensors")
-            self._device = torch.device(device)
-            for cat in ("attention", "conv", "kda", "hidden"):
-                self._cut(cat, getattr(needs, cat))
-        self.inputs: dict[tuple[int, str], tuple[Tensor, ...]] = {}
-        self.input_rows: dict[str, np.ndarray] = {}  # category -> global rows kept
-        self.kda_states: dict[int, Tensor] = {}  # layer -> [n, H, K, V] at `state_keys`
-        self.state_keys: list[tuple[int, int]] = []
-        self.schedule: KDASchedule | None = None
-        # per round: which of its full chunk-state list the recorded `handed` states are
-        # (None: all of them)
-        self.chunk_state_index: list[np.ndarray | None] = []
-        self.hidden: Tensor | None = None
-        self.hidden_rows = computed_rows
-        self._handed: dict[int, list[Tensor]] = {}
-        self._leaves: dict = {}
-
-    def fresh(self) -> Stash:
-        """An empty stash over the same rows, sharing this one's gathers (built once)."""
-        new = Stash(self.rows, self.local_rows)
-        new.needs, new._cuts = self.needs, self._cuts
-        if self.needs is not None:
-            new._device = self._device
-        return new
-
-    def _cut(self, cat: str, rows: np.ndarray, device=None) -> RowGather:
-        """The gather of `rows` (global ids, ascending) out of the recorded rows."""
-        if cat not in self._cuts:
-            at = np.searchsorted(self.rows, rows)
-            if rows.size and (at.max() >= self.rows.size or not np.array_equal(self.rows[at], rows)):
-                raise ValueError(f"the producer does not compute every {cat} row its consumers read")
-            self._cuts[cat] = RowGather(at, self.rows.size, self._device if device is None else device)
-        return self._cuts[cat]
-
-    def record_input(self, key: tuple[int, str], own: tuple[Tensor, ...]) -> None:
-        """A mixing input over the computed rows, as the producer's context sees it. Cut to
-        the kept rows at once where the needs are known; a second call for the same key
-        (activation recomputation in the producer's backward) records nothing."""
-        if self.needs is None:
-            self.inputs[key] = own
-        elif key not in self.inputs:
-            cat = stash_category(key[1])
-            self.inputs[key] = self._cuts[cat](*own)
-            self.input_rows[cat] = getattr(self.needs, cat)
-
-    def record_rounds(self, key: tuple[int, str], ts: tuple[Tensor, ...], order: np.ndarray, device) -> None:
-        """KDA inputs recorded in the rounds' order (a fused producer's q, k, v, g, beta):
-        `order[i]` is where computed row i sits among the rounds' rows. Cut to the kept rows
-        in one gather straight from that order where the needs are known, else gathered back
-        to computed order like `record_input`'s inputs."""
-        if key in self.inputs:
-            return
-        cat = stash_category(key[1])
-        self.inputs[key] = self.rounds_cut(cat, order, ts[0].shape[0], device)(*ts)
-        if self.needs is not None:
-            self.input_rows[cat] = getattr(self.needs, cat)
-
-    def rounds_cut(self, cat: str, order: np.ndarray, n: int, device) -> RowGather:
-        """The gather `record_rounds` cuts a category's inputs with, out of `n` rows in the
-        rounds' order (built once and shared by `fresh` copies; a context prepared ahead
-        builds it then)."""
-        cut_key = f"{cat}@rounds"
-        if cut_key not in self._cuts:
-            if self.needs is None:
-                self._cuts[cut_key] = RowGather(order, n, device)
-            else:
-                rows = getattr(self.needs, cat)
-                at = np.searchsorted(self.rows, rows)
-                if rows.size and (at.max() >= self.rows.size or not np.array_equal(self.rows[at], rows)):
-                    raise ValueError(f"the producer does not compute every {cat} row its consumers read")
-                self._cuts[cut_key] = RowGather(order[at], n, device)
-        return self._cuts[cut_key]
-
-    def record_kda(self, layer: int, handed: list[Tensor]) -> None:
-        if self.needs is None or layer not in self.kda_states:
-            self._handed[layer] = handed
-
-    def keep(self, needs: StashNeeds, hidden: Tensor) -> None:
-        """Keep only what consumers read (called once, after the producer's forward)."""
-        if self.needs is None:
-            for key, ts in self.inputs.items():
-                cat = stash_category(key[1])
-                self.inputs[key] = self._cut(cat, getattr(needs, cat), ts[0].device)(*ts)
-                self.input_rows[cat] = getattr(needs, cat)
-        self.state_keys = list(needs.states)
-        for layer in self._handed:
-            states = [self._state_at(layer, row, a) for row, a in self.state_keys]
-            self.kda_states[layer] = torch.stack(states) if states else None  # type: ignore[assignment]
-        self._handed = {}
-        (self.hidden,) = self._cut("hidden", needs.hidden, hidden.device)(hidden)
-        self.hidden_rows = needs.hidden
-
-    def _state_at(self, layer: int, global_row: int, position: int) -> Tensor:
-        i = int(np.searchsorted(self.rows, global_row))
-        sch = self.schedule
-        if i >= self.rows.size or self.rows[i] != global_row or sch is None:
-            raise ValueError(f"the producer did not compute row {global_row}")
-        r, index = chunk_state_of(sch, int(self.local_rows[i]), position)
-        requested = self.chunk_state_index[r] if r < len(self.chunk_state_index) else None
-        if requested is not None:
-            at = int(np.searchsorted(requested, index))
-            if at >= requested.size or requested[at] != index:
-                raise ValueError(f"S({position}) at row {global_row} was not requested when the producer "
-                                 "ran (TreeContext record_states)")
-            index = at
-        return self._handed[layer][r][index]
-
-    def state_at(self, layer: int, global_row: int, position: int) -> Tensor:
-        """S(position) on the path through `global_row` (the row at depth position-1)."""
-        return self.kda_states[layer][self.state_keys.index((global_row, position))]
-
-    def leaves(self) -> Stash:
-        """A view whose tensors are detached leaves (created once, shared by all consumers)."""
-        if not self._leaves:
-            for key, ts in self.inputs.items():
-                self._leaves[("in", key)] = tuple(_leaf(t) for t in ts)
-            for layer, st in self.kda_states.items():
-                if st is not None:
-                    self._leaves[("kda", layer)] = _leaf(st)
-            if self.hidden is not None:
-                self._leaves[("hidden",)] = _leaf(self.hidden)
-        view = Stash(self.rows)
-        view.schedule = self.schedule
-        view.local_rows = self.local_rows
-        view.chunk_state_index = self.chunk_state_index
-        view.input_rows = self.input_rows
-        view.state_keys = self.state_keys
-        view.hidden_rows = self.hidden_rows
-        view.inputs = {key: self._leaves[("in", key)] for key in self.inputs}
-        view.kda_states = {layer: self._leaves.get(("kda", layer)) for layer in self.kda_states}
-        view.hidden = self._leaves.get(("hidden",))
-        return view
-
-    def producer_backward_pairs(self) -> tuple[list[Tensor], list[Tensor]]:
-        outs, grads = [], []
-        for key, ts in self.inputs.items():
-            for t, leaf in zip(ts, self._leaves.get(("in", key), ()), strict=False):
-                if leaf.grad is not None:
-                    outs.append(t)
-                    grads.append(leaf.grad)
-        for layer, st in self.kda_states.items():
-            leaf = self._leaves.get(("kda", layer))
-            if leaf is not None and leaf.grad is not None:
-                outs.append(st)
-                grads.append(leaf.grad)
-        leaf = self._leaves.get(("hidden",))
-        if leaf is not None and leaf.grad is not None:
-            outs.append(self.hidden)
-            grads.append(leaf.grad)
-        return outs, grads
-
-    def retained_bytes(self) -> int:
-        tensors = [t for ts in self.inputs.values() for t in ts]
-        tensors += [t for t in self.kda_states.values() if t is not None]
-        if self.hidden is not None:
-            tensors.append(self.hidden)
-        return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def consumer_needs(layout: LocalLayout, schedule: KDASchedule, target_rows: np.ndarray,

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from harts.exec import backend
 from harts.exec.ops.conv import short_conv, window_from_cu_seqlens
 from harts.exec.ops.kda import chunk_kda
-from harts.exec.tree import StashNeeds, TreeContext
+from harts.exec.stash import StashNeeds
+from harts.exec.tree import TreeContext
 from harts.testing import assert_close
 from harts.tree import build_forest
 from tests.strategies import trajectory_sets

@@ -52,9 +52,10 @@ from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.model import HybridModel
 from harts.exec.offload import HostOffload
 from harts.exec.ops.gather import RowGather
+from harts.exec.stash import Stash, StashNeeds
 from harts.exec.trainer import ExpandedTrainer, Microbatch, PreparedStep
 from harts.exec.transfer import to_device
-from harts.exec.tree import Stash, StashNeeds, TreeContext, consumer_needs
+from harts.exec.tree import TreeContext, consumer_needs
 from harts.exec.tree_layout import LocalLayout, plan_replay_schedule
 from harts.exec.tree_trainer import target_table
 from harts.plan.plan import Plan, PlanMode

@@ -82,14 +82,16 @@ def get_study(name: str) -> Study:
     return _STUDIES.get(key)
 
 
-def run_study(name: str, config: str | Any = "default", progress: Progress | None = None) -> StudyResult:
-    """Run study `name` with a named config ("tiny", "default") or a config object."""
+def run_study(name: str, config: str | Any = "default", progress: Progress | None = None,
+              config_name: str | None = None) -> StudyResult:
+    """Run study `name` with a named config ("tiny", "default") or a config object
+    (recorded as `config_name`, "custom" unless given)."""
     from dataclasses import replace
 
     from harts.experiments.common import Progress
 
     study = get_study(name)
-    config_name = config if isinstance(config, str) else "custom"
+    config_name = config if isinstance(config, str) else (config_name or "custom")
     cfg = study.config(config) if isinstance(config, str) else config
     progress = progress or Progress()
     t0 = time.perf_counter()

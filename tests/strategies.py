@@ -605,3 +605,145 @@ def parallel_launches(draw: st.DrawFn, min_world: int = 1, max_world: int = 4, m
              if not ((name == "dp" or n == 1) and draw(st.booleans()))]
     return LaunchCase(world, ",".join(draw(st.permutations(parts))), draw(st.integers(0, 1000)),
                       draw(st.integers(1, max_groups)), draw(st.integers(1, max_kids)))
+
+
+# Op families (tests/exec/ops, tests/exec/gpu): packed problems, forests as parent arrays,
+# conv windows and scatter targets.
+
+
+@st.composite
+def gdn_problems(draw, max_len: int = 40):
+    lens = draw(st.lists(st.integers(1, max_len), min_size=1, max_size=3))
+    H = draw(st.integers(1, 2))
+    K = draw(st.sampled_from([2, 4]))
+    V = draw(st.sampled_from([3, 4]))
+    seed = draw(st.integers(0, 2**16))
+    with_h0 = draw(st.booleans())
+    return lens, H, K, V, seed, with_h0
+
+
+@st.composite
+def kda_problem_shapes(draw, dtype, max_len: int, max_seqs: int = 3):
+    """(lens, H, K, V, seed, decay): small heads and dims, lengths from 1 to max_len.
+
+    float64 also draws the ill-conditioned corners: K = 2 (unit keys in a plane are nearly
+    collinear, so the UT system is poorly conditioned) and decay 1.0 (mean retention 0.45
+    per token, e^-50 over a chunk). There, float32 chunkwise gradients are only good to a
+    few 1e-6 against a float64 truth, fla's own naive_chunk_kda dg up to ~8e-6 (measured
+    over 2000 draws), too near the 1e-5 bound to be a test of our code; so float32 draws
+    K >= 4 and decay <= 0.3, where both forms stay below ~3e-6.
+    """
+    import torch
+
+    wide = dtype == torch.float64
+    lens = draw(st.lists(st.integers(1, max_len), min_size=1, max_size=max_seqs))
+    H = draw(st.integers(1, 3))
+    K = draw(st.sampled_from([2, 4, 8, 16] if wide else [4, 8, 16]))
+    V = draw(st.sampled_from([1, 3, 8, 16]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    decay = draw(st.sampled_from([0.05, 0.3, 1.0] if wide else [0.05, 0.3]))
+    return lens, H, K, V, seed, decay
+
+
+@st.composite
+def parent_arrays(draw, max_rows: int = 40):
+    """Random forests: every row's parent is an earlier row or -1 (a root)."""
+    T = draw(st.integers(1, max_rows))
+    return [draw(st.integers(-1, t - 1)) for t in range(T)]
+
+
+@st.composite
+def conv_setups(draw):
+    D = draw(st.integers(1, 6))
+    W = draw(st.integers(1, 5))
+    return dict(
+        D=D,
+        W=W,
+        seed=draw(st.integers(0, 2**31 - 1)),
+        bias=draw(st.booleans()),
+        activation=draw(st.sampled_from(["silu", None])),
+    )
+
+
+@st.composite
+def conv_windows(draw):
+    """A short conv's windows over a random forest (parent pointers) or packed sequences."""
+    import torch
+
+    from harts.exec.ops.conv import window_from_cu_seqlens, window_from_parents
+
+    W = draw(st.integers(1, 4))
+    if draw(st.booleans()):
+        T = draw(st.integers(1, 40))
+        parent = [draw(st.integers(-1, t - 1)) for t in range(T)]
+        return window_from_parents(torch.tensor(parent), W)
+    lens = draw(st.lists(st.integers(1, 12), min_size=1, max_size=4))
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    return window_from_cu_seqlens(cu, W, int(cu[-1]))
+
+
+@st.composite
+def segment_scatters(draw):
+    """(rows, scatter targets with -1 for none, feature shape) of a fixed-order sum."""
+    import torch
+
+    T = draw(st.integers(1, 40))
+    P = draw(st.integers(0, 60))
+    targets = draw(st.lists(st.integers(-1, T - 1), min_size=P, max_size=P))
+    feat = draw(st.sampled_from([(3,), (2, 5), (1,), (300,)]))
+    return T, torch.tensor(targets, dtype=torch.int64), feat
+
+
+# Sharing windows (tests/exec/test_window_fast.py): a consumer's rows placed from its own
+# rows and a producer's.
+
+
+@st.composite
+def row_placements(draw):
+    """(rows, own positions, source positions, source rows, source size)."""
+    import numpy as np
+
+    L = draw(st.integers(1, 24))
+    perm = draw(st.permutations(list(range(L))))
+    n_own = draw(st.integers(0, L))
+    n_src = draw(st.integers(0, L - n_own))
+    own_at, src_at = perm[:n_own], perm[n_own:n_own + n_src]
+    num_src = n_src + draw(st.integers(0, 6))  # source rows never read
+    src_rows = draw(st.permutations(list(range(num_src))))[:n_src]
+    return L, np.array(own_at, np.int64), np.array(src_at, np.int64), np.array(src_rows, np.int64), num_src
+
+
+# TRACE allocation (tests/rl/test_trace.py): small cases with one feature, the oracle
+# success probability.
+
+
+@st.composite
+def trace_small_cases(draw):
+    """1-3 roots or observed prefixes and a budget of 0-6 rollouts."""
+    from harts.rl.trace import Candidate, CandidateKind
+
+    cands = []
+    for i in range(draw(st.integers(1, 3))):
+        v = draw(st.one_of(st.floats(0.01, 0.99), st.sampled_from((0.5, 0.1, 0.9))))
+        if draw(st.booleans()):
+            cands.append(Candidate.root(f"p{i}", (v,)))
+        else:
+            s, f = draw(st.sampled_from(((1, 0), (0, 1), (1, 1), (2, 0), (0, 3), (0, 0))))
+            cands.append(Candidate(f"q{i}", f"q{i}", CandidateKind.PREFIX, (v,), s, f, 1, "t", 1))
+    return cands, draw(st.integers(0, 6))
+
+
+@st.composite
+def trace_grouped_candidates(draw):
+    """Prefix candidates in 1-3 groups (several per group), each group's observed outcomes,
+    oracle success probabilities as the first feature, a budget."""
+    from harts.rl.trace import Candidate, CandidateKind
+
+    cands, outcomes = [], {}
+    for g in range(draw(st.integers(1, 3))):
+        outcomes[f"g{g}"] = draw(st.sampled_from(((0, 0), (2, 0), (0, 2), (1, 1))))
+        for j in range(draw(st.integers(1, 3))):
+            v = draw(st.floats(0.01, 0.99))
+            s, f = draw(st.sampled_from(((1, 0), (0, 1), (1, 1), (0, 0))))
+            cands.append(Candidate(f"g{g}/t1/{j}", f"g{g}", CandidateKind.PREFIX, (v,), s, f, 1, "t", 1))
+    return cands, outcomes, draw(st.integers(0, 7)), draw(st.integers(0, 2**31))

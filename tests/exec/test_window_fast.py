@@ -26,22 +26,10 @@ from harts.plan.planners import PlanConfig, make_plan
 from harts.tree import build_forest
 from harts.tree.workload import generate_trajectories
 from harts.verify.equivalence import compare_steps
+from tests.strategies import row_placements
 
 TOL = 1e-10
 LOSS = PolicyLossConfig(kl_coef=0.1)
-
-
-@st.composite
-def placements(draw):
-    """(rows, own positions, source positions, source rows, source size)."""
-    L = draw(st.integers(1, 24))
-    perm = draw(st.permutations(list(range(L))))
-    n_own = draw(st.integers(0, L))
-    n_src = draw(st.integers(0, L - n_own))
-    own_at, src_at = perm[:n_own], perm[n_own:n_own + n_src]
-    num_src = n_src + draw(st.integers(0, 6))  # source rows never read
-    src_rows = draw(st.permutations(list(range(num_src))))[:n_src]
-    return L, np.array(own_at, np.int64), np.array(src_at, np.int64), np.array(src_rows, np.int64), num_src
 
 
 def _reference(L, own_at, src_at, src_rows, src, own):
@@ -56,7 +44,7 @@ def _reference(L, own_at, src_at, src_rows, src, own):
 
 
 @settings(max_examples=60)
-@given(placements(), st.integers(0, 2**16))
+@given(row_placements(), st.integers(0, 2**16))
 def test_row_place_matches_the_indexing_it_replaces(case, seed):
     L, own_at, src_at, src_rows, num_src = case
     gen = torch.Generator().manual_seed(seed)

@@ -26,7 +26,7 @@ from harts.rl.trace import (
 )
 from harts.rl.trace_predictor import LogisticPredictor, feature_count, node_targets, prefix_features
 from harts.tree.trajectory import Trajectory
-from tests.strategies import trace_candidates
+from tests.strategies import trace_candidates, trace_grouped_candidates, trace_small_cases
 
 
 class FirstFeature:
@@ -79,20 +79,7 @@ def test_ties_follow_the_seed():
     assert all(sorted(p) == [0, 0, 0, 0, 0, 2] for p in picks)
 
 
-@st.composite
-def _small_cases(draw):
-    cands = []
-    for i in range(draw(st.integers(1, 3))):
-        v = draw(st.one_of(st.floats(0.01, 0.99), st.sampled_from((0.5, 0.1, 0.9))))
-        if draw(st.booleans()):
-            cands.append(Candidate.root(f"p{i}", (v,)))
-        else:
-            s, f = draw(st.sampled_from(((1, 0), (0, 1), (1, 1), (2, 0), (0, 3), (0, 0))))
-            cands.append(Candidate(f"q{i}", f"q{i}", CandidateKind.PREFIX, (v,), s, f, 1, "t", 1))
-    return cands, draw(st.integers(0, 6))
-
-
-@given(_small_cases())
+@given(trace_small_cases())
 def test_matches_the_optimum_of_small_cases(case):
     cands, budget = case
     a = allocate(cands, budget, FirstFeature())
@@ -312,21 +299,7 @@ def test_trace_allocator_end_to_end():
 # ---- the group objective (`group_outcomes`): prompts with mixed outcomes, not nodes ----
 
 
-@st.composite
-def _grouped(draw):
-    """Prefix candidates in 1-3 groups (several per group), each group's observed outcomes,
-    oracle success probabilities as the first feature, a budget."""
-    cands, outcomes = [], {}
-    for g in range(draw(st.integers(1, 3))):
-        outcomes[f"g{g}"] = draw(st.sampled_from(((0, 0), (2, 0), (0, 2), (1, 1))))
-        for j in range(draw(st.integers(1, 3))):
-            v = draw(st.floats(0.01, 0.99))
-            s, f = draw(st.sampled_from(((1, 0), (0, 1), (1, 1), (0, 0))))
-            cands.append(Candidate(f"g{g}/t1/{j}", f"g{g}", CandidateKind.PREFIX, (v,), s, f, 1, "t", 1))
-    return cands, outcomes, draw(st.integers(0, 7)), draw(st.integers(0, 2**31))
-
-
-@given(_grouped())
+@given(trace_grouped_candidates())
 def test_group_objective_spends_the_budget_and_is_deterministic(case):
     cands, outcomes, budget, seed = case
     a = allocate(cands, budget, FirstFeature(), seed=seed, group_outcomes=outcomes)

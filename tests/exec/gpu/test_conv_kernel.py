@@ -16,22 +16,11 @@ from hypothesis import strategies as st  # noqa: E402
 from harts.exec.ops.conv import short_conv, window_from_cu_seqlens, window_from_parents  # noqa: E402
 from harts.exec.ops.conv.triton import short_conv_fused, window_inverse  # noqa: E402
 from harts.testing import assert_close  # noqa: E402
-
-
-@st.composite
-def windows(draw):
-    W = draw(st.integers(1, 4))
-    if draw(st.booleans()):
-        T = draw(st.integers(1, 40))
-        parent = [draw(st.integers(-1, t - 1)) for t in range(T)]
-        return window_from_parents(torch.tensor(parent), W)
-    lens = draw(st.lists(st.integers(1, 12), min_size=1, max_size=4))
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
-    return window_from_cu_seqlens(cu, W, int(cu[-1]))
+from tests.strategies import conv_windows  # noqa: E402
 
 
 @settings(max_examples=25, deadline=None)
-@given(window=windows(), D=st.integers(1, 40), bias=st.booleans(), act=st.sampled_from(["silu", None]),
+@given(window=conv_windows(), D=st.integers(1, 40), bias=st.booleans(), act=st.sampled_from(["silu", None]),
        seed=st.integers(0, 2**16))
 def test_fused_conv_matches_reference(window, D, bias, act, seed):
     T, W = window.shape
@@ -49,7 +38,7 @@ def test_fused_conv_matches_reference(window, D, bias, act, seed):
 
 
 @settings(max_examples=40, deadline=None)
-@given(window=windows(), BT=st.sampled_from([1, 2, 4, 32]))
+@given(window=conv_windows(), BT=st.sampled_from([1, 2, 4, 32]))
 def test_window_inverse_lists_every_reader_in_order(window, BT):
     """For every row t, the pairs (r, j) with window[r, j] = t, sorted by r then j, and each
     tile's trip count the most pairs of any of its rows."""
@@ -114,7 +103,7 @@ def test_a_rows_output_depends_only_on_its_window():
 
 
 @settings(max_examples=25, deadline=None)
-@given(window=windows(), D=st.integers(1, 24), bias=st.booleans(), data=st.data(), seed=st.integers(0, 2**16))
+@given(window=conv_windows(), D=st.integers(1, 24), bias=st.booleans(), data=st.data(), seed=st.integers(0, 2**16))
 def test_fused_conv_writes_any_order_of_its_rows(window, D, bias, data, seed):
     """A window over another order of the rows, some repeated and some left out (a tree's
     KDA rounds: replayed rows twice): output row i is row index[i]'s, with the same bits,

@@ -19,20 +19,11 @@ from harts.exec.ops.attention.split import REFERENCE, device_index, split_attent
 from harts.exec.ops.attention.varlen import segments_of  # noqa: E402
 from harts.testing import assert_close  # noqa: E402
 from harts.tree import build_forest  # noqa: E402
-from tests.strategies import trajectory_sets  # noqa: E402
-
-
-@st.composite
-def scatters(draw):
-    T = draw(st.integers(1, 40))
-    P = draw(st.integers(0, 60))
-    targets = draw(st.lists(st.integers(-1, T - 1), min_size=P, max_size=P))
-    feat = draw(st.sampled_from([(3,), (2, 5), (1,), (300,)]))
-    return T, torch.tensor(targets, dtype=torch.int64), feat
+from tests.strategies import segment_scatters, trajectory_sets  # noqa: E402
 
 
 @settings(max_examples=30, deadline=None)
-@given(case=scatters(), BT=st.sampled_from([1, 4, 16]))
+@given(case=segment_scatters(), BT=st.sampled_from([1, 4, 16]))
 def test_inverse_lists_each_targets_sources_in_order(case, BT):
     T, targets, _ = case
     ptr, order, tile_pairs = segment_sum.inverse(targets, T, BT)
@@ -44,7 +35,7 @@ def test_inverse_lists_each_targets_sources_in_order(case, BT):
 
 
 @settings(max_examples=30, deadline=None)
-@given(case=scatters(), with_base=st.booleans(), integers=st.booleans(), seed=st.integers(0, 2**16))
+@given(case=segment_scatters(), with_base=st.booleans(), integers=st.booleans(), seed=st.integers(0, 2**16))
 def test_gather_add_equals_index_add(case, with_base, integers, seed):
     T, targets, feat = case
     g = torch.Generator().manual_seed(seed)

@@ -13,7 +13,6 @@ from unittest import mock
 import fla.ops.kda.naive as fla_kda_naive
 import torch
 import torch.nn.functional as F
-from hypothesis import strategies as st
 
 from harts.testing import assert_close
 
@@ -96,27 +95,6 @@ def make_problem(
     )
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int64)
     return Problem(**{name: x.to(dtype) for name, x in tensors.items()}, cu_seqlens=cu)
-
-
-@st.composite
-def kda_problem_shapes(draw, dtype: torch.dtype, max_len: int, max_seqs: int = 3):
-    """(lens, H, K, V, seed, decay): small heads and dims, lengths from 1 to max_len.
-
-    float64 also draws the ill-conditioned corners: K = 2 (unit keys in a plane are nearly
-    collinear, so the UT system is poorly conditioned) and decay 1.0 (mean retention 0.45
-    per token, e^-50 over a chunk). There, float32 chunkwise gradients are only good to a
-    few 1e-6 against a float64 truth, fla's own naive_chunk_kda dg up to ~8e-6 (measured
-    over 2000 draws), too near the 1e-5 bound to be a test of our code; so float32 draws
-    K >= 4 and decay <= 0.3, where both forms stay below ~3e-6.
-    """
-    wide = dtype == torch.float64
-    lens = draw(st.lists(st.integers(1, max_len), min_size=1, max_size=max_seqs))
-    H = draw(st.integers(1, 3))
-    K = draw(st.sampled_from([2, 4, 8, 16] if wide else [4, 8, 16]))
-    V = draw(st.sampled_from([1, 3, 8, 16]))
-    seed = draw(st.integers(0, 2**31 - 1))
-    decay = draw(st.sampled_from([0.05, 0.3, 1.0] if wide else [0.05, 0.3]))
-    return lens, H, K, V, seed, decay
 
 
 def grads_of(o, final_state, do, dht, leaves: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

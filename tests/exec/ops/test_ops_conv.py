@@ -18,6 +18,7 @@ from harts.exec.ops.conv import (
     window_from_parents,
 )
 from harts.testing import assert_close
+from tests.strategies import conv_setups, parent_arrays
 
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}  # relative RMS
 
@@ -79,26 +80,6 @@ DTYPES = [torch.float64, torch.float32]
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-@st.composite
-def parent_arrays(draw, max_rows: int = 40):
-    """Random forests: every row's parent is an earlier row or -1 (a root)."""
-    T = draw(st.integers(1, max_rows))
-    return [draw(st.integers(-1, t - 1)) for t in range(T)]
-
-
-@st.composite
-def conv_setups(draw):
-    D = draw(st.integers(1, 6))
-    W = draw(st.integers(1, 5))
-    return dict(
-        D=D,
-        W=W,
-        seed=draw(st.integers(0, 2**31 - 1)),
-        bias=draw(st.booleans()),
-        activation=draw(st.sampled_from(["silu", None])),
-    )
 
 
 def _tensors(T, N, D, W, seed, dtype):

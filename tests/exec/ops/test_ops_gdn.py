@@ -15,7 +15,7 @@ from harts.exec.ops.gdn import chunk_gdn, naive_recurrent_gdn
 from harts.exec.ops.kda import chunk_kda
 from harts.testing import assert_close
 from tests.models.float64_reference import float64_module
-from tests.strategies import trajectory_sets
+from tests.strategies import gdn_problems, trajectory_sets
 
 NAMES = ["q", "k", "v", "g", "beta", "h0"]
 
@@ -26,17 +26,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-@st.composite
-def problems(draw, max_len: int = 40):
-    lens = draw(st.lists(st.integers(1, max_len), min_size=1, max_size=3))
-    H = draw(st.integers(1, 2))
-    K = draw(st.sampled_from([2, 4]))
-    V = draw(st.sampled_from([3, 4]))
-    seed = draw(st.integers(0, 2**16))
-    with_h0 = draw(st.booleans())
-    return lens, H, K, V, seed, with_h0
 
 
 def make(lens, H, K, V, seed, with_h0, dtype=torch.float64):
@@ -76,7 +65,7 @@ def _compare(label, a, b, tol):
 
 
 @settings(max_examples=25, deadline=None)
-@given(problems(), st.sampled_from([4, 16, 64]))
+@given(gdn_problems(), st.sampled_from([4, 16, 64]))
 def test_chunk_matches_naive_outputs_and_gradients(p, chunk_size):
     ins, cu = make(*p)
     ours = _run(chunk_gdn, ins, cu, p[4], chunk_size=chunk_size)
@@ -103,7 +92,7 @@ def _fla_naive(q, k, v, g, beta, initial_state=None, cu_seqlens=None):
 
 
 @settings(max_examples=15, deadline=None)
-@given(problems(max_len=24))
+@given(gdn_problems(max_len=24))
 def test_naive_matches_fla_naive_reference(p):
     ins, cu = make(*p)
     ours = _run(naive_recurrent_gdn, ins, cu, p[4])
@@ -113,7 +102,7 @@ def test_naive_matches_fla_naive_reference(p):
 
 
 @settings(max_examples=20, deadline=None)
-@given(problems(), st.sampled_from([4, 16]))
+@given(gdn_problems(), st.sampled_from([4, 16]))
 def test_kda_with_broadcast_decay_is_gdn(p, chunk_size):
     """The tree executor runs GDN layers as KDA with g [T, H] broadcast to [T, H, K]."""
     ins, cu = make(*p)

@@ -22,11 +22,11 @@ from tests.exec.ops.kda_reference import (
     INPUTS,
     TOL,
     compare,
-    kda_problem_shapes,
     make_problem,
     run_fla,
     run_ours,
 )
+from tests.strategies import kda_problem_shapes
 
 DTYPES = [torch.float64, torch.float32]
 WORST: dict[str, float] = defaultdict(float)

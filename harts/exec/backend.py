@@ -58,17 +58,17 @@ def moe_impl(device: torch.device, dtype: torch.dtype, kernels: KernelConfig = D
     return MOE.select(device, dtype, kernels)
 
 
-def conv_impl(device: torch.device, kernels: KernelConfig = DEFAULT_KERNELS) -> Impl:
+def conv_impl(device: torch.device, kernels: KernelConfig = DEFAULT_KERNELS, dtype: torch.dtype | None = None) -> Impl:
     """Short conv: on CUDA the fused Triton kernels, elsewhere or with conv=reference the
-    gather-form reference."""
-    return CONV.select(device, None, kernels)
+    gather-form reference (`dtype`: the call's, for paths that take only some)."""
+    return CONV.select(device, dtype, kernels)
 
 
 def short_conv(x_TD: Tensor, weight_DW: Tensor, bias_D: Tensor | None, *, window_TW: Tensor,
                activation: str | None = "silu", kernels: KernelConfig = DEFAULT_KERNELS,
                record: KernelRecord | None = None) -> Tensor:
     """`harts.exec.ops.conv.short_conv`'s contract (no carried state), on `conv_impl`'s pick."""
-    impl = conv_impl(x_TD.device, kernels)
+    impl = conv_impl(x_TD.device, kernels, x_TD.dtype)
     if kernels.conv is ConvKernel.TRITON and impl is not Impl.TRITON and not kernels.force_reference:
         report_fallback(record, "conv", ConvKernel.TRITON, impl, f"the fused kernels need CUDA, not {x_TD.device.type}")
     else:

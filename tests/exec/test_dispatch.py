@@ -67,6 +67,7 @@ def test_every_situation_selects_what_the_old_branches_selected(libraries, fla, 
         assert backend.moe_impl(device, dtype, kernels) is _old_moe(device, dtype, kernels, grouped_mm), situation
         assert backend.tree_attention_impl(device, kernels) is _old_tree_attention(device, kernels, flex), situation
         assert backend.conv_impl(device, kernels) is _old_conv(device, kernels), situation
+        assert backend.conv_impl(device, kernels, dtype) is _old_conv(device, kernels), situation
         rows += 1
     assert rows == len(DEVICES) * len(DTYPES) * len(CONFIGS)
 

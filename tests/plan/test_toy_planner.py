@@ -1,4 +1,4 @@
-"""The toy planner of docs/ARCHITECTURE.md ("Adding a planner"), followed step by step: one
+"""The toy planner of docs/ARCHITECTURE.md ("Add a planner"), followed step by step: one
 microbatch per tree. It keeps that walkthrough honest: the planner below is built only from
 what the walkthrough names, and its plans validate on drawn forests. (That a valid plan
 trains exactly like the expanded baseline is tests/exec/test_window.py's job, over the
@@ -6,7 +6,8 @@ registered planners.)
 
 The walkthrough registers a planner by adding a `PlannerName` member; a test cannot extend
 that StrEnum, so here the same `Registry` mechanism runs on a local one-member StrEnum, and
-`make_plan`'s steps (config check, planner call, `Plan.validate`) are called directly.
+`make_plan`'s steps (config check, planner call, `Plan.validate`) are called directly
+(tests/test_walkthroughs.py runs it through `harts plan compare`).
 """
 
 from __future__ import annotations

@@ -17,9 +17,8 @@ import time
 
 import torch
 
+from harts.exec.factory import make_trainer
 from harts.exec.model.model import build_model
-from harts.exec.trainer import ExpandedTrainer
-from harts.exec.tree_trainer import TreeTrainer
 from harts.tree.workload import generate, preset
 
 WORKLOADS = {
@@ -34,8 +33,8 @@ def bench(scheme: str, repeats: int, budget: int) -> dict:
     trajs = generate(preset(name, vocab_size=512, **over)).trajectories()
     times = {}
     results = {}
-    for mode, cls in (("expanded", ExpandedTrainer), ("tree", TreeTrainer)):
-        trainer = cls(build_model("tiny-cpu", seed=0))
+    for mode in ("expanded", "tree"):
+        trainer = make_trainer(mode, build_model("tiny-cpu", seed=0))
         best = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()

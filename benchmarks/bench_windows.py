@@ -106,15 +106,15 @@ def study(name: str, budget: int, model: str) -> dict:
 def measured_cpu() -> dict:
     import torch
 
+    from harts.exec.factory import make_trainer
     from harts.exec.model.model import build_model
-    from harts.exec.window import PlanTrainer
     from harts.tree import build_forest
 
     trajs = generate(preset("small-treestep", seed=1)).trajectories()
     forest = build_forest(trajs)
     budget = max(int(forest.traj_length.max()) + 5, forest.compact_tokens // 3)
     plan = make_plan(forest, "l1l2", PlanConfig(microbatch_tokens=budget))
-    trainer = PlanTrainer(build_model("tiny-cpu", dtype=torch.float32), plan)
+    trainer = make_trainer("plan", build_model("tiny-cpu", dtype=torch.float32), plan)
     trainer.forward_backward(trajs, budget)
     return {"workload": "small-treestep seed 1", "model": "tiny-cpu fp32", "microbatch_tokens": budget,
             "windows": len(trainer.windows),

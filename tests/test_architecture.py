@@ -97,18 +97,21 @@ def test_no_import_cycle():
 
 
 @pytest.mark.parametrize("layer, forbidden", [
-    ("tree", {"plan", "sim", "exec", "distributed", "models", "verify", "rl", "cli"}),
-    ("config", {"plan", "sim", "exec", "distributed", "models", "verify", "rl", "cli"}),
-    ("plan", {"exec", "distributed", "models", "verify", "rl", "cli"}),
-    ("sim", {"exec", "distributed", "models", "verify", "rl", "cli"}),
-    ("exec", {"distributed", "models", "verify", "rl", "cli"}),
-    ("distributed", {"verify", "rl", "cli"}),
+    ("tree", {"plan", "sim", "exec", "distributed", "models", "verify", "rl", "train", "cli"}),
+    ("config", {"plan", "sim", "exec", "distributed", "models", "verify", "rl", "train", "cli"}),
+    ("plan", {"exec", "distributed", "models", "verify", "rl", "train", "cli"}),
+    ("sim", {"exec", "distributed", "models", "verify", "rl", "train", "cli"}),
+    ("exec", {"distributed", "models", "verify", "rl", "train", "cli"}),
+    ("distributed", {"verify", "rl", "train", "cli"}),
     # harts.models (checkpoints in and out) sits above exec, beside verify
-    ("models", {"verify", "cli"}),
-    ("verify", {"models", "cli"}),
-    ("rl", {"verify", "experiments", "cli"}),
+    ("models", {"verify", "train", "cli"}),
+    ("verify", {"models", "train", "cli"}),
+    ("rl", {"verify", "experiments", "train", "cli"}),
     # harts.bench (the benchmarks behind `harts bench`) sits above exec and sim, beside verify
-    ("bench", {"distributed", "models", "verify", "rl", "track", "experiments", "cli"}),
+    ("bench", {"distributed", "models", "verify", "rl", "track", "experiments", "train", "cli"}),
+    # harts.train (one way to train: a TrainConfig in one process or distributed) sits
+    # above exec, distributed and models; the command line is its one user
+    ("train", {"verify", "rl", "bench", "experiments", "cli"}),
 ])
 def test_layers_import_only_downwards(layer, forbidden):
     bad = sorted((m, t) for m, (internal, _) in IMPORTS.items() if _layer(m) == layer
@@ -236,3 +239,86 @@ def test_every_cited_result_file_exists():
     missing = {path: sorted(where) for path, where in cited.items()
                if not (list(repo.glob(path)) if "*" in path else (repo / path).exists())}
     assert not missing, missing
+
+
+# ---- the command line's modules ------------------------------------------------------------------
+
+
+def _command_modules() -> set[str]:
+    """The modules of harts.cli that register subcommands (a top-level `register`)."""
+    return {m for m, tree in TREES.items() if m.startswith("harts.cli.") and any(
+        isinstance(node, ast.FunctionDef) and node.name == "register" for node in tree.body)}
+
+
+def test_command_modules_do_not_import_each_other():
+    """A subcommand's module imports no other subcommand's module: what two commands share
+    lives in the shared modules (common, data, model_source), so a command can change or go
+    without touching another."""
+    commands = _command_modules()
+    assert {"harts.cli.train", "harts.cli.verify", "harts.cli.tree", "harts.cli.run"} <= commands
+    bad = sorted((m, t) for m in commands for t in IMPORTS[m][0] if t in commands)
+    assert not bad, f"command modules importing other command modules: {bad}"
+
+
+# ---- one construction site per trainer kind ----------------------------------------------------------
+
+# each trainer class and the one module that constructs it outside the tests: the factories
+# (harts.exec.factory.make_trainer, harts.distributed.runner.distributed_trainer), which
+# harts.train.build_trainer, the verifiers, the RL API and the benchmarks call
+TRAINER_FACTORIES = {
+    "ExpandedTrainer": "harts/exec/factory.py",
+    "TreeTrainer": "harts/exec/factory.py",
+    "PlanTrainer": "harts/exec/factory.py",
+    "PrefixMergedTrainer": "harts/exec/factory.py",
+    "DistPlanTrainer": "harts/distributed/runner.py",
+    "PipelineTrainer": "harts/distributed/runner.py",
+}
+# benchmarks/gpu/revisions.py times other git revisions of harts too: it calls the trainer
+# classes every revision has
+_OLD_API = {"benchmarks/gpu/revisions.py"}
+
+
+def _constructions(tree: ast.AST) -> list[tuple[str, int]]:
+    """(trainer class, line) of every `XTrainer(...)` and `(XTrainer if c else YTrainer)(...)` call."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            targets = (func.body, func.orelse) if isinstance(func, ast.IfExp) else (func,)
+            for t in targets:
+                name = getattr(t, "id", getattr(t, "attr", None))
+                if name in TRAINER_FACTORIES:
+                    out.append((name, node.lineno))
+    return out
+
+
+def _trainer_constructions() -> dict[str, list[str]]:
+    """The trainer constructions in harts/, benchmarks/ and scripts/ by class, as "path:line"."""
+    repo = ROOT.parent
+    found: dict[str, list[str]] = {name: [] for name in TRAINER_FACTORIES}
+    for d in ("harts", "benchmarks", "scripts"):
+        for path in sorted((repo / d).rglob("*.py")):
+            rel = str(path.relative_to(repo))
+            if rel in _OLD_API:
+                continue
+            tree = TREES[_module_name(path)] if d == "harts" else ast.parse(path.read_text())
+            for name, line in _constructions(tree):
+                found[name].append(f"{rel}:{line}")
+    return found
+
+
+def test_the_scan_finds_trainer_constructions():
+    tree = ast.parse("t = TreeTrainer(net)\nu = (TreeTrainer if x else ExpandedTrainer)(net)\n"
+                     "v = harts.exec.window.PlanTrainer(net, plan)\nclass T(TreeTrainer):\n    pass\n")
+    assert sorted(_constructions(tree)) == [("ExpandedTrainer", 2), ("PlanTrainer", 3), ("TreeTrainer", 1),
+                                            ("TreeTrainer", 2)]
+    assert _trainer_constructions()["TreeTrainer"]  # the factory's
+
+
+def test_each_trainer_kind_has_one_construction_site():
+    """Every trainer is built through its factory: one construction site per class outside
+    the tests (a new caller goes through make_trainer / distributed_trainer / build_trainer)."""
+    found = _trainer_constructions()
+    bad = {name: sites for name, sites in found.items()
+           if len(sites) != 1 or not sites[0].startswith(TRAINER_FACTORIES[name] + ":")}
+    assert not bad, f"trainers constructed outside their factory: {bad}"

@@ -34,7 +34,7 @@ from harts.config.models import get_model_config  # noqa: E402
 from harts.exec.model.model import build_model  # noqa: E402
 from harts.exec.ops.attention import tree as tree_attention  # noqa: E402
 from harts.exec.ops.record import KernelFallbackWarning  # noqa: E402
-from harts.exec.tree_trainer import TreeTrainer  # noqa: E402
+from harts.plan.partition import tree_partition  # noqa: E402
 from harts.tree.workload import generate, preset  # noqa: E402
 from harts.verify.divergence import compare_runs, format_table  # noqa: E402
 from harts.verify.fidelity import fidelity  # noqa: E402
@@ -94,7 +94,7 @@ def sec_divergence(args):
     for norm32, a, b in runs[:1] if args.quick else runs:
         cfg = dataclasses.replace(get_model_config(args.model), norm_float32=norm32)
         net = build_model(cfg, seed=0, dtype=torch.bfloat16, device="cuda")
-        partition = TreeTrainer(net, kernels=args.kernels).partition(trajs, 1 << 16)
+        partition = tree_partition(trajs, 1 << 16)
         t0 = time.perf_counter()
         rep = compare_runs(net, trajs, partition, a, b, kernels=args.kernels)
         print(f"[norm_float32={norm32}] ({time.perf_counter() - t0:.1f}s) " + format_table(rep), flush=True)

@@ -34,9 +34,8 @@ from benchmarks.gpu.common import Section, add_kernel_args, run_suite  # noqa: E
 from benchmarks.gpu.step import STEP_WORKLOADS  # noqa: E402
 from harts.bench.step import kind_seconds  # noqa: E402
 from harts.config.models import get_model_config  # noqa: E402
+from harts.exec.factory import make_trainer  # noqa: E402
 from harts.exec.model.model import build_model  # noqa: E402
-from harts.exec.trainer import ExpandedTrainer  # noqa: E402
-from harts.exec.tree_trainer import TreeTrainer  # noqa: E402
 from harts.tree.workload import generate, preset  # noqa: E402
 
 
@@ -49,7 +48,7 @@ def _warm_trainers(args, out: dict):
     trajs = generate(preset(name, vocab_size=get_model_config(args.model).vocab_size, **over)).trajectories()
     for mode in ("tree", "expanded"):
         net = build_model(get_model_config(args.model), seed=0, dtype=torch.bfloat16, device="cuda", recompute=True)
-        trainer = (TreeTrainer if mode == "tree" else ExpandedTrainer)(net, kernels=args.kernels)
+        trainer = make_trainer(mode, net, kernels=args.kernels)
         trainer.step(trajs, args.microbatch_tokens)
         torch.cuda.synchronize()
         yield mode, trainer, trajs

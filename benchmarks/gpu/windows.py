@@ -99,23 +99,19 @@ def provenance(argv: list[str]) -> dict:
 
 def _trainer(kind: str, trajs, budget: int, model: str):
     from harts.config.models import get_model_config
+    from harts.exec.factory import make_trainer
     from harts.exec.model.model import build_model
-    from harts.exec.trainer import ExpandedTrainer
-    from harts.exec.tree_trainer import TreeTrainer
-    from harts.exec.window import PlanTrainer
     from harts.plan.planners import PlanConfig, make_plan
     from harts.tree import build_forest
 
     cfg = get_model_config(model)
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     net = build_model(cfg, seed=0, dtype=dtype, device=DEVICE, recompute=True)
-    if kind == "expanded":
-        return ExpandedTrainer(net), None
-    if kind == "tree":
-        return TreeTrainer(net), None
+    if kind in ("expanded", "tree"):
+        return make_trainer(kind, net), None
     plan = make_plan(build_forest(trajs), "l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=cfg.chunk_size))
     # windows-resident: the producers' saved tensors left on the device (no HostOffload)
-    return PlanTrainer(net, plan, offload_producers=kind != "windows-resident"), plan
+    return make_trainer("plan", net, plan, offload_producers=kind != "windows-resident"), plan
 
 
 def run_case(kind: str, trajs, budget: int, args) -> dict:
@@ -268,10 +264,8 @@ def fidelity_case(trajs, budget: int, args) -> dict:
     run, each against the expanded step at `budget`, from the same weights (no optimizer
     step): relative L2 error and cosine of the whole gradient, loss difference."""
     from harts.config.models import get_model_config
+    from harts.exec.factory import make_trainer
     from harts.exec.model.model import build_model
-    from harts.exec.trainer import ExpandedTrainer
-    from harts.exec.tree_trainer import TreeTrainer
-    from harts.exec.window import PlanTrainer
     from harts.plan.planners import PlanConfig, make_plan
     from harts.tree import build_forest
 
@@ -279,10 +273,10 @@ def fidelity_case(trajs, budget: int, args) -> dict:
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     net = build_model(cfg, seed=0, dtype=dtype, device=DEVICE, recompute=True)
     plan = make_plan(build_forest(trajs), "l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=cfg.chunk_size))
-    runs = {"expanded": (ExpandedTrainer(net), budget),
-            "expanded_repacked": (ExpandedTrainer(net), args.unsplit_budget),
-            "tree": (TreeTrainer(net), args.unsplit_budget),
-            "windows": (PlanTrainer(net, plan), budget)}
+    runs = {"expanded": (make_trainer("expanded", net), budget),
+            "expanded_repacked": (make_trainer("expanded", net), args.unsplit_budget),
+            "tree": (make_trainer("tree", net), args.unsplit_budget),
+            "windows": (make_trainer("plan", net, plan), budget)}
     ref, ref_loss, out = None, None, {"budget": budget, "unsplit_budget": args.unsplit_budget}
     for name, (trainer, b) in runs.items():
         net.zero_grad(set_to_none=True)

@@ -125,10 +125,8 @@ def step_benchmark(trajectories, *, model: str | torch.nn.Module = "tiny-h200", 
     from harts.config.kernels import KernelConfig
     from harts.config.models import get_model_config
     from harts.config.param_counts import parameter_counts
+    from harts.exec.factory import make_trainer
     from harts.exec.model.model import build_model
-    from harts.exec.prefix_trainer import PrefixMergedTrainer
-    from harts.exec.trainer import ExpandedTrainer
-    from harts.exec.tree_trainer import TreeTrainer
     from harts.sim.flops import (
         flop_ratio,
         ideal_speedup,
@@ -149,7 +147,7 @@ def step_benchmark(trajectories, *, model: str | torch.nn.Module = "tiny-h200", 
     source = model if isinstance(model, torch.nn.Module) else None
     cfg = source.config if source is not None else get_model_config(model)
     kernels = kernels if kernels is not None else KernelConfig.from_env()
-    trainers = {"packed": ExpandedTrainer, "prefix-merged": PrefixMergedTrainer, "tree": TreeTrainer}
+    kinds = {"packed": "expanded", "prefix-merged": "prefix-merged", "tree": "tree"}  # make_trainer's
     modes = list(baselines) + (["tree"] if tree else [])
     out: dict[str, Any] = {"model": cfg.name, "dtype": str(dtype).removeprefix("torch."),
                            "microbatch_tokens": microbatch_tokens, "trajectories": len(trajectories),
@@ -172,7 +170,7 @@ def step_benchmark(trajectories, *, model: str | torch.nn.Module = "tiny-h200", 
         else:
             net = copy.deepcopy(source).to(device=device, dtype=dtype)
             net.recompute = True
-        trainer = trainers[mode](net, kernels=kernels)
+        trainer = make_trainer(kinds[mode], net, kernels=kernels)
         for i in range(warmup):
             say(f"{mode}: warm-up step {i + 1}/{warmup}")
             trainer.step(trajectories, microbatch_tokens)

@@ -75,7 +75,7 @@ def _steps(args: argparse.Namespace, vocab: int) -> list[tuple[str, str, dict, l
             raise UserError(f"--input {args.input}: {err.strerror or err}") from None
         return [("input", args.input, {}, trajs)]
     if args.workload:
-        from harts.cli.tree import workload_config
+        from harts.cli.data import workload_config
 
         sets = list(args.set)
         if not any(s.partition("=")[0] == "vocab_size" for s in sets):

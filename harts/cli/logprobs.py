@@ -69,9 +69,9 @@ def cmd_logprobs(args: argparse.Namespace) -> int:
     dtype = None if args.dtype is None else getattr(torch, args.dtype)
     loaded = load_checkpoint(args, dtype, args.device)
 
-    from harts.exec.tree_trainer import TreeTrainer
+    from harts.exec.factory import make_trainer
 
-    trainer = TreeTrainer(loaded.model)
+    trainer = make_trainer("tree", loaded.model)
     result = trainer.evaluate(trajectories, args.microbatch_tokens)
     with atomic_output(args.out, "--out") as tmp, open(tmp, "w", encoding="utf-8") as fh:
         for t, lp, ent in zip(trajectories, result.logprobs, result.entropy, strict=True):

@@ -72,25 +72,3 @@ def load_checkpoint(args: argparse.Namespace, dtype, device):
         raise checkpoint_error(err, args.model_path) from None
     except ConfigError as err:
         raise config_error(err, args.model_path) from None
-
-
-def train_model(args: argparse.Namespace, config, dtype, device):
-    """(model, LoadedModel or None): --model-path's checkpoint in `dtype` (None: its own),
-    or `config` built from --seed (float32 where `dtype` is None); recompute from
-    --recompute, the MoE aux loss's scope from --aux-scope (`ModelConfig.aux_scope`, what
-    every trainer of the model reads)."""
-    import torch
-
-    aux_scope = getattr(args, "aux_scope", None)
-    if getattr(args, "model_path", None):
-        loaded = load_checkpoint(args, dtype, device)
-        loaded.model.recompute = args.recompute
-        if aux_scope is not None:  # save() writes the checkpoint's config whatever the scope
-            loaded.model.config = loaded.model.config.replace(aux_scope=aux_scope)
-        return loaded.model, loaded
-    from harts.exec.model import build_model
-
-    if aux_scope is not None:
-        config = config.replace(aux_scope=aux_scope)
-    return build_model(config, seed=args.seed, dtype=dtype or torch.float32, device=device,
-                       recompute=args.recompute), None

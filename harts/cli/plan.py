@@ -99,7 +99,7 @@ def _add_make_args(p: argparse.ArgumentParser, required: bool) -> None:
 
 
 def _forest(args: argparse.Namespace):
-    from harts.cli.tree import load_forest
+    from harts.cli.data import load_forest
 
     if not args.workload and not args.input:
         raise UserError("give the step: --workload PRESET or --input JSONL")
@@ -113,7 +113,7 @@ def _config(args: argparse.Namespace):
     if tokens is None:  # the preset's own budget, else the planners' default
         tokens = DEFAULT_MICROBATCH_TOKENS
         if getattr(args, "workload", None) and not getattr(args, "input", None):
-            from harts.cli.tree import workload_config
+            from harts.cli.data import workload_config
 
             tokens = workload_config(args.workload, args.seed, args.set).microbatch_tokens
     retention = DEFAULT_PRODUCER_RETENTION if args.producer_retention is None else args.producer_retention

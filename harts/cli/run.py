@@ -33,8 +33,7 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from harts.cli.tree import workload_config
-    from harts.cli.verify import check_vocab
+    from harts.cli.data import check_vocab, workload_config
     from harts.plan.kda_calls import plan_kda_calls_for
     from harts.tree import build_forest
     from harts.tree.workload import generate

@@ -1,28 +1,71 @@
-"""`harts train`: policy-update steps on rollouts, trajectory-expanded or over rollout trees."""
+"""`harts train`: policy-update steps on rollouts, trajectory-expanded or over rollout trees,
+in one process or distributed (`torchrun --nproc-per-node N -m harts train --parallel ...`).
+
+The command is flags -> `harts.config.train.TrainConfig` -> `harts.train`: the run is what
+the config describes, however it was given. Where a setting comes from, first match wins:
+
+1. a flag given on the command line;
+2. `--config FILE`'s value (a TOML file in `TrainConfig.to_toml`'s form);
+3. the default (each flag's --help states it; kernels: the HARTS_* environment's).
+
+`--print-config` writes the resolved config as TOML and exits, a file `--config` reads
+back; every result (the --json output) carries the run's config. Errors name the flag that
+sets the field at fault, or the config key where it came from the file (one line, exit 2,
+before any work; distributed, before the mesh's first collective). Ctrl-C is one line with
+the last finished step and checkpoint (exit 130); under --json the finished steps are
+still printed.
+"""
 
 from __future__ import annotations
 
 import argparse
-import itertools
+import re
+from typing import Any
 
-from harts.cli import train_checkpoint
 from harts.cli.common import (
     Interrupted,
     UserError,
+    add_attention_args,
     caused_by_interrupt,
+    format_table,
     print_json,
-    rollout_error,
     say_wrote,
 )
-from harts.cli.model_source import add_model_args, model_config, train_model
+from harts.cli.model_source import add_model_args
 
-# Refuse to build models this large on a CPU: the Table 1 configs are for GPUs (and the
-# simulator), and allocating them here would only exhaust memory.
-_CPU_MAX_PARAMS = 200_000_000
+# the flags, by argparse dest, and the TrainConfig field each sets (dotted path)
+_FIELDS = {
+    "mode": "mode", "model": "model.name", "model_path": "model.path", "allow_pickle": "model.allow_pickle",
+    "recompute": "model.recompute", "workload": "data.workload", "input": "data.input", "steps": "steps",
+    "seed": "seed", "microbatch_tokens": "plan.microbatch_tokens", "planner": "plan.planner", "plan": "plan.file",
+    "aux_scope": "aux_scope", "lr": "optimizer.lr", "grad_clip": "optimizer.grad_clip",
+    "agg_mode": "loss.agg_mode", "kl_coef": "loss.kl_coef", "old_logprobs": "old_logprobs",
+    "dtype": "precision.dtype", "device": "precision.device", "parallel": "parallel",
+    "schedule": "parallel.schedule", "checkpoint_dir": "checkpoint.dir", "checkpoint_every": "checkpoint.every",
+    "resume": "checkpoint.resume", "save": "checkpoint.save", "tree_attention": "kernels.tree_attention",
+    "baseline_attention": "kernels.baseline_attention",
+}
+# a flag setting one field of an exclusive pair clears the other
+_CLEARS = {"model": "model.path", "model_path": "model.name", "workload": "data.input", "input": "data.workload"}
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+_FLAG_OF = {path: _flag(dest) for dest, path in _FIELDS.items()}
+_FLAG_OF.update({f"parallel.{d}": "--parallel" for d in ("dp", "pp", "ep", "tp")})
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="run RL policy-update steps (PPO/GRPO loss) on rollouts")
+    p = sub.add_parser("train", help="run RL policy-update steps (PPO/GRPO loss) on rollouts",
+                       epilog="precedence: a flag given on the command line, then --config FILE's value, then the "
+                       "default")
+    p.add_argument("--config", metavar="FILE.toml", default=None,
+                   help="read the run's settings from this TOML file (a TrainConfig, as --print-config writes it); "
+                   "flags given explicitly override its values")
+    p.add_argument("--print-config", action="store_true",
+                   help="write the resolved config (flags over --config over defaults) as TOML to stdout and exit")
     p.add_argument("--mode", choices=["expanded", "tree"], default="expanded",
                    help="expanded: the trajectory-by-trajectory baseline; tree: rollout-tree execution, the "
                    "same numbers with every shared token computed once (--parallel needs tree)")
@@ -66,169 +109,196 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plan", default=None, metavar="FILE.json", help="with --parallel: run this saved plan (default: plan with --planner)")
     p.add_argument("--schedule", default="consumer-1f1b", choices=["non-overlap", "overlap-bwd-first", "consumer-1f1b"],
                    help="with --parallel pp>1: the pipeline schedule (the simulator's, lowered to the pipelining runtime)")
+    p.add_argument("--checkpoint-dir", metavar="DIR", default=None,
+                   help="write checkpoints (torch.distributed.checkpoint) into DIR: after every "
+                   "--checkpoint-every steps and after the last step")
+    p.add_argument("--checkpoint-every", type=int, metavar="N", default=None,
+                   help="checkpoint after every N-th step (needs --checkpoint-dir; default: after the last step only)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run from the latest checkpoint in --checkpoint-dir (from step 1 "
+                   "if it holds none yet); a checkpoint written with other settings that change the numbers "
+                   "is refused")
+    add_attention_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    train_checkpoint.add_flags(p)
+    _record_explicit(p)
     p.set_defaults(func=cmd_train)
 
 
-def _load_trajectories(args: argparse.Namespace, vocab_size: int) -> list:
-    if args.input is not None:
-        from harts.tree.io import RolloutFormatError, load_jsonl
+# ---- flags -> TrainConfig ------------------------------------------------------------------------
+
+
+def _record_explicit(parser: argparse.ArgumentParser) -> None:
+    """Make every option of `parser` record its dest in `namespace.explicit_flags` when it is
+    given on the command line (argparse calls an option's action only then)."""
+    classes: dict[type, type] = {}
+
+    def recording(cls: type) -> type:
+        def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001, N807
+            given = getattr(namespace, "explicit_flags", None)
+            if given is None:
+                given = set()
+                namespace.explicit_flags = given
+            given.add(self.dest)
+            cls.__call__(self, parser, namespace, values, option_string)
+
+        return type(cls.__name__, (cls,), {"__call__": __call__})
+
+    for action in parser._actions:
+        if action.option_strings and not isinstance(action, argparse._HelpAction):
+            if type(action) not in classes:
+                classes[type(action)] = recording(type(action))
+            action.__class__ = classes[type(action)]
+
+
+class _Source:
+    """Where the resolved config's fields came from: which were flags, and the --config file."""
+
+    def __init__(self, explicit: set[str], file: str | None):
+        self.flags = {_FIELDS[d] for d in explicit if d in _FIELDS}
+        self.file = file
+
+    def name(self, path: str) -> str:
+        """A field as the user set it: its flag, or (from the file) its config key."""
+        from_flag = path in self.flags or path.split(".")[0] in self.flags
+        if (self.file is None or from_flag) and path in _FLAG_OF:
+            return _FLAG_OF[path]
+        return path
+
+    def error(self, err: BaseException) -> UserError:
+        """A ConfigError or TrainError as a one-line UserError naming the flag or key."""
+        path = getattr(err, "field", None) or None
+        text = re.sub(r"`([A-Za-z0-9_.]*)`", lambda m: self.name(m.group(1)), str(err))
+        name = self.name(path) if path else None
+        in_file = self.file is not None and name is not None and not name.startswith("--")
+        flag = name is not None and name.startswith("--")
+        return UserError(text, file=self.file if in_file else None, field=name if flag or in_file else None)
+
+
+def resolve_config(args: argparse.Namespace) -> tuple[Any, _Source]:
+    """The run's TrainConfig from --config FILE (if given), the flags given explicitly on top,
+    and the kernels of the HARTS_* environment where neither sets them."""
+    from harts.config.models import ConfigError
+    from harts.config.train import TrainConfig
+
+    explicit = set(getattr(args, "explicit_flags", set()))
+    source = _Source(explicit, args.config)
+    try:
+        base = TrainConfig.from_toml(args.config) if args.config is not None else TrainConfig()
+    except ConfigError as err:
+        raise UserError(str(err).replace("`", ""), file=args.config, field=getattr(err, "field", None) or None) \
+            from None
+    values: dict[str, Any] = {}
+    for dest in sorted(explicit & set(_FIELDS)):
+        value = getattr(args, dest)
+        if dest in ("parallel", "tree_attention", "baseline_attention"):
+            continue
+        if dest == "grad_clip" and value <= 0:
+            value = None
+        values[_FIELDS[dest]] = value
+        if dest in _CLEARS:
+            values[_CLEARS[dest]] = None
+    if "parallel" in explicit:
+        from harts.config.parallel import parse_degrees
 
         try:
-            return load_jsonl(args.input, vocab_size=vocab_size)
-        except RolloutFormatError as err:
-            raise rollout_error(err) from None
-    from harts.tree.workload import generate_trajectories
-
-    name = args.workload or "tiny-treestep"
+            degrees = parse_degrees(args.parallel)
+        except ValueError as err:
+            raise UserError(str(err), field="--parallel") from None
+        values.update({f"parallel.{d}": degrees.get(d, None if d == "dp" else 1) for d in ("dp", "pp", "ep", "tp")})
+    elif "schedule" in explicit and base.parallel is None:
+        raise UserError("--schedule needs --parallel (the pipeline schedule of pp > 1)", field="--schedule")
     try:
-        return generate_trajectories(name, seed=args.seed)
-    except (KeyError, ValueError) as err:
-        raise UserError(str(err).strip("'\"")) from None
+        config = base.override(values)
+        kernels = {k: getattr(args, k) for k in ("tree_attention", "baseline_attention") if k in explicit}
+        if config.kernels is None or kernels:
+            from harts.config.kernels import KernelConfig
+
+            resolved = KernelConfig.from_env() if config.kernels is None else config.kernels
+            config = config.replace(kernels=resolved.replace(**kernels))
+    except ConfigError as err:
+        raise source.error(err) from None
+    except ValueError as err:  # the HARTS_* environment's kernel settings
+        raise UserError(str(err)) from None
+    return config, source
+
+
+# ---- the command ---------------------------------------------------------------------------------
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    if args.parallel is not None:
-        from harts.cli.train_dist import cmd_train_distributed
-
-        return cmd_train_distributed(args, _load_trajectories)
-    if args.plan is not None:
-        raise UserError("--plan needs --parallel")
-    if args.steps < 1:
-        raise UserError(f"--steps must be >= 1, got {args.steps}")
-    if args.microbatch_tokens < 1:
-        raise UserError(f"--microbatch-tokens must be >= 1, got {args.microbatch_tokens}")
-    train_checkpoint.check_flags(args)
-
+    config, source = resolve_config(args)
+    if args.print_config:
+        print(config.to_toml(), end="")
+        return 0
+    from harts.cli.data import read_trajectories
+    from harts.cli.model_source import checkpoint_error, config_error
     from harts.config.models import ConfigError
-    from harts.config.param_counts import parameter_counts
+    from harts.models import CheckpointError
+    from harts.train import TrainError, build_trainer, model_config
 
-    if args.save is not None:
-        if not args.model_path:
-            raise UserError("--save writes a Hugging Face checkpoint: it needs --model-path", field="--save")
-        _check_save_dir(args.save)
-    config = model_config(args)
-    trajectories = _load_trajectories(args, config.vocab_size)
-    if not trajectories:
-        raise UserError("no trajectories to train on")
-    from harts.cli.verify import check_vocab
-
-    check_vocab(trajectories, config)  # generated workloads (a file is checked as it loads)
-    if args.kl_coef > 0 and any(t.ref_logprobs is None for t in trajectories):
-        raise UserError("--kl-coef > 0 needs ref_logprobs in every trajectory")
-
-    import torch
-
-    from harts.config.optimizer import OptimizerConfig
-    from harts.exec.loss import PolicyLossConfig
-    from harts.exec.trainer import ExpandedTrainer, run_steps
-    from harts.exec.tree_trainer import TreeTrainer
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    total = parameter_counts(config).total
-    if torch.device(device).type == "cpu" and total > _CPU_MAX_PARAMS:
-        raise UserError(f"{config.name} has {total / 1e9:.1f}B parameters: too large to train on a CPU")
-    dtype = None if args.dtype is None else getattr(torch, args.dtype)
-    model, loaded = train_model(args, config, dtype, device)
-    if args.mode == "tree":
-        try:
-            config.check_tree_mode()
-        except ConfigError as err:
-            raise UserError(str(err)) from None
-    trainer_cls = TreeTrainer if args.mode == "tree" else ExpandedTrainer
-    extra: tuple = ()
-    if args.planner is not None:
-        if args.mode != "tree":
-            raise UserError("--planner needs --mode tree")
-        from harts.config.plan import PlanConfig
-        from harts.exec.window import PlanTrainer
-        from harts.plan.planners import known_planners, make_plan
-        from harts.tree import build_forest
-
-        if args.planner not in known_planners():
-            raise UserError(f"unknown planner {args.planner!r}; known: {', '.join(known_planners())}")
-        try:
-            plan = make_plan(build_forest(trajectories), args.planner,
-                             PlanConfig(microbatch_tokens=args.microbatch_tokens, chunk_size=config.chunk_size))
-        except ValueError as err:
-            raise UserError(str(err)) from None
-        trainer_cls, extra = PlanTrainer, (plan,)
-    trainer = trainer_cls(
-        model, *extra,
-        OptimizerConfig(lr=args.lr, grad_clip=args.grad_clip if args.grad_clip > 0 else None),
-        PolicyLossConfig(agg_mode=args.agg_mode, kl_coef=args.kl_coef),
-    )
-
-    checkpoints = train_checkpoint.RunCheckpoints(args, trainer.model, trainer.optimizer)
-    records: list[dict] = []
-    if args.old_logprobs == "recompute":  # each step's batch depends on the model the last step left
-        def results():
-            for _ in range(checkpoints.start, args.steps):
-                yield trainer.step(trainer.recompute_old_logprobs(trajectories, args.microbatch_tokens),
-                                   args.microbatch_tokens)
-        stream = results()
-    else:  # the same batch every step: its data side is prepared one step ahead
-        stream = run_steps(trainer, itertools.repeat(trajectories, args.steps - checkpoints.start),
-                           args.microbatch_tokens)
+    path = config.model.path
     try:
-        for step, result in enumerate(stream, start=checkpoints.start + 1):
-            rec = {
-                "step": step,
-                **{k: v for k, v in result.losses.items()},
-                "grad_norm": result.grad_norm,
-                "tokens": result.tokens,
-                "trained_tokens": result.trained_tokens,
-                "microbatches": len(result.microbatches),
-                "executed_rows": result.executed_rows,
-                "seconds": result.seconds,
-                "tokens_per_s": result.tokens_per_second,
-            }
-            records.append(rec)
-            if not args.json and step == checkpoints.start + 1:
-                print(f"{config.name} ({args.mode}): {len(trajectories)} trajectories, {result.tokens} tokens "
-                      f"-> {result.executed_rows} executed rows, {len(result.microbatches)} microbatches "
-                      f"of <= {args.microbatch_tokens} tokens, {device}")
-            if not args.json:  # each step once, as it finishes
-                print(f"step {step}  loss {rec['loss']:.6f}  pg {rec['pg_loss']:.6f}  kl {rec['kl']:.3e}  "
-                      f"aux {rec['aux_loss']:.3e}  grad_norm {rec['grad_norm']:.4f}  entropy {rec['entropy']:.4f}  "
-                      f"clip_frac {rec['clip_frac']:.4f}  {rec['tokens_per_s']:,.0f} tok/s", flush=True)
-            saved = checkpoints.after_step(step)
-            if saved is not None and not args.json:
-                print(f"checkpoint {saved}", flush=True)
-    except (KeyboardInterrupt, UserError) as err:
-        if isinstance(err, UserError) and not caused_by_interrupt(err):
-            raise
-        done = records[-1]["step"] if records else checkpoints.start
-        if args.json:  # the finished steps' records, still valid JSON
-            print_json({"model": config.name, "mode": args.mode, "steps": records, "interrupted": True})
-        latest = checkpoints.latest()
-        where = f"checkpoint at {latest}" if latest is not None else "no checkpoint"
-        raise Interrupted(f"interrupted after step {done}; {where}") from None
-    if loaded is not None and args.save is not None:
-        from harts.models import CheckpointError, save
-
-        try:
-            save(loaded, args.save)
-        except CheckpointError as err:
-            raise UserError(str(err), field="--save") from None
-    if args.json:
-        print_json({"model": config.name, "mode": args.mode, "steps": records})
-    if loaded is not None and args.save is not None:
-        say_wrote(args.save, args.json, "Hugging Face checkpoint")
+        vocab = model_config(config).vocab_size
+        trajectories = read_trajectories(config.data.input, config.data.workload, config.seed, vocab)
+        run = build_trainer(config, trajectories)
+    except TrainError as err:
+        raise source.error(err) from None
+    except CheckpointError as err:
+        raise checkpoint_error(err, path) from None
+    except ConfigError as err:  # a checkpoint's config.json value the adapter does not support
+        raise (config_error(err, path) if path is not None else UserError(str(err))) from None
+    ok = False
+    try:
+        _steps(args, run, source)
+        ok = True
+    finally:
+        run.close(ok)
     return 0
 
 
-def _check_save_dir(path: str) -> None:
-    """--save's target, checked before any work: its folder exists, and it is new, empty or
-    a checkpoint directory (what `harts.models.save` replaces)."""
-    from pathlib import Path
+def _steps(args: argparse.Namespace, run: Any, source: _Source) -> None:
+    from harts.train import TrainError
 
-    target = Path(path)
-    if not target.parent.is_dir():
-        raise UserError(f"--save {path}: folder {target.parent} does not exist (create it first)", field="--save")
-    if target.exists() and not target.is_dir():
-        raise UserError(f"--save {path}: exists and is not a directory", field="--save")
-    if target.is_dir() and any(target.iterdir()) and not (target / "config.json").is_file():
-        raise UserError(f"--save {path}: a non-empty directory that is not a checkpoint; not replacing it",
-                        field="--save")
+    config, main = run.config, run.is_main
+    report = {**run.describe()}
+    try:
+        for rec in run.steps():
+            if not main:
+                continue
+            if not args.json and rec.step == run.start + 1 and run.mesh is None:
+                v = rec.values
+                print(f"{report['model']} ({config.mode}): {len(run.trajectories)} trajectories, {v['tokens']} "
+                      f"tokens -> {v['executed_rows']} executed rows, {v['microbatches']} microbatches of <= "
+                      f"{config.plan.microbatch_tokens} tokens, {run.device}")
+            if not args.json:  # each step once, as it finishes
+                print(_step_line(rec.values), flush=True)
+                if rec.checkpoint is not None:
+                    print(f"checkpoint {rec.checkpoint}", flush=True)
+        saved = run.finish()
+    except (KeyboardInterrupt, TrainError) as err:
+        if isinstance(err, TrainError) and not caused_by_interrupt(err):
+            raise source.error(err) from None
+        done = run.finished[-1].step if run.finished else run.start
+        if args.json and main:  # the finished steps' records, still valid JSON
+            print_json({**report, "steps": [r.values for r in run.finished], "interrupted": True,
+                        "config": config.to_dict()})
+        latest = run.latest_checkpoint()
+        where = f"checkpoint at {latest}" if latest is not None else "no checkpoint"
+        raise Interrupted(f"interrupted after step {done}; {where}") from None
+    if not main:
+        return
+    records = [r.values for r in run.finished]
+    if args.json:
+        print_json({**report, "steps": records, "config": config.to_dict()})
+    elif run.mesh is not None:
+        print(format_table(["step", "loss", "pg_loss", "aux_loss", "grad_norm", "tokens/s"],
+                           [(r["step"], r["loss"], r["pg_loss"], r["aux_loss"], r["grad_norm"],
+                             round(r["tokens_per_s"])) for r in records]))
+    if saved is not None:
+        say_wrote(saved, args.json, "Hugging Face checkpoint")
+
+
+def _step_line(v: dict) -> str:
+    return (f"step {v['step']}  loss {v['loss']:.6f}  pg {v['pg_loss']:.6f}  kl {v['kl']:.3e}  "
+            f"aux {v['aux_loss']:.3e}  grad_norm {v['grad_norm']:.4f}  entropy {v['entropy']:.4f}  "
+            f"clip_frac {v['clip_frac']:.4f}  {v['tokens_per_s']:,.0f} tok/s")

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
-from typing import Any
 
 from harts.cli.common import (
     UserError,
@@ -14,9 +12,9 @@ from harts.cli.common import (
     check_output_path,
     format_table,
     print_json,
-    rollout_error,
     say_wrote,
 )
+from harts.cli.data import add_workload_args, load_forest, workload_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,40 +40,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="override a workload parameter (with --workload); repeatable")
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.set_defaults(func=cmd_stats)
-
-
-def add_workload_args(parser: Any, required: bool) -> None:
-    parser.add_argument("--workload", metavar="PRESET", required=required,
-                        help="workload preset (see `harts workload presets`)")
-    if required:
-        parser.add_argument("--seed", type=int, default=None, help="override the preset's seed (default: the preset's own)")
-        parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                            help="override a workload parameter, e.g. --set num_groups=4; repeatable")
-
-
-def workload_config(name: str, seed: int | None, sets: list[str]):
-    from harts.config.workload import WorkloadConfig
-    from harts.tree.workload import preset
-
-    fields = {f.name: f for f in dataclasses.fields(WorkloadConfig)}
-    overrides: dict[str, Any] = {}
-    for item in sets:
-        key, eq, raw = item.partition("=")
-        if not eq or key not in fields:
-            raise UserError(f"--set {item!r}: expected KEY=VALUE with KEY one of {', '.join(fields)}")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        if isinstance(value, list):
-            value = tuple(value)
-        overrides[key] = value
-    if seed is not None:
-        overrides["seed"] = seed
-    try:
-        return preset(name, **overrides)
-    except (KeyError, ValueError, TypeError) as err:
-        raise UserError(str(err).strip("'\"")) from None
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
@@ -113,22 +77,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     "tokens": tokens})
     say_wrote(args.out, args.json, f"{len(trajs)} trajectories, {tokens:,} tokens")
     return 0
-
-
-def load_forest(args: argparse.Namespace):
-    """The forest named by --input or --workload (structure-only for presets)."""
-    from harts.tree.build import build_forest
-    from harts.tree.io import RolloutFormatError, load_jsonl
-    from harts.tree.workload import generate
-
-    if args.input:
-        try:
-            trajs = load_jsonl(args.input)
-        except RolloutFormatError as err:
-            raise rollout_error(err) from None
-        return build_forest(trajs)
-    cfg = workload_config(args.workload, args.seed, args.set)
-    return generate(cfg).forest()
 
 
 def cmd_stats(args: argparse.Namespace) -> int:

@@ -17,8 +17,8 @@ from harts.cli.common import (
     format_table,
     kernel_config,
     print_json,
-    rollout_error,
 )
+from harts.cli.data import check_vocab, load_trajectories
 from harts.cli.model_source import add_model_args, load_checkpoint, model_config
 
 # relative tolerances of the verdict by dtype: float64 is equality up to summation order;
@@ -73,40 +73,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output (with 'passed' and 'tolerance')")
     add_attention_args(p)  # with --divergence --device cuda
     p.set_defaults(func=cmd_verify)
-
-
-def load_trajectories(args: argparse.Namespace, default: str = "tiny-treestep") -> list:
-    """--input (token ids checked against --model's vocabulary, by file and line) or the
-    generated --workload."""
-    if args.input:
-        from harts.tree.io import RolloutFormatError, load_jsonl
-
-        vocab = model_config(args).vocab_size
-        try:
-            return load_jsonl(args.input, vocab_size=vocab)
-        except RolloutFormatError as err:
-            raise rollout_error(err) from None
-    from harts.tree.workload import generate_trajectories
-
-    try:
-        return generate_trajectories(args.workload or default, seed=args.seed)
-    except (KeyError, ValueError) as err:
-        raise UserError(str(err).strip("'\"")) from None
-
-
-def check_vocab(trajectories: list, model) -> None:
-    """Every token id inside the vocabulary of `model` (a registered name or a ModelConfig)."""
-    from harts.config.models import ConfigError, get_model_config
-
-    try:
-        cfg = get_model_config(model) if isinstance(model, str) else model
-    except ConfigError as err:
-        raise UserError(str(err)) from None
-    for t in trajectories:
-        top = int(t.tokens.max())
-        if top >= cfg.vocab_size:
-            raise UserError(f"trajectory {t.id!r}: token id {top} is outside the vocabulary of "
-                            f"{cfg.name} (size {cfg.vocab_size})")
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -272,7 +238,7 @@ def cmd_divergence(args: argparse.Namespace, trajectories: list) -> int:
 
     from harts.config.models import get_model_config
     from harts.exec.model.model import build_model
-    from harts.exec.tree_trainer import TreeTrainer
+    from harts.plan.partition import tree_partition
     from harts.verify.divergence import MODES, compare_runs
     from harts.verify.divergence import format_table as divergence_table
 
@@ -287,7 +253,7 @@ def cmd_divergence(args: argparse.Namespace, trajectories: list) -> int:
 
         cfg = dataclasses.replace(cfg, norm_float32=True)
     net = build_model(cfg, seed=args.seed, dtype=dtype, device=args.device)
-    partition = TreeTrainer(net, kernels=kernels).partition(trajectories, args.microbatch_tokens)
+    partition = tree_partition(trajectories, args.microbatch_tokens)
     report = compare_runs(net, trajectories, partition, modes[0], modes[1], kernels=kernels)
     report.update(model=args.model, dtype=str(dtype).removeprefix("torch."), device=args.device,
                   kernels=kernels.to_dict())

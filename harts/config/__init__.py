@@ -5,9 +5,11 @@ executor share: it imports nothing from `harts.tree`, `plan`, `sim` or `exec`.
 - `plan`: `PlanConfig`, what every step planner reads, and the planning defaults.
 - `costs`: the planners' load models (`LoadModelName`) and the simulator's cost-model names
   (`CostModelName`; the models themselves live in `harts.sim.costs`).
-- `parallel`: `ParallelConfig` (DP x PP, EP inside DP).
+- `parallel`: `ParallelConfig` (DP x PP, EP inside DP) and `ParallelizeConfig`.
 - `workload`: `WorkloadConfig` and the workload presets (`WorkloadPreset`).
 - `optimizer`: `OptimizerConfig`.
+- `loss`: `PolicyLossConfig`, the policy loss's settings.
+- `train`: `TrainConfig`, one training run as data (TOML in and out), what `harts.train` runs.
 - `kernels`: `KernelConfig`, which GPU path each op family runs (recorded with results).
 - `env`: the one module that reads the environment (`KernelConfig.from_env`, mlflow's
   variables).

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ParallelConfig"]
+__all__ = ["DIMS", "ParallelConfig", "ParallelizeConfig", "parse_degrees"]
+
+DIMS = ("dp", "pp", "ep", "tp")
 
 
 @dataclass(frozen=True)
@@ -48,3 +50,34 @@ class ParallelConfig:
     def spec(self) -> str:
         """The `--parallel` form: dp=2,pp=1,ep=2,tp=1."""
         return f"dp={self.dp},pp={self.pp},ep={self.ep},tp={self.tp}"
+
+
+def parse_degrees(text: str) -> dict[str, int]:
+    """The degrees a `--parallel` spec names ("dp=2,pp=2" -> {"dp": 2, "pp": 2}); a bad part
+    raises ValueError of one line, quoting the spec."""
+    degrees: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, sep, value = part.partition("=")
+        name = name.strip().lower()
+        if not sep or name not in DIMS:
+            raise ValueError(f"--parallel {text!r}: each part is NAME=N with NAME one of {', '.join(DIMS)}")
+        if name in degrees:
+            raise ValueError(f"--parallel {text!r}: {name} given twice")
+        try:
+            degrees[name] = int(value)
+        except ValueError:
+            raise ValueError(f"--parallel {text!r}: {name}={value.strip()!r} is not an integer") from None
+        if degrees[name] < 1:
+            raise ValueError(f"--parallel {text!r}: {name} must be >= 1")
+    return degrees
+
+
+@dataclass(frozen=True)
+class ParallelizeConfig:
+    """How `harts.distributed.parallelize.parallelize` lays a model over a mesh (the degrees
+    are the mesh's `ParallelConfig`)."""
+
+    # tp > 1: the residual stream row-sharded over TP between the mixers and FFNs
+    sequence_parallel: bool = True

@@ -20,11 +20,9 @@ import torch
 import torch.distributed as dist
 
 from harts.config.models import FFNKind, LayerKind, ModelConfig
-from harts.config.parallel import ParallelConfig
+from harts.config.parallel import ParallelConfig, parse_degrees
 
 __all__ = ["DistMesh", "LaunchError", "check_launch", "init_mesh", "parse_parallel"]
-
-_DIMS = ("dp", "pp", "ep", "tp")
 
 
 class LaunchError(ValueError):
@@ -34,22 +32,10 @@ class LaunchError(ValueError):
 def parse_parallel(text: str, world_size: int | None = None) -> ParallelConfig:
     """`dp=2,pp=2,ep=2,tp=1` as a ParallelConfig; omitted degrees are 1, except dp, which
     with a known `world_size` fills the ranks the others leave (torchtitan's dp_shard=-1)."""
-    degrees: dict[str, int] = {}
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        name, sep, value = part.partition("=")
-        name = name.strip().lower()
-        if not sep or name not in _DIMS:
-            raise LaunchError(f"--parallel {text!r}: each part is NAME=N with NAME one of {', '.join(_DIMS)}")
-        if name in degrees:
-            raise LaunchError(f"--parallel {text!r}: {name} given twice")
-        try:
-            degrees[name] = int(value)
-        except ValueError:
-            raise LaunchError(f"--parallel {text!r}: {name}={value.strip()!r} is not an integer") from None
-        if degrees[name] < 1:
-            raise LaunchError(f"--parallel {text!r}: {name} must be >= 1")
+    try:
+        degrees = parse_degrees(text)
+    except ValueError as err:
+        raise LaunchError(str(err)) from None
     if "dp" not in degrees and world_size is not None:
         rest = degrees.get("pp", 1) * degrees.get("tp", 1)
         if world_size % rest == 0:

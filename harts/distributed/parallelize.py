@@ -1,12 +1,14 @@
 """Each parallelism an `apply_*` function, composed in one place in a fixed order.
 
-`parallelize(model, mesh)` applies, as torchtitan's parallelize.py orders them:
+`parallelize(model, mesh, config)` is the one entry point (training, `harts verify
+--parallel`); it applies, as torchtitan's parallelize.py orders them:
 
 1. `apply_pp` (pp > 1): the pipeline split, this rank's stage (`harts.distributed.pipeline`,
-   imported only when pp > 1);
+   imported only when pp > 1), which the later steps then see as the model;
 2. `apply_tp` (tp > 1): DTensor `parallelize_module` on the projections;
 3. `apply_ep` (ep > 1): routed experts sharded over the "ep" dimension;
-4. `apply_fsdp` (dp > 1): FSDP2 `fully_shard` per block, the experts on "dp_mod_ep", the root.
+4. `apply_fsdp` (dp > 1): FSDP2 `fully_shard` per block, the experts on "dp_mod_ep", the root
+   (the same units and settings for a whole model and a pipeline stage).
 
 Tensor parallel (Megatron's column/row split, on the head and FFN dimensions):
 - KDA: q/k/v, the gate's second low-rank factor f_proj[1], b_proj and g_proj[1] are
@@ -61,6 +63,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from harts.config.models import FFNKind
+from harts.config.parallel import ParallelizeConfig
 from harts.distributed.mesh import DistMesh
 from harts.exec.model.kda import KDAMixer
 from harts.exec.model.layers import (
@@ -449,12 +452,19 @@ def apply_tp(model: nn.Module, mesh: DistMesh, shards: dict[str, ShardInfo], seq
 
 
 def apply_fsdp(model: nn.Module, mesh: DistMesh) -> list[Any]:
-    """FSDP2 over "dp": each block a unit, a layer's local experts a unit over
-    "dp_mod_ep" (the replicas holding the same experts), the root last. Gradients are
-    summed (divide factor 1): the loss already carries the step's denominators. The
-    reduction is a plain SUM collective (`set_force_sum_reduction_for_comms`): in float32 and
-    bfloat16 FSDP2 would otherwise fold the factor into a PREMUL_SUM, which gloo lacks; a
-    divide factor of 1 then divides by nothing, so the sum is the same."""
+    """FSDP2 over "dp", one set of settings for a whole model and a pipeline stage: each
+    block a unit (a stage's own blocks), a layer's local experts a unit over "dp_mod_ep"
+    (the replicas holding the same experts), the root last.
+
+    - Not resharded after each forward: the step's driver gathers every unit once per step
+      and frees it at the end (`ParallelModel.unshard` / `reshard` for a whole model, the
+      pipelining runtime's UNSHARD / RESHARD actions for a stage), so every replica issues
+      the same collectives however many microbatches it runs.
+    - Gradients are summed (divide factor 1): the loss already carries the step's
+      denominators. The reduction is a plain SUM collective
+      (`set_force_sum_reduction_for_comms`): in float32 and bfloat16 FSDP2 would otherwise
+      fold the factor into a PREMUL_SUM, which gloo lacks; a divide factor of 1 then divides
+      by nothing, so the sum is the same."""
     if mesh.parallel.dp == 1:
         return []
     from torch.distributed.fsdp import fully_shard
@@ -463,11 +473,11 @@ def apply_fsdp(model: nn.Module, mesh: DistMesh) -> list[Any]:
     units = []
     for _, moe in _moe_modules(model):
         if isinstance(moe, ExpertParallelMoE):
-            units.append(fully_shard(moe.experts, mesh=mesh.submesh("dp_mod_ep")))
+            units.append(fully_shard(moe.experts, mesh=mesh.submesh("dp_mod_ep"), reshard_after_forward=False))
     layers = getattr(model, "layers", [])
-    for block in layers:
-        units.append(fully_shard(block, mesh=dp_mesh))
-    units.append(fully_shard(model, mesh=dp_mesh))
+    for block in (layers.values() if isinstance(layers, nn.ModuleDict) else layers):
+        units.append(fully_shard(block, mesh=dp_mesh, reshard_after_forward=False))
+    units.append(fully_shard(model, mesh=dp_mesh, reshard_after_forward=False))
     for u in units:
         u.set_gradient_divide_factor(1.0)
         u.set_force_sum_reduction_for_comms(True)
@@ -475,23 +485,31 @@ def apply_fsdp(model: nn.Module, mesh: DistMesh) -> list[Any]:
 
 
 def apply_pp(model: nn.Module, mesh: DistMesh) -> nn.Module:
-    """This rank's pipeline stage (`harts.distributed.pipeline.apply_pp`), imported only when pp > 1."""
+    """This rank's pipeline stage over the mesh's "pp" group (`harts.distributed.pipeline.apply_pp`),
+    imported only when pp > 1."""
     from harts.distributed.pipeline import apply_pp as pipeline_apply_pp
 
     return pipeline_apply_pp(model, mesh)
 
 
-def parallelize(model: HybridModel, mesh: DistMesh, sequence_parallel: bool = True) -> ParallelModel:
-    """PP, then TP (with `sequence_parallel`, row-sharded norms), then EP, then FSDP (the
-    module docstring); each a no-op at degree 1."""
+def parallelize(model: HybridModel, mesh: DistMesh, config: ParallelizeConfig | None = None) -> ParallelModel:
+    """The one entry point from a whole model to this rank's part of it: PP, then TP (with
+    `config.sequence_parallel`, row-sharded norms), then EP, then FSDP (the module
+    docstring); each a no-op at degree 1. With pp > 1 `ParallelModel.model` is this rank's
+    stage (a `harts.distributed.pipeline.PipelineStageModule`, the model keeping only its
+    parameters; stages run with tp = ep = 1), sharded over "dp" by the same `apply_fsdp`.
+    `harts.distributed.runner.distributed_trainer` builds the trainer that drives it."""
+    config = config if config is not None else ParallelizeConfig()
     shards: dict[str, ShardInfo] = {}
     applied = []
     if mesh.parallel.pp > 1:
+        if mesh.parallel.tp > 1 or mesh.parallel.ep > 1:
+            raise ValueError(f"{mesh.parallel.spec()}: pipeline stages run with data parallelism only (tp=1, ep=1)")
         model = apply_pp(model, mesh)
         applied.append("pp")
-    if apply_tp(model, mesh, shards, sequence_parallel):
+    if apply_tp(model, mesh, shards, config.sequence_parallel):
         applied.append("tp")
-        if sequence_parallel:
+        if config.sequence_parallel:
             applied.append("sp")
     if apply_ep(model, mesh, shards):
         applied.append("ep")

@@ -59,8 +59,8 @@ from harts.exec.trainer import Microbatch, StepResult, moe_statistics_pass
 from harts.exec.window import PlanTrainer
 from harts.plan.plan import Plan, PlanMode
 
-__all__ = ["DistPlanTrainer", "JointEvent", "NullContext", "free_port", "full_gradients", "joint_events",
-           "launch", "zero_missing_grads"]
+__all__ = ["DistPlanTrainer", "JointEvent", "NullContext", "distributed_trainer", "free_port", "full_gradients",
+           "joint_events", "launch", "zero_missing_grads"]
 
 
 class NullContext:
@@ -191,7 +191,7 @@ class DistPlanTrainer(PlanTrainer):
         if plan.dp != mesh.parallel.dp:
             raise LaunchError(f"the plan was made for dp={plan.dp} replicas; this launch has dp={mesh.parallel.dp}")
         if mesh.parallel.pp > 1:
-            raise NotImplementedError("pp > 1 runs on the pipeline schedule runner (harts.distributed.pipeline)")
+            raise NotImplementedError("pp > 1 runs on the pipeline trainer (distributed_trainer builds it)")
         super().__init__(pm.model, plan, optimizer, loss, kernels=kernels)
         self.pm, self.mesh = pm, mesh
         me = mesh.replica
@@ -294,6 +294,20 @@ class DistPlanTrainer(PlanTrainer):
                         p.grad.mul_(coef)
         self.optimizer.step()
         return replace(result, seconds=time.perf_counter() - start)
+
+
+def distributed_trainer(pm: ParallelModel, plan: Plan, *, schedule: str = "consumer-1f1b",
+                        optimizer: OptimizerConfig | None = None, loss: PolicyLossConfig | None = None,
+                        kernels: KernelConfig | None = None) -> PlanTrainer:
+    """This rank's trainer of `plan` on `pm` (`harts.distributed.parallelize.parallelize`'s
+    result), the one place either distributed trainer is built: with pp > 1 the pipeline's
+    (`harts.distributed.pipeline_step.PipelineTrainer`, the simulator's `schedule` lowered to
+    the pipelining runtime), else this replica's `DistPlanTrainer`."""
+    if pm.mesh.parallel.pp > 1:
+        from harts.distributed.pipeline_step import PipelineTrainer
+
+        return PipelineTrainer(pm, plan, schedule, optimizer=optimizer, loss=loss, kernels=kernels)
+    return DistPlanTrainer(pm, plan, optimizer, loss, kernels=kernels)
 
 
 def zero_missing_grads(model: torch.nn.Module) -> None:

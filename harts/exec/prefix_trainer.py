@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from harts.exec.model.context import PackedContext
-from harts.exec.trainer import ExpandedTrainer, Microbatch, pack_microbatches, trajectory_targets
+from harts.exec.trainer import ExpandedTrainer, Microbatch, trajectory_targets
 from harts.exec.transfer import to_device
+from harts.plan.partition import prefix_partition
 from harts.tree.prefix import prefix_hosts
 from harts.tree.trajectory import Trajectory
 
@@ -33,13 +34,8 @@ class PrefixMergedTrainer(ExpandedTrainer):
         super().__init__(model, optimizer, loss, kernels=kernels)
 
     def partition(self, trajectories: Sequence[Trajectory], microbatch_tokens: int) -> list[list[int]]:
-        host = prefix_hosts([t.tokens for t in trajectories])
-        hosts = np.flatnonzero(host == np.arange(host.size))
-        members: dict[int, list[int]] = {int(h): [] for h in hosts}
-        for j, h in enumerate(host.tolist()):
-            members[h].append(j)
-        bins = pack_microbatches([len(trajectories[h]) for h in hosts], microbatch_tokens)
-        return [sorted(j for b in bin_ for j in members[int(hosts[b])]) for bin_ in bins]
+        """`harts.plan.partition.prefix_partition`."""
+        return prefix_partition(trajectories, microbatch_tokens)
 
     def _microbatches(self, trajectories: Sequence[Trajectory], partition: Sequence[Sequence[int]]):
         model = self.model

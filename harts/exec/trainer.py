@@ -54,6 +54,7 @@ from harts.exec.model.model import HybridModel
 from harts.exec.model.moe import MoEGlobalStats, set_moe_global
 from harts.exec.ops.record import KernelRecord
 from harts.exec.transfer import to_device
+from harts.plan.partition import pack_microbatches, packed_partition  # noqa: F401  (imported from here too)
 from harts.tree.trajectory import Trajectory
 
 
@@ -84,27 +85,6 @@ class StepResult:
 
 # the step's loss terms, summed over its microbatches (StepResult.losses)
 LOSS_TERMS = ("loss", "pg_loss", "kl", "entropy", "aux_loss", "clip_frac", "ppo_kl")
-
-
-def pack_microbatches(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """First-fit-decreasing bins of indices with total length <= budget; an item longer than
-    the budget gets a bin of its own. Deterministic: ties keep input order."""
-    if budget < 1:
-        raise ValueError(f"microbatch token budget must be >= 1; got {budget}")
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    bins: list[list[int]] = []
-    room: list[int] = []
-    for i in order:
-        n = lengths[i]
-        for b, r in enumerate(room):
-            if n <= r:
-                bins[b].append(i)
-                room[b] -= n
-                break
-        else:
-            bins.append([i])
-            room.append(budget - n)
-    return bins
 
 
 def trajectory_targets(
@@ -293,8 +273,9 @@ class ExpandedTrainer:
         ]
 
     def partition(self, trajectories: Sequence[Trajectory], microbatch_tokens: int) -> list[list[int]]:
-        """Which trajectories share a microbatch: first-fit-decreasing on their lengths."""
-        return pack_microbatches([len(t) for t in trajectories], microbatch_tokens)
+        """Which trajectories share a microbatch: first-fit-decreasing on their lengths
+        (`harts.plan.partition.packed_partition`)."""
+        return packed_partition(trajectories, microbatch_tokens)
 
     def _microbatches(self, trajectories: Sequence[Trajectory], partition: Sequence[Sequence[int]]):
         model = self.model

@@ -23,9 +23,10 @@ from harts.config.kernels import KernelConfig
 from harts.config.optimizer import OptimizerConfig
 from harts.exec.loss import PolicyLossConfig, TargetTable
 from harts.exec.model.model import HybridModel
-from harts.exec.trainer import ExpandedTrainer, Microbatch, pack_microbatches
+from harts.exec.trainer import ExpandedTrainer, Microbatch
 from harts.exec.transfer import to_device
 from harts.exec.tree import TreeContext
+from harts.plan.partition import tree_partition
 from harts.tree import Targets, Trajectory, build_forest
 
 
@@ -62,13 +63,9 @@ class TreeTrainer(ExpandedTrainer):
         self.kda_mode = kda_mode
 
     def partition(self, trajectories: Sequence[Trajectory], microbatch_tokens: int) -> list[list[int]]:
-        """Whole groups, packed first-fit-decreasing by their compact (tree) size."""
-        groups: dict[str, list[int]] = {}
-        for j, t in enumerate(trajectories):
-            groups.setdefault(t.group, []).append(j)
-        members = list(groups.values())
-        sizes = [build_forest([trajectories[j] for j in m]).compact_tokens for m in members]
-        return [sorted(j for g in b for j in members[g]) for b in pack_microbatches(sizes, microbatch_tokens)]
+        """Whole groups, packed first-fit-decreasing by their compact (tree) size
+        (`harts.plan.partition.tree_partition`)."""
+        return tree_partition(trajectories, microbatch_tokens)
 
     def _microbatches(self, trajectories: Sequence[Trajectory], partition: Sequence[Sequence[int]]):
         model = self.model

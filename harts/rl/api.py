@@ -206,18 +206,16 @@ class RLPolicy:
 
     def __init__(self, model: Any, *, mode: str = "tree", optimizer: Any = None, loss: Any = None,
                  microbatch_tokens: int = 4096, kernels: Any = None):
-        from harts.exec.trainer import ExpandedTrainer
-        from harts.exec.tree_trainer import TreeTrainer
+        from harts.exec.factory import make_trainer
 
         if mode not in ("tree", "expanded"):
             raise ValueError(f"mode must be 'tree' or 'expanded', got {mode!r}")
         if microbatch_tokens < 1:
             raise ValueError(f"microbatch_tokens must be >= 1, got {microbatch_tokens}")
-        cls = TreeTrainer if mode == "tree" else ExpandedTrainer
         self.mode = mode
         self.model = model
         self.microbatch_tokens = microbatch_tokens
-        self.trainer = cls(model, optimizer, loss, kernels=kernels)
+        self.trainer = make_trainer(mode, model, optimizer=optimizer, loss=loss, kernels=kernels)
 
     def compute_log_prob(self, batch: SequenceBatch) -> TokenStats:
         result = self.trainer.evaluate(batch.trajectories(), self.microbatch_tokens)

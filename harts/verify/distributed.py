@@ -2,12 +2,13 @@
 
 `verify_distributed` starts `world_size` worker processes (`harts.distributed.runner.launch`:
 gloo on CPU, NCCL on CUDA), each building the same model from the seed, the same plan for
-`dp` replicas (and `pp` stages) and its share of the mesh; they run one distributed
-forward/backward (`DistPlanTrainer`; with pp > 1 the pipeline of `harts.distributed.pipeline`
-under a simulator schedule) and assemble the full gradients. Rank 0 then runs the single-process
-`ExpandedTrainer` from the same weights and compares every log-prob, entropy, loss term,
-expert load and parameter gradient (`compare_steps`), as `harts verify` does for one
-process. The MoE aux loss is in the step-global scope on both sides, the scope whose value
+`dp` replicas (and `pp` stages) and its share of the mesh
+(`harts.distributed.parallelize.parallelize`); they run one distributed forward/backward
+(`harts.distributed.runner.distributed_trainer`: this replica's `DistPlanTrainer`, or with
+pp > 1 the pipeline under a simulator schedule) and assemble the full gradients. Rank 0
+then runs the single-process `ExpandedTrainer` from the same weights and compares every
+log-prob, entropy, loss term, expert load and parameter gradient (`compare_steps`), as
+`harts verify` does for one process. The MoE aux loss is in the step-global scope on both sides, the scope whose value
 does not depend on how the step is split.
 """
 
@@ -57,10 +58,11 @@ def _step_report(payload: dict, mesh, dtype: torch.dtype) -> dict[str, Any] | No
     on rank 0, None on the others."""
     import torch.distributed as dist
 
+    from harts.config.parallel import ParallelizeConfig
     from harts.distributed.parallelize import parallelize
-    from harts.distributed.runner import DistPlanTrainer, full_gradients
+    from harts.distributed.runner import distributed_trainer, full_gradients
+    from harts.exec.factory import make_trainer
     from harts.exec.model.model import build_model
-    from harts.exec.trainer import ExpandedTrainer
     from harts.verify.equivalence import compare_steps
 
     parallel: ParallelConfig = payload["parallel"]
@@ -74,23 +76,25 @@ def _step_report(payload: dict, mesh, dtype: torch.dtype) -> dict[str, Any] | No
     if payload["recompute_old_logprobs"]:
         box = [None]
         if dist.get_rank() == 0:
-            box[0] = ExpandedTrainer(copy.deepcopy(template), loss=loss).recompute_old_logprobs(trajectories, mbt)
+            box[0] = make_trainer("expanded", copy.deepcopy(template), loss=loss).recompute_old_logprobs(
+                trajectories, mbt)
         dist.broadcast_object_list(box, src=0)
         trajectories = box[0]
     plan = _plan(trajectories, config, payload["planner"], mbt, parallel.dp, parallel.pp)
     extra: dict[str, Any] = {}
+    model = copy.deepcopy(template)
+    pm = parallelize(model, mesh, ParallelizeConfig(sequence_parallel=payload["sequence_parallel"]))
+    trainer = distributed_trainer(pm, plan, schedule=payload["schedule"], loss=loss, kernels=payload["kernels"])
     if parallel.pp > 1:
-        got, grads, applied, extra = _pipeline_step(payload, mesh, copy.deepcopy(template), plan, trajectories)
+        got, grads, extra = _pipeline_step(model, trainer, trajectories)
     else:
-        pm = parallelize(copy.deepcopy(template), mesh, sequence_parallel=payload["sequence_parallel"])
-        trainer = DistPlanTrainer(pm, plan, loss=loss, kernels=payload["kernels"])
         got = trainer.forward_backward(trajectories, mbt)
         grads = full_gradients(pm)
-        applied = pm.applied
+    applied = pm.applied
     if dist.get_rank() != 0:
         return None
     ref_model = copy.deepcopy(template)
-    ref = ExpandedTrainer(ref_model, loss=loss, kernels=payload["kernels"]).forward_backward(trajectories, mbt)
+    ref = make_trainer("expanded", ref_model, loss=loss, kernels=payload["kernels"]).forward_backward(trajectories, mbt)
     got_model = copy.deepcopy(template)
     for name, p in got_model.named_parameters():
         p.grad = grads[name].to(device=p.device, dtype=p.dtype)
@@ -121,21 +125,19 @@ def _step_report(payload: dict, mesh, dtype: torch.dtype) -> dict[str, Any] | No
     return report
 
 
-def _pipeline_step(payload: dict, mesh, model, plan, trajectories) -> tuple[Any, dict, list[str], dict]:
-    """One pipeline forward/backward (`harts.distributed.pipeline`) and, on rank 0, the whole
-    step assembled from the ranks: every stage's gradients (replica 0's: the replicas'
-    are all-reduced), the log-probs and entropies of every replica's last stage, the
-    losses and expert loads every rank holds; plus whether every rank ran the simulated
-    schedule's passes in its order."""
+def _pipeline_step(model, trainer, trajectories) -> tuple[Any, dict, dict]:
+    """One pipeline forward/backward (`harts.distributed.pipeline_step.PipelineTrainer` on
+    this rank's stage of `model`) and, on rank 0, the whole step assembled from the ranks:
+    every stage's gradients (replica 0's: the replicas' are all-reduced), the log-probs and
+    entropies of every replica's last stage, the losses and expert loads every rank holds;
+    plus whether every rank ran the simulated schedule's passes in its order."""
     from types import SimpleNamespace
 
     import torch.distributed as dist
 
-    from harts.distributed.pipeline import executed_schedule, pipeline_trainer
+    from harts.distributed.pipeline_step import executed_schedule
     from harts.distributed.runner import merge_per_trajectory
 
-    trainer = pipeline_trainer(model, mesh.mesh, plan, payload["schedule"], loss=payload["loss"],
-                               kernels=payload["kernels"])
     result = trainer.forward_backward(trajectories)
     ran = executed_schedule(result).to_text()
     simulated = trainer.simulated_schedule(trajectories).to_text()
@@ -156,8 +158,7 @@ def _pipeline_step(payload: dict, mesh, model, plan, trajectories) -> tuple[Any,
     entropy = merge_per_trajectory([p[4] for p in parts])
     got = SimpleNamespace(logprobs=logprobs, entropy=entropy, losses=result.losses, expert_load=result.expert_load,
                           tokens=sum(len(t) for t in trajectories), grad_norm=float("nan"), layout=result.layout)
-    applied = ["pp"] + (["fsdp"] if mesh.parallel.dp > 1 else [])
-    return got, full, applied, {"schedule": result.schedule, "executed_is_simulated": ran == simulated}
+    return got, full, {"schedule": result.schedule, "executed_is_simulated": ran == simulated}
 
 
 def verify_distributed(

@@ -34,10 +34,10 @@ from harts.config.models import (
     get_model_config,
     linear_attention_label,
 )
+from harts.exec.factory import make_trainer
 from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.model import HybridModel, build_model
 from harts.exec.trainer import ExpandedTrainer, StepResult
-from harts.exec.tree_trainer import TreeTrainer
 from harts.tree import Trajectory, build_forest
 
 
@@ -203,7 +203,6 @@ def verify_step(
     Every run uses `kernels` (default: `KernelConfig.from_env()`, built once here).
     """
     from harts.config.plan import PlanConfig
-    from harts.exec.window import PlanTrainer
     from harts.plan.planners import make_plan
 
     if loss is None:
@@ -229,7 +228,7 @@ def verify_step(
         return copy.deepcopy(template)
 
     ref_model = fresh()
-    expanded = ExpandedTrainer(ref_model, loss=loss, kernels=kernels)
+    expanded = make_trainer("expanded", ref_model, loss=loss, kernels=kernels)
     tree_model = fresh()
     trajectories = list(trajectories)
     if recompute_old_logprobs:
@@ -237,14 +236,14 @@ def verify_step(
         trajectories = expanded.recompute_old_logprobs(trajectories, microbatch_tokens)
     plan = None
     if planner is None:
-        tree: ExpandedTrainer = TreeTrainer(tree_model, loss=loss, kernels=kernels)
+        tree: ExpandedTrainer = make_trainer("tree", tree_model, loss=loss, kernels=kernels)
         partition = tree.partition(trajectories, microbatch_tokens)
         ref_partition = partition
     else:
         forest = build_forest(trajectories)
         plan = make_plan(forest, planner, PlanConfig(microbatch_tokens=microbatch_tokens,
                                                      chunk_size=config.chunk_size))
-        tree = PlanTrainer(tree_model, plan, loss=loss, kernels=kernels)
+        tree = make_trainer("plan", tree_model, plan, loss=loss, kernels=kernels)
         partition = tree.partition(trajectories, microbatch_tokens)
         ref_partition = None
     ref = expanded.forward_backward(trajectories, microbatch_tokens, ref_partition)
@@ -268,12 +267,12 @@ def verify_step(
     if plan is not None:
         # the same step as one microbatch of whole trees: what splitting costs or changes
         one_model = fresh()
-        one = TreeTrainer(one_model, loss=loss, kernels=kernels).forward_backward(trajectories, 1 << 62)
+        one = make_trainer("tree", one_model, loss=loss, kernels=kernels).forward_backward(trajectories, 1 << 62)
         report["vs_single_microbatch"] = compare_steps(one, one_model, got, tree_model)
         report["window_retained_bytes"] = [w.retained_bytes for w in tree.windows]
     if no_replay:
         nr_model = fresh()
-        nr_trainer = TreeTrainer(nr_model, loss=loss, kda_mode="node", kernels=kernels)
+        nr_trainer = make_trainer("tree", nr_model, loss=loss, kda_mode="node", kernels=kernels)
         nr_partition = nr_trainer.partition(trajectories, microbatch_tokens if plan is None else 1 << 62)
         nr = nr_trainer.forward_backward(trajectories, microbatch_tokens, nr_partition)
         report["no_replay"] = {
@@ -283,13 +282,13 @@ def verify_step(
         }
     if baseline_variation:
         rerun_model = fresh()
-        rerun = ExpandedTrainer(rerun_model, loss=loss, kernels=kernels).forward_backward(trajectories, microbatch_tokens,
-                                                                         ref_partition)
+        rerun = make_trainer("expanded", rerun_model, loss=loss, kernels=kernels).forward_backward(
+            trajectories, microbatch_tokens, ref_partition)
         report["expanded_rerun"] = compare_steps(ref, ref_model, rerun, rerun_model)
         del rerun_model, rerun
         if config.aux_scope == "global" or config.aux_loss_coef == 0:
             rp_model = fresh()
-            rp = ExpandedTrainer(rp_model, loss=loss, kernels=kernels).forward_backward(
+            rp = make_trainer("expanded", rp_model, loss=loss, kernels=kernels).forward_backward(
                 trajectories, microbatch_tokens, [[j] for j in range(len(trajectories))])
             report["expanded_repacked"] = compare_steps(ref, ref_model, rp, rp_model)
         else:

@@ -5,8 +5,8 @@ HARTS paper's Table 7 and Figure 5).
 Legend: X expanded positions with a next-token target, V vocabulary, D model dim.
 
 One set of weights; every run is a forward pass over the same trajectories in the same
-microbatches (whole trees, `TreeTrainer.partition`). For each trajectory position p < L-1
-the next-token logit row z (V) of run a is compared with run b's:
+microbatches (whole trees, `harts.plan.partition.tree_partition`). For each trajectory
+position p < L-1 the next-token logit row z (V) of run a is compared with run b's:
 
     cosine    z_a . z_b / (|z_a| |z_b|), averaged over positions (token-wise, equal weights)
     sym KL    KL(p_a || p_b) + KL(p_b || p_a) of the softmaxes, averaged over positions
@@ -32,11 +32,11 @@ import torch
 
 from harts.config.kernels import KernelConfig
 from harts.config.models import ModelConfig
+from harts.exec.factory import make_trainer
 from harts.exec.model.context import PackedContext
 from harts.exec.model.model import HybridModel, build_model
-from harts.exec.trainer import ExpandedTrainer
 from harts.exec.tree import TreeContext
-from harts.exec.tree_trainer import TreeTrainer
+from harts.plan.partition import tree_partition
 from harts.tree import Trajectory, build_forest
 
 
@@ -129,7 +129,7 @@ def fidelity(
         model = get_model_config(model)
     trajectories = list(trajectories)
     net = build_model(model, seed=seed, dtype=dtype, device=device)
-    partition = TreeTrainer(net, kernels=kernels).partition(trajectories, microbatch_tokens)
+    partition = tree_partition(trajectories, microbatch_tokens)
     W = net.lm_head_weight.detach()
     # the baseline with another, equally valid batch composition: one trajectory per
     # microbatch (in training, dynamic packing changes it from run to run)
@@ -141,12 +141,16 @@ def fidelity(
         "tree_replay": _hidden_rows(net, trajectories, partition, "replay", kernels),
         "tree_no_replay": _hidden_rows(net, trajectories, partition, "node", kernels),
     }
+    def loss(kind: str, bins: list[list[int]], kda_mode: str | None = None) -> float:
+        trainer = make_trainer(kind, net, kernels=kernels, kda_mode=kda_mode)
+        return trainer.evaluate(trajectories, microbatch_tokens, bins).losses["loss"]
+
     losses = {
-        "expanded": ExpandedTrainer(net, kernels=kernels).evaluate(trajectories, microbatch_tokens, partition).losses["loss"],
-        "expanded_rerun": ExpandedTrainer(net, kernels=kernels).evaluate(trajectories, microbatch_tokens, partition).losses["loss"],
-        "expanded_repacked": ExpandedTrainer(net, kernels=kernels).evaluate(trajectories, microbatch_tokens, repacked).losses["loss"],
-        "tree_replay": TreeTrainer(net, kernels=kernels).evaluate(trajectories, microbatch_tokens, partition).losses["loss"],
-        "tree_no_replay": TreeTrainer(net, kda_mode="node", kernels=kernels).evaluate(trajectories, microbatch_tokens, partition).losses["loss"],
+        "expanded": loss("expanded", partition),
+        "expanded_rerun": loss("expanded", partition),
+        "expanded_repacked": loss("expanded", repacked),
+        "tree_replay": loss("tree", partition),
+        "tree_no_replay": loss("tree", partition, "node"),
     }
     report: dict[str, Any] = {"model": model.name, "dtype": str(dtype).removeprefix("torch."),
                               "trajectories": len(trajectories), "losses": losses}

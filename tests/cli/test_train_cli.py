@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from harts.cli.main import build_parser, main
-from harts.cli.train_checkpoint import _RUN_FLAGS
 from harts.tree.io import save_jsonl
 from harts.tree.workload import generate_trajectories
 
@@ -119,9 +118,12 @@ def test_the_readme_checkpoint_and_resume_lines_agree_on_every_run_flag(rollouts
     write = _readme_line("--checkpoint-every")
     resume = _readme_line("--resume")
     assert write[0] == "harts" and resume[:4] == ["torchrun", "--nproc-per-node", "2", "-m"]
+    from harts.cli.train import resolve_config
+    from harts.train import run_meta
+
     parser = build_parser()
-    a, b = parser.parse_args(write[1:]), parser.parse_args(resume[5:])
-    assert {k: getattr(a, k) for k in _RUN_FLAGS} == {k: getattr(b, k) for k in _RUN_FLAGS}
+    (a, _), (b, _) = (resolve_config(parser.parse_args(argv)) for argv in (write[1:], resume[5:]))
+    assert run_meta(a) == run_meta(b)
     # and the checkpoint line runs as written (then continues in one process with --resume)
     monkeypatch.chdir(tmp_path)
     Path("rollouts.jsonl").write_bytes(rollouts.read_bytes())

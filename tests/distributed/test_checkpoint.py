@@ -247,12 +247,11 @@ def test_resume_refuses_other_settings_and_an_existing_run_without_resume(tmp_pa
             "kl_coef": 0.0, "old_logprobs": "recompute"}
     data = tmp_path / "rollouts.jsonl"
     save_jsonl(_trajectories(512, lengths=(6, 5)), data)
-    from harts.cli.train_checkpoint import data_source
+    from harts.config.train import DataSource, TrainConfig
+    from harts.train import data_source
 
-    class _Args:
-        input, workload, seed = str(data), None, 0
-    save_checkpoint(tmp_path / "ck", TrainState(1, DataPosition(data_source(_Args), 1), meta), trainer.model,
-                    trainer.optimizer)
+    source = data_source(TrainConfig(data=DataSource(input=str(data))))
+    save_checkpoint(tmp_path / "ck", TrainState(1, DataPosition(source, 1), meta), trainer.model, trainer.optimizer)
     base = ["train", "--input", str(data), "--dtype", "float64", "--steps", "2", "--lr", "1e-2", "--json",
             "--checkpoint-dir", str(tmp_path / "ck")]
     assert main(base) == 2

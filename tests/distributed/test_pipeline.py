@@ -1,5 +1,7 @@
-"""Pipeline parallel (harts.distributed.pipeline) on CPU with gloo, float64, 2 processes: a plan with
-sharing windows run under each simulator schedule equals the single-process expanded
+"""Pipeline parallel (harts.distributed.pipeline, built as training builds it:
+`parallelize` on a mesh with pp > 1, then `distributed_trainer`) on CPU with gloo, float64,
+2 processes: a plan with sharing windows run under each simulator schedule equals the
+single-process expanded
 reference (log-probs, losses, expert loads, every gradient), and each rank runs exactly the
 passes the simulator scheduled for it, in its order. pp=2 under consumer-1f1b and dp=2 x
 pp=2 also run a float32 step in the same processes, checked against the float32 expanded
@@ -19,9 +21,9 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
 from harts.config.models import get_model_config
+from harts.config.parallel import ParallelConfig
 from harts.config.plan import PlanConfig
 from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.model import build_model
@@ -48,6 +50,17 @@ def _pp():
     import harts.distributed.pipeline as pp
 
     return pp
+
+
+def _stage_trainer(model, mesh, plan, schedule):
+    """The pipeline as training builds it: `parallelize` (this rank's stage, FSDP over "dp")
+    and `distributed_trainer`."""
+    from harts.distributed.parallelize import parallelize
+    from harts.distributed.runner import distributed_trainer
+
+    pm = parallelize(model, mesh)
+    assert pm.applied == ["pp"] + (["fsdp"] if mesh.parallel.dp > 1 else [])
+    return distributed_trainer(pm, plan, schedule=schedule, loss=LOSS)
 
 
 def _config(aux_scope: str = "global"):
@@ -79,22 +92,27 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 def _worker(rank: int, world: int, port: int, schedule: str, aux_scope: str, dp: int, update: bool,
             float32: bool, out: str) -> None:
     try:
+        from harts.distributed.mesh import init_mesh
+        from harts.distributed.pipeline_step import executed_schedule
+
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=JOIN_SECONDS))
         pp = world // dp
-        mesh = init_device_mesh("cpu", (dp, pp), mesh_dim_names=("dp", "pp"))
+        mesh = init_mesh(ParallelConfig(dp=dp, pp=pp), "cpu")  # ranks laid out pp x dp
+        # a run's DistMesh names its pipeline group: this replica's ranks, one per stage
+        assert dist.get_process_group_ranks(_pp().pp_group_of(mesh)) == [rank % dp + s * dp for s in range(pp)]
         trajs, plan = _case(dp)
         model = build_model(_config(aux_scope), seed=SEED, dtype=torch.float64)
-        trainer = _pp().pipeline_trainer(model, mesh, plan, schedule, loss=LOSS)
+        trainer = _stage_trainer(model, mesh, plan, schedule)
         stage, replica = trainer.spec.stage, trainer.replica
-        assert (replica, stage) == (rank // pp, rank % pp)
+        assert (replica, stage) == (rank % dp, rank // dp)
         # `update`: a whole step (clipped by the global norm, AdamW) instead of forward/backward
         result = trainer.step(trajs) if update else trainer.forward_backward(trajs)
         grads = {n: _full(p.grad) for n, p in model.named_parameters() if p.grad is not None}
         params = {n: _full(p.detach()) for n, p in model.named_parameters()}
         # the whole run's order, gathered (every rank), against the simulator's text
-        ran = _pp().executed_schedule(result).to_text()
+        ran = executed_schedule(result).to_text()
         simulated = trainer.simulated_schedule(trajs).to_text()
         from torch.distributed.tensor import DTensor
 
@@ -106,7 +124,7 @@ def _worker(rank: int, world: int, port: int, schedule: str, aux_scope: str, dp:
         f32 = None
         if float32:  # the same plan and schedule from the same seed in float32: forward/backward
             model32 = build_model(_config(aux_scope), seed=SEED, dtype=torch.float32)
-            r32 = _pp().pipeline_trainer(model32, mesh, plan, schedule, loss=LOSS).forward_backward(trajs)
+            r32 = _stage_trainer(model32, mesh, plan, schedule).forward_backward(trajs)
             f32 = {"result": r32, "grads": {n: _full(p.grad) for n, p in model32.named_parameters()
                                             if p.grad is not None}}
         torch.save({"result": result, "grads": grads, "params": params, "stage": stage, "replica": replica,

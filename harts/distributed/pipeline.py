@@ -5,7 +5,7 @@ Shapes: T rows a microbatch computes, P rows every microbatch is padded to on th
 (the step's largest T), D model dim.
 
 Stages. `apply_pp(model, pp, num_stages)` keeps on this rank the blocks of its stage, the
-split the simulator prices (`harts.sim.parallel.stage_layers`: contiguous, as even as
+split the simulator prices (`harts.plan.stages.stage_layers`: contiguous, as even as
 possible; the embedding on the first stage, the final norm and the LM head on the last)
 and drops the rest from the model. Each stage is one `PipelineStage` over a
 `PipelineStageModule`; between stages travel the residual stream (padded to P rows, so that
@@ -25,7 +25,7 @@ enter through `_InjectStashGrads`, an identity on the producer's stage output (t
 the last stage) whose backward returns them for the kept tensors; it reads them when the
 backward runs, after the window's last consumer, as the schedule orders.
 
-Schedules. The simulator's `Schedule` (`harts.sim.schedule`) gives each (replica, stage)
+Schedules. The simulator's `Schedule` (`harts.plan.schedule`) gives each (replica, stage)
 rank its passes; `lower_schedule` turns them into the runtime's compute actions
 (`_Action`): F m -> FORWARD, B m -> FULL_BACKWARD, the fused consumer + producer backward
 B c+B p (consumer-1f1b) -> one OVERLAP_F_B container (the runtime's only compound action)

@@ -104,17 +104,19 @@ class _ValueProblem(Exception):
 
 def _replace(base: Any, table: dict[str, Any], where: str) -> Any:
     """`base` (a dataclass) with the fields `table` names converted and replaced."""
-    cls = type(base)
-    hints = typing.get_type_hints(cls)
+    return dataclasses.replace(base, **_fields(type(base), table, where))
+
+
+def _fields(cls: type, table: dict[str, Any], where: str) -> dict[str, Any]:
+    """`table`'s entries converted to the types of `cls`'s fields; a key that is no field
+    of `cls` is refused naming it."""
     names = [f.name for f in dataclasses.fields(cls)]
-    changes = {}
-    for key, value in table.items():
-        field = f"{where}.{key}"
+    hints = typing.get_type_hints(cls)
+    for key in table:
         if key not in names:
-            raise _ValueProblem(f"unknown parameter {key!r} of {cls.__name__}; known: {', '.join(names)}",
-                                field, key)
-        changes[key] = _convert(value, hints[key], field, key)
-    return dataclasses.replace(base, **changes)
+            raise _ValueProblem(f"unknown key {key!r} in {where} ({cls.__name__}: {', '.join(names)})",
+                                f"{where}.{key}", key)
+    return {key: _convert(value, hints[key], f"{where}.{key}", key) for key, value in table.items()}
 
 
 def _convert(value: Any, tp: Any, field: str, key: str) -> Any:
@@ -151,17 +153,11 @@ def _convert(value: Any, tp: Any, field: str, key: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise wrong(f"a table of {tp.__name__} fields")
-        names = [f.name for f in dataclasses.fields(tp)]
-        hints = typing.get_type_hints(tp)
-        for k in value:
-            if k not in names:
-                raise _ValueProblem(f"unknown key {k!r} in {field} ({tp.__name__}: {', '.join(names)})",
-                                    f"{field}.{k}", k)
         missing = [f.name for f in dataclasses.fields(tp) if f.name not in value
                    and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
         if missing:
             raise wrong(f"a {tp.__name__} table with {', '.join(missing)}")
-        return tp(**{k: _convert(v, hints[k], f"{field}.{k}", k) for k, v in value.items()})
+        return tp(**_fields(tp, value, field))
     if tp is bool:
         if not isinstance(value, bool):
             raise wrong("true or false")

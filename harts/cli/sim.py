@@ -31,8 +31,12 @@ BASELINE = "expanded-ffd"
 
 
 def _add_common(p: argparse.ArgumentParser, sweep: bool) -> None:
-    p.add_argument("--workload", required=sweep, help="workload preset (harts workload presets)"
-                   + ("; comma-separated for several" if sweep else ""))
+    src = p.add_mutually_exclusive_group(required=sweep)
+    src.add_argument("--workload", help="workload preset (harts workload presets)"
+                     + ("; comma-separated for several" if sweep else ""))
+    src.add_argument("--input", metavar="JSONL", help="your own rollouts: a rollout JSONL file (harts/tree/io.py's "
+                     "format; token ids are not needed by the simulator, only the trees)"
+                     + ("; comma-separated for several" if sweep else ""))
     add_model_args(p, "tiny", "model config name (tiny, flash, tiny-cpu, kimi-linear-48b-a3b)")
     p.add_argument("--gpus", type=int, default=8, help="GPUs (DP x PP)")
     p.add_argument("--dp", type=int, help="data-parallel replicas (default: from --gpus)")
@@ -116,11 +120,26 @@ class _Setup:
         self.cost_model = args.cost_model
         self.args = args
         self._forests: dict[str, Any] = {}
+        self.inputs = set(_split(args.input))  # the sources that are rollout files, not presets
 
     def forest(self, workload: str) -> Any:
+        """The step's forest: a preset's structure, or the trees of a rollout file."""
         from harts.tree.workload import generate, preset
 
         if workload not in self._forests:
+            if workload in self.inputs:
+                from harts.cli.common import rollout_error
+                from harts.tree.build import build_forest
+                from harts.tree.io import RolloutFormatError, load_jsonl
+
+                try:
+                    self._forests[workload] = build_forest(load_jsonl(workload))
+                except RolloutFormatError as err:
+                    raise rollout_error(err) from None
+                except OSError as err:
+                    raise UserError(f"--input {workload}: {err.strerror or err}", file=workload,
+                                    field="--input") from None
+                return self._forests[workload]
             try:
                 self._forests[workload] = generate(preset(workload)).forest()
             except KeyError as err:
@@ -137,6 +156,10 @@ class _Setup:
         kw: dict[str, Any] = {"dp": self.parallel.dp, "pp": self.parallel.pp, "seed": self.args.seed}
         if self.args.microbatch_tokens:
             kw["microbatch_tokens"] = self.args.microbatch_tokens
+        elif workload in self.inputs:  # the planners' default budget
+            from harts.config.plan import DEFAULT_MICROBATCH_TOKENS
+
+            kw["microbatch_tokens"] = DEFAULT_MICROBATCH_TOKENS
         else:  # the preset's own budget
             from harts.tree.workload import preset
 
@@ -160,6 +183,10 @@ class _Setup:
         return simulate_step(step, sched, cost, ep_lockstep=self.args.ep_lockstep)
 
 
+def _split(value: str | None) -> list[str]:
+    return [v for v in (value or "").split(",") if v]
+
+
 def _row(workload: str, planner: str, plan: Any, res: Any) -> dict[str, Any]:
     return {
         "workload": workload,
@@ -176,15 +203,16 @@ def _row(workload: str, planner: str, plan: Any, res: Any) -> dict[str, Any]:
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
-    if not args.workload:
-        raise UserError("harts sim needs --workload PRESET (or an action: sweep, fit)")
+    if not args.workload and not args.input:
+        raise UserError("harts sim needs --workload PRESET or --input JSONL (or an action: sweep, fit, rollout)")
     for flag, path in (("--trace", args.trace), ("--gantt", args.gantt), ("--schedule-out", args.schedule_out)):
         if path:
             check_output_path(path, flag)
     setup = _Setup(args)
-    plan, step = setup.step(args.workload, args.planner)
+    source = args.input or args.workload
+    plan, step = setup.step(source, args.planner)
     res = setup.simulate(step, args.schedule)
-    out = _row(args.workload, args.planner, plan, res)
+    out = _row(source, args.planner, plan, res)
     out["model"] = setup.model.name
     out["gpus"] = args.gpus
     out["hardware"] = setup.hardware.name
@@ -269,7 +297,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.gantt:
         check_output_path(args.gantt, "--gantt")
     setup = _Setup(args)
-    workloads = [w for w in args.workload.split(",") if w]
+    workloads = _split(args.input) or _split(args.workload)
     planners = [p for p in args.planners.split(",") if p]
     schedules = [s for s in args.schedules.split(",") if s]
     sched_planner = args.schedule_planner if args.schedule_planner in planners else planners[-1]

@@ -126,3 +126,40 @@ def test_sim_and_sweep_print_peak_memory_alike(capsys):
                                 "--schedule-planner", "l1", "--json"])
     rows = json.loads(out)["planners"]
     assert rows[0]["peak_memory_bytes"] == d["peak_memory_bytes"]
+
+
+def test_sim_and_sweep_take_the_users_rollouts(capsys, tmp_path):
+    """`--input FILE` simulates the trees of a rollout file: the same step as the preset the
+    file was generated from (same trees, same budget), in `harts sim` and in each sweep row."""
+    rollouts = tmp_path / "r.jsonl"
+    assert main(["workload", "generate", "--workload", "tiny-stepwise", "--out", str(rollouts)]) == 0
+    capsys.readouterr()
+    common = ["--model", "tiny", "--gpus", "2", "--pp", "1", "--microbatch-tokens", "256", "--json"]
+    results = {}
+    for source in (["--workload", "tiny-stepwise"], ["--input", str(rollouts)]):
+        assert main(["sim", *source, "--planner", "l1l2", *common]) == 0
+        results[source[0]] = json.loads(capsys.readouterr().out)
+    by_preset, by_file = results["--workload"], results["--input"]
+    assert by_file["workload"] == str(rollouts)
+    assert by_file["step_seconds"] == by_preset["step_seconds"] > 0
+    assert by_file["microbatches"] == by_preset["microbatches"]
+    assert main(["sim", "sweep", "--input", f"{rollouts},{rollouts}", "--planners", "expanded-ffd,l1l2",
+                 "--schedules", "consumer-1f1b", *common]) == 0
+    rows = json.loads(capsys.readouterr().out)["planners"]  # one row per file and planner
+    assert [(r["workload"], r["planner"]) for r in rows] == [(str(rollouts), p) for p in ("expanded-ffd", "l1l2")] * 2
+    assert all(r["step_seconds"] == by_file["step_seconds"] for r in rows if r["planner"] == "l1l2")
+
+
+def test_sim_input_errors_name_the_file(capsys, tmp_path):
+    assert main(["sim", "--input", str(tmp_path / "missing.jsonl"), "--json"]) == 2
+    err = json.loads(capsys.readouterr().out)
+    assert err["file"] == str(tmp_path / "missing.jsonl") and "cannot read" in err["error"]
+    good = tmp_path / "r.jsonl"
+    assert main(["workload", "generate", "--workload", "tiny-stepwise", "--out", str(good)]) == 0
+    capsys.readouterr()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(good.read_text().splitlines()[0] + '\n{"id": 3}\n')
+    assert main(["sim", "--input", str(bad), "--json"]) == 2
+    err = json.loads(capsys.readouterr().out)
+    assert err["file"] == str(bad) and err["line"] == 2
+    assert main(["sim", "--input", str(bad), "--workload", "tiny-stepwise"]) == 2  # one source, not both

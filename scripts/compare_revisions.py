@@ -45,6 +45,7 @@ CASES: dict[str, tuple[int, list[str]]] = {
     "dp2": (2, ["--mode", "tree", "--parallel", "dp=2"]),
     "dp2ep2": (2, ["--mode", "tree", "--parallel", "dp=2,ep=2"]),
     "tp2": (2, ["--mode", "tree", "--parallel", "tp=2"]),
+    "dp2tp2": (4, ["--mode", "tree", "--parallel", "dp=2,tp=2"]),
     "pp2": (2, ["--mode", "tree", "--parallel", "pp=2", *PIPE]),
     "dp2pp2": (4, ["--mode", "tree", "--parallel", "dp=2,pp=2", *PIPE]),
 }

@@ -82,10 +82,9 @@ from torch.distributed.pipelining.schedules import (
     _PipelineScheduleRuntime,
     _wait_batch_p2p,
 )
-from torch.utils.checkpoint import checkpoint
 
 from harts.config.models import ModelConfig
-from harts.exec.model.model import HybridModel
+from harts.exec.model.model import HybridModel, run_blocks
 from harts.exec.model.moe import MoEGlobalStats, set_moe_global
 from harts.exec.tree import Stash
 from harts.plan.schedule import PassOp, Schedule
@@ -193,15 +192,7 @@ class PipelineStageModule(nn.Module):
             x_PD, aux = inputs
             x_TD = x_PD[: mb.rows]
         step.before_forward(mb)
-        loads = []
-        for block in self.layers.values():
-            if self.recompute and torch.is_grad_enabled():
-                x_TD, layer_aux, load_E = checkpoint(block, x_TD, ctx, use_reentrant=False)
-            else:
-                x_TD, layer_aux, load_E = block(x_TD, ctx)
-            if layer_aux is not None:
-                aux = aux + layer_aux
-                loads.append(load_E)
+        x_TD, aux, loads = run_blocks(self.layers.values(), x_TD, ctx, aux, self.recompute)
         step.loads[mb.index] = torch.stack(loads).detach().to(torch.float64) if loads else None
         if self.norm is not None:
             x_TD = self.norm(x_TD)

@@ -72,6 +72,23 @@ class Block(nn.Module):
         return x_TD + y_TD, aux, load_E
 
 
+def run_blocks(blocks, x_TD: Tensor, ctx: MixingContext, aux: Tensor, recompute: bool
+               ) -> tuple[Tensor, Tensor, list[Tensor]]:
+    """The blocks in order over the residual stream `x_TD`, each under activation
+    checkpointing when `recompute` and gradients are on; the MoE blocks' aux losses added
+    to `aux` and their expert loads listed (the whole model's forward and a pipeline stage's)."""
+    loads = []
+    for block in blocks:
+        if recompute and torch.is_grad_enabled():
+            x_TD, layer_aux, load_E = checkpoint(block, x_TD, ctx, use_reentrant=False)
+        else:
+            x_TD, layer_aux, load_E = block(x_TD, ctx)
+        if layer_aux is not None:
+            aux = aux + layer_aux
+            loads.append(load_E)
+    return x_TD, aux, loads
+
+
 class HybridModel(nn.Module):
     def __init__(self, config: ModelConfig, *, recompute: bool = False):
         super().__init__()
@@ -114,16 +131,7 @@ class HybridModel(nn.Module):
         if input_ids_T.dim() != 1 or input_ids_T.shape[0] != ctx.num_rows:
             raise ValueError(f"input_ids must be [T={ctx.num_rows}]; got {tuple(input_ids_T.shape)}")
         x_TD = self.embed(input_ids_T)
-        aux = x_TD.new_zeros(())
-        loads = []
-        for block in self.layers:
-            if self.recompute and torch.is_grad_enabled():
-                x_TD, layer_aux, load_E = checkpoint(block, x_TD, ctx, use_reentrant=False)
-            else:
-                x_TD, layer_aux, load_E = block(x_TD, ctx)
-            if layer_aux is not None:
-                aux = aux + layer_aux
-                loads.append(load_E)
+        x_TD, aux, loads = run_blocks(self.layers, x_TD, ctx, x_TD.new_zeros(()), self.recompute)
         if loads:
             expert_load = torch.stack(loads)
         else:

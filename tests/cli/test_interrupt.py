@@ -13,21 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from harts.cli.main import main
 from harts.distributed.checkpoint import latest_checkpoint, verify_checkpoint
-from harts.tree.io import save_jsonl
-from harts.tree.workload import generate_trajectories
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def rollouts(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("rollouts") / "rollouts.jsonl"
-    save_jsonl(generate_trajectories("tiny-stepwise", seed=0), path)
-    return path
 
 
 def _interrupt_step(monkeypatch, at: int) -> None:

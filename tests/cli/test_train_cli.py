@@ -13,8 +13,6 @@ from pathlib import Path
 import pytest
 
 from harts.cli.main import build_parser, main
-from harts.tree.io import save_jsonl
-from harts.tree.workload import generate_trajectories
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
 
@@ -57,13 +55,6 @@ def test_train_help_states_the_defaults_that_change_the_run(flag, shown):
     (parser,) = [p for path, p in _parsers(build_parser()) if path == ("train",)]
     (action,) = [a for a in parser._actions if flag in a.option_strings]
     assert shown in _help_of(parser, action), _help_of(parser, action)
-
-
-@pytest.fixture(scope="module")
-def rollouts(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("rollouts") / "rollouts.jsonl"
-    save_jsonl(generate_trajectories("tiny-stepwise", seed=0), path)
-    return path
 
 
 def test_each_step_is_printed_once(rollouts, capsys):

@@ -12,23 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from harts.cli.main import build_parser, main
 from harts.cli.train import resolve_config
 from harts.config.kernels import KernelConfig
 from harts.config.train import DataSource, TrainConfig, TrainParallel
-from harts.tree.io import save_jsonl
-from harts.tree.workload import generate_trajectories
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def rollouts(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("rollouts") / "rollouts.jsonl"
-    save_jsonl(generate_trajectories("tiny-stepwise", seed=0), path)
-    return path
 
 
 def _resolved(argv: list[str]) -> TrainConfig:

@@ -1,0 +1,276 @@
+"""Where a window step's time goes, against the same rows unsplit: device idle attributed
+to the code that launched the kernel ending each idle gap, host synchronisations by call
+site, and launches by call site.
+
+    python3 benchmarks/gpu/window_anatomy.py [--cases grpo/0@16384,swe-tree/0@16384]
+        [--kinds windows,tree,expanded] [--no-autotune] --out DIR
+
+Per case (`family/seed@budget`, drawn by `harts.tree.shapes.draw`) and kind (`windows`: the
+l1l2 plan at the budget; `tree`: the same rows unsplit, budget 131072; `expanded`: the
+expanded baseline at the budget), on a fresh `tiny-h200` in bf16 (benchmarks/gpu/windows.py's
+trainers), after one warm-up step, one prepared step each:
+
+- `syncs`: the host-device synchronisations of the step (`torch.cuda.set_sync_debug_mode`),
+  counted by their innermost two `harts` frames;
+- `plain`: torch.profiler over the step without stacks: wall, kernel time, device idle;
+- `trace`: torch.profiler over the step, with Python stacks (which slow the host: its idle
+  is larger than `plain`'s, the attribution is what it is for). The device's kernels in time
+  order; a gap before a kernel (the device idle, no kernel of the step running) is charged
+  to the innermost `harts` frame of the host code that launched that kernel, and so are
+  launches. The sum of gaps is the device idle time of the step.
+
+Writes DIR/window_anatomy.json with provenance; prints the largest idle and launch sites.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections import Counter, defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+import windows as W  # noqa: E402  (benchmarks/gpu/windows.py: trainers, provenance)
+
+
+def _site(frames: list[str], depth: int = 2) -> str:
+    own = [f for f in frames if "harts/" in f and "benchmarks/" not in f]
+    if not own:
+        return "other: " + (frames[0] if frames else "?")
+    return " < ".join(own[:depth])
+
+
+def sync_sites(trainer, trajs, budget: int) -> dict:
+    """The synchronisations one prepared step makes, by call site."""
+    import traceback as tb
+
+    prepared = trainer.prepare(trajs, budget)
+    W._sync()
+    sites: Counter = Counter()
+    orig = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message).lower():
+            frames = [f"{fr.filename.split('/harts/')[-1] if '/harts/' in fr.filename else fr.filename}:"
+                      f"{fr.lineno} {fr.name}" for fr in reversed(tb.extract_stack()[:-1])]
+            frames = [("harts/" + f) if not f.startswith("/") else f for f in frames]
+            sites[_site(frames)] += 1
+        else:
+            orig(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            trainer.step(trajs, budget, prepared=prepared)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+            warnings.showwarning = orig
+    W._sync()
+    return {"total": sum(sites.values()), "sites": sites.most_common(40)}
+
+
+def trace_sites(trainer, trajs, budget: int, with_stack: bool = True) -> dict:
+    """Device idle gaps and launches of one prepared step, by the launching harts frame."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prepared = trainer.prepare(trajs, budget)
+    W._sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=with_stack) as prof:
+        t0 = time.perf_counter()
+        trainer.step(trajs, budget, prepared=prepared)
+        W._sync()
+        wall = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())
+    events = events.get("traceEvents", events)
+    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("ph") == "X" and e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    pys = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "python_function":
+            pys[e["tid"]].append(e)
+    # per host thread: python frames sorted by start, for "which frames enclose time t"
+    index = {}
+    for tid, evs in pys.items():
+        evs.sort(key=lambda e: (e["ts"], -e["dur"]))
+        index[tid] = ([e["ts"] for e in evs], evs)
+
+    def frames_at(tid, ts) -> list[str]:
+        if tid not in index:
+            return []
+        starts, evs = index[tid]
+        hi = bisect.bisect_right(starts, ts)
+        enclosing = [e for e in evs[max(0, hi - 4000):hi] if e["ts"] + e["dur"] >= ts]
+        enclosing.sort(key=lambda e: -e["ts"])  # innermost first
+        return [e["name"] for e in enclosing]
+
+    def norm(name: str) -> str:
+        # "…/harts/exec/tree.py(345): _kda_rounds" -> "harts/exec/tree.py:345 _kda_rounds"
+        if "(" in name and "): " in name:
+            path, rest = name.split("(", 1)
+            line, fn = rest.split("): ", 1)
+            if "/harts/" in path:
+                path = "harts/" + path.split("/harts/")[-1]
+            return f"{path}:{line} {fn}"
+        return name
+
+    kernels.sort(key=lambda e: e["ts"])
+    idle_by: Counter = Counter()
+    launch_by: Counter = Counter()
+    kernel_by: Counter = Counter()
+    idle_total = 0.0
+    busy_until = None
+    site_cache: dict = {}
+    for k in kernels:
+        corr = k.get("args", {}).get("correlation")
+        lz = launches.get(corr)
+        key = (lz["tid"], lz["ts"]) if lz is not None else None
+        if key not in site_cache:
+            site_cache[key] = _site([norm(f) for f in frames_at(*key)]) if key is not None else "unattributed"
+        site = site_cache[key]
+        launch_by[site] += 1
+        kernel_by[site] += k["dur"] / 1e6
+        if busy_until is not None and k["ts"] > busy_until:
+            gap = (k["ts"] - busy_until) / 1e6
+            idle_by[site] += gap
+            idle_total += gap
+        end = k["ts"] + k["dur"]
+        busy_until = end if busy_until is None else max(busy_until, end)
+    span = (busy_until - kernels[0]["ts"]) / 1e6 if kernels else 0.0
+    syncs = Counter()
+    for e in launches.values():
+        if "Synchronize" in e["name"] or ("Memcpy" in e["name"] and "Async" not in e["name"]):
+            syncs[e["name"]] += 1
+    del prepared
+    return {"wall_s": wall, "kernel_span_s": span, "kernel_s": sum(kernel_by.values()), "idle_s": idle_total,
+            "kernels": len(kernels), "runtime_syncs": dict(syncs),
+            "idle_sites": [(s, v) for s, v in idle_by.most_common(25)],
+            "launch_sites": [(s, n, kernel_by[s]) for s, n in launch_by.most_common(40)]}
+
+
+def host_profile(trainer, trajs, budget: int, top: int = 45) -> dict:
+    """cProfile over one prepared step: the host's time by function (own time and
+    cumulative), and the step's wall time without any profiler (median of 2)."""
+    import cProfile
+    import pstats
+
+    walls = []
+    for _ in range(2):
+        prepared = trainer.prepare(trajs, budget)
+        W._sync()
+        t0 = time.perf_counter()
+        trainer.step(trajs, budget, prepared=prepared)
+        W._sync()
+        walls.append(time.perf_counter() - t0)
+    prepared = trainer.prepare(trajs, budget)
+    W._sync()
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    trainer.step(trajs, budget, prepared=prepared)
+    W._sync()
+    prof.disable()
+    wall = time.perf_counter() - t0
+    st = pstats.Stats(prof)
+
+    def name(fn):
+        path, line, func = fn
+        if "/harts/" in path:
+            path = "harts/" + path.split("/harts/")[-1]
+        elif "site-packages/" in path:
+            path = path.split("site-packages/")[-1]
+        return f"{path}:{line} {func}"
+
+    rows = [(name(fn), cc, nc, tt, ct) for fn, (cc, nc, tt, ct, _) in st.stats.items()]
+    return {"wall_s": sorted(walls)[len(walls) // 2], "all_wall_s": walls, "cprofile_wall_s": wall,
+            "by_own": [(n, nc, tt, ct) for n, cc, nc, tt, ct in sorted(rows, key=lambda r: -r[3])[:top]],
+            "by_cumulative": [(n, nc, tt, ct) for n, cc, nc, tt, ct in sorted(rows, key=lambda r: -r[4])[:top]]}
+
+
+def main(argv: list[str]) -> int:
+    from harts.config.models import get_model_config
+    from harts.tree import shapes
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="tiny-h200")
+    ap.add_argument("--cases", default="grpo/0@16384,swe-tree/0@16384")
+    ap.add_argument("--kinds", default="windows,tree")
+    ap.add_argument("--unsplit-budget", type=int, default=131072)
+    ap.add_argument("--no-autotune", action="store_true")
+    ap.add_argument("--host", action="store_true", help="only the host profile (cProfile) and plain wall times")
+    ap.add_argument("--time-limit", type=float, default=540.0)
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args(argv)
+    if args.no_autotune:
+        import triton.runtime.autotuner as autotuner
+
+        autotuner.Autotuner._bench = lambda self, *a, **kw: [0.0, 0.0, 0.0]
+    vocab = min(W.VOCAB, get_model_config(args.model).vocab_size)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"provenance": W.provenance([sys.argv[0], *argv]), "model": args.model, "cases": {}, "skipped": []}
+    t_start = time.perf_counter()
+    for case in args.cases.split(","):
+        family, rest = case.split("/")
+        seed, budget = (int(x) for x in rest.split("@"))
+        trajs = shapes.draw(family, seed, budget, vocab_size=vocab)
+        for kind in args.kinds.split(","):
+            key = f"{case} {kind}"
+            if time.perf_counter() - t_start > args.time_limit:
+                result["skipped"].append(key)
+                continue
+            b = args.unsplit_budget if kind == "tree" else budget
+            try:
+                trainer, _ = W._trainer(kind, trajs, b, args.model)
+                trainer.step(trajs, b)
+                W._sync()
+                if args.host:
+                    h = host_profile(trainer, trajs, b)
+                    result["cases"][key] = {"host": h}
+                    print(f"[{key}] wall {h['wall_s']:.3f}s (cProfile {h['cprofile_wall_s']:.3f}s)", flush=True)
+                    for n, nc, tt, ct in h["by_own"][:25]:
+                        print(f"   own {tt * 1e3:7.1f} ms cum {ct * 1e3:7.1f} ms calls {nc:6d}  {n[:110]}", flush=True)
+                    trainer = None
+                    W._free()
+                    (out / "window_anatomy.json").write_text(json.dumps(result, indent=1, default=str))
+                    continue
+                plain = trace_sites(trainer, trajs, b, with_stack=False)
+                r = {"plain": {k: plain[k] for k in ("wall_s", "kernel_span_s", "kernel_s", "idle_s", "kernels",
+                                                     "runtime_syncs")},
+                     "syncs": sync_sites(trainer, trajs, b), "trace": trace_sites(trainer, trajs, b)}
+                result["cases"][key] = r
+                t = r["trace"]
+                print(f"[{key}] wall {plain['wall_s']:.3f}s kernels {plain['kernel_s']:.3f}s idle {plain['idle_s']:.3f}s "
+                      f"launches {plain['kernels']} syncs {r['syncs']['total']} {plain['runtime_syncs']}; with stacks: "
+                      f"wall {t['wall_s']:.3f}s idle {t['idle_s']:.3f}s", flush=True)
+                for s, v in t["idle_sites"][:8]:
+                    print(f"   idle {v * 1e3:7.1f} ms  {s[:150]}", flush=True)
+                for s, n in r["syncs"]["sites"][:6]:
+                    print(f"   sync {n:5d}  {s[:150]}", flush=True)
+            except Exception as err:  # noqa: BLE001 - record and go on
+                result["cases"][key] = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()[-3000:]}
+                print(f"[{key}] ERROR {type(err).__name__}: {err}", flush=True)
+            trainer = None
+            W._free()
+            (out / "window_anatomy.json").write_text(json.dumps(result, indent=1, default=str))
+    result["seconds_total"] = time.perf_counter() - t_start
+    (out / "window_anatomy.json").write_text(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,14 +1,18 @@
-"""The single-process tree step's speedup over the expanded step at two source trees of
-HARTS, on the same rollouts, in one run (does a change of the code move it?).
+"""The single-process step times of two source trees of HARTS on the same rollouts, in one
+run (does a change of the code move them?): the unsplit tree, the expanded baseline and a
+window plan.
 
     python3 benchmarks/gpu/revisions.py --roots OLD_TREE NEW_TREE [--workload swe-treestep-1]
-        [--model tiny-h200] [--budget 131072] [--steps 2] [--no-autotune] --out DIR
+        [--shapes grpo/0@16384,...] [--model tiny-h200] [--budget 131072]
+        [--window-budget 57344] [--modes tree,expanded,windows] [--steps 2] [--no-autotune] --out DIR
 
 A root is a directory holding a `harts/` package (`git archive REV harts | tar -x -C DIR`).
-The rollouts are generated once, by the current tree's generator, and written as rollout
-JSONL; each root then runs in its own process (PYTHONPATH=root) through the API both
-trees share: `build_model(..., dtype=bf16, recompute=True)`, `TreeTrainer` and
-`ExpandedTrainer`, `prepare` + `step`, `--warmup` steps and then the median of `--steps`,
+The rollouts are generated once, by the current tree's generator (the `--workload` preset,
+and each `--shapes` instance `family/seed@budget` of `harts.tree.shapes`), and written as
+rollout JSONL; each root then runs in its own process (PYTHONPATH=root) through the API both
+trees share: `build_model(..., dtype=bf16, recompute=True)`, `TreeTrainer`,
+`ExpandedTrainer` and (`windows`) `PlanTrainer` over the `l1l2` plan at the window budget
+(the preset's `--window-budget`, a shape instance's own budget), `prepare` + `step`, `--warmup` steps and then the median of `--steps`,
 each timed with a device synchronisation. Each root's run is also repeated with its order
 reversed (expanded first) when `--both-orders` is given. Writes DIR/revisions.json with
 provenance.
@@ -52,22 +56,35 @@ def worker(args: argparse.Namespace) -> int:
     out = {"harts_file": harts.__file__, "modes": {}}
     for mode in args.modes.split(","):
         net = build_model(cfg, seed=0, dtype=dtype, device=args.device, recompute=True)
-        trainer = TreeTrainer(net) if mode == "tree" else ExpandedTrainer(net)
+        budget = args.budget
+        if mode == "windows":
+            from harts.exec.window import PlanTrainer
+            from harts.plan.planners import PlanConfig, make_plan
+            from harts.tree import build_forest
+
+            budget = args.window_budget
+            plan = make_plan(build_forest(trajs), "l1l2", PlanConfig(microbatch_tokens=budget,
+                                                                     chunk_size=cfg.chunk_size))
+            trainer = PlanTrainer(net, plan)
+        else:
+            trainer = TreeTrainer(net) if mode == "tree" else ExpandedTrainer(net)
+            if mode == "expanded":
+                budget = args.window_budget if args.expanded_at_window_budget else args.budget
         for _ in range(args.warmup):
-            trainer.step(trajs, args.budget)
+            trainer.step(trajs, budget)
         times = []
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         for _ in range(args.steps):
-            prepared = trainer.prepare(trajs, args.budget)
+            prepared = trainer.prepare(trajs, budget)
             sync()
             t0 = time.perf_counter()
-            res = trainer.step(trajs, args.budget, prepared=prepared)
+            res = trainer.step(trajs, budget, prepared=prepared)
             sync()
             times.append(time.perf_counter() - t0)
         out["modes"][mode] = {"seconds": statistics.median(times), "all_seconds": times,
                               "peak_bytes": int(torch.cuda.max_memory_allocated()) if cuda else 0, "loss": res.losses["loss"],
-                              "microbatches": len(res.microbatches)}
+                              "microbatches": len(res.microbatches), "budget": budget}
         del trainer, net, prepared, res
         if cuda:
             torch.cuda.empty_cache()
@@ -80,7 +97,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--roots", nargs="+", help="source trees, each holding harts/")
     ap.add_argument("--workload", default="swe-treestep-1")
     ap.add_argument("--model", default="tiny-h200")
-    ap.add_argument("--budget", type=int, default=131072)
+    ap.add_argument("--budget", type=int, default=131072, help="the unsplit tree's (and the preset's expanded) budget")
+    ap.add_argument("--window-budget", type=int, default=57344, help="the preset's window plan budget")
+    ap.add_argument("--shapes", default="", help="harts.tree.shapes instances family/seed@budget, comma-separated: "
+                    "each runs its window plan and expanded baseline at its budget, the tree unsplit")
+    ap.add_argument("--expanded-at-window-budget", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--no-autotune", action="store_true")
@@ -89,7 +110,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", default=".")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--input", help=argparse.SUPPRESS)
-    ap.add_argument("--modes", default="tree,expanded", help=argparse.SUPPRESS)
+    ap.add_argument("--modes", default="tree,expanded,windows")
     args = ap.parse_args(argv)
     if args.worker:
         return worker(args)
@@ -98,38 +119,68 @@ def main(argv: list[str]) -> int:
     from harts.tree.io import save_jsonl
     from harts.tree.workload import generate, preset
 
+    from harts.tree import shapes
+
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     vocab = min(32768, get_model_config(args.model).vocab_size)
-    trajs = generate(preset(args.workload, vocab_size=vocab)).trajectories()
-    rollouts = out_dir / "rollouts.jsonl"
-    save_jsonl(trajs, rollouts)
-    result = {"provenance": provenance([sys.argv[0], *argv]), "workload": args.workload, "model": args.model,
-              "budget": args.budget, "trajectories": len(trajs), "runs": []}
-    orders = ["tree,expanded"] + (["expanded,tree"] if args.both_orders else [])
-    for order in orders:
-        for root in args.roots:
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(root).resolve()),
-                                                                 *filter(None, [os.environ.get("PYTHONPATH")])])}
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--input", str(rollouts),
-                   "--model", args.model, "--budget", str(args.budget), "--steps", str(args.steps),
-                   "--warmup", str(args.warmup), "--modes", order, "--device", args.device] + (["--no-autotune"] if args.no_autotune else [])
-            t0 = time.perf_counter()
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(Path(root).resolve()))
-            run = {"root": str(root), "order": order, "rc": proc.returncode, "wall_s": time.perf_counter() - t0}
-            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-            if line is None:
-                run["error"] = (proc.stderr or proc.stdout)[-3000:]
-                print(f"[{root} {order}] ERROR\n{run['error']}", flush=True)
-            else:
-                run.update(json.loads(line[len("RESULT "):]))
-                m = run["modes"]
-                run["speedup"] = m["expanded"]["seconds"] / m["tree"]["seconds"]
-                print(f"[{root} {order}] tree {m['tree']['seconds']:.3f}s expanded {m['expanded']['seconds']:.3f}s "
-                      f"speedup {run['speedup']:.3f}x ({run['harts_file']})", flush=True)
-            result["runs"].append(run)
-            (out_dir / "revisions.json").write_text(json.dumps(result, indent=1, default=str))
-    rollouts.unlink()
+    sets = []  # (name, trajectories, window budget, expanded at the window budget)
+    if args.workload:
+        sets.append((args.workload, generate(preset(args.workload, vocab_size=vocab)).trajectories(),
+                     args.window_budget, False))
+    for spec in filter(None, args.shapes.split(",")):
+        family, rest = spec.split("/")
+        seed, budget = (int(x) for x in rest.split("@"))
+        sets.append((spec, shapes.draw(family, seed, budget, vocab_size=vocab), budget, True))
+    result = {"provenance": provenance([sys.argv[0], *argv]), "workload": args.workload, "shapes": args.shapes,
+              "model": args.model, "budget": args.budget, "window_budget": args.window_budget,
+              "trajectories": {name: len(t) for name, t, _, _ in sets}, "runs": []}
+    modes = args.modes.split(",")
+    orders = [",".join(modes)] + ([",".join(reversed(modes))] if args.both_orders else [])
+    for (name, trajs, window_budget, exp_at_window), order, root in (
+            (s_, o, r) for s_ in sets for o in orders for r in args.roots):
+        rollouts = out_dir / "rollouts.jsonl"
+        save_jsonl(trajs, rollouts)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(root).resolve()),
+                                                             *filter(None, [os.environ.get("PYTHONPATH")])])}
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--input", str(rollouts),
+               "--model", args.model, "--budget", str(args.budget), "--steps", str(args.steps),
+               "--warmup", str(args.warmup), "--modes", order, "--device", args.device,
+               "--window-budget", str(window_budget)] + (["--no-autotune"] if args.no_autotune else []) + (
+               ["--expanded-at-window-budget"] if exp_at_window else [])
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(Path(root).resolve()))
+        run = {"set": name, "root": str(root), "order": order, "rc": proc.returncode,
+               "wall_s": time.perf_counter() - t0}
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        if line is None:
+            run["error"] = (proc.stderr or proc.stdout)[-3000:]
+            print(f"[{root} {order}] ERROR\n{run['error']}", flush=True)
+        else:
+            run.update(json.loads(line[len("RESULT "):]))
+            m = run["modes"]
+            times = " ".join(f"{k} {v['seconds']:.3f}s" for k, v in m.items())
+            print(f"[{name} {root} {order}] {times} ({run['harts_file']})", flush=True)
+        result["runs"].append(run)
+        (out_dir / "revisions.json").write_text(json.dumps(result, indent=1, default=str))
+        rollouts.unlink()
+    # per set and mode: each root's median over its runs, and its ratio to the first root's
+    table = {}
+    for name, *_ in sets:
+        for mode in modes:
+            medians = []
+            for root in args.roots:
+                vals = [r["modes"][mode]["seconds"] for r in result["runs"]
+                        if r["set"] == name and r["root"] == str(root) and mode in r.get("modes", {})]
+                medians.append(statistics.median(vals) if vals else None)
+            if all(m is not None for m in medians):
+                table[f"{name} {mode}"] = {"roots": [str(r) for r in args.roots], "seconds": medians,
+                                           "ratios": [m / medians[0] for m in medians]}
+    result["table"] = table
+    (out_dir / "revisions.json").write_text(json.dumps(result, indent=1, default=str))
+    for key, row in table.items():
+        print(f"{key:32s} " + " ".join(f"{v:.3f}s" for v in row["seconds"])
+              + "  ratio " + " ".join(f"{x:.3f}" for x in row["ratios"]), flush=True)
     return 0
 
 

@@ -80,11 +80,27 @@ class MoEGlobalStats:
         return cls(load_LE / (top_k * total_weight), float(total_weight))
 
 
+    def on(self, device: torch.device | str) -> list[Tensor]:
+        """f_LE's rows on `device` (float64), copied there once per device: a MoE layer
+        reads its row in every forward and recompute of every microbatch, and a copy from
+        pageable host memory each time would synchronise the stream each time."""
+        dev = torch.device(device)
+        cache = self.__dict__.setdefault("_on", {})
+        if dev not in cache:
+            from harts.exec.transfer import to_device
+
+            cache[dev] = list(to_device(self.f_LE, dev).unbind(0))
+        return cache[dev]
+
+
 def set_moe_global(ctx: object, stats: MoEGlobalStats | None) -> None:
     """Hand a context the step-global statistics (None: back to its own rows' statistics).
-    Sets `ctx.moe_global_f` (list of [E] tensors by MoE-layer ordinal) and
-    `ctx.moe_total_weight`; call it on every microbatch's context before its forward."""
-    ctx.moe_global_f = None if stats is None else list(stats.f_LE.unbind(0))
+    Sets `ctx.moe_global_f` (list of [E] tensors by MoE-layer ordinal, on the device of the
+    context's row weights) and `ctx.moe_total_weight`; call it on every microbatch's
+    context before its forward."""
+    weight = getattr(ctx, "row_weight", None)
+    device = weight.device if isinstance(weight, Tensor) else stats.f_LE.device if stats is not None else None
+    ctx.moe_global_f = None if stats is None else stats.on(device)
     ctx.moe_total_weight = None if stats is None else stats.total_weight
 
 

@@ -93,7 +93,7 @@ class PackedContext:
     def to(self, device: torch.device | str) -> PackedContext:
         self.position_ids = to_device(self.position_ids, device)
         self.row_weight = to_device(self.row_weight, device)
-        self._windows = {w: t.to(device) for w, t in self._windows.items()}
+        self._windows = {w: to_device(t, device) for w, t in self._windows.items()}
         return self
 
     def _cu_on(self, device: torch.device) -> Tensor:
@@ -128,7 +128,9 @@ class PackedContext:
         W = weight_DW.shape[1]
         window_TW = self._windows.get(W)
         if window_TW is None:
-            window_TW = window_from_cu_seqlens(self._cu_on(x_TD.device), W, self.num_rows)
+            # built from the host copy and uploaded once: on the device, its bounds checks and
+            # repeat_interleave would each synchronise the stream, once per microbatch
+            window_TW = to_device(window_from_cu_seqlens(self._cu_cpu, W, self.num_rows), x_TD.device)
             self._windows[W] = window_TW
         return short_conv(x_TD, weight_DW, bias_D, window_TW=window_TW, activation="silu", kernels=self.kernels,
                           record=self.kernel_record)

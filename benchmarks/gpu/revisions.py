@@ -95,7 +95,7 @@ def worker(args: argparse.Namespace) -> int:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--roots", nargs="+", help="source trees, each holding harts/")
-    ap.add_argument("--workload", default="swe-treestep-1")
+    ap.add_argument("--workload", default="swe-treestep-1", help="a harts.tree.workload preset, or none")
     ap.add_argument("--model", default="tiny-h200")
     ap.add_argument("--budget", type=int, default=131072, help="the unsplit tree's (and the preset's expanded) budget")
     ap.add_argument("--window-budget", type=int, default=57344, help="the preset's window plan budget")
@@ -125,7 +125,7 @@ def main(argv: list[str]) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     vocab = min(32768, get_model_config(args.model).vocab_size)
     sets = []  # (name, trajectories, window budget, expanded at the window budget)
-    if args.workload:
+    if args.workload and args.workload != "none":
         sets.append((args.workload, generate(preset(args.workload, vocab_size=vocab)).trajectories(),
                      args.window_budget, False))
     for spec in filter(None, args.shapes.split(",")):

@@ -245,3 +245,50 @@ def test_host_offload_moves_saved_activations_and_keeps_parameters():
     with small:
         torch.tanh(lin(x0 * 2)).sum()
     assert small.tensors == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_window_step_checkpoints_bit_identical_whichever_kind(monkeypatch, dtype):
+    """With recomputation a window step checkpoints its producer with the non-reentrant
+    checkpoint (its stash needs the forward's graph) and its consumers with the reentrant
+    one; losses and every gradient equal those of the all-non-reentrant step and of the
+    step without recomputation, bit for bit. One thread: float32 on the CPU with several
+    is not run-to-run deterministic (docs/LOG.md, 2026-12-05)."""
+    import harts.exec.model.model as model_module
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        runs = _runs_by_checkpoint(monkeypatch, model_module, dtype)
+    finally:
+        torch.set_num_threads(threads)
+    _, plan, _ = _setup()
+    producers = len(plan.consumers())
+    assert runs["none"][2] == []
+    assert sorted(runs["auto"][2]) == sorted([(True, "hooks")] * producers + [(False, "reentrant")] * (
+        len(plan.microbatches) - producers))
+    for name in ("hooks", "auto"):
+        assert runs[name][0] == runs["none"][0], name
+        for a, b in zip(runs[name][1], runs["none"][1], strict=True):
+            assert torch.equal(a, b), name
+
+
+def _runs_by_checkpoint(monkeypatch, model_module, dtype) -> dict:
+    """(losses, gradients, [(records a stash, checkpoint kind)]) of one window step per
+    way of checkpointing: none, all non-reentrant, and `checkpoint_kind`'s choice."""
+    trajs, plan, cfg = _setup()
+    real = model_module.checkpoint_kind
+    runs = {}
+    for name in ("none", "hooks", "auto"):
+        kinds = []
+
+        def kind_of(ctx, x_TD, name=name, kinds=kinds):
+            k = "hooks" if name == "hooks" else real(ctx, x_TD)
+            kinds.append((getattr(ctx, "record", None) is not None, k))
+            return k
+
+        monkeypatch.setattr(model_module, "checkpoint_kind", kind_of)
+        model = build_model(cfg, seed=3, dtype=dtype, recompute=name != "none")
+        res = PlanTrainer(model, plan, loss=LOSS).forward_backward(trajs, 1 << 20)
+        runs[name] = (res.losses, _grads(model), kinds)
+    return runs

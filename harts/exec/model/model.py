@@ -9,8 +9,16 @@ the final norm: log-probs are taken by `harts.exec.loss`, which applies the LM h
 to the rows that serve targets.
 
 Blocks are pre-norm: x += mixer(norm(x)); x += ffn(norm(x)). With `recompute=True` each
-block runs under non-reentrant `torch.utils.checkpoint`: activations are recomputed in
-backward and gradients are bit-identical (tested in float64).
+block runs under `torch.utils.checkpoint`: activations are recomputed in backward and
+gradients are bit-identical (tested in float64 and float32). Which checkpoint
+(`checkpoint_kind`): the reentrant one where it can, because its forward records no
+autograd graph and calls no hook per saved tensor (the non-reentrant one calls three
+Python hooks per saved tensor, in forward, recompute and backward: about a sixth of the
+host's time in a step of small microbatches,
+benchmarks/results/windows/2026-12-05-f9de154-window-host-h200.json); the non-reentrant
+one where the forward's own graph is needed (a sharing-window producer records the inputs
+its consumers read, and backpropagates their gradients through it later) and under
+torch.distributed (FSDP2 and the pipeline schedule drive hooks of their own in backward).
 """
 
 from __future__ import annotations
@@ -72,19 +80,36 @@ class Block(nn.Module):
         return x_TD + y_TD, aux, load_E
 
 
+def checkpoint_kind(ctx: MixingContext, x_TD: Tensor) -> str:
+    """"reentrant" or "hooks" (non-reentrant): the checkpoint `run_blocks` uses for a
+    microbatch (module docstring). Reentrant needs an input that requires grad, a context
+    that records nothing inside the blocks (no window producer's stash) and a single
+    process."""
+    if not x_TD.requires_grad or getattr(ctx, "record", None) is not None:
+        return "hooks"
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return "hooks"
+    return "reentrant"
+
+
 def run_blocks(blocks, x_TD: Tensor, ctx: MixingContext, aux: Tensor, recompute: bool
                ) -> tuple[Tensor, Tensor, list[Tensor]]:
     """The blocks in order over the residual stream `x_TD`, each under activation
-    checkpointing when `recompute` and gradients are on; the MoE blocks' aux losses added
-    to `aux` and their expert loads listed (the whole model's forward and a pipeline stage's)."""
+    checkpointing when `recompute` and gradients are on (`checkpoint_kind`); the MoE
+    blocks' aux losses added to `aux` and their expert loads listed (the whole model's
+    forward and a pipeline stage's)."""
     loads = []
+    kind = checkpoint_kind(ctx, x_TD) if recompute and torch.is_grad_enabled() else None
     for block in blocks:
-        if recompute and torch.is_grad_enabled():
+        if kind == "reentrant":
+            # the model draws no random numbers: no RNG state to save and restore
+            x_TD, layer_aux, load_E = checkpoint(block, x_TD, ctx, use_reentrant=True, preserve_rng_state=False)
+        elif kind == "hooks":
             # no metadata check of the recomputed tensors: the recompute runs the same ops on
             # the same shapes by construction, and the check's per-saved-tensor bookkeeping
-            # is host time in a step that small microbatches make launch-bound
-            # (benchmarks/results/windows/2026-12-05-f9de154-window-host-h200.json)
-            x_TD, layer_aux, load_E = checkpoint(block, x_TD, ctx, use_reentrant=False, determinism_check="none")
+            # is host time
+            x_TD, layer_aux, load_E = checkpoint(block, x_TD, ctx, use_reentrant=False, determinism_check="none",
+                                                 preserve_rng_state=False)
         else:
             x_TD, layer_aux, load_E = block(x_TD, ctx)
         if layer_aux is not None:

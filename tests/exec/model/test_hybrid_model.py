@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -109,12 +111,25 @@ def test_causal_within_sequence(make_config):
     assert rel_err(changed[17:30], base[17:30]) > 1e-3, "the changed token must reach later rows"
 
 
-def test_recompute_gives_bit_identical_gradients(make_config):
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("kind", ["reentrant", "hooks"])
+def test_recompute_gives_bit_identical_gradients(make_config, monkeypatch, dtype, kind):
+    """Either checkpoint (`checkpoint_kind`) gives the outputs and every gradient of the
+    step without recomputation, bit for bit."""
+    import harts.exec.model.model as model_module
+
+    used = []
+
+    def forced(ctx, x_TD):
+        used.append(kind)
+        return kind
+
+    monkeypatch.setattr(model_module, "checkpoint_kind", forced)
     config = make_config(use_rope=True)
     ids = _ids(config.vocab_size, LENGTHS, seed=3)
     grads, outs = [], []
     for recompute in (False, True):
-        model = build_model(config, dtype=torch.float64, recompute=recompute)
+        model = build_model(config, dtype=dtype, recompute=recompute)
         out = model(ids, _packed(LENGTHS))
         loss = (out.hidden_TD @ model.lm_head_weight.T).logsumexp(-1).sum() + out.aux_loss
         loss.backward()
@@ -125,6 +140,18 @@ def test_recompute_gives_bit_identical_gradients(make_config):
     for name in grads[0]:
         assert torch.equal(grads[0][name], grads[1][name]), name
     assert all(g.abs().sum() > 0 for n, g in grads[0].items() if "w_" not in n), "a parameter got no gradient"
+    assert used == [kind]  # one decision per forward, and only with recomputation
+
+
+def test_checkpoint_kind_is_reentrant_only_where_the_forward_graph_is_not_needed():
+    from harts.exec.model.model import checkpoint_kind
+
+    x = torch.zeros(3, 2, requires_grad=True)
+    plain, recording = SimpleNamespace(), SimpleNamespace(record=object())
+    assert checkpoint_kind(plain, x) == "reentrant"
+    assert checkpoint_kind(SimpleNamespace(record=None), x) == "reentrant"
+    assert checkpoint_kind(recording, x) == "hooks"  # a window producer's stash needs the graph
+    assert checkpoint_kind(plain, x.detach()) == "hooks"  # reentrant needs an input with grad
 
 
 def test_same_seed_same_weights_and_global_rng_untouched(make_config):

@@ -104,7 +104,8 @@ def report(rates, cases, calibration: set[str]) -> dict:
 
 def fit_profile_rates(gpu: str, hw_dict: dict, model: str, calibration: set[str], extra: list[str]):
     """The executor rates of `gpu` from the calibration instances (module docstring)."""
-    section = hw_dict.get("executor") or json.loads(json.dumps(BASE_EXECUTOR))
+    # every fit starts from the same point (the base section), not from the profile's last fit
+    section = json.loads(json.dumps(BASE_EXECUTOR))
     hw_dict = {**hw_dict, "executor": section}
     cases = Cases(model, hw_dict)
     sources: dict[str, str] = {}
@@ -185,12 +186,12 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         rev = result["provenance"]["git_revision"][:7] or "norev"
         path = out / f"{_dt.date.today().isoformat()}-{rev}-heldout-{args.gpu}.json"
-        path.write_text(json.dumps(result, indent=1))
+        path.write_text(json.dumps(result, indent=1, default=float))
         print(f"wrote {path}")
     if args.write_profile:
         prof = json.loads(Path(args.write_profile).read_text())
         prof["executor"] = executor_rates_to_dict(rates, sources, whats)
-        Path(args.write_profile).write_text(json.dumps(prof, indent=1) + "\n")
+        Path(args.write_profile).write_text(json.dumps(prof, indent=1, default=float) + "\n")
         print(f"wrote {args.write_profile}")
     return 0
 

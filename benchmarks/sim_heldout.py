@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         rev = result["provenance"]["git_revision"][:7] or "norev"
-        path = out / f"{_dt.date.today().isoformat()}-{rev}-heldout-{args.gpu}.json"
+        tag = "-calibrated" if args.profile else "-new" if args.measured else ""
+        path = out / f"{_dt.date.today().isoformat()}-{rev}-heldout-{args.gpu}{tag}.json"
         path.write_text(json.dumps(result, indent=1, default=float))
         print(f"wrote {path}")
     if args.write_profile:

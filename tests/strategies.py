@@ -773,6 +773,6 @@ def microbatch_features(draw):
     from harts.sim.executor import MicrobatchFeatures
 
     fwd = draw(st.floats(1e-5, 1.0))
-    return MicrobatchFeatures(fwd_s=fwd, bwd_s=fwd * draw(st.floats(1.0, 4.0)), comm_s=0.0,
+    return MicrobatchFeatures(fwd_s=fwd, bwd_s=fwd * draw(st.floats(1.0, 4.0)), comm_fwd_s=0.0, comm_bwd_s=0.0,
                               rows=draw(st.integers(1, 200_000)), kda_rounds=draw(st.integers(1, 4)),
                               consumer=False, producer_rows=0, producer=False)

@@ -25,7 +25,7 @@ import torch
 
 from harts.bench.timing import sync_cuda
 
-__all__ = ["build_net", "calibrate", "measure_step", "op_rates", "trainer_for"]
+__all__ = ["build_net", "calibrate", "kernel_category", "measure_step", "op_rates", "trainer_for"]
 
 
 def _sync(device: str) -> None:
@@ -76,16 +76,36 @@ def measure_step(trainer: Any, trajs: Sequence[Any], budget: int, device: str, s
 
         prepared = trainer.prepare(trajs, budget)
         _sync(device)
-        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
             t0 = time.perf_counter()
             trainer.step(trajs, budget, prepared=prepared)
             _sync(device)
             wall = time.perf_counter() - t0
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         device_s = sum(e.device_time for e in kernels) * 1e-6
+        by_category: dict[str, float] = {}
+        for e in kernels:
+            cat = kernel_category(e.name)
+            by_category[cat] = by_category.get(cat, 0.0) + e.device_time * 1e-6
+        out["device_by_category"] = by_category
+        # idle: the unprofiled step time not covered by kernels (the profiler slows the host)
         out.update(profiled_wall_s=wall, device_s=device_s, launches=len(kernels),
-                   idle_s=max(0.0, wall - device_s))
+                   idle_s=max(0.0, out["seconds"] - device_s))
     return out
+
+
+def kernel_category(name: str) -> str:
+    """A CUDA kernel's category as `ExecutorCostModel.device_by_category` names them (by
+    `harts.bench.step.kernel_kind`): attention, kda, optimizer, token-wise (the rest)."""
+    from harts.bench.step import kernel_kind
+    from harts.sim.flops import WorkKind
+
+    kind = kernel_kind(name)
+    if kind == WorkKind.ATTENTION_PAIRS:
+        return "attention"
+    if kind in (WorkKind.KDA_TOKENS, WorkKind.KDA_CHUNK_STEPS):
+        return "kda"
+    return "optimizer" if kind == WorkKind.PARAMETERS else "token-wise"
 
 
 def op_rates(device: str, n: int = 4096, copy_bytes: int = 1 << 28, repeats: int = 5) -> dict[str, float]:

@@ -8,8 +8,10 @@
 packed expanded of `harts.tree.shapes` instances) and writes a hardware profile whose
 executor rates are fitted to them (harts.bench.sim_measure.calibrate): `--hardware FILE`
 then simulates this machine. `validate` runs one plan of the user's rollouts on the device
-and prints the simulated step beside the measured one: step total, device (kernel) time
-and host-bound idle time (the device split is measured on CUDA, under torch.profiler).
+and prints the simulated step beside the measured one: step total, device (kernel) time,
+host-bound idle time, and the device time by op category (attention, KDA, token-wise,
+collectives, window terms, optimizer; the device side is measured on CUDA, under
+torch.profiler, where window stash kernels count as token-wise).
 """
 
 from __future__ import annotations
@@ -129,9 +131,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from harts.plan.planners import make_plan
     from harts.plan.schedule import build_schedule
     from harts.plan.step import step_from_plan
-    from harts.sim.executor import ExecutorCostModel, action_seconds, microbatch_features
+    from harts.sim.executor import CATEGORIES, ExecutorCostModel
     from harts.sim.hardware import load_hardware
-    from harts.sim.ops import Phase
     from harts.sim.simulate import simulate_step
     from harts.tree import build_forest
     from harts.tree.io import RolloutFormatError, load_jsonl
@@ -155,17 +156,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
         raise UserError(str(err)) from None
     step = step_from_plan(plan, forest, cfg.chunk_size)
     sim = simulate_step(step, build_schedule("consumer-1f1b", step, 1), cost)
-    sim_device = cost.optimizer(0) - cost.rates.launches_per_step * cost.rates.host_s_per_launch - cost.rates.step_fixed_s
-    sim_device += sum(action_seconds(cost.rates, ph, f)[0] for f in microbatch_features(cost, step)
-                      for ph in (Phase.FWD, Phase.BWD))
+    sim_by = cost.device_by_category(step)
+    sim_device = sum(sim_by.values())
     measured = _measure(args, device, cfg, forest, trajs, budget, measure_step)
     out = {"input": args.input, "model": cfg.name, "planner": args.planner, "microbatch_tokens": budget,
            "hardware": hw.name, "device": device, "microbatches": plan.num_microbatches,
            "simulated": {"step_seconds": sim.step_seconds, "device_seconds": sim_device,
-                         "host_idle_seconds": sim.step_seconds - sim_device},
+                         "host_idle_seconds": sim.step_seconds - sim_device, "device_by_category": sim_by},
            "measured": {"step_seconds": measured["seconds"], "all_seconds": measured["all_seconds"],
                         "microbatches": measured["microbatches"], "device_seconds": measured.get("device_s"),
-                        "host_idle_seconds": measured.get("idle_s"), "launches": measured.get("launches")}}
+                        "host_idle_seconds": measured.get("idle_s"), "launches": measured.get("launches"),
+                        "device_by_category": measured.get("device_by_category")}}
     out["error"] = sim.step_seconds / measured["seconds"] - 1
     if args.json:
         print_json(out)
@@ -177,8 +178,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     print(f"{args.input}: {cfg.name}, {args.planner} at {budget} tokens, {plan.num_microbatches} microbatches, "
           f"profile {hw.name}, measured on {device}")
+    mby = m["device_by_category"] or {}
     print(format_table(["seconds", "simulated", "measured"],
-                       [[k, fmt(s[f"{k}_seconds"]), fmt(m[f"{k}_seconds"])] for k in ("step", "device", "host_idle")]))
+                       [[k, fmt(s[f"{k}_seconds"]), fmt(m[f"{k}_seconds"])] for k in ("step", "device", "host_idle")]
+                       + [[f"  device: {c}", fmt(s["device_by_category"][c]),
+                           fmt(mby.get(c)) if m["device_by_category"] is not None else "-"] for c in CATEGORIES]))
     print(f"step error {100 * out['error']:+.1f}%")
     return 0
 

@@ -44,6 +44,7 @@ from harts.sim.hardware import HardwareProfile
 from harts.sim.ops import OpKind, Phase
 
 __all__ = [
+    "CATEGORIES",
     "ExecutorCostModel",
     "ExecutorRates",
     "MicrobatchFeatures",
@@ -52,6 +53,17 @@ __all__ = [
 ]
 
 _COMM = {OpKind.ALL_TO_ALL, OpKind.P2P, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER}
+CATEGORIES = ("attention", "kda", "token-wise", "collectives", "window", "optimizer")
+
+
+def _category(kind: OpKind) -> str:
+    if kind in (OpKind.ATTENTION_CAUSAL, OpKind.ATTENTION_TREE):
+        return "attention"
+    if kind == OpKind.KDA_CHUNK:
+        return "kda"
+    if kind in _COMM:
+        return "collectives"
+    return "optimizer" if kind == OpKind.OPTIMIZER else "token-wise"
 
 
 @dataclass(frozen=True)
@@ -61,7 +73,8 @@ class MicrobatchFeatures:
 
     fwd_s: float
     bwd_s: float
-    comm_s: float
+    comm_fwd_s: float  # collectives inside the passes (EP all-to-all), at their roofline price
+    comm_bwd_s: float
     rows: int
     kda_rounds: int
     consumer: bool
@@ -84,11 +97,11 @@ def action_seconds(rates: ExecutorRates, phase: Phase, f: MicrobatchFeatures) ->
     eff = rates.device_scale * efficiency_factor(rates, f.rows)
     host = launches(rates, f) * rates.host_s_per_launch
     if phase == Phase.FWD:
-        device = rates.forward_passes * f.fwd_s * eff + f.comm_s
+        device = rates.forward_passes * f.fwd_s * eff + f.comm_fwd_s
         if f.producer:
             device += f.rows * rates.offload_bytes_per_producer_row / rates.offload_bytes_per_s
         return device, host * rates.forward_host_share
-    device = f.bwd_s * eff + f.comm_s
+    device = f.bwd_s * eff + f.comm_bwd_s
     if f.consumer:
         device += f.producer_rows * rates.consumer_device_s_per_producer_row
     return device, host * (1.0 - rates.forward_host_share)
@@ -146,10 +159,30 @@ class ExecutorCostModel(CostModel):
         bwd, comm_b = split(Phase.BWD)
         consumer = work.producer is not None
         return MicrobatchFeatures(
-            fwd_s=fwd, bwd_s=bwd, comm_s=max(comm_f, comm_b), rows=work.tokens,
+            fwd_s=fwd, bwd_s=bwd, comm_fwd_s=comm_f, comm_bwd_s=comm_b, rows=work.tokens,
             kda_rounds=len(work.kda_rounds), consumer=consumer,
             producer_rows=self._producer_rows.get(work.producer, 0) if consumer else 0,
             producer=work.mb in self._producers)
+
+    def device_by_category(self, step: StepWork) -> dict[str, float]:
+        """One GPU's simulated device seconds by op category (the categories `harts sim
+        validate` measures): attention, kda, token-wise (GEMMs and elementwise), collectives,
+        window (stash and offload terms), optimizer."""
+        self.bind(step)
+        r = self.rates
+        out = dict.fromkeys(CATEGORIES, 0.0)
+        for w in step.microbatches:
+            f = self.features(0, w)
+            eff = r.device_scale * efficiency_factor(r, f.rows)
+            for phase, times in ((Phase.FWD, r.forward_passes), (Phase.BWD, 1.0)):
+                for op, count in self.stages[0].pass_op_counts(phase, (w,)):
+                    t = self.pricer.seconds(op) * count
+                    cat = _category(op.kind)
+                    out[cat] += t if cat == "collectives" else t * times * eff
+            out["window"] += action_seconds(r, Phase.FWD, f)[0] - r.forward_passes * f.fwd_s * eff - f.comm_fwd_s
+            out["window"] += action_seconds(r, Phase.BWD, f)[0] - f.bwd_s * eff - f.comm_bwd_s
+        out["optimizer"] = CostModel.optimizer(self, 0)
+        return out
 
     def _pass_uncached(self, phase: Phase, stage: int, works: tuple[MicrobatchWork, ...]) -> ActionCost:
         # a fused pass (a consumer's backward with its producer's) runs them one after the

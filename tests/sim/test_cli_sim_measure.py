@@ -70,6 +70,7 @@ def test_validate_on_cpu_prints_simulated_and_measured(capsys, tmp_path):
     assert out["simulated"]["step_seconds"] > 0 and out["measured"]["step_seconds"] > 0
     assert out["measured"]["microbatches"] == out["microbatches"]
     assert out["simulated"]["device_seconds"] <= out["simulated"]["step_seconds"]
+    assert sum(out["simulated"]["device_by_category"].values()) == pytest.approx(out["simulated"]["device_seconds"])
     text = run(capsys, ["sim", "validate", "--device", "cpu", "--input", str(path), "--model", "tiny-cpu",
                         "--planner", "expanded-ffd", "--microbatch-tokens", "256", "--hardware", "h100", "--steps", "1"])
-    assert "simulated" in text and "step error" in text
+    assert "simulated" in text and "step error" in text and "device: attention" in text

@@ -12,10 +12,12 @@ from hypothesis import strategies as st
 from harts.config.models import get_model_config
 from harts.config.parallel import ParallelConfig
 from harts.plan.schedule import build_schedule
-from harts.sim.executor import ExecutorCostModel, microbatch_features, step_seconds_1gpu
+from harts.sim.costs import CostModel
+from harts.sim.executor import CATEGORIES, ExecutorCostModel, action_seconds, microbatch_features, step_seconds_1gpu
 from harts.sim.executor_rates import BASE_EXECUTOR, RATE_NAMES, SOURCES
 from harts.sim.fit_executor import case_of, fit_launches, fit_rates, predict, step_of
 from harts.sim.hardware import HARDWARE_DIR, load_hardware, profile_from_dict
+from harts.sim.ops import Phase
 from harts.sim.simulate import simulate_step
 from harts.tree import build_forest, shapes
 from tests.strategies import executor_rates, microbatch_features as features_strategy
@@ -119,3 +121,15 @@ def test_the_base_executor_section_loads():
     data = json.loads((HARDWARE_DIR / "h200.json").read_text())
     data["executor"] = BASE_EXECUTOR
     assert profile_from_dict(data).executor.forward_passes == 2.0
+
+
+def test_device_categories_add_up_to_the_modelled_device_time():
+    hw = load_hardware("h100")
+    cost = ExecutorCostModel(MODEL, ONE, hw)
+    step = step_of(_forest(), "windows", 4096, MODEL.chunk_size)
+    by = cost.device_by_category(step)
+    device = sum(action_seconds(hw.executor, ph, f)[0] for f in microbatch_features(cost, step)
+                 for ph in (Phase.FWD, Phase.BWD))
+    assert sum(by.values()) == pytest.approx(device + CostModel.optimizer(cost, 0), rel=1e-9)
+    assert set(by) == set(CATEGORIES)
+    assert by["window"] > 0 and by["attention"] > 0 and by["kda"] > 0 and by["collectives"] == 0

@@ -67,7 +67,7 @@ class Cases:
         family, rest = instance.split("/")
         seed, budget = (int(x) for x in rest.split("@"))
         if instance not in self._forests:
-            self._forests[instance] = build_forest(shapes.draw(family, seed, budget, vocab_size=32768))
+            self._forests[instance] = build_forest(shapes.draw(family, seed, budget, vocab_size=min(32768, self.cfg.vocab_size)))
         step = step_of(self._forests[instance], kind, budget, self.cfg.chunk_size)
         return case_of(instance, kind, step, self.cfg, self.hw, **truth)
 

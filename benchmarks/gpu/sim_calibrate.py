@@ -45,8 +45,14 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--no-calibrate", action="store_true", help="only the held-out steps")
     ap.add_argument("--no-autotune", action="store_true", help="each Triton kernel's first config")
     ap.add_argument("--time-limit", type=float, default=420.0, help="start no new instance past this many seconds")
+    ap.add_argument("--calibration-instances", default=",".join(f"{f}/{s}@{b}" for f, s, b in CALIBRATION),
+                    help="family/seed@budget instances of the calibration (comma-separated)")
+    ap.add_argument("--unsplit-budget", type=int, default=131072)
+    ap.add_argument("--device", default="cuda", help="cuda; cpu is a smoke run of the script (use --model tiny-cpu)")
     ap.add_argument("--out", default=".")
     args = ap.parse_args(argv)
+    calibration = [(f, int(s), int(b)) for f, rest in (i.split("/") for i in args.calibration_instances.split(","))
+                   for s, b in [rest.split("@")]]
     if args.no_autotune:
         import triton.runtime.autotuner as autotuner
 
@@ -57,8 +63,8 @@ def main(argv: list[str]) -> int:
     result = {"provenance": provenance([sys.argv[0], *argv]), "model": args.model, "rows": [], "skipped": []}
     if not args.no_calibrate:
         base = json.loads((HARDWARE_DIR / f"{args.base}.json").read_text())
-        prof, rows = calibrate(args.model, "cuda", base, CALIBRATION, steps=args.steps, warmup=args.warmup,
-                               name="calibrated")
+        prof, rows = calibrate(args.model, args.device, base, calibration, steps=args.steps, warmup=args.warmup,
+                               unsplit_budget=args.unsplit_budget, name="calibrated")
         (out / "profile.json").write_text(json.dumps(prof, indent=1) + "\n")
         result["calibration_rows"] = rows
         print(f"calibrated in {time.perf_counter() - t0:.0f}s: "
@@ -69,9 +75,9 @@ def main(argv: list[str]) -> int:
                 if time.perf_counter() - t0 > args.time_limit:
                     result["skipped"].append(f"{family}/{seed}@{budget}")
                     continue
-                result["rows"] += measure_instances(args.model, "cuda", [(family, seed, budget)],
+                result["rows"] += measure_instances(args.model, args.device, [(family, seed, budget)],
                                                     ("tree", "windows", "expanded"), args.steps, args.warmup,
-                                                    131072, profile=True)
+                                                    args.unsplit_budget, profile=True)
                 (out / "sim_calibrate.json").write_text(json.dumps(result, indent=1, default=str))
     result["seconds_total"] = time.perf_counter() - t0
     (out / "sim_calibrate.json").write_text(json.dumps(result, indent=1, default=str))

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import copy
+import gc
 import statistics
 import time
 from collections.abc import Sequence
@@ -157,6 +158,8 @@ def measure_instances(model: str, device: str, instances: Sequence[tuple[str, in
             rows.append(row)
             log(f"[{row['instance']} {kind}] " + (f"{r['seconds']:.4f}s mbs {r['microbatches']}"
                                                   if "seconds" in r else r["error"]))
+            trainer = None  # a prepared window run holds its trainer's hooks: free it before the next
+            gc.collect()
             if device.startswith("cuda"):
                 torch.cuda.empty_cache()
     return rows

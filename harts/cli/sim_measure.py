@@ -21,7 +21,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harts.cli.common import UserError, check_output_path, format_table, print_json, say_wrote, write_output
+from harts.cli.common import (
+    UserError,
+    check_output_path,
+    format_table,
+    print_json,
+    say_wrote,
+    write_output,
+)
 
 DEFAULT_INSTANCES = {"cuda": "grpo/0@8192,long-chain/0@16384,swe-tree/0@8192",
                      "cpu": "grpo/0@256,long-chain/0@256"}

@@ -34,10 +34,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from harts.config.costs import CostModelName
 from harts.config.models import ModelConfig
 from harts.config.parallel import ParallelConfig
 from harts.plan.work import MicrobatchWork, StepWork
-from harts.config.costs import CostModelName
 from harts.sim.costs import ActionCost, CostModel, RooflinePricer, register_cost_model
 from harts.sim.executor_rates import ExecutorRates
 from harts.sim.hardware import HardwareProfile

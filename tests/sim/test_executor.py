@@ -13,14 +13,21 @@ from harts.config.models import get_model_config
 from harts.config.parallel import ParallelConfig
 from harts.plan.schedule import build_schedule
 from harts.sim.costs import CostModel
-from harts.sim.executor import CATEGORIES, ExecutorCostModel, action_seconds, microbatch_features, step_seconds_1gpu
+from harts.sim.executor import (
+    CATEGORIES,
+    ExecutorCostModel,
+    action_seconds,
+    microbatch_features,
+    step_seconds_1gpu,
+)
 from harts.sim.executor_rates import BASE_EXECUTOR, RATE_NAMES, SOURCES
 from harts.sim.fit_executor import case_of, fit_launches, fit_rates, predict, step_of
 from harts.sim.hardware import HARDWARE_DIR, load_hardware, profile_from_dict
 from harts.sim.ops import Phase
 from harts.sim.simulate import simulate_step
 from harts.tree import build_forest, shapes
-from tests.strategies import executor_rates, microbatch_features as features_strategy
+from tests.strategies import executor_rates
+from tests.strategies import microbatch_features as features_strategy
 
 MODEL = get_model_config("tiny-h200")
 ONE = ParallelConfig(dp=1, pp=1, ep=1)

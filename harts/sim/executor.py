@@ -17,7 +17,8 @@ action (a microbatch's forward or backward) costs
   go to host memory and back (`offload_bytes_per_producer_row` / `offload_bytes_per_s`);
 - host: launches of the microbatch x `host_s_per_launch`, with the launches counted as
   `launches_per_microbatch` + `launches_per_extra_kda_round` per KDA round past the first
-  + `launches_per_consumer` for a consumer (stash assembly, state handoff); the forward
+  + `launches_per_consumer` for a consumer (stash assembly, state handoff), counted on a
+  model of `reference_layers` layers and scaled by the stage's layers; the forward
   action carries `forward_host_share` of them (its two forwards), the backward the rest.
 The step adds the optimizer (roofline), `launches_per_step` x `host_s_per_launch` and
 `step_fixed_s`. Collectives and sends keep their roofline prices (what one GPU cannot
@@ -80,11 +81,15 @@ class MicrobatchFeatures:
     consumer: bool
     producer_rows: int  # a consumer: its producer's rows; else 0
     producer: bool
+    layer_ratio: float = 1.0  # the stage's layers over the profile's reference_layers
 
 
 def launches(rates: ExecutorRates, f: MicrobatchFeatures) -> float:
-    return (rates.launches_per_microbatch + rates.launches_per_extra_kda_round * max(0, f.kda_rounds - 1)
-            + (rates.launches_per_consumer if f.consumer else 0.0))
+    """Kernel launches of one microbatch: counted on the reference model, scaled by layers
+    (every layer launches its kernels once per pass; the loss head's share is small)."""
+    return f.layer_ratio * (rates.launches_per_microbatch
+                            + rates.launches_per_extra_kda_round * max(0, f.kda_rounds - 1)
+                            + (rates.launches_per_consumer if f.consumer else 0.0))
 
 
 def efficiency_factor(rates: ExecutorRates, rows: int) -> float:
@@ -134,6 +139,8 @@ class ExecutorCostModel(CostModel):
         pricer = RooflinePricer(replace(hardware, kernel_launch_s=0.0))
         super().__init__("executor", model, parallel, hardware, pricer, recompute)
         self.rates = rates
+        self._layers = [lay.num_kda + lay.num_mla + lay.num_gdn + lay.num_gated_attention
+                        for lay in (st.layers for st in self.stages)]
         self._producer_rows: dict[int, int] = {}
         self._producers: set[int] = set()
 
@@ -162,7 +169,7 @@ class ExecutorCostModel(CostModel):
             fwd_s=fwd, bwd_s=bwd, comm_fwd_s=comm_f, comm_bwd_s=comm_b, rows=work.tokens,
             kda_rounds=len(work.kda_rounds), consumer=consumer,
             producer_rows=self._producer_rows.get(work.producer, 0) if consumer else 0,
-            producer=work.mb in self._producers)
+            producer=work.mb in self._producers, layer_ratio=self._layers[stage] / self.rates.reference_layers)
 
     def device_by_category(self, step: StepWork) -> dict[str, float]:
         """One GPU's simulated device seconds by op category (the categories `harts sim

@@ -27,6 +27,7 @@ class ExecutorRates:
     offload_bytes_per_producer_row: float
     offload_bytes_per_s: float
     step_fixed_s: float
+    reference_layers: float  # layers of the model the launch counts were counted on
 
     def with_values(self, **values: float) -> ExecutorRates:
         return replace(self, **values)
@@ -82,4 +83,7 @@ BASE_EXECUTOR: dict[str, dict[str, Any]] = {
     "offload_bytes_per_s": _entry(2.0e10, "assumption", "PCIe Gen5 x16 copies between pinned host memory and the "
                                   "device, ~20 GB/s each way"),
     "step_fixed_s": _entry(0.0, "assumption", "fixed seconds per step beyond the launches"),
+    "reference_layers": _entry(8.0, "measured", "layers of tiny-h200, the model whose launches were counted "
+                               "(harts/config/models.py); a stage of another model scales the per-microbatch, "
+                               "per-round and per-consumer launches by its layers over these"),
 }

@@ -47,7 +47,7 @@ def test_shipped_profiles_label_every_executor_rate(name):
         assert entry["source"] in SOURCES
         assert entry["value"] == pytest.approx(getattr(hw.executor, rate))
         if entry["source"] != "assumption":  # measured or fitted: it names where from
-            assert "benchmarks/results/" in entry["what"] or "harts/exec/" in entry["what"], rate
+            assert "benchmarks/results/" in entry["what"] or "harts/" in entry["what"], rate
     # the GPU-specific terms are this GPU's fit
     for rate in ("host_s_per_launch", "device_scale"):
         assert data["executor"][rate]["source"] == "fitted"
@@ -140,3 +140,16 @@ def test_device_categories_add_up_to_the_modelled_device_time():
     assert sum(by.values()) == pytest.approx(device + CostModel.optimizer(cost, 0), rel=1e-9)
     assert set(by) == set(CATEGORIES)
     assert by["window"] > 0 and by["attention"] > 0 and by["kda"] > 0 and by["collectives"] == 0
+
+
+def test_launches_scale_with_the_layers_of_a_stage():
+    hw = load_hardware("h100")
+    step = step_of(_forest(), "expanded", 4096, MODEL.chunk_size)
+    tiny = get_model_config("tiny")  # 24 layers against tiny-h200's 8
+    one = microbatch_features(ExecutorCostModel(MODEL, ONE, hw), step)[0]
+    deep = microbatch_features(ExecutorCostModel(tiny, ONE, hw), step)[0]
+    two_stages = ExecutorCostModel(tiny, ParallelConfig(dp=1, pp=2, ep=1), hw)
+    assert one.layer_ratio == 1.0 and deep.layer_ratio == 3.0
+    assert two_stages.features(0, step.microbatches[0]).layer_ratio == 1.5
+    assert action_seconds(hw.executor, Phase.BWD, deep)[1] == pytest.approx(
+        3 * action_seconds(hw.executor, Phase.BWD, one)[1])

@@ -83,12 +83,17 @@ def ranking_ok(pred: dict[str, float], meas: dict[str, float]) -> tuple[bool, li
     return not wrong, wrong
 
 
-def report(rates, cases, calibration: set[str]) -> dict:
+def report(rates, cases, calibration: set[str], new: set[str]) -> dict:
+    """Errors and rankings per set: "calibration", "held-out" (the suite's other instances),
+    "new" (the --measured steps)."""
+    def which(name: str) -> str:
+        return "new" if name in new else "calibration" if name in calibration else "held-out"
+
     rows = [{"instance": c.name, "kind": c.kind, "microbatches": c.microbatches, "measured_s": c.measured_s,
              "predicted_s": predict(rates, c), "error": predict(rates, c) / c.measured_s - 1,
-             "set": "calibration" if c.name in calibration else "held-out"} for c in cases]
+             "set": which(c.name)} for c in cases]
     out: dict = {"rows": rows, "by_kind": {}, "ranking": {}}
-    for which in ("held-out", "calibration"):
+    for which in ("new", "held-out", "calibration"):
         sel = [r for r in rows if r["set"] == which]
         out["by_kind"][which] = {k: {"cases": len(e), "mean_abs_error": sum(map(abs, e)) / len(e),
                                      "max_abs_error": max(map(abs, e)), "within_10pct": sum(abs(x) <= 0.10 for x in e)}
@@ -169,8 +174,10 @@ def main(argv: list[str] | None = None) -> int:
               "sources": {"suite": [] if args.profile else SUITE[args.gpu], "measured": args.measured,
                           "launches": ANATOMY, "profile": args.profile or f"{args.gpu} (fitted here)"},
               "fit": notes, "rates": executor_rates_to_dict(rates, sources, whats),
-              **report(rates, truth + held, calibration)}
-    for which in ("held-out", "calibration"):
+              **report(rates, truth + held, calibration, {c.name for c in held})}
+    for which in ("new", "held-out", "calibration"):
+        if not result["ranking"][which]:
+            continue
         print(f"{which}:")
         for k, v in result["by_kind"][which].items():
             print(f"  {k:9s} cases {v['cases']:2d}  mean |err| {100 * v['mean_abs_error']:5.1f}%  "

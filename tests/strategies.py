@@ -747,3 +747,32 @@ def trace_grouped_candidates(draw):
             s, f = draw(st.sampled_from(((1, 0), (0, 1), (1, 1), (0, 0))))
             cands.append(Candidate(f"g{g}/t1/{j}", f"g{g}", CandidateKind.PREFIX, (v,), s, f, 1, "t", 1))
     return cands, outcomes, draw(st.integers(0, 7)), draw(st.integers(0, 2**31))
+
+
+# Simulator executor model (harts/sim/executor.py): rates and one microbatch's features.
+
+
+@st.composite
+def executor_rates(draw):
+    from harts.sim.executor_rates import BASE_EXECUTOR, executor_rates_from_dict
+
+    base = executor_rates_from_dict(BASE_EXECUTOR, {})
+    return base.with_values(
+        host_s_per_launch=draw(st.floats(1e-6, 1e-4)),
+        launches_per_microbatch=draw(st.floats(10.0, 1e4)),
+        launches_per_consumer=draw(st.floats(0.0, 1e3)),
+        device_scale=draw(st.floats(0.3, 3.0)),
+        half_efficiency_rows=draw(st.floats(0.0, 1e4)),
+        consumer_device_s_per_producer_row=draw(st.floats(0.0, 1e-5)),
+        step_fixed_s=draw(st.floats(0.0, 0.1)),
+    )
+
+
+@st.composite
+def microbatch_features(draw):
+    from harts.sim.executor import MicrobatchFeatures
+
+    fwd = draw(st.floats(1e-5, 1.0))
+    return MicrobatchFeatures(fwd_s=fwd, bwd_s=fwd * draw(st.floats(1.0, 4.0)), comm_fwd_s=0.0, comm_bwd_s=0.0,
+                              rows=draw(st.integers(1, 200_000)), kda_rounds=draw(st.integers(1, 4)),
+                              consumer=False, producer_rows=0, producer=False)

@@ -4,6 +4,8 @@
               --model tiny --gpus 8 --json
     harts sim sweep --workload swe-treestep-8 --model tiny --gpus 8 --gantt sweep.png
     harts sim fit --profile measured.json --out calibration.json
+    harts sim calibrate --out my-gpu.json          (harts/cli/sim_measure.py)
+    harts sim validate --input rollouts.jsonl --model tiny-h200 --hardware my-gpu.json
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from harts.cli.common import (
     write_output,
 )
 from harts.cli.model_source import add_model_args, model_config
+from harts.cli.sim_measure import add_measure_parsers
 from harts.cli.sim_rollout import add_rollout_parser
 
 SCHEDULE_NAMES = ("non-overlap", "overlap-bwd-first", "consumer-1f1b")
@@ -44,8 +47,10 @@ def _add_common(p: argparse.ArgumentParser, sweep: bool) -> None:
     p.add_argument("--ep", type=int, help="expert parallelism inside a stage's DP group (default: the "
                    "largest power of two dividing DP and the expert count, at most 8)")
     p.add_argument("--microbatch-tokens", type=int, help="planner token budget (default: the preset's own)")
-    p.add_argument("--hardware", default="h200", help="hardware profile name or JSON path")
-    p.add_argument("--cost-model", default="roofline", help="roofline or calibrated")
+    p.add_argument("--hardware", default="h200", help="hardware profile: h100, h200 (measured, shipped), "
+                   "h200-harts, or a JSON path (harts sim calibrate writes one)")
+    p.add_argument("--cost-model", help="executor (the default where the profile has executor rates: each "
+                   "action max(device, host launch) time), roofline, or calibrated")
     p.add_argument("--calibration", help="calibration JSON (harts sim fit) for --cost-model calibrated")
     p.add_argument("--no-recompute", action="store_true", help="keep all activations (no recomputation)")
     p.add_argument("--seed", type=int, default=0, help="planner seed")
@@ -79,6 +84,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     fit.add_argument("--json", action="store_true", help="print the calibration as JSON")
     fit.set_defaults(func=cmd_fit)
     add_rollout_parser(ssub)
+    add_measure_parsers(ssub)
 
 
 # ---- shared setup ---------------------------------------------------------------------
@@ -108,6 +114,8 @@ class _Setup:
         except ValueError as err:
             raise UserError(str(err)) from None
         self.cost_kwargs: dict[str, Any] = {"recompute": not args.no_recompute}
+        if args.cost_model is None:
+            args.cost_model = "executor" if self.hardware.executor is not None else "roofline"
         if args.cost_model == "calibrated":
             from harts.sim.profile import load_calibration
 
@@ -216,6 +224,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
     out["model"] = setup.model.name
     out["gpus"] = args.gpus
     out["hardware"] = setup.hardware.name
+    out["cost_model"] = setup.cost_model
     written = []
     if args.trace:
         from harts.sim.trace_io import trace_to_chrome

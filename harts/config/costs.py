@@ -4,7 +4,7 @@ Two families, two names, one registry mechanism (`harts.config.registry`):
 - `LoadModelName` (`token-pair`, `tokens`): the planners' load functions below, in token
   equivalents. Pure arithmetic over depths; `PlanConfig.cost_model` holds one, so they
   live beside the configuration rather than in `harts.plan`.
-- `CostModelName` (`roofline`, `calibrated`): the simulator's time-and-memory models; the
+- `CostModelName` (`roofline`, `calibrated`, `executor`): the simulator's time-and-memory models; the
   models and their factory (`make_cost_model`) live in `harts.sim.costs`.
 
 A load model prices *segments*: runs of computed rows with consecutive depths `[s, e)`
@@ -67,6 +67,7 @@ class LoadModelName(StrEnum):
 class CostModelName(StrEnum):
     ROOFLINE = "roofline"
     CALIBRATED = "calibrated"
+    EXECUTOR = "executor"
 
 
 def _check_nonnegative(model: Any, *fields: str) -> None:

@@ -6,6 +6,7 @@ structure it prices lives in harts.plan: `StepWork` (harts.plan.work), `step_fro
 
 from harts.config.parallel import ParallelConfig
 from harts.sim.costs import CostModel, CostModelName, make_cost_model
+from harts.sim.executor import ExecutorCostModel, ExecutorRates
 from harts.sim.engine import Action, DeadlockError, Program, Trace, execute, lower_bound
 from harts.sim.hardware import HardwareProfile, load_hardware
 from harts.sim.parallel import default_parallel
@@ -13,7 +14,8 @@ from harts.sim.profile import Calibration, fit_profile, load_calibration, load_p
 from harts.sim.simulate import SimResult, lower, simulate, simulate_step
 
 __all__ = [
-    "Action", "Calibration", "CostModel", "CostModelName", "DeadlockError", "HardwareProfile",
+    "Action", "Calibration", "CostModel", "CostModelName", "DeadlockError", "ExecutorCostModel", "ExecutorRates",
+    "HardwareProfile",
     "ParallelConfig", "Program", "SimResult", "Trace", "default_parallel", "execute",
     "fit_profile", "load_calibration", "load_hardware", "load_profile", "lower", "lower_bound",
     "make_cost_model", "simulate", "simulate_step",

@@ -1,6 +1,6 @@
 """Cost models: the time and memory of every action of a simulated step.
 
-One interface (`CostModel`), two pricings of the same counted ops (`ops.py`):
+One interface (`CostModel`), two op pricings of the same counted ops (`ops.py`):
 - `roofline`: max(FLOPs / matmul rate, bytes / HBM bandwidth) per GEMM, bytes / bandwidth
   per elementwise kernel, the measured effective rate per attention mask kind, the measured
   KDA rate per token-head with a floor of (chunks of the longest sequence) x (chunk step)
@@ -9,6 +9,9 @@ One interface (`CostModel`), two pricings of the same counted ops (`ops.py`):
 - `calibrated`: the same op list priced by coefficients fitted to a measured profile
   (`profile.py`); op kinds the profile does not cover fall back to the roofline price and
   are listed in `fallback_keys`.
+
+A third, `executor` (`executor.py`, registered when `harts.sim` is imported), prices each
+action as max(device, host launch time) from the profile's measured executor rates.
 
 Registry: `COST_MODELS`, keyed by `CostModelName` (`harts.config.costs`); unknown or duplicate
 names fail loudly.
@@ -26,7 +29,7 @@ from harts.config.models import ModelConfig
 from harts.config.parallel import ParallelConfig
 from harts.config.registry import Registry
 from harts.plan.stages import stage_layers
-from harts.plan.work import MicrobatchWork
+from harts.plan.work import MicrobatchWork, StepWork
 from harts.sim.hardware import HardwareProfile
 from harts.sim.ops import OpCall, OpKind, Phase, StageCounter
 from harts.sim.profile import Calibration, op_features, op_key
@@ -126,6 +129,11 @@ class CostModel:
             StageCounter(model, parallel, lay, hardware.gpus_per_node, recompute) for lay in stage_layers(model, parallel.pp)
         )
         self._pass = lru_cache(maxsize=None)(self._pass_uncached)
+
+    def bind(self, step: StepWork) -> CostModel:
+        """Called with the step before it is lowered; a model whose prices depend on the
+        step's window structure (`executor`) reads it here."""
+        return self
 
     def _price(self, op_counts: Sequence[tuple[OpCall, int]]) -> ActionCost:
         by: dict[str, float] = {}

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harts.sim.executor_rates import ExecutorRates, executor_rates_from_dict
+
 HARDWARE_DIR = Path(__file__).parent / "hardware"
 SCHEMA = "harts.sim.hardware/v1"
 
@@ -51,7 +53,9 @@ class HardwareProfile:
     gpus_per_node: int
     intra_node: LinkRates
     inter_node: LinkRates
-    sources: dict[str, str]  # field -> "measured" | "assumption"
+    sources: dict[str, str]  # field -> "measured" | "fitted" | "assumption"
+    # how the executor runs a step on this GPU (harts.sim.executor); None: roofline only
+    executor: ExecutorRates | None = None
 
     def link(self, spans_nodes: bool) -> LinkRates:
         return self.inter_node if spans_nodes else self.intra_node
@@ -125,6 +129,7 @@ def profile_from_dict(data: dict[str, Any]) -> HardwareProfile:
         intra_node=link("nvlink"),
         inter_node=link("ib"),
         sources=src,
+        executor=executor_rates_from_dict(data["executor"], src) if "executor" in data else None,
     )
 
 

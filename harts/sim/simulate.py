@@ -271,6 +271,7 @@ def simulate_step(step: StepWork, schedule: Schedule, cost: CostModel, ep_lockst
                 schedule, step = build_schedule(schedule.name, padded, schedule.num_stages), padded
             except (KeyError, ValueError):
                 pass
+    cost.bind(step)
     program = lower(step, schedule, cost, ep_lockstep)
     lockstep = any(a.gang and a.gang.startswith("ep:") for a in program.actions)
     try:

@@ -153,7 +153,7 @@ def test_load_and_cost_model_names_are_distinct():
     assert make_load_model("tokens") == TokenCost()
     with pytest.raises(ValueError, match="unknown cost model 'roofline'; known: token-pair, tokens"):
         make_load_model("roofline")  # a simulator cost model, not a planning load model
-    with pytest.raises(KeyError, match="unknown cost model 'tokens'; known: roofline, calibrated"):
+    with pytest.raises(KeyError, match="unknown cost model 'tokens'; known: roofline, calibrated, executor"):
         COST_MODELS.get("tokens")
 
 

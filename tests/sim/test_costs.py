@@ -132,7 +132,7 @@ def test_stage_partition_covers_layers():
 
 
 def test_registry():
-    assert {n.value for n in COST_MODELS} == {"roofline", "calibrated"}
+    assert {n.value for n in COST_MODELS} == {"roofline", "calibrated", "executor"}
     with pytest.raises(KeyError, match="unknown cost model"):
         make_cost_model("magic", TINY, ParallelConfig(), HW)
     with pytest.raises(ValueError, match="twice"):

@@ -21,7 +21,9 @@ def test_h200_profile():
     assert hw.attention_flops_per_s["causal"] == pytest.approx(want)
     assert hw.attention_flops_per_s["tree"] < hw.attention_flops_per_s["causal"]
     assert hw.kda_s_per_token_head == pytest.approx(1 / (3.0e6 * 16))
-    assert set(hw.sources.values()) <= {"measured", "assumption"}
+    assert set(hw.sources.values()) <= {"measured", "assumption", "fitted"}
+    # only the executor rates are fitted (harts/sim/executor.py)
+    assert all(k.startswith("executor.") for k, v in hw.sources.items() if v == "fitted")
     # the multi-GPU numbers are assumptions, said so in the file
     assert all(v == "assumption" for k, v in hw.sources.items() if k.startswith("interconnect."))
     assert hw.link(True).bus_bytes_per_s < hw.link(False).bus_bytes_per_s

@@ -1,0 +1,217 @@
+"""The `executor` cost model: a step priced the way HARTS's executor runs it on one GPU.
+
+What the roofline model misses, measured on H100 and H200 (docs/LOG.md, 2026-12-05): the
+executor is host-bound at small microbatches. Each microbatch runs the whole model four
+times (the MoE-statistics no-grad forward, the forward under activation checkpointing, the
+recomputation, the backward), some 4,500 kernel launches on tiny-h200, each costing the
+host ~40 us; when a microbatch's kernels are shorter than that, the device idles. So an
+action (a microbatch's forward or backward) costs
+
+    max(device seconds, host seconds)
+
+- device: the roofline price of the counted ops (`ops.py`, launch term left out) x
+  `device_scale` (measured kernel time over roofline time on large microbatches) x
+  `1 + half_efficiency_rows / rows` (small GEMMs and kernels run below their large-size
+  efficiency), plus the window terms: a consumer gathers and accumulates its producer's
+  stash (`consumer_device_s_per_producer_row` x producer rows), a producer's saved tensors
+  go to host memory and back (`offload_bytes_per_producer_row` / `offload_bytes_per_s`);
+- host: launches of the microbatch x `host_s_per_launch`, with the launches counted as
+  `launches_per_microbatch` + `launches_per_extra_kda_round` per KDA round past the first
+  + `launches_per_consumer` for a consumer (stash assembly, state handoff), counted on a
+  model of `reference_layers` layers and scaled by the stage's layers; the forward
+  action carries `forward_host_share` of them (its two forwards), the backward the rest.
+The step adds the optimizer (roofline), `launches_per_step` x `host_s_per_launch` and
+`step_fixed_s`. Collectives and sends keep their roofline prices (what one GPU cannot
+measure stays an assumption of the profile).
+
+Every rate lives in the hardware profile's `executor` section with its source ("measured"
+with the result file, "fitted" with the files it was fitted to, or "assumption").
+`step_seconds_1gpu` is the same model in closed form for one GPU (the fits use it; a test
+checks it against the engine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from harts.config.costs import CostModelName
+from harts.config.models import ModelConfig
+from harts.config.parallel import ParallelConfig
+from harts.plan.work import MicrobatchWork, StepWork
+from harts.sim.costs import ActionCost, CostModel, RooflinePricer, register_cost_model
+from harts.sim.executor_rates import ExecutorRates
+from harts.sim.hardware import HardwareProfile
+from harts.sim.ops import OpKind, Phase
+
+__all__ = [
+    "CATEGORIES",
+    "ExecutorCostModel",
+    "ExecutorRates",
+    "MicrobatchFeatures",
+    "microbatch_features",
+    "step_seconds_1gpu",
+]
+
+_COMM = {OpKind.ALL_TO_ALL, OpKind.P2P, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER}
+CATEGORIES = ("attention", "kda", "token-wise", "collectives", "window", "optimizer")
+
+
+def _category(kind: OpKind) -> str:
+    if kind in (OpKind.ATTENTION_CAUSAL, OpKind.ATTENTION_TREE):
+        return "attention"
+    if kind == OpKind.KDA_CHUNK:
+        return "kda"
+    if kind in _COMM:
+        return "collectives"
+    return "optimizer" if kind == OpKind.OPTIMIZER else "token-wise"
+
+
+@dataclass(frozen=True)
+class MicrobatchFeatures:
+    """What the executor model needs of one microbatch: roofline device seconds of one
+    forward and of the backward (recomputation included), rows, KDA rounds, role."""
+
+    fwd_s: float
+    bwd_s: float
+    comm_fwd_s: float  # collectives inside the passes (EP all-to-all), at their roofline price
+    comm_bwd_s: float
+    rows: int
+    kda_rounds: int
+    consumer: bool
+    producer_rows: int  # a consumer: its producer's rows; else 0
+    producer: bool
+    layer_ratio: float = 1.0  # the stage's layers over the profile's reference_layers
+
+
+def launches(rates: ExecutorRates, f: MicrobatchFeatures) -> float:
+    """Kernel launches of one microbatch: counted on the reference model, scaled by layers
+    (every layer launches its kernels once per pass; the loss head's share is small)."""
+    return f.layer_ratio * (rates.launches_per_microbatch
+                            + rates.launches_per_extra_kda_round * max(0, f.kda_rounds - 1)
+                            + (rates.launches_per_consumer if f.consumer else 0.0))
+
+
+def efficiency_factor(rates: ExecutorRates, rows: int) -> float:
+    """Device time over its large-microbatch value at `rows` rows (>= 1)."""
+    return 1.0 + rates.half_efficiency_rows / max(1, rows)
+
+
+def action_seconds(rates: ExecutorRates, phase: Phase, f: MicrobatchFeatures) -> tuple[float, float]:
+    """(device, host) seconds of one microbatch's forward or backward action."""
+    eff = rates.device_scale * efficiency_factor(rates, f.rows)
+    host = launches(rates, f) * rates.host_s_per_launch
+    if phase == Phase.FWD:
+        device = rates.forward_passes * f.fwd_s * eff + f.comm_fwd_s
+        if f.producer:
+            device += f.rows * rates.offload_bytes_per_producer_row / rates.offload_bytes_per_s
+        return device, host * rates.forward_host_share
+    device = f.bwd_s * eff + f.comm_bwd_s
+    if f.consumer:
+        device += f.producer_rows * rates.consumer_device_s_per_producer_row
+    return device, host * (1.0 - rates.forward_host_share)
+
+
+def step_fixed_seconds(rates: ExecutorRates) -> float:
+    return rates.launches_per_step * rates.host_s_per_launch + rates.step_fixed_s
+
+
+def step_seconds_1gpu(rates: ExecutorRates, feats: Sequence[MicrobatchFeatures], optimizer_s: float) -> float:
+    """A one-GPU step in closed form: every action max(device, host), in sequence."""
+    total = optimizer_s + step_fixed_seconds(rates)
+    for f in feats:
+        for phase in (Phase.FWD, Phase.BWD):
+            total += max(action_seconds(rates, phase, f))
+    return total
+
+
+class ExecutorCostModel(CostModel):
+    """Roofline op counts, priced per action as max(device, host) with the profile's
+    executor rates (module docstring)."""
+
+    def __init__(self, model: ModelConfig, parallel: ParallelConfig, hardware: HardwareProfile,
+                 recompute: bool = True, rates: ExecutorRates | None = None):
+        rates = rates or hardware.executor
+        if rates is None:
+            raise ValueError(f"hardware profile {hardware.name!r} has no executor rates (an `executor` section); "
+                             "use --cost-model roofline or a profile from `harts sim calibrate`")
+        # the launch term is the host model's: the device side is priced without it
+        pricer = RooflinePricer(replace(hardware, kernel_launch_s=0.0))
+        super().__init__("executor", model, parallel, hardware, pricer, recompute)
+        self.rates = rates
+        self._layers = [lay.num_kda + lay.num_mla + lay.num_gdn + lay.num_gated_attention
+                        for lay in (st.layers for st in self.stages)]
+        self._producer_rows: dict[int, int] = {}
+        self._producers: set[int] = set()
+
+    def bind(self, step: StepWork) -> ExecutorCostModel:
+        """Tell the model which microbatches are producers and their sizes (window terms)."""
+        self._producer_rows = {w.mb: w.tokens for w in step.microbatches}
+        self._producers = set(step.producers)
+        self._pass.cache_clear()
+        return self
+
+    def features(self, stage: int, work: MicrobatchWork) -> MicrobatchFeatures:
+        def split(phase: Phase) -> tuple[float, float]:
+            comp = comm = 0.0
+            for op, count in self.stages[stage].pass_op_counts(phase, (work,)):
+                t = self.pricer.seconds(op) * count
+                if op.kind in _COMM:
+                    comm += t
+                else:
+                    comp += t
+            return comp, comm
+
+        fwd, comm_f = split(Phase.FWD)
+        bwd, comm_b = split(Phase.BWD)
+        consumer = work.producer is not None
+        return MicrobatchFeatures(
+            fwd_s=fwd, bwd_s=bwd, comm_fwd_s=comm_f, comm_bwd_s=comm_b, rows=work.tokens,
+            kda_rounds=len(work.kda_rounds), consumer=consumer,
+            producer_rows=self._producer_rows.get(work.producer, 0) if consumer else 0,
+            producer=work.mb in self._producers, layer_ratio=self._layers[stage] / self.rates.reference_layers)
+
+    def device_by_category(self, step: StepWork) -> dict[str, float]:
+        """One GPU's simulated device seconds by op category (the categories `harts sim
+        validate` measures): attention, kda, token-wise (GEMMs and elementwise), collectives,
+        window (stash and offload terms), optimizer."""
+        self.bind(step)
+        r = self.rates
+        out = dict.fromkeys(CATEGORIES, 0.0)
+        for w in step.microbatches:
+            f = self.features(0, w)
+            eff = r.device_scale * efficiency_factor(r, f.rows)
+            for phase, times in ((Phase.FWD, r.forward_passes), (Phase.BWD, 1.0)):
+                for op, count in self.stages[0].pass_op_counts(phase, (w,)):
+                    t = self.pricer.seconds(op) * count
+                    cat = _category(op.kind)
+                    out[cat] += t if cat == "collectives" else t * times * eff
+            out["window"] += action_seconds(r, Phase.FWD, f)[0] - r.forward_passes * f.fwd_s * eff - f.comm_fwd_s
+            out["window"] += action_seconds(r, Phase.BWD, f)[0] - f.bwd_s * eff - f.comm_bwd_s
+        out["optimizer"] = CostModel.optimizer(self, 0)
+        return out
+
+    def _pass_uncached(self, phase: Phase, stage: int, works: tuple[MicrobatchWork, ...]) -> ActionCost:
+        # a fused pass (a consumer's backward with its producer's) runs them one after the
+        # other on one stream: each is bound by its own device or host time
+        device = total = 0.0
+        for w in works:
+            d, h = action_seconds(self.rates, phase, self.features(stage, w))
+            device, total = device + d, total + max(d, h)
+        return ActionCost(total, (("device", device), ("host_idle", total - device)))
+
+    def optimizer(self, stage: int) -> float:
+        return super().optimizer(stage) + step_fixed_seconds(self.rates)
+
+
+def microbatch_features(cost: ExecutorCostModel, step: StepWork) -> list[MicrobatchFeatures]:
+    cost.bind(step)
+    return [cost.features(0, w) for w in step.microbatches]
+
+
+def _executor(model: ModelConfig, parallel: ParallelConfig, hardware: HardwareProfile,
+              recompute: bool = True) -> CostModel:
+    return ExecutorCostModel(model, parallel, hardware, recompute)
+
+
+register_cost_model(CostModelName.EXECUTOR, _executor)

@@ -1,0 +1,76 @@
+"""`harts sim --hardware h100|h200|FILE`, `harts sim calibrate` and `harts sim validate` on a CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harts.cli.main import main
+from harts.sim.executor_rates import RATE_NAMES
+from harts.sim.hardware import HARDWARE_DIR, load_hardware
+from harts.tree import shapes
+from harts.tree.io import save_jsonl
+
+
+def run(capsys, argv):
+    code = main(argv)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    return out
+
+
+@pytest.fixture(scope="module")
+def grpo_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sim") / "grpo.jsonl"
+    save_jsonl(shapes.draw("grpo", 0, 4096, vocab_size=32768), path)
+    return path
+
+
+def _sim(capsys, path, hardware):
+    return json.loads(run(capsys, ["sim", "--input", str(path), "--model", "tiny-h200", "--gpus", "1", "--planner",
+                                   "l1l2", "--microbatch-tokens", "4096", "--hardware", hardware, "--json"]))
+
+
+def test_sim_prices_a_rollout_file_on_both_shipped_gpus(capsys, grpo_file, tmp_path):
+    h100, h200 = _sim(capsys, grpo_file, "h100"), _sim(capsys, grpo_file, "h200")
+    for out, name in ((h100, "h100"), (h200, "h200")):
+        assert out["hardware"] == name and out["cost_model"] == "executor"
+        assert out["step_seconds"] > 0
+    assert h100["step_seconds"] != h200["step_seconds"]
+    # a profile given as a file is the same profile
+    path = tmp_path / "mine.json"
+    path.write_text((HARDWARE_DIR / "h100.json").read_text())
+    assert _sim(capsys, grpo_file, str(path))["step_seconds"] == pytest.approx(h100["step_seconds"])
+
+
+def test_calibrate_on_cpu_writes_a_loadable_labelled_profile(capsys, tmp_path):
+    out = tmp_path / "cpu.json"
+    rows = tmp_path / "rows.json"
+    run(capsys, ["sim", "calibrate", "--device", "cpu", "--out", str(out), "--instances", "grpo/0@256",
+                 "--steps", "1", "--warmup", "1", "--unsplit-budget", "2048", "--rows-out", str(rows), "--json"])
+    hw = load_hardware(out)
+    data = json.loads(out.read_text())
+    assert hw.executor is not None and hw.executor.device_scale > 0
+    assert {data["executor"][n]["source"] for n in RATE_NAMES} <= {"measured", "fitted", "assumption"}
+    assert data["executor"]["device_scale"]["source"] == "fitted"
+    assert data["gpu"]["matmul_flops_per_s"]["source"] == "measured"
+    assert data["provenance"]["instances"] == [["grpo", 0, 256]]
+    measured = json.loads(rows.read_text())["rows"]
+    assert sorted(r["kind"] for r in measured) == ["expanded", "tree", "windows"]
+    assert all(r["seconds"] > 0 for r in measured)
+
+
+def test_validate_on_cpu_prints_simulated_and_measured(capsys, tmp_path):
+    path = tmp_path / "small.jsonl"
+    save_jsonl(shapes.draw("long-chain", 0, 256, vocab_size=512), path)
+    out = json.loads(run(capsys, ["sim", "validate", "--device", "cpu", "--input", str(path), "--model", "tiny-cpu",
+                                  "--planner", "l1l2", "--microbatch-tokens", "256", "--hardware", "h100",
+                                  "--steps", "1", "--json"]))
+    assert out["simulated"]["step_seconds"] > 0 and out["measured"]["step_seconds"] > 0
+    assert out["measured"]["microbatches"] == out["microbatches"]
+    assert out["simulated"]["device_seconds"] <= out["simulated"]["step_seconds"]
+    assert sum(out["simulated"]["device_by_category"].values()) == pytest.approx(out["simulated"]["device_seconds"])
+    text = run(capsys, ["sim", "validate", "--device", "cpu", "--input", str(path), "--model", "tiny-cpu",
+                        "--planner", "expanded-ffd", "--microbatch-tokens", "256", "--hardware", "h100", "--steps", "1"])
+    assert "simulated" in text and "step error" in text and "device: attention" in text

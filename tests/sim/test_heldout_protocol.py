@@ -1,0 +1,41 @@
+"""benchmarks/sim_heldout.py: the held-out protocol fits on the calibration set only."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def heldout():
+    spec = importlib.util.spec_from_file_location("sim_heldout", ROOT / "benchmarks" / "sim_heldout.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_ranking_counts_only_pairs_more_than_five_percent_apart(heldout):
+    meas = {"tree": 1.0, "windows": 1.04, "expanded": 2.0}
+    assert heldout.ranking_ok({"tree": 1.1, "windows": 1.0, "expanded": 3.0}, meas) == (True, [])
+    ok, wrong = heldout.ranking_ok({"tree": 1.0, "windows": 1.1, "expanded": 0.9}, meas)
+    assert not ok and sorted(wrong) == ["tree<expanded", "windows<expanded"]
+
+
+def test_the_held_out_steps_do_not_move_the_fit(heldout, monkeypatch):
+    calibration = set(heldout.CALIBRATE.split(","))
+    hw = json.loads((ROOT / "harts" / "sim" / "hardware" / "h100.json").read_text())
+    rates, *_ = heldout.fit_profile_rates("h100", hw, "tiny-h200", calibration, [])
+    real = heldout.suite_rows
+
+    def doubled(path):  # every held-out step twice as slow
+        return [{**r, "seconds": r["seconds"] * (1 if r["instance"] in calibration else 2)} for r in real(path)]
+
+    monkeypatch.setattr(heldout, "suite_rows", doubled)
+    again, *_, truth = heldout.fit_profile_rates("h100", hw, "tiny-h200", calibration, [])
+    assert again == rates
+    assert {c.name for c in truth} - calibration  # the held-out steps are there, just not fitted

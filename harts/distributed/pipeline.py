@@ -305,7 +305,7 @@ class StageMB:
     rows: int
     table: object
     expanded_tokens: int
-    hidden_of: object
+    loss_hidden: object
 
 
 class StageStep:

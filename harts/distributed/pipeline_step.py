@@ -80,14 +80,15 @@ class PipelineTrainer(PlanTrainer):
 
     `pm` is `harts.distributed.parallelize.parallelize`'s result on a mesh with pp > 1: its
     model is this rank's stage, FSDP-sharded over "dp" when dp > 1 (FSDP2 then reduces the
-    gradients itself at the runtime's REDUCE_GRAD). The data side is `PlanTrainer`'s (every
-    microbatch of the plan built on every rank); the step loop is the pipelining runtime's.
-    `step` clips by the global gradient norm (the stages' squared norms all-reduced over the
-    pipeline group, and over "dp") and steps AdamW on this stage's parameters. With dp > 1
-    (`dp_group`: the ranks of the same stage on the other replicas) the step's losses and
-    statistics are summed over the replicas."""
+    gradients itself at the runtime's REDUCE_GRAD). It is the step runner over the plan
+    layout (every microbatch of the plan built on every rank) whose pass over the
+    microbatches, `_run`, is the pipelining runtime's schedule; the runner's `step` zeroes
+    the gradients, clips them by the global norm (`_clip_gradients`: the stages' squared
+    norms all-reduced over the pipeline group, and over "dp") and steps AdamW on this
+    stage's parameters. With dp > 1 (`dp_group`: the ranks of the same stage on the other
+    replicas) the step's losses and statistics are summed over the replicas."""
 
-    # `run_steps` steps it one batch at a time (its step builds the data side itself)
+    # `run_steps` steps it one batch at a time (its pass builds the data side itself)
     preparable = False
 
     def __init__(self, pm: ParallelModel, plan: Plan, schedule: ScheduleName | str, *,

@@ -21,9 +21,15 @@ class LayoutBase:
     model: torch.nn.Module
     kernels: KernelConfig
     kernel_record: KernelRecord
+    # where and in which dtype the microbatches' tensors go: the model's parameters' (any
+    # one: a pipeline stage's module holds no LM head)
+    device: torch.device
+    dtype: torch.dtype
 
     def bind(self, model: torch.nn.Module, kernels: KernelConfig, kernel_record: KernelRecord) -> LayoutBase:
         self.model, self.kernels, self.kernel_record = model, kernels, kernel_record
+        ref = next(model.parameters())
+        self.device, self.dtype = ref.device, ref.dtype
         return self
 
     def microbatches(self, trajectories: Sequence[Trajectory],

@@ -58,9 +58,7 @@ class PackedLayout(LayoutBase):
 
     def microbatches(self, trajectories: Sequence[Trajectory],
                      partition: Sequence[Sequence[int]]) -> Iterator[Microbatch]:
-        model = self.model
-        device = model.lm_head_weight.device
-        dtype = model.lm_head_weight.dtype
+        model, device, dtype = self.model, self.device, self.dtype
         for members in partition:
             members = list(members)
             sizes = [len(trajectories[j]) for j in members]

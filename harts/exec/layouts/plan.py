@@ -25,9 +25,8 @@ The windows are this layout's business: the step runner iterates its microbatche
 layout's, and the iteration (`_WindowRun`) binds consumers to stashes, hands producers a
 fresh stash and runs each producer's backward after its last consumer. The data side is
 built ahead (`StepRunner.prepare`, as the other layouts', so `run_steps` overlaps it with
-the previous step): a consumer's context needs only the rows
-its producer's stash will keep (the window's `StashNeeds`), and the stash is bound when the
-consumer runs. Every read of stashed rows and every cut of the producer's tensors is a
+the previous step): a consumer's context needs only the rows its producer's stash will
+keep (the window's `StashNeeds`), and the stash is bound when the consumer runs. Every read of stashed rows and every cut of the producer's tensors is a
 fixed-order gather (`RowGather`, `RowPlace`) whose backward is a gather, not autograd's
 scatter-add of advanced indexing.
 
@@ -259,10 +258,7 @@ class PlanLayout(LayoutBase):
 
     def window_run(self, trajectories: Sequence[Trajectory]) -> _WindowRun:
         """A tree-mode plan's microbatches in execution order, with their windows' bookkeeping."""
-        model, plan = self.model, self.plan
-        # any parameter's device and dtype (a pipeline stage's module holds no LM head)
-        ref = next(model.parameters())
-        device, dtype = ref.device, ref.dtype
+        model, plan, device, dtype = self.model, self.plan, self.device, self.dtype
         forest = self._plan_forest(trajectories)
         mbs = {m.id: m for m in plan.microbatches}
         consumers = plan.consumers()

@@ -39,9 +39,7 @@ class PrefixMergedLayout(LayoutBase):
 
     def microbatches(self, trajectories: Sequence[Trajectory],
                      partition: Sequence[Sequence[int]]) -> Iterator[Microbatch]:
-        model = self.model
-        device = model.lm_head_weight.device
-        dtype = model.lm_head_weight.dtype
+        model, device, dtype = self.model, self.device, self.dtype
         for members in partition:
             members = list(members)
             local_host = prefix_hosts([trajectories[j].tokens for j in members])

@@ -62,9 +62,7 @@ class TreeLayout(LayoutBase):
 
     def microbatches(self, trajectories: Sequence[Trajectory],
                      partition: Sequence[Sequence[int]]) -> Iterator[Microbatch]:
-        model = self.model
-        device = model.lm_head_weight.device
-        dtype = model.lm_head_weight.dtype
+        model, device, dtype = self.model, self.device, self.dtype
         for members in partition:
             members = list(members)
             forest = build_forest([trajectories[j] for j in members])

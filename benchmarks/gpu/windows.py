@@ -218,12 +218,14 @@ def memtrace_case(kind: str, trajs, budget: int, args, top: int = 25) -> dict:
         count[0] += 1
 
     hook = trainer.model.register_forward_pre_hook(forward_mark)
-    pb = getattr(trainer, "_producer_backward", None)
+    # the plan layout's since the step runner took layouts; the trainer's before
+    owner = getattr(trainer, "layout", trainer)
+    pb = getattr(owner, "_producer_backward", None)
     if pb is not None:
         def producer_backward(window, pb=pb):
             mark(f"producer {window.producer} backward")
             pb(window)
-        trainer._producer_backward = producer_backward
+        owner._producer_backward = producer_backward
     base = _mem("memory_allocated")
     torch.cuda.reset_peak_memory_stats()
     torch.cuda.memory._record_memory_history(max_entries=4_000_000, stacks="python")

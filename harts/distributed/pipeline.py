@@ -13,7 +13,7 @@ every microbatch of the step has the static shape the stage's receive buffers ar
 for; a pad row is a zero that nothing reads, so the values and gradients are exact) and
 the running MoE auxiliary loss.
 
-Microbatches are the plan's (`harts.exec.window.PlanTrainer` builds their data side:
+Microbatches are the plan's (`harts.exec.layouts.plan.PlanLayout` builds their data side:
 layouts, KDA schedules, targets, every rank all of them): the mixing context of microbatch m
 is the same object on every stage, and its layers are split over the stages, so a sharing
 window splits too. A producer's forward on stage s records the `Stash` of the layers of s;
@@ -305,7 +305,7 @@ class StageMB:
     rows: int
     table: object
     expanded_tokens: int
-    hidden_of: object
+    loss_hidden: object
 
 
 class StageStep:

@@ -28,7 +28,7 @@ from harts.distributed.pipeline import (
 )
 from harts.exec.loss import PolicyLossConfig, policy_loss
 from harts.exec.model.moe import MoEGlobalStats
-from harts.exec.trainer import LOSS_TERMS, step_denominators
+from harts.exec.step import LOSS_TERMS, loss_terms, scale_gradients, step_denominators
 from harts.exec.window import PlanTrainer
 from harts.plan.plan import Plan, PlanMode
 from harts.plan.schedule import PassOp, Schedule, ScheduleName, build_schedule
@@ -80,14 +80,15 @@ class PipelineTrainer(PlanTrainer):
 
     `pm` is `harts.distributed.parallelize.parallelize`'s result on a mesh with pp > 1: its
     model is this rank's stage, FSDP-sharded over "dp" when dp > 1 (FSDP2 then reduces the
-    gradients itself at the runtime's REDUCE_GRAD). The data side is `PlanTrainer`'s (every
-    microbatch of the plan built on every rank); the step loop is the pipelining runtime's.
-    `step` clips by the global gradient norm (the stages' squared norms all-reduced over the
-    pipeline group, and over "dp") and steps AdamW on this stage's parameters. With dp > 1
-    (`dp_group`: the ranks of the same stage on the other replicas) the step's losses and
-    statistics are summed over the replicas."""
+    gradients itself at the runtime's REDUCE_GRAD). It is the step runner over the plan
+    layout (every microbatch of the plan built on every rank) whose pass over the
+    microbatches, `_run`, is the pipelining runtime's schedule; the runner's `step` zeroes
+    the gradients, clips them by the global norm (`_clip_gradients`: the stages' squared
+    norms all-reduced over the pipeline group, and over "dp") and steps AdamW on this
+    stage's parameters. With dp > 1 (`dp_group`: the ranks of the same stage on the other
+    replicas) the step's losses and statistics are summed over the replicas."""
 
-    # `run_steps` steps it one batch at a time (its step builds the data side itself)
+    # `run_steps` steps it one batch at a time (its pass builds the data side itself)
     preparable = False
 
     def __init__(self, pm: ParallelModel, plan: Plan, schedule: ScheduleName | str, *,
@@ -114,9 +115,13 @@ class PipelineTrainer(PlanTrainer):
         return build_schedule(self.schedule_name, step_from_plan(self.plan, forest, self.model.config.chunk_size),
                               self.spec.num_stages)
 
-    def forward_backward(self, trajectories: Sequence[Trajectory], microbatch_tokens: int | None = None,
-                         partition=None, prepared=None) -> PipelineStepResult:  # noqa: ANN001
-        """Accumulate this stage's gradients of the step into .grad (not zeroed first)."""
+    def _run(self, trajectories: Sequence[Trajectory], microbatch_tokens: int | None, backward: bool,
+             partition=None, prepared=None) -> PipelineStepResult:  # noqa: ANN001
+        """The step runner's pass over the step's microbatches, as the pipelining runtime runs
+        the schedule: this stage's gradients of the step accumulated into .grad (not zeroed
+        first); the rest of the step (clipping, AdamW) is the runner's."""
+        if not backward:
+            raise NotImplementedError("a forward-only pipeline step is not implemented")
         if partition is not None or prepared is not None:
             raise ValueError("a pipeline step builds its microbatches from the plan")
         if not trajectories:
@@ -127,14 +132,14 @@ class PipelineTrainer(PlanTrainer):
         spec = self.spec
         schedule = self.simulated_schedule(trajectories)
         order, actions = lower_schedule(schedule, self.replica)
-        run = self._window_run(trajectories)
+        run = self.layout.window_run(trajectories)
         items = {mb_id: (producer, ctx, mb) for mb_id, producer, ctx, mb in run.items}
         producers = set(run.consumers)
         mbs = []
         for i, mb_id in enumerate(order):
             producer, ctx, mb = items[mb_id]
             mbs.append(StageMB(i, mb_id, producer, mb_id in producers, ctx, mb.ids_T, int(mb.ids_T.numel()),
-                                mb.table, mb.expanded_tokens, mb.hidden_of))
+                                mb.table, mb.expanded_tokens, mb.loss_hidden))
         padded = max(m.rows for m in mbs)
         step = StageStep(module, mbs, padded)
         den = step_denominators(trajectories)
@@ -148,7 +153,7 @@ class PipelineTrainer(PlanTrainer):
         moe_before = config.ffn_kinds[: spec.layers[0]].count(FFNKind.MOE) if spec.layers else 0
 
         if global_aux:
-            step.stats = self._statistics_pass(step, num_moe, moe_before, device)
+            step.stats = self._stage_statistics_pass(step, num_moe, moe_before, device)
         starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         logprob_flat = np.full(total_tokens, np.nan)
         entropy_flat = np.full(total_tokens, np.nan)
@@ -158,13 +163,11 @@ class PipelineTrainer(PlanTrainer):
             h_PD, aux = output
             mb = step.mbs[int(target.reshape(-1)[0])]
             h_TD = h_PD[: mb.rows]
-            hidden = h_TD if mb.hidden_of is None else mb.hidden_of(h_TD)
+            hidden = h_TD if mb.loss_hidden is None else mb.loss_hidden(h_TD)
             pl = policy_loss(hidden, module.lm_head.weight, mb.table, den, self.loss_config)
-            aux = aux.reshape(())
-            aux = aux if step.stats is not None else aux * (mb.expanded_tokens / total_tokens)
-            loss = pl.loss + aux
-            terms = (loss, pl.pg_loss, pl.kl, pl.entropy, aux, pl.clip_frac, pl.ppo_kl)
-            sums[:] += torch.stack([v.detach().to(torch.float64).reshape(()) for v in terms]).cpu().numpy()
+            loss, terms = loss_terms(pl, aux.reshape(()),
+                                     None if step.stats is not None else mb.expanded_tokens / total_tokens)
+            sums[:] += terms.cpu().numpy()
             at = starts[mb.table.traj.cpu().numpy()] + mb.table.position.cpu().numpy()
             logprob_flat[at] = pl.logprob_N.to(torch.float64).cpu().numpy()
             entropy_flat[at] = pl.entropy_N.to(torch.float64).cpu().numpy()
@@ -217,7 +220,7 @@ class PipelineTrainer(PlanTrainer):
         )
 
     @torch.no_grad()
-    def _statistics_pass(self, step: StageStep, num_moe: int, moe_before: int, device) -> MoEGlobalStats:  # noqa: ANN001
+    def _stage_statistics_pass(self, step: StageStep, num_moe: int, moe_before: int, device) -> MoEGlobalStats:  # noqa: ANN001
         """The step-global routing statistics (`moe_statistics_pass` over a pipeline): every
         microbatch's no-grad forward in forward order, the residual stream passed stage to
         stage, each stage's expert loads summed into its layers' rows of [L, E], then summed
@@ -286,25 +289,6 @@ class PipelineTrainer(PlanTrainer):
         dist.all_reduce(sq, group=self.group)
         return float(sq.sqrt())
 
-    def prepare(self, *args, **kwargs):  # noqa: ANN002, ANN003
-        raise NotImplementedError("a pipeline step builds its data side itself; it is not prepared ahead")
-
-    def evaluate(self, *args, **kwargs):  # noqa: ANN002, ANN003
-        raise NotImplementedError("a forward-only pipeline step is not implemented")
-
-    def step(self, trajectories: Sequence[Trajectory], microbatch_tokens: int | None = None,
-             partition=None, prepared=None) -> PipelineStepResult:  # noqa: ANN001
-        """One update: zero grads, the pipelined forward/backward, clip by the global norm,
-        AdamW on this stage's parameters."""
-        start = time.perf_counter()
-        self.optimizer.zero_grad(set_to_none=True)
-        result = self.forward_backward(trajectories, microbatch_tokens, partition, prepared)
-        max_norm = self.optimizer_config.grad_clip
-        if max_norm is not None:
-            coef = min(1.0, max_norm / (result.grad_norm + 1e-6))
-            if coef < 1.0:
-                for p in self.model.parameters():
-                    if p.grad is not None:
-                        p.grad.mul_(coef)
-        self.optimizer.step()
-        return PipelineStepResult(**{**result.__dict__, "seconds": time.perf_counter() - start})
+    def _clip_gradients(self, grad_norm: float) -> None:
+        """By the global gradient norm (torch's clip_grad_norm_ rule), on this stage's parameters."""
+        scale_gradients(self.model, self.optimizer_config.grad_clip, grad_norm)

@@ -1,14 +1,16 @@
 """The distributed step: each DP replica runs its microbatches of the plan, in lockstep.
 
-`DistPlanTrainer` is `harts.exec.window.PlanTrainer` restricted to this rank's replica
-(`Microbatch.replica` = the rank's "dp" coordinate): the same step loop, loss, window
-machinery (producer stash, consumers, producer backward after the last consumer) and
-optimizer. What the distribution adds sits around that loop, never inside it:
+`DistPlanTrainer` is the step runner (`harts.exec.step.StepRunner`) over a `ReplicaLayout`,
+the plan layout restricted to this rank's replica (`Microbatch.replica` = the rank's "dp"
+coordinate): the same step loop, loss, window machinery (producer stash, consumers,
+producer backward after the last consumer) and optimizer. What the distribution adds sits
+around that loop, in the runner's hooks, or between microbatches, in the layout, never
+inside the loop:
 
 - Denominators. Every rank holds the step's trajectories (the plan refers to the whole
   forest), so `step_denominators` are the step's on every rank without a collective.
 - MoE global statistics. The no-grad statistics pass sums this replica's loads and row
-  weights; one all-reduce over "dp" makes them the step's (`_statistics_pass`).
+  weights; one all-reduce over "dp" makes them the step's (the `_statistics_pass` hook).
 - Collectives during microbatches. FSDP2 is driven so that it has none: every unit is
   all-gathered once when the step starts and keeps its gradients unreduced. Expert
   parallel has one all-to-all pair per MoE layer in every forward and backward, so the
@@ -18,18 +20,19 @@ optimizer. What the distribution adds sits around that loop, never inside it:
   replica's non-producer microbatch of the slot (forward and backward), then each window's
   producer backward. A replica without a microbatch in an event runs a *shadow*: a
   forward (and backward) over zero rows that takes part in the all-to-alls and computes
-  the other replicas' rows on its experts. Without EP the group is the replica alone and
-  no shadow runs.
+  the other replicas' rows on its experts; `ReplicaLayout` runs the shadows between the
+  microbatches it yields. Without EP the group is the replica alone and no shadow runs.
 - Gradients are reduced once per step: after the last microbatch every rank runs one
   zero-row forward/backward with FSDP's gradient sync on, which reduce-scatters
   (sums) every unit's accumulated gradient, then reshards. A parameter this replica's
   microbatches did not reach (all of them on a replica the plan gives no microbatch, the
   LM head and the routed experts on one that only ran shadows) gets a zero gradient
   first, so every replica reduce-scatters the same parameters (torch's
-  `set_reduce_scatter_unused_params` semantics, which torch 2.11 lacks).
+  `set_reduce_scatter_unused_params` semantics, which torch 2.11 lacks). The runner's
+  `_begin_pass` / `_finish_pass` hooks do this gathering and reducing.
 - Results (log-probs, losses, expert loads, layouts) are gathered over "dp", so each rank's
   `StepResult` is the step's; `grad_norm` is the norm of the full gradient, and clipping
-  uses it.
+  uses it (the `_clip_gradients` hook).
 
 `launch` starts `nprocs` worker processes on one host (torch.multiprocessing, gloo on CPU
 or NCCL on CUDA, a free TCP port), joins them under a timeout and kills them on failure.
@@ -50,17 +53,18 @@ import torch.distributed as dist
 
 from harts.config.kernels import KernelConfig
 from harts.config.optimizer import OptimizerConfig
-from harts.distributed.mesh import LaunchError, backend_for
+from harts.distributed.mesh import DistMesh, LaunchError, backend_for
 from harts.distributed.parallelize import ParallelModel
 from harts.distributed.teardown import exit_without_finalization
+from harts.exec.layouts.plan import PlanLayout
 from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.moe import MoEGlobalStats
-from harts.exec.trainer import Microbatch, StepResult, moe_statistics_pass
+from harts.exec.step import Microbatch, StepResult, moe_statistics_pass, scale_gradients
 from harts.exec.window import PlanTrainer
-from harts.plan.plan import Plan, PlanMode
+from harts.plan.plan import Plan
 
-__all__ = ["DistPlanTrainer", "JointEvent", "NullContext", "distributed_trainer", "free_port", "full_gradients",
-           "joint_events", "launch", "zero_missing_grads"]
+__all__ = ["DistPlanTrainer", "JointEvent", "NullContext", "ReplicaLayout", "distributed_trainer", "free_port",
+           "full_gradients", "joint_events", "launch", "zero_missing_grads"]
 
 
 class NullContext:
@@ -139,24 +143,23 @@ _END = object()
 
 
 class _ReplicaRun:
-    """This replica's microbatches (from PlanTrainer's window run or packed layout) as the
-    step loop iterates them, with the EP group's shadows run between them."""
+    """This replica's microbatches (from the plan layout's window run or packed layout) as
+    the step runner iterates them, with the EP group's shadows run between them."""
 
-    def __init__(self, trainer: DistPlanTrainer, source: Callable[[], Any], ids: list[int]):
-        self.trainer = trainer
+    def __init__(self, layout: ReplicaLayout, source: Callable[[], Any], ids: list[int]):
+        self.layout = layout
         self.source = source  # a fresh iterator of this replica's Microbatch objects
         self.ids = ids  # their plan ids, in that order
-        self.inner = None
 
     def __iter__(self):
-        tr = self.trainer
-        me = tr.mesh.replica
+        lay = self.layout
+        me = lay.replica
         source = iter(self.source())
         pending: list[Microbatch] = []
         taken = 0
         grad = torch.is_grad_enabled()
         open_shadows: dict[int, Any] = {}
-        for ev in tr.events:
+        for ev in lay.events:
             mine = ev.members.get(me)
             if ev.kind == "B":
                 if mine is not None:
@@ -165,7 +168,7 @@ class _ReplicaRun:
                     if nxt is not _END:
                         pending.append(nxt)
                 elif ev.key in open_shadows:
-                    tr.shadow_backward(open_shadows.pop(ev.key))
+                    lay.shadow_backward(open_shadows.pop(ev.key))
             elif mine is not None:
                 if mine != self.ids[taken]:
                     raise RuntimeError(f"replica {me}: event order runs microbatch {mine}, the window run "
@@ -173,17 +176,61 @@ class _ReplicaRun:
                 taken += 1
                 yield pending.pop(0) if pending else next(source)
             else:
-                out = tr.shadow_forward()
+                out = lay.shadow_forward()
                 if grad and ev.kind == "FB":
-                    tr.shadow_backward(out)
+                    lay.shadow_backward(out)
                 elif grad:
                     open_shadows[ev.key] = out
         if next(source, _END) is not _END or pending:
             raise RuntimeError(f"replica {me}: microbatches left after the step's events")
 
 
+class ReplicaLayout(PlanLayout):
+    """The plan layout of one DP replica: its microbatches in its plan order, interleaved
+    with its EP group's shadows (module docstring); its partition holds only its own
+    trajectories (the plan's validation checks the whole step's cover)."""
+
+    covers_step = False
+
+    def __init__(self, plan: Plan, mesh: DistMesh):
+        super().__init__(plan)
+        self.mesh = mesh
+        self.replica = me = mesh.replica
+        self.execution_order = [m.id for m in sorted((m for m in plan.microbatches if m.replica == me),
+                                                     key=lambda m: m.order)]
+        ep = mesh.parallel.ep
+        first = me - me % ep
+        self.events = joint_events(plan, range(first, first + ep))
+
+    def bind(self, model, kernels, kernel_record) -> ReplicaLayout:  # noqa: ANN001
+        super().bind(model, kernels, kernel_record)
+        cfg = model.config
+        self._null = NullContext(self.mesh.device, cfg.num_moe_layers, cfg.num_experts)
+        return self
+
+    def microbatches(self, trajectories, partition):  # noqa: ANN001
+        return _ReplicaRun(self, lambda: PlanLayout.microbatches(self, trajectories, partition),
+                           list(self.execution_order))
+
+    def prepare(self, trajectories, partition):  # noqa: ANN001
+        built = PlanLayout.prepare(self, trajectories, partition)
+        return _ReplicaRun(self, lambda: iter(built), list(self.execution_order))
+
+    def shadow_forward(self):
+        """A forward over zero rows: this replica's part of its group's collectives."""
+        ids = torch.zeros(0, dtype=torch.int64, device=self.mesh.device)
+        return self.model(ids, self._null)
+
+    @staticmethod
+    def shadow_backward(out) -> None:  # noqa: ANN001
+        (out.hidden_TD.sum() + out.aux_loss).backward()
+
+
 class DistPlanTrainer(PlanTrainer):
-    """PlanTrainer for one DP replica of a distributed step (module docstring)."""
+    """The step runner over this DP replica's `ReplicaLayout` (module docstring): the
+    runner's hooks gather FSDP's shards before the pass, sum the statistics over "dp", and
+    after the pass reduce the gradients, gather the results and clip by the full
+    gradient's norm."""
 
     def __init__(self, pm: ParallelModel, plan: Plan, optimizer: OptimizerConfig | None = None,
                  loss: PolicyLossConfig | None = None, *, kernels: KernelConfig | None = None):
@@ -192,52 +239,17 @@ class DistPlanTrainer(PlanTrainer):
             raise LaunchError(f"the plan was made for dp={plan.dp} replicas; this launch has dp={mesh.parallel.dp}")
         if mesh.parallel.pp > 1:
             raise NotImplementedError("pp > 1 runs on the pipeline trainer (distributed_trainer builds it)")
-        super().__init__(pm.model, plan, optimizer, loss, kernels=kernels)
+        super().__init__(pm.model, plan, optimizer, loss, kernels=kernels, layout=ReplicaLayout(plan, mesh))
         self.pm, self.mesh = pm, mesh
-        me = mesh.replica
-        self.execution_order = [m.id for m in sorted((m for m in plan.microbatches if m.replica == me),
-                                                     key=lambda m: m.order)]
-        ep = mesh.parallel.ep
-        first = me - me % ep
-        self.events = joint_events(plan, range(first, first + ep))
-        cfg = self.model.config
-        self._null = NullContext(mesh.device, cfg.num_moe_layers, cfg.num_experts)
         self._dp_group = mesh.group("dp")
 
-    # ---- the window run and packed layouts, wrapped with the group's shadows -------------
-
-    def _window_run(self, trajectories):
-        run = super()._window_run(trajectories)
-        return _ReplicaRun(self, lambda: iter(run), list(self.execution_order))
-
-    def _microbatches(self, trajectories, partition):
-        if self.plan.mode == PlanMode.EXPANDED:
-            return _ReplicaRun(self, lambda: PlanTrainer._microbatches(self, trajectories, partition),
-                               list(self.execution_order))
-        return super()._microbatches(trajectories, partition)
-
-    def _bins(self, trajectories, microbatch_tokens, partition):
-        # this replica's trajectories only; the plan's validation checks the whole step's cover
-        return [list(b) for b in partition] if partition is not None else self.partition(trajectories,
-                                                                                         microbatch_tokens)
-
-    def shadow_forward(self):
-        ids = torch.zeros(0, dtype=torch.int64, device=self.mesh.device)
-        return self.model(ids, self._null)
-
-    @staticmethod
-    def shadow_backward(out) -> None:
-        (out.hidden_TD.sum() + out.aux_loss).backward()
-
-    # ---- the step ---------------------------------------------------------------------------
-
-    def _statistics_pass(self, microbatches):
+    def _statistics_pass(self, microbatches):  # noqa: ANN001
         """This replica's statistics pass, summed over "dp" into the step's."""
         cfg = self.model.config
         loads: list[torch.Tensor] = []
         local = torch.zeros(cfg.num_moe_layers, cfg.num_experts, dtype=torch.float64)
         weight = 0.0
-        if self.execution_order:
+        if self.layout.execution_order:
             stats, loads = moe_statistics_pass(self.model, microbatches)
             local, weight = torch.stack(loads).sum(0), stats.total_weight
         else:
@@ -249,22 +261,21 @@ class DistPlanTrainer(PlanTrainer):
         both = both.cpu()
         return MoEGlobalStats.from_loads(both[:-1].view_as(local), float(both[-1]), cfg.top_k), loads
 
-    def _grad_norm(self) -> float:
-        return float("nan")  # before the gradients are reduced; `_run` sets the full gradient's
-
-    def _run(self, trajectories, microbatch_tokens, backward, partition=None, prepared=None) -> StepResult:
-        start = time.perf_counter()
+    def _begin_pass(self) -> None:
         self.pm.unshard()
-        result = super()._run(trajectories, microbatch_tokens, backward, partition, prepared)
+
+    def _finish_pass(self, result: StepResult, backward: bool) -> StepResult:
+        """Every unit's gradients reduce-scattered by one zero-row pass with FSDP's sync on
+        (a parameter this replica did not reach given a zero gradient first), the shards
+        released, the results gathered over "dp", and the full gradient's norm."""
         if backward:
             self.pm.enable_gradient_sync()
             if self.pm.fsdp_modules:
                 zero_missing_grads(self.model)
-            self.shadow_backward(self.shadow_forward())  # every unit's one reduce-scatter
+            self.layout.shadow_backward(self.layout.shadow_forward())  # every unit's one reduce-scatter
         self.pm.reshard()
         result = self._gather(result)
-        norm = global_grad_norm(self.pm) if backward else 0.0
-        return replace(result, grad_norm=norm, seconds=time.perf_counter() - start)
+        return replace(result, grad_norm=global_grad_norm(self.pm) if backward else 0.0)
 
     def _gather(self, result: StepResult) -> StepResult:
         parts: list[Any] = [None] * dist.get_world_size(self._dp_group)
@@ -279,21 +290,9 @@ class DistPlanTrainer(PlanTrainer):
                        expert_load=sum(loads[1:], loads[0]) if loads else None,
                        layout=[x for p in parts for x in p[4]], microbatches=[x for p in parts for x in p[5]])
 
-    def step(self, trajectories, microbatch_tokens, partition=None, prepared=None) -> StepResult:
-        """One update: zero grads, the distributed forward/backward, clipping by the full
-        gradient's norm (torch's clip_grad_norm_ rule), AdamW on the local shards."""
-        start = time.perf_counter()
-        self.optimizer.zero_grad(set_to_none=True)
-        result = self.forward_backward(trajectories, microbatch_tokens, partition, prepared)
-        max_norm = self.optimizer_config.grad_clip
-        if max_norm is not None:
-            coef = min(max_norm / (result.grad_norm + 1e-6), 1.0)
-            with torch.no_grad():
-                for p in self.model.parameters():
-                    if p.grad is not None:
-                        p.grad.mul_(coef)
-        self.optimizer.step()
-        return replace(result, seconds=time.perf_counter() - start)
+    def _clip_gradients(self, grad_norm: float) -> None:
+        """By the full gradient's norm (torch's clip_grad_norm_ rule), on the local shards."""
+        scale_gradients(self.model, self.optimizer_config.grad_clip, grad_norm)
 
 
 def distributed_trainer(pm: ParallelModel, plan: Plan, *, schedule: str = "consumer-1f1b",

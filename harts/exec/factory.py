@@ -1,13 +1,15 @@
 """The one construction site of each single-process trainer: `make_trainer(kind, model, ...)`.
 
-Kinds (each a layout of the same step loop, loss and optimizer):
+Kinds (each the one step runner, `harts.exec.step.StepRunner`, over a layout of
+`harts.exec.layouts`):
 
-- "expanded": `ExpandedTrainer`, the trajectory-by-trajectory baseline;
-- "tree": `TreeTrainer`, whole rollout trees per microbatch (`kda_mode` "replay" or the
-  "node" ablation);
-- "plan": `PlanTrainer`, a step planner's `plan` (sharing windows; `order`, `schedule`,
-  `offload_producers` as `PlanTrainer` takes them);
-- "prefix-merged": `PrefixMergedTrainer`, the prefix-merged expanded baseline.
+- "expanded": `ExpandedTrainer`, the trajectory-by-trajectory baseline (`PackedLayout`);
+- "tree": `TreeTrainer`, whole rollout trees per microbatch (`TreeLayout`; `kda_mode`
+  "replay" or the "node" ablation);
+- "plan": `PlanTrainer`, a step planner's `plan` (`PlanLayout`: sharing windows; `order`,
+  `schedule`, `offload_producers` as `PlanLayout` takes them);
+- "prefix-merged": `PrefixMergedTrainer`, the prefix-merged expanded baseline
+  (`PrefixMergedLayout`).
 
 Distributed trainers are built by `harts.distributed.runner.distributed_trainer`, and a
 whole run's trainer by `harts.train.build_trainer`. Which trajectories share a microbatch

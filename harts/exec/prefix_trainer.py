@@ -1,62 +1,21 @@
-"""The prefix-merged expanded baseline: the strongest trainer that does not share rows
-between sequences that fork.
-
-Each microbatch runs only its *hosts* (`harts.tree.prefix.prefix_hosts`: sequences no
-other sequence of the microbatch extends, one of each set of copies), packed as
-independent causal sequences like the expanded baseline; a merged sequence's targets (its
-own weights, advantages, old and reference log-probs) read its host's rows, so a row may
-serve several targets. MoE statistics weight each row by the sequences that cover it, as
-tree mode does, so the step computes exactly the expanded step's losses and gradients.
-The partition packs hosts first-fit-decreasing by length, each with every sequence merged
-into it; a given partition is merged within each of its microbatches.
-"""
+"""The prefix-merged expanded baseline: the step runner over the prefix-merged layout
+(`harts.exec.layouts.prefix`), the strongest trainer that does not share rows between
+sequences that fork."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import numpy as np
-import torch
-
-from harts.exec.model.context import PackedContext
-from harts.exec.trainer import ExpandedTrainer, Microbatch, trajectory_targets
-from harts.exec.transfer import to_device
-from harts.plan.partition import prefix_partition
-from harts.tree.prefix import prefix_hosts
-from harts.tree.trajectory import Trajectory
+from harts.config.kernels import KernelConfig
+from harts.config.optimizer import OptimizerConfig
+from harts.exec.layouts.prefix import PrefixMergedLayout
+from harts.exec.loss import PolicyLossConfig
+from harts.exec.model.model import HybridModel
+from harts.exec.step import StepRunner
 
 __all__ = ["PrefixMergedTrainer"]
 
 
-class PrefixMergedTrainer(ExpandedTrainer):
-    def __init__(self, model, optimizer=None, loss=None, *, kernels=None):
+class PrefixMergedTrainer(StepRunner):
+    def __init__(self, model: HybridModel, optimizer: OptimizerConfig | None = None,
+                 loss: PolicyLossConfig | None = None, *, kernels: KernelConfig | None = None):
         model.config.check_tree_mode()  # occurrence-weighted rows: token dropping would differ
-        super().__init__(model, optimizer, loss, kernels=kernels)
-
-    def partition(self, trajectories: Sequence[Trajectory], microbatch_tokens: int) -> list[list[int]]:
-        """`harts.plan.partition.prefix_partition`."""
-        return prefix_partition(trajectories, microbatch_tokens)
-
-    def _microbatches(self, trajectories: Sequence[Trajectory], partition: Sequence[Sequence[int]]):
-        model = self.model
-        device = model.lm_head_weight.device
-        dtype = model.lm_head_weight.dtype
-        for members in partition:
-            members = list(members)
-            local_host = prefix_hosts([trajectories[j].tokens for j in members])
-            hosts = [members[i] for i in range(len(members)) if local_host[i] == i]
-            sizes = [len(trajectories[h]) for h in hosts]
-            offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-            offset_of = dict(zip(hosts, offsets[:-1].tolist(), strict=True))
-            weight = np.zeros(int(offsets[-1]), dtype=np.float64)
-            for i, j in enumerate(members):
-                start = offset_of[members[int(local_host[i])]]
-                weight[start:start + len(trajectories[j])] += 1.0
-            ids_T = to_device(np.concatenate([trajectories[h].tokens for h in hosts]), device)
-            ctx = PackedContext(torch.from_numpy(offsets), torch.from_numpy(weight),
-                                chunk_size=model.config.chunk_size, kernels=self.kernels,
-                                kernel_record=self.kernel_record).to(device)
-            rows_of = [offset_of[members[int(local_host[i])]] for i in range(len(members))]
-            table = trajectory_targets(trajectories, members, rows_of).to(device, dtype)
-            expanded = sum(len(trajectories[j]) for j in members)
-            yield Microbatch(members, ids_T, ctx, table, expanded, {"hosts": len(hosts), "merged": len(members) - len(hosts)})
+        super().__init__(model, PrefixMergedLayout(), optimizer, loss, kernels=kernels)

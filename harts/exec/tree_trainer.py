@@ -1,85 +1,29 @@
-"""Tree-mode training: the same step loop as the expanded baseline over rollout trees.
-
-Legend: R compact rows of a microbatch, N targets.
-
-A microbatch holds whole trees (one group = one radix tree); groups are packed by
-first-fit-decreasing on their *compact* size under the token budget (a tree larger than
-the budget gets a microbatch of its own; splitting trees across microbatches is the job
-of the sharing-window executor). Each microbatch runs the model once per compact row over
-a `TreeContext`; each row's logits serve every target whose previous position is that
-row, and losses use the step's expanded denominators, so the step computes the same
-numbers as `ExpandedTrainer` on the same trajectories. MoE statistics weight each row by
-its occurrence count; token dropping is refused.
-"""
+"""Tree-mode training: the step runner over the tree layout (`harts.exec.layouts.tree`:
+whole rollout trees per microbatch, a `TreeContext` each), computing the same numbers as
+`ExpandedTrainer` on the same trajectories."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import numpy as np
-import torch
-
 from harts.config.kernels import KernelConfig
 from harts.config.optimizer import OptimizerConfig
-from harts.exec.loss import PolicyLossConfig, TargetTable
+from harts.exec.layouts.tree import TreeLayout, target_table
+from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.model import HybridModel
-from harts.exec.trainer import ExpandedTrainer, Microbatch
-from harts.exec.transfer import to_device
-from harts.exec.tree import TreeContext
-from harts.plan.partition import tree_partition
-from harts.tree import Targets, Trajectory, build_forest
+from harts.exec.step import StepRunner
+
+__all__ = ["TreeTrainer", "target_table"]
 
 
-def target_table(tg: Targets, *, select: np.ndarray | None = None, row: np.ndarray | None = None,
-                 traj: np.ndarray | None = None) -> TargetTable:
-    """A forest's expanded targets as the loss's TargetTable: optionally a subset
-    (`select`), with the serving rows and trajectory indices remapped (`row`, `traj`:
-    already restricted to the subset) into the executing microbatch's own index spaces."""
-    sel = slice(None) if select is None else select
+class TreeTrainer(StepRunner):
+    """Whole trees per microbatch; `kda_mode` "replay" (the KDA call plan's rounds) or the
+    "node" ablation. Token dropping is refused (`ModelConfig.check_tree_mode`)."""
 
-    def col(x: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(x[sel]))
-
-    return TargetTable(
-        row=torch.from_numpy(row) if row is not None else col(tg.row), label=col(tg.label),
-        traj=torch.from_numpy(traj) if traj is not None else col(tg.traj), position=col(tg.position),
-        weight=col(tg.weight), advantage=col(tg.advantage), old_logprob=col(tg.old_logprob),
-        ref_logprob=None if tg.ref_logprob is None else col(tg.ref_logprob),
-    )
-
-
-class TreeTrainer(ExpandedTrainer):
-    def __init__(
-        self,
-        model: HybridModel,
-        optimizer: OptimizerConfig | None = None,
-        loss: PolicyLossConfig | None = None,
-        *,
-        kda_mode: str = "replay",
-        kernels: KernelConfig | None = None,
-    ):
+    def __init__(self, model: HybridModel, optimizer: OptimizerConfig | None = None,
+                 loss: PolicyLossConfig | None = None, *, kda_mode: str = "replay",
+                 kernels: KernelConfig | None = None):
         model.config.check_tree_mode()
-        super().__init__(model, optimizer, loss, kernels=kernels)
-        self.kda_mode = kda_mode
+        super().__init__(model, TreeLayout(kda_mode), optimizer, loss, kernels=kernels)
 
-    def partition(self, trajectories: Sequence[Trajectory], microbatch_tokens: int) -> list[list[int]]:
-        """Whole groups, packed first-fit-decreasing by their compact (tree) size
-        (`harts.plan.partition.tree_partition`)."""
-        return tree_partition(trajectories, microbatch_tokens)
-
-    def _microbatches(self, trajectories: Sequence[Trajectory], partition: Sequence[Sequence[int]]):
-        model = self.model
-        device = model.lm_head_weight.device
-        dtype = model.lm_head_weight.dtype
-        for members in partition:
-            members = list(members)
-            forest = build_forest([trajectories[j] for j in members])
-            tg = forest.targets()
-            global_traj = np.asarray(members, dtype=np.int64)[tg.traj]
-            table = target_table(tg, traj=global_traj).to(device, dtype)
-            ctx = TreeContext(forest, chunk_size=model.config.chunk_size, kda_mode=self.kda_mode, device=device,
-                              kernels=self.kernels, kernel_record=self.kernel_record)
-            ids_T = to_device(forest.token_ids, device)
-            info = {"kda_rounds": ctx.kda_rounds, "replay_tokens": ctx.replay_tokens,
-                    "compression": forest.compression}
-            yield Microbatch(members, ids_T, ctx, table, forest.expanded_tokens, info)
+    @property
+    def kda_mode(self) -> str:
+        return self.layout.kda_mode

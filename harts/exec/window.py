@@ -1,382 +1,46 @@
-"""Executing a step Plan exactly, sharing windows included.
-
-Legend: C rows a microbatch computes, X context rows it reads from its producer.
-
-A tree-mode `Plan` (harts.plan.plan) places microbatches on replicas. A microbatch
-computes the rows of its pieces and owns the targets of its trajectories; a *consumer*
-also reads context rows that its *producer* computed. Execution, per replica in plan
-order (replicas run one after another here: their gradients simply add, which is what a
-data-parallel all-reduce of the step-global loss computes):
-
-1. producer forward over its rows, recording through its context a `Stash`: the mixing
-   inputs of every row (attention keys/values, conv inputs, KDA inputs), the KDA states
-   its rounds handed on, and its final hidden rows. No backward yet. On CUDA its other
-   large saved tensors (its blocks' checkpointed inputs) wait in pinned host memory until
-   its backward (`harts.exec.offload.HostOffload`; `PlanTrainer(offload_producers=...)`).
-2. each consumer: forward over its own rows, with every mixing op extended by the
-   context rows' stashed inputs (detached leaves shared by all consumers of the window),
-   KDA trees starting from the producer's chunk-aligned states; loss over its targets
-   (the hidden rows of context rows come from the stash); backward, which accumulates
-   into the leaves' `.grad`.
-3. after the window's last consumer: one producer backward, feeding its own loss and the
-   accumulated leaf gradients through the producer graph.
-
-The data side is built ahead (`PlanTrainer.prepare`, as the other trainers', so
-`run_steps` overlaps it with the previous step): a consumer's context needs only the rows
-its producer's stash will keep (the window's `StashNeeds`), and the stash is bound when the
-consumer runs. Every read of stashed rows and every cut of the producer's tensors is a
-fixed-order gather (`RowGather`, `RowPlace`) whose backward is a gather, not autograd's
-scatter-add of advanced indexing.
-
-Row weights (occurrence counts for MoE statistics) count, for every computed row, the
-trajectories whose targets use *that computation*: a microbatch's own trajectories, and
-for a producer its consumers' trajectories. Summed over the step they are the expanded
-batch's counts, whatever the split. Loss denominators are the step's, as everywhere.
-
-Prior-art plans without windows may compute a shared row in several microbatches; each
-copy is then an independent computation weighted by its own trajectories.
-"""
+"""Executing a step `Plan` exactly, sharing windows included: the step runner over the plan
+layout (`harts.exec.layouts.plan`, whose module docstring describes the windows'
+execution: producer stash, consumers' reads, producer backward after the last consumer)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-
-import numpy as np
-import torch
 
 from harts.config.kernels import KernelConfig
 from harts.config.optimizer import OptimizerConfig
+from harts.exec.layouts.plan import PlanLayout, WindowStats, order_from_schedule, piece_rows
 from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.model import HybridModel
-from harts.exec.offload import HostOffload
-from harts.exec.ops.gather import RowGather
-from harts.exec.stash import Stash, StashNeeds
-from harts.exec.trainer import ExpandedTrainer, Microbatch, PreparedStep
-from harts.exec.transfer import to_device
-from harts.exec.tree import TreeContext, consumer_needs
-from harts.exec.tree_layout import LocalLayout, plan_replay_schedule
-from harts.exec.tree_trainer import target_table
+from harts.exec.step import StepRunner
 from harts.plan.plan import Plan, PlanMode
 from harts.plan.schedule import Schedule
-from harts.plan.step import plan_kda_calls_of
-from harts.tree import Trajectory, build_forest
-from harts.tree.forest import RolloutForest
+
+__all__ = ["PlanTrainer", "WindowStats", "order_from_schedule", "piece_rows"]
 
 
-def piece_rows(forest: RolloutForest, pieces: Sequence) -> np.ndarray:
-    starts = forest.node_row_start
-    parts = [np.arange(starts[p.node] + p.start, starts[p.node] + p.end) for p in pieces]
-    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
-
-
-@dataclass
-class WindowStats:
-    """What a sharing window held: reported per producer."""
-
-    producer: int
-    consumers: list[int]
-    retained_bytes: int = 0
-    # CUDA: device memory the producer still held at the end of its forward (its autograd
-    # graph, its loss's saved tensors and the stash), measured as the change in allocated
-    # memory since its microbatch started; 0 elsewhere
-    held_bytes: int = 0
-    producer_rows: int = 0
-    context_rows_read: int = 0
-    # bytes of the producer's saved tensors held in host memory across the window
-    # (`PlanTrainer(offload_producers=...)`, harts.exec.offload)
-    offloaded_bytes: int = 0
-
-
-@dataclass
-class _Window:
-    producer: int
-    consumers: list[int]
-    needs: StashNeeds | None = None
-    stash: Stash | None = None
-    loss: torch.Tensor | None = None
-    done: int = 0
-    mem_start: int = 0
-    stats: WindowStats = field(default=None)  # type: ignore[assignment]
-    # the contexts holding the window's state: released after the producer's backward
-    producer_ctx: TreeContext | None = None
-    consumer_ctxs: list[TreeContext] = field(default_factory=list)
-    offload: HostOffload | None = None
-
-
-class _WindowRun:
-    """A tree-mode plan's microbatches, built ahead (`PlanTrainer.prepare`), as the step
-    loop iterates them: each iteration (the MoE statistics pass, then the training pass)
-    binds every consumer's context to its producer's stash when the consumer comes up,
-    gives each producer a fresh stash, and runs a producer's backward right after its
-    window's last consumer."""
-
-    def __init__(self, trainer: PlanTrainer, consumers: dict[int, list[int]]):
-        self.trainer = trainer
-        self.consumers = consumers
-        self.items: list[tuple[int, int | None, TreeContext, Microbatch]] = []
-        self.open: dict[int, _Window] = {}
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int) -> Microbatch:
-        return self.items[i][3]
-
-    def after_forward(self, producer: int, ctx: TreeContext):
-        def hook(out, loss):
-            w = self.open[producer]
-            w.stash = ctx.record
-            w.stash.keep(w.needs, out.hidden_TD)
-            w.loss = loss
-            w.stats.retained_bytes = w.stash.retained_bytes()
-            if w.offload is not None:
-                w.stats.offloaded_bytes = w.offload.bytes
-            if ctx.device.type == "cuda":
-                w.stats.held_bytes = torch.cuda.memory_allocated(ctx.device) - w.mem_start
-            tr = self.trainer
-            tr._open_bytes += w.stats.retained_bytes
-            tr.peak_retained_bytes = max(tr.peak_retained_bytes, tr._open_bytes)
-
-        return hook
-
-    def offload(self, producer: int) -> HostOffload:
-        """The saved-tensor hooks of a producer's forward (`Microbatch.saved_tensors`)."""
-        w = self.open[producer]
-        w.offload = HostOffload()
-        return w.offload
-
-    def __iter__(self):
-        tr = self.trainer
-        tr.windows = []
-        tr.peak_retained_bytes = 0
-        tr._open_bytes = 0
-        self.open = {}
-        for mb_id, producer, ctx, mb in self.items:
-            window = None
-            if producer is not None:
-                window = self.open.get(producer)
-                if window is None or window.stash is None:
-                    raise ValueError(f"consumer {mb_id} runs before its producer {producer}")
-                ctx.bind(window.stash.leaves())
-                window.consumer_ctxs.append(ctx)
-            if mb_id in self.consumers:
-                ctx.start_recording()
-                w = _Window(mb_id, self.consumers[mb_id], needs=ctx.record.needs, producer_ctx=ctx)
-                w.stats = WindowStats(mb_id, w.consumers, producer_rows=int(ctx.num_rows))
-                if ctx.device.type == "cuda":
-                    w.mem_start = torch.cuda.memory_allocated(ctx.device)
-                self.open[mb_id] = w
-            yield mb
-            if window is not None:
-                window.done += 1
-                window.stats.context_rows_read += int((~ctx.layout.computed).sum())
-                if window.done == len(window.consumers):
-                    tr._producer_backward(window)
-                    # what the window held (stash, leaves, their gradients) goes with it
-                    for c in window.consumer_ctxs:
-                        c.stash = None
-                    window.producer_ctx.release_record()
-                    window.consumer_ctxs = []
-        self.open = {}
-
-
-def order_from_schedule(schedule: Schedule) -> list[int]:
-    """The microbatch ids in the order a pipeline schedule runs their forwards on its first
-    stage, replica after replica (one device runs whole microbatches: every stage's layers
-    at once, replicas' gradients adding up as a data-parallel all-reduce would)."""
-    return [op.mbs[0] for r in range(schedule.num_replicas) for op in schedule.ops(r, 0) if op.kind == "F"]
-
-
-class PlanTrainer(ExpandedTrainer):
-    """Runs the microbatches of a `Plan`; tree-mode plans with sharing windows exactly."""
-
-    # a consumer's context is built ahead from the rows its producer's stash will keep
-    preparable = True
+class PlanTrainer(StepRunner):
+    """Runs the microbatches of a `Plan`; tree-mode plans with sharing windows exactly.
+    `order`, `schedule` and `offload_producers` are `PlanLayout`'s."""
 
     def __init__(self, model: HybridModel, plan: Plan, optimizer: OptimizerConfig | None = None,
                  loss: PolicyLossConfig | None = None, *, order: Sequence[int] | None = None,
                  schedule: Schedule | None = None, kernels: KernelConfig | None = None,
-                 offload_producers: bool | None = None):
-        """`order`: the microbatch ids in execution order, as a pipeline schedule runs them
-        (default: each replica's plan order, replicas one after another). Windows may
-        overlap — a producer may run before the previous window's last consumer — as long
-        as every consumer follows its producer; each producer's backward still runs right
-        after its own last consumer. `schedule`: a simulator schedule (harts.plan.schedule)
-        of this plan instead of `order`: its first stage's forward order (`order_from_schedule`).
-        `offload_producers`: hold a window producer's large saved tensors (its blocks'
-        checkpointed inputs) in host memory while its consumers run (`HostOffload`); the
-        default does so on CUDA devices. Values are unchanged either way."""
+                 offload_producers: bool | None = None, layout: PlanLayout | None = None):
+        """`layout`: a plan layout of `plan` to run instead of one built from the options
+        (a distributed runner's replica layout)."""
         if plan.mode == PlanMode.TREE:
             model.config.check_tree_mode()
-        super().__init__(model, optimizer, loss, kernels=kernels)
+        if layout is None:
+            layout = PlanLayout(plan, order=order, schedule=schedule, offload_producers=offload_producers)
+        super().__init__(model, layout, optimizer, loss, kernels=kernels)
         self.plan = plan
-        if schedule is not None:
-            if order is not None:
-                raise ValueError("give an order or a schedule, not both")
-            order = order_from_schedule(schedule)
-        if order is None:
-            order = [m.id for m in sorted(plan.microbatches, key=lambda m: (m.replica, m.order))]
-        order = [int(i) for i in order]
-        if sorted(order) != sorted(m.id for m in plan.microbatches):
-            raise ValueError("order must list every microbatch of the plan exactly once")
-        position = {mb: i for i, mb in enumerate(order)}
-        for m in plan.microbatches:
-            if m.producer is not None and position[m.producer] > position[m.id]:
-                raise ValueError(f"order runs consumer {m.id} before its producer {m.producer}")
-        self.execution_order = order
-        self.offload_producers = offload_producers
-        # the last step's (plan, trajectories, forest): a step over the same trajectory
-        # objects (immutable) with the same plan reuses the forest it was validated on
-        self._forest_cache: tuple[Plan, tuple[Trajectory, ...], RolloutForest] | None = None
-        self.windows: list[WindowStats] = []
-        # the most producer state alive at once (overlapping windows add up)
-        self.peak_retained_bytes = 0
 
-    def partition(self, trajectories: Sequence[Trajectory], microbatch_tokens: int) -> list[list[int]]:
-        return [list(self.plan.microbatches[i].trajectories) for i in self.execution_order]
+    @property
+    def windows(self) -> list[WindowStats]:
+        """What each sharing window of the last pass held, in the order the windows closed."""
+        return self.layout.windows
 
-    def _microbatches(self, trajectories: Sequence[Trajectory], partition: Sequence[Sequence[int]]):
-        if self.plan.mode == PlanMode.EXPANDED:
-            yield from super()._microbatches(trajectories, partition)
-            return
-        yield from self._tree_microbatches(trajectories)
-
-    def prepare(self, trajectories: Sequence[Trajectory], microbatch_tokens: int,
-                partition: Sequence[Sequence[int]] | None = None) -> PreparedStep:
-        """The step's data side built now (`ExpandedTrainer.prepare`): for a tree-mode plan
-        every microbatch's layout, KDA schedule, index tensors and targets, consumers'
-        contexts included (built from the rows their producer's stash will keep, the stash
-        bound when they run); nothing of it waits for a producer's results."""
-        if self.plan.mode == PlanMode.EXPANDED:
-            return super().prepare(trajectories, microbatch_tokens, partition)
-        if not trajectories:
-            raise ValueError("a step needs at least one trajectory")
-        start = time.perf_counter()
-        bins = self._bins(trajectories, microbatch_tokens, partition)
-        run = self._window_run(trajectories)
-        return PreparedStep(trajectories, microbatch_tokens, bins, run, time.perf_counter() - start)
-
-    def _tree_microbatches(self, trajectories: Sequence[Trajectory]):
-        return iter(self._window_run(trajectories))
-
-    def _window_run(self, trajectories: Sequence[Trajectory]) -> _WindowRun:
-        model, plan = self.model, self.plan
-        # any parameter's device and dtype (a pipeline stage's module holds no LM head)
-        ref = next(model.parameters())
-        device, dtype = ref.device, ref.dtype
-        forest = self._plan_forest(trajectories)
-        mbs = {m.id: m for m in plan.microbatches}
-        consumers = plan.consumers()
-        targets = forest.targets()
-        rows_of = forest.traj_rows
-        off = forest.traj_offsets
-        computed = {m.id: piece_rows(forest, m.pieces) for m in plan.microbatches}
-        # row weights: the trajectories that use each computation
-        weights = {i: np.zeros(r.size, np.float64) for i, r in computed.items()}
-        for m in plan.microbatches:
-            for t in m.trajectories:
-                path = rows_of[off[t] : off[t + 1]]
-                here = np.isin(path, computed[m.id])
-                pos = np.searchsorted(computed[m.id], path[here])
-                np.add.at(weights[m.id], pos, 1.0)
-                if (~here).any():
-                    if m.producer is None:
-                        raise ValueError(f"microbatch {m.id} lacks rows of trajectory {t}")
-                    p = m.producer
-                    pos = np.searchsorted(computed[p], path[~here])
-                    if not np.array_equal(computed[p][np.minimum(pos, computed[p].size - 1)], path[~here]):
-                        raise ValueError(f"microbatch {m.id}: its producer does not compute rows it needs")
-                    np.add.at(weights[p], pos, 1.0)
-        B = model.config.chunk_size
-        layouts = {m.id: LocalLayout.of_rows(forest, computed[m.id], piece_rows(forest, m.context))
-                   for m in plan.microbatches}
-        # the plan's KDA call plans, made once per plan (the simulator prices the same ones)
-        kda = plan_kda_calls_of(plan, forest, B)
-        schedules = {i: plan_replay_schedule(lay, forest, kda[i]) for i, lay in layouts.items()}
-        owned = {m.id: np.isin(targets.traj, np.asarray(m.trajectories, np.int64)) for m in plan.microbatches}
-        needs = {}
-        for p, cs in consumers.items():
-            needs[p] = StashNeeds.union([
-                consumer_needs(layouts[c], schedules[c], targets.row[owned[c]], model.config.conv_window)
-                for c in cs])
-        run = _WindowRun(self, {p: sorted(cs, key=lambda c: (mbs[c].replica, mbs[c].order))
-                                for p, cs in consumers.items()})
-        for m in (mbs[i] for i in self.execution_order):
-            comp = computed[m.id]
-            layout = layouts[m.id]
-            ctx_rows = layout.rows[~layout.computed]
-            if m.producer is not None and m.producer not in needs:
-                raise ValueError(f"microbatch {m.id} names producer {m.producer}, which has no consumers")
-            is_producer = m.id in needs
-            # a producer's KDA rounds return only the states its consumers start from, and
-            # its stash keeps only the rows they read, cut as they are recorded
-            ctx = TreeContext(forest, chunk_size=B, device=device, layout=layout, row_weight=weights[m.id],
-                              stash_needs=needs[m.producer] if m.producer is not None else None,
-                              record=is_producer, schedule=schedules[m.id],
-                              record_needs=needs[m.id] if is_producer else None,
-                              kernels=self.kernels, kernel_record=self.kernel_record)
-            if model.config.num_kda_layers:
-                ctx.prepare_kda(model.config.conv_window)
-            # targets of owned trajectories; rows -> index into [computed hidden | context hidden]
-            sel = owned[m.id]
-            t_rows = targets.row[sel]
-            in_comp = np.isin(t_rows, comp)
-            hidden_index = np.empty(t_rows.size, np.int64)
-            hidden_index[in_comp] = np.searchsorted(comp, t_rows[in_comp])
-            extra_rows = np.unique(t_rows[~in_comp])
-            hidden_index[~in_comp] = comp.size + np.searchsorted(extra_rows, t_rows[~in_comp])
-            table = target_table(targets, select=sel, row=hidden_index).to(device, dtype)
-            hidden_of = None
-            if extra_rows.size:
-                if m.producer is None:
-                    raise ValueError(f"microbatch {m.id} has targets on rows it neither computes nor reads")
-                kept = needs[m.producer].hidden
-                pick = RowGather(np.searchsorted(kept, extra_rows), kept.size, device)
-
-                def hidden_of(h, ctx=ctx, pick=pick):
-                    return torch.cat([h, *pick(ctx.stash.hidden)])
-
-            after_forward = run.after_forward(m.id, ctx) if is_producer else None
-            saved_tensors = None
-            if is_producer and (self.offload_producers if self.offload_producers is not None
-                                else device.type == "cuda"):
-                def saved_tensors(run=run, producer=m.id):
-                    return run.offload(producer)
-            ids_T = to_device(forest.token_ids[comp], device)
-            info = {"kda_rounds": ctx.kda_rounds, "replay_tokens": ctx.replay_tokens,
-                    "context_rows": int(ctx_rows.size), "role": "producer" if is_producer else
-                    ("consumer" if m.producer is not None else "standalone")}
-            run.items.append((m.id, m.producer, ctx, Microbatch(
-                list(m.trajectories), ids_T, ctx, table, int(round(weights[m.id].sum())), info,
-                hidden_of=hidden_of, after_forward=after_forward, saved_tensors=saved_tensors)))
-        return run
-
-    def _plan_forest(self, trajectories: Sequence[Trajectory]) -> RolloutForest:
-        """The step's forest, checked against the plan (`Plan.validate`): built and checked
-        once per plan and trajectories (the same trajectory objects, in the same order);
-        later steps over them reuse it."""
-        cached = self._forest_cache
-        if (cached is not None and cached[0] is self.plan and len(cached[1]) == len(trajectories)
-                and all(a is b for a, b in zip(cached[1], trajectories, strict=True))):
-            return cached[2]
-        forest = build_forest(trajectories)
-        self.plan.validate(forest)
-        self._forest_cache = (self.plan, tuple(trajectories), forest)
-        return forest
-
-    def _producer_backward(self, window: _Window) -> None:
-        stash = window.stash
-        if stash is None or window.loss is None:
-            return
-        outs, grads = stash.producer_backward_pairs()
-        if window.loss.requires_grad:
-            outs = [window.loss, *outs]
-            grads = [torch.ones_like(window.loss), *grads]
-        if outs and torch.is_grad_enabled():
-            torch.autograd.backward(outs, grads)
-        self.windows.append(window.stats)
-        self._open_bytes -= window.stats.retained_bytes
-        window.stash = None  # release the retained producer state
-        window.loss = None
+    @property
+    def peak_retained_bytes(self) -> int:
+        """The most producer state alive at once in the last pass (overlapping windows add up)."""
+        return self.layout.peak_retained_bytes

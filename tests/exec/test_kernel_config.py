@@ -95,7 +95,7 @@ def test_a_trainer_builds_its_config_once_and_hands_it_to_its_contexts(clean_env
     trajs = generate_trajectories("tiny-treestep", seed=1, vocab_size=model.config.vocab_size, num_groups=1)
     for cls in (ExpandedTrainer, TreeTrainer):
         t = cls(model, kernels=given)
-        mbs = list(t._microbatches(trajs, t.partition(trajs, 1 << 20)))
+        mbs = list(t.layout.microbatches(trajs, t.partition(trajs, 1 << 20)))
         assert all(mb.ctx.kernels is given and mb.ctx.kernel_record is t.kernel_record for mb in mbs)
 
 

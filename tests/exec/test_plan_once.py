@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+import harts.exec.layouts.plan as plan_layout
 import harts.exec.tree_layout as tree_layout
-import harts.exec.window as window
 import harts.plan.step as plan_step
 from harts.config.models import get_model_config
 from harts.config.plan import PlanConfig
@@ -93,14 +93,14 @@ def test_plan_trainer_builds_and_validates_the_forest_once(monkeypatch, one_thre
         out = []
         for _ in range(2):
             if rebuild:
-                trainer._forest_cache = None
+                trainer.layout._forest_cache = None
             r = trainer.step(trajs, 1 << 20)
             out.append(({k: float(v) for k, v in r.losses.items()}, float(r.grad_norm)))
         return out, {n: p.detach().clone() for n, p in model.named_parameters()}
 
     builds, checks = [], []
-    build, validate = window.build_forest, Plan.validate
-    monkeypatch.setattr(window, "build_forest", lambda t: builds.append(1) or build(t))
+    build, validate = plan_layout.build_forest, Plan.validate
+    monkeypatch.setattr(plan_layout, "build_forest", lambda t: builds.append(1) or build(t))
     monkeypatch.setattr(Plan, "validate", lambda self, *a, **k: checks.append(1) or validate(self, *a, **k))
     cached = run(rebuild=False)
     assert len(builds) == len(checks) == 1  # the second step reused the first one's forest
@@ -114,8 +114,8 @@ def test_plan_trainer_builds_and_validates_the_forest_once(monkeypatch, one_thre
 def test_new_trajectory_objects_rebuild_the_forest(monkeypatch):
     trajs, _, plan = _plan("tiny-treestep", 1, 8, "l1")
     builds = []
-    build = window.build_forest
-    monkeypatch.setattr(window, "build_forest", lambda t: builds.append(1) or build(t))
+    build = plan_layout.build_forest
+    monkeypatch.setattr(plan_layout, "build_forest", lambda t: builds.append(1) or build(t))
     model = build_model(get_model_config("tiny-cpu").replace(chunk_size=8), seed=3, dtype=torch.float64)
     trainer = PlanTrainer(model, plan)
     trainer.prepare(trajs, 1 << 20)

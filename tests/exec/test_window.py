@@ -163,7 +163,7 @@ def test_overlapping_windows_give_the_same_step_and_add_up_their_memory():
 
 
 def test_producers_request_only_the_states_their_rounds_and_consumers_read():
-    import harts.exec.window as window_module
+    import harts.exec.layouts.plan as window_module
     from harts.exec.tree import TreeContext
 
     trajs = generate_trajectories("tiny-treestep", seed=1)
@@ -248,17 +248,17 @@ def _microbatch_scope(chunk: int):
 
 
 def _recording(trainer):
-    """Keep every `Microbatch` the trainer's step yields (the microbatch scope runs the
-    generator once per step)."""
+    """Keep every `Microbatch` the trainer's layout yields (the microbatch scope iterates
+    them once per step)."""
     seen = []
-    inner = trainer._microbatches
+    inner = trainer.layout.microbatches
 
     def recorded(*args, **kw):
         for mb in inner(*args, **kw):
             seen.append(mb)
             yield mb
 
-    trainer._microbatches = recorded
+    trainer.layout.microbatches = recorded
     return seen
 
 

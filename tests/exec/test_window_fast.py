@@ -147,7 +147,7 @@ def test_stash_leaf_gradients_hold_only_their_own_rows():
     model = build_model(cfg, seed=3, dtype=torch.float64)
     trainer = PlanTrainer(model, plan, loss=LOSS)
     seen = []
-    backward = trainer._producer_backward
+    backward = trainer.layout._producer_backward
 
     def check_then_backward(window):
         for leaf in window.stash._leaves.values():
@@ -158,7 +158,7 @@ def test_stash_leaf_gradients_hold_only_their_own_rows():
                     assert t.grad.untyped_storage().nbytes() == t.grad.numel() * t.grad.element_size()
         backward(window)
 
-    trainer._producer_backward = check_then_backward
+    trainer.layout._producer_backward = check_then_backward
     trainer.forward_backward(trajs, 1 << 20)
     assert len(seen) > 3  # conv, KDA and attention inputs, hidden rows
 

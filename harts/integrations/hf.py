@@ -44,7 +44,7 @@ from harts.models.hf import HFAdapter, get_adapter
 from harts.plan.partition import tree_partition
 from harts.tree import Trajectory, build_forest
 
-__all__ = ["CheckpointLayout", "TokenLogProbs", "TreeLogProbs", "hf_config_dict"]
+__all__ = ["CheckpointLayout", "TokenLogProbs", "TreeForward", "TreeLogProbs", "hf_config_dict"]
 
 
 def hf_config_dict(hf_model: Any) -> dict:
@@ -143,43 +143,37 @@ class TokenLogProbs:
         return (tokens_E / total * (probs_E / total)).sum() * num_experts
 
 
-class TreeLogProbs:
-    """Differentiable per-token log-probs of a transformers model's sequences, computed as
-    rollout trees (module docstring). `kernels`: the ops' kernels (default
-    `KernelConfig.from_env()`); `microbatch_tokens`: compact rows per forward (whole
-    groups; a larger group runs alone)."""
+class TreeForward:
+    """Per-token log-probs of sequences under a HybridModel, computed as rollout trees, with
+    gradients. `kernels`: the ops' kernels (default `KernelConfig.from_env()`);
+    `microbatch_tokens`: compact rows per forward (whole groups; a larger group runs alone)."""
 
-    def __init__(self, hf_model: Any, *, kernels: KernelConfig | None = None, microbatch_tokens: int = 1 << 16,
-                 kda_mode: str = "replay"):
-        hf = hf_config_dict(hf_model)
-        self.hf_model = hf_model
-        self.layout = CheckpointLayout(hf_model)
-        self.adapter: HFAdapter = get_adapter(hf.get("model_type"))
-        self.config: ModelConfig = self.adapter.to_config(hf).replace(name=str(hf.get("model_type")))
-        self.config.check_tree_mode()
-        with torch.device("meta"):
-            self.model = HybridModel(self.config)
+    def __init__(self, model: HybridModel, *, kernels: KernelConfig | None = None,
+                 microbatch_tokens: int = 1 << 16, kda_mode: str = "replay"):
+        model.config.check_tree_mode()
+        if microbatch_tokens < 1:
+            raise ValueError(f"microbatch_tokens must be >= 1, got {microbatch_tokens}")
+        self.model = model
+        self.config: ModelConfig = model.config
         self.kernels = kernels if kernels is not None else KernelConfig.from_env()
         self.kernel_record = KernelRecord()
         self.microbatch_tokens = microbatch_tokens
         self.kda_mode = kda_mode
 
-    def state(self) -> dict[str, Tensor]:
-        """The HybridModel's state dict as functions of the transformers parameters."""
-        return self.adapter.to_harts(self.layout.tensors(self.hf_model), self.config)
-
     def __call__(self, sequences: Sequence[np.ndarray], groups: Sequence[str], *, temperature: float = 1.0,
                  state: dict[str, Tensor] | None = None, router_logits: bool = False) -> TokenLogProbs:
         """Log-probs and entropy of positions 1..L-1 of every sequence; sequences of one
-        group share their common prefixes' rows. `state`: the HybridModel tensors to run
-        (default: `self.state()`, the transformers parameters now). `router_logits`: also
+        group share their common prefixes' rows. `state`: tensors to run the model on
+        (`functional_call`; default: the model's own parameters). `router_logits`: also
         record every MoE layer's router logits (differentiable) with the rows' counts."""
         if len(sequences) != len(groups) or not sequences:
             raise ValueError(f"{len(sequences)} sequences and {len(groups)} groups: need as many, at least one")
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0; got {temperature}")
-        state = self.state() if state is None else state
-        lm_head_VD = state.get("lm_head.weight", state["embed.weight"])
+        if state is None:
+            lm_head_VD = self.model.lm_head_weight
+        else:
+            lm_head_VD = state.get("lm_head.weight", state["embed.weight"])
         device = lm_head_VD.device
         work = torch.promote_types(lm_head_VD.dtype, torch.float32)
         vocab = self.config.vocab_size
@@ -208,7 +202,7 @@ class TreeLogProbs:
         return TokenLogProbs(cat[0], cat[1], cat[2].to(device), cat[3].to(device), aux, rows,
                              sum(len(t) for t in trajs), tuple(routed))
 
-    def _microbatches(self, trajs: list[Trajectory], state: dict[str, Tensor], lm_head_VD: Tensor,
+    def _microbatches(self, trajs: list[Trajectory], state: dict[str, Tensor] | None, lm_head_VD: Tensor,
                       work: torch.dtype, temperature: float, layer_logits: list[Tensor],
                       routed: list) -> tuple[list[tuple[Tensor, ...]], Tensor, int]:
         device = lm_head_VD.device
@@ -220,7 +214,11 @@ class TreeLogProbs:
             tg = forest.targets()
             ctx = TreeContext(forest, chunk_size=self.config.chunk_size, kda_mode=self.kda_mode, device=device,
                               kernels=self.kernels, kernel_record=self.kernel_record)
-            out = functional_call(self.model, state, (to_device(forest.token_ids, device), ctx), strict=True)
+            ids_T = to_device(forest.token_ids, device)
+            if state is None:
+                out = self.model(ids_T, ctx)
+            else:
+                out = functional_call(self.model, state, (ids_T, ctx), strict=True)
             # the LM head in float32 at least, as TRL's fused head and verl's log-prob both are
             hidden_TD = out.hidden_TD.to(work)
             hidden_TD = hidden_TD if temperature == 1.0 else hidden_TD / temperature
@@ -234,6 +232,32 @@ class TreeLogProbs:
                 routed.append((tuple(layer_logits), ctx.row_weight))
                 layer_logits.clear()
         return parts, aux, rows
+
+
+class TreeLogProbs:
+    """Differentiable per-token log-probs of a transformers model's sequences, computed as
+    rollout trees over its own parameters (module docstring); `TreeForward`'s options."""
+
+    def __init__(self, hf_model: Any, *, kernels: KernelConfig | None = None, microbatch_tokens: int = 1 << 16,
+                 kda_mode: str = "replay"):
+        hf = hf_config_dict(hf_model)
+        self.hf_model = hf_model
+        self.layout = CheckpointLayout(hf_model)
+        self.adapter: HFAdapter = get_adapter(hf.get("model_type"))
+        self.config: ModelConfig = self.adapter.to_config(hf).replace(name=str(hf.get("model_type")))
+        with torch.device("meta"):
+            model = HybridModel(self.config)
+        self.forward = TreeForward(model, kernels=kernels, microbatch_tokens=microbatch_tokens, kda_mode=kda_mode)
+
+    def state(self) -> dict[str, Tensor]:
+        """The HybridModel's state dict as functions of the transformers parameters."""
+        return self.adapter.to_harts(self.layout.tensors(self.hf_model), self.config)
+
+    def __call__(self, sequences: Sequence[np.ndarray], groups: Sequence[str], *, temperature: float = 1.0,
+                 router_logits: bool = False) -> TokenLogProbs:
+        """`TreeForward.__call__` on the transformers parameters as they are now."""
+        return self.forward(sequences, groups, temperature=temperature, state=self.state(),
+                            router_logits=router_logits)
 
     def completion_logps(self, input_ids_BT: Tensor, attention_mask_BT: Tensor, logits_to_keep: int, *,
                          temperature: float = 1.0, router_logits: bool = False

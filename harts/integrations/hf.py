@@ -94,9 +94,10 @@ class CheckpointLayout:
             whole = local.numel() == b - a and torch.equal(local, torch.arange(b - a))
             self.plan[key] = (names[src], None if whole else local, tuple(idx.shape))
 
-    def tensors(self, hf_model: Any) -> dict[str, Tensor]:
-        """The checkpoint tensors as functions of `hf_model`'s live tensors."""
-        live = dict(hf_model.state_dict(keep_vars=True))
+    def tensors(self, hf_model: Any, live: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+        """The checkpoint tensors as functions of `hf_model`'s live tensors (or of `live`,
+        tensors under the in-memory names and shapes, e.g. their gradients)."""
+        live = dict(hf_model.state_dict(keep_vars=True)) if live is None else live
         out = {}
         for key, (src, local, shape) in self.plan.items():
             t = live[src]
@@ -110,7 +111,7 @@ class TokenLogProbs:
     `position` and the entropy of the distribution predicting it."""
 
     logprob_N: Tensor  # differentiable
-    entropy_N: Tensor  # no gradient
+    entropy_N: Tensor  # differentiable with entropy_grad, else no gradient
     traj_N: Tensor  # int64, index into the call's sequences
     position_N: Tensor  # int64
     aux_loss: Tensor  # scalar: the HybridModel's MoE aux loss summed over microbatches
@@ -161,11 +162,13 @@ class TreeForward:
         self.kda_mode = kda_mode
 
     def __call__(self, sequences: Sequence[np.ndarray], groups: Sequence[str], *, temperature: float = 1.0,
-                 state: dict[str, Tensor] | None = None, router_logits: bool = False) -> TokenLogProbs:
+                 state: dict[str, Tensor] | None = None, router_logits: bool = False,
+                 entropy_grad: bool = False) -> TokenLogProbs:
         """Log-probs and entropy of positions 1..L-1 of every sequence; sequences of one
         group share their common prefixes' rows. `state`: tensors to run the model on
         (`functional_call`; default: the model's own parameters). `router_logits`: also
-        record every MoE layer's router logits (differentiable) with the rows' counts."""
+        record every MoE layer's router logits (differentiable) with the rows' counts.
+        `entropy_grad`: the entropy carries a gradient too (an entropy bonus)."""
         if len(sequences) != len(groups) or not sequences:
             raise ValueError(f"{len(sequences)} sequences and {len(groups)} groups: need as many, at least one")
         if temperature <= 0:
@@ -194,7 +197,8 @@ class TreeForward:
 
             hooks = [m.register_forward_pre_hook(record) for m in self.model.modules() if isinstance(m, MoE)]
         try:
-            parts, aux, rows = self._microbatches(trajs, state, lm_head_VD, work, temperature, layer_logits, routed)
+            parts, aux, rows = self._microbatches(trajs, state, lm_head_VD, work, temperature, layer_logits, routed,
+                                                  entropy_grad)
         finally:
             for h in hooks:
                 h.remove()
@@ -204,7 +208,7 @@ class TreeForward:
 
     def _microbatches(self, trajs: list[Trajectory], state: dict[str, Tensor] | None, lm_head_VD: Tensor,
                       work: torch.dtype, temperature: float, layer_logits: list[Tensor],
-                      routed: list) -> tuple[list[tuple[Tensor, ...]], Tensor, int]:
+                      routed: list, entropy_grad: bool) -> tuple[list[tuple[Tensor, ...]], Tensor, int]:
         device = lm_head_VD.device
         parts: list[tuple[Tensor, ...]] = []
         aux = lm_head_VD.new_zeros(())
@@ -223,9 +227,9 @@ class TreeForward:
             hidden_TD = out.hidden_TD.to(work)
             hidden_TD = hidden_TD if temperature == 1.0 else hidden_TD / temperature
             logprob_N, entropy_N = target_logprobs(hidden_TD, lm_head_VD.to(work), to_device(tg.row, device),
-                                                   to_device(tg.label, device))
+                                                   to_device(tg.label, device), entropy_grad=entropy_grad)
             traj_N = torch.from_numpy(np.asarray(members, dtype=np.int64)[tg.traj])
-            parts.append((logprob_N, entropy_N.detach(), traj_N, torch.from_numpy(tg.position)))
+            parts.append((logprob_N, entropy_N, traj_N, torch.from_numpy(tg.position)))
             aux = aux + out.aux_loss
             rows += int(forest.token_ids.size)
             if layer_logits:

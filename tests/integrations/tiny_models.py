@@ -23,8 +23,23 @@ VOCAB = {"kimi_linear": 96, "qwen3_next": 61}
 
 @contextlib.contextmanager
 def reference_float64(family: str):
+    """`float64_module` on the family's modeling copy; also, `Tensor.float()` of an integer
+    tensor gives float64 there (transformers < 5.11 forms RoPE's positions with
+    `position_ids.float()` and multiplies them with the float64 frequencies; integers are
+    exact in either type)."""
     with float64_module(_modeling(family)):
-        yield
+        keep64 = torch.Tensor.float
+
+        def float64_ints(self, *args, **kwargs):
+            if not self.is_floating_point() and not self.is_complex():
+                return self.to(torch.float64)
+            return keep64(self, *args, **kwargs)
+
+        torch.Tensor.float = float64_ints
+        try:
+            yield
+        finally:
+            torch.Tensor.float = keep64
 
 
 def _modeling(family: str):

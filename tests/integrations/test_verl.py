@@ -7,7 +7,9 @@ no-padding layout by verl's `left_right_2_no_padding`, two prompt groups of thre
 responses each, old, reference log-probs and GRPO advantages. The engine's outputs go
 through `ppo_loss` (clipped PPO, entropy bonus, low-variance KL to the reference); the
 reference feeds the same `ppo_loss` with log-probs and entropies from transformers' model
-run on each sequence alone. The losses must agree within 1e-10 in float64 (5e-6 in
+run on each sequence alone (Kimi-Linear under transformers < 5.11, verl's pin, which has no
+Kimi-Linear class: HARTS's own forward on each sequence alone, itself equal to transformers'
+class in float64 to ~1e-14 in tests/models/test_kimi_linear.py). The losses must agree within 1e-10 in float64 (5e-6 in
 float32), every parameter's gradient within 1e-10 of the largest (5e-5 in float32);
 `get_per_tensor_param` must yield the checkpoint's own names, shapes, dtypes and values;
 `save_checkpoint` / `load_checkpoint` must give back the model, optimizer and scheduler bit
@@ -38,7 +40,14 @@ from harts.integrations.hf import CheckpointLayout  # noqa: E402
 from harts.integrations.verl import HartsEngine  # noqa: E402
 from harts.models import load  # noqa: E402
 from harts.models.hf.io import read_checkpoint  # noqa: E402
-from tests.integrations.tiny_models import VOCAB, build, reference_float64  # noqa: E402
+from tests.integrations.tiny_models import (  # noqa: E402
+    VOCAB,
+    PerSequence,
+    build,
+    harts_kimi_checkpoint,
+    has_transformers_class,
+    reference_float64,
+)
 
 TEMPERATURE = 0.8
 PROMPTS = (12, 9)  # the two groups' prompt lengths (the shorter one left-padded)
@@ -113,8 +122,13 @@ def family(request):
 
 
 def _checkpoint(tmp_path, family: str, dtype: torch.dtype):
-    model = build(family, dtype)
+    """(reference model, checkpoint directory): transformers' model and its `save_pretrained`,
+    or, for Kimi-Linear under transformers < 5.11 (verl's pin), which has no Kimi-Linear
+    class, HARTS's per-sequence forward and checkpoint (`harts_kimi_checkpoint`)."""
     path = tmp_path / f"tiny-{family}"
+    if family == "kimi_linear" and not has_transformers_class(family):
+        return harts_kimi_checkpoint(path, dtype), path
+    model = build(family, dtype)
     model.save_pretrained(path)
     return model, path
 
@@ -130,7 +144,8 @@ def test_ppo_loss_and_gradients_equal_transformers(family, dtype, tol, tmp_path)
         out = eng.forward_backward_batch(data, loss_fn, forward_only=False)
     ours = out["loss"][0]
     assert out["metrics"]["harts/compression"][0] > 1.2  # the groups' prompts ran once
-    with reference_float64(family) if dtype == torch.float64 else _nothing():
+    use64 = dtype == torch.float64 and not isinstance(model, PerSequence)
+    with reference_float64(family) if use64 else _nothing():
         ref_out = reference_outputs(model, data)
         ref_loss, _ = ppo_loss(actor_config(), ref_out, data)
         ref_loss.backward()
@@ -144,8 +159,11 @@ def test_ppo_loss_and_gradients_equal_transformers(family, dtype, tol, tmp_path)
     # on-disk layout, then HARTS's) onto the engine's parameters
     loaded = eng.loaded
     ours_g = {k: p.grad for k, p in eng.module.named_parameters()}
-    on_disk = CheckpointLayout(model).tensors(model, {k: p.grad for k, p in model.named_parameters()})
-    ref_g = loaded.adapter.to_harts(on_disk, loaded.config)
+    if isinstance(model, PerSequence):
+        ref_g = {k: p.grad for k, p in model.model.named_parameters()}
+    else:
+        on_disk = CheckpointLayout(model).tensors(model, {k: p.grad for k, p in model.named_parameters()})
+        ref_g = loaded.adapter.to_harts(on_disk, loaded.config)
     assert ours_g.keys() == ref_g.keys()
     scale = max(float(g.abs().max()) for g in ref_g.values())
     assert scale > 0

@@ -98,3 +98,64 @@ def build(family: str, dtype: torch.dtype = torch.float64, seed: int = 0, **over
     model.set_experts_implementation("eager")
     model.set_attn_implementation("eager")
     return model
+
+
+def has_transformers_class(family: str) -> bool:
+    """Whether this transformers has `family`'s classes (Kimi-Linear: from 5.11 on)."""
+    import importlib.util
+
+    return importlib.util.find_spec(f"transformers.models.{family}") is not None
+
+
+KIMI_CONFIG = dict(
+    model_type="kimi_linear", vocab_size=VOCAB["kimi_linear"], hidden_size=32, intermediate_size=40,
+    moe_intermediate_size=12, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=16,
+    q_lora_rank=12, qk_rope_head_dim=8, v_head_dim=12, qk_nope_head_dim=16, n_group=2, topk_group=1,
+    num_experts_per_tok=2, num_local_experts=8, n_shared_experts=1, routed_scaling_factor=2.446, rms_norm_eps=1e-5,
+    first_k_dense_replace=1, tie_word_embeddings=False,
+    linear_attn_config={"kda_layers": [1, 2, 4], "full_attn_layers": [3], "head_dim": 8, "num_heads": 2,
+                        "short_conv_kernel_size": 4},
+)
+
+
+def harts_kimi_checkpoint(path, dtype: torch.dtype = torch.float64, seed: int = 0):
+    """Where transformers has no Kimi-Linear class: the same tiny model's checkpoint written
+    by HARTS (`harts.models.save`, the layout transformers >= 5.11 reads) and its
+    per-sequence reference, HARTS's HybridModel run on each sequence alone (equal to
+    transformers' KimiLinearForCausalLM in float64 to ~1e-14: tests/models/test_kimi_linear.py)."""
+    from harts.exec.model.model import HybridModel
+    from harts.models import LoadedModel, save
+    from harts.models.hf.kimi_linear import ADAPTER
+
+    config = ADAPTER.to_config(dict(KIMI_CONFIG))
+    torch.manual_seed(seed)
+    model = HybridModel(config).to(dtype)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith(("dt_bias", "A_log")):
+                p.add_(0.1 * torch.randn_like(p))
+            if name.endswith("router.weight"):
+                p.normal_(0.0, 0.5)
+        for name, b in model.named_buffers():
+            if name.endswith("score_bias"):
+                b.normal_(0.0, 0.1)
+    save(LoadedModel(model, config, dict(KIMI_CONFIG), ADAPTER), path)
+    return PerSequence(model)
+
+
+class PerSequence(torch.nn.Module):
+    """`model(ids[None]).logits`: a HybridModel on one sequence alone (a packed context of one)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids_1T):
+        from types import SimpleNamespace
+
+        from harts.exec.model.context import PackedContext
+
+        ids_T = ids_1T[0]
+        ctx = PackedContext(torch.tensor([0, ids_T.numel()]), chunk_size=self.model.config.chunk_size)
+        hidden_TD = self.model(ids_T, ctx).hidden_TD
+        return SimpleNamespace(logits=(hidden_TD @ self.model.lm_head_weight.T)[None])

@@ -15,7 +15,8 @@ The trainer logs `harts/compression` (tokens per executed row) beside TRL's metr
 What is refused, in one line each, rather than computed differently: models of a family
 HARTS does not read (`harts.models.hf`), PEFT adapters, more than one process (the tree
 forward bypasses DDP's and FSDP's own forward, which they synchronise gradients through),
-multimodal inputs and `cast_lm_head_to_fp32`.
+multimodal inputs and `cast_lm_head_to_fp32`. The tree forward runs in the parameters'
+dtype, outside TRL's autocast (`bf16=True` autocasts TRL's own forward, not this one).
 
 MoE models: where TRL adds its load-balancing loss (a `router_aux_loss_coef` that is not 0,
 as Qwen3-Next's config has), the trainer returns the same loss, transformers' Mixtral
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from trl import GRPOTrainer
 
 from harts.config.kernels import KernelConfig
@@ -71,7 +73,10 @@ class HartsGRPOTrainer(GRPOTrainer):
         if given:
             raise NotImplementedError(f"HartsGRPOTrainer: multimodal inputs ({', '.join(given)}) are not supported")
         view = self.harts_view(model)
-        with self.accelerator.autocast():
+        # HARTS's ops compute in the parameters' dtype; mixed precision (`bf16=True`) would
+        # autocast some of them and not others
+        device_type = input_ids.device.type
+        with torch.autocast(device_type, enabled=False):
             logps, entropy, result = view.completion_logps(input_ids, attention_mask, logits_to_keep,
                                                            temperature=self.temperature,
                                                            router_logits=compute_aux_loss)

@@ -32,27 +32,18 @@ import torch
 
 pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
-tokenizers = pytest.importorskip("tokenizers")
 
 import transformers.models.mixtral.modeling_mixtral as modeling_mixtral  # noqa: E402
 import trl.kernels.chunked_logprob as trl_chunked_logprob  # noqa: E402
-from transformers import PreTrainedTokenizerFast  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from harts.integrations.hf import TreeLogProbs  # noqa: E402
 from harts.integrations.trl import HartsGRPOTrainer  # noqa: E402
-from tests.integrations.tiny_models import VOCAB, build, reference_float64  # noqa: E402
+from tests.integrations.tiny_models import VOCAB, build, reference_float64, tokenizer  # noqa: E402
 from tests.models.float64_reference import float64_module  # noqa: E402
 
 STEPS = 4
 COMPARED = ("loss", "grad_norm", "entropy", "reward", "reward_std", "completions/mean_length")
-
-
-def tokenizer(vocab: int) -> PreTrainedTokenizerFast:
-    """Word-level: token `t{i}` is id i; t0 pads, t1 ends a completion."""
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="t0", eos_token="t1", unk_token="t0")
 
 
 def prompts(vocab: int, n: int = 4, length: int = 24, seed: int = 0):

@@ -159,3 +159,14 @@ class PerSequence(torch.nn.Module):
         ctx = PackedContext(torch.tensor([0, ids_T.numel()]), chunk_size=self.model.config.chunk_size)
         hidden_TD = self.model(ids_T, ctx).hidden_TD
         return SimpleNamespace(logits=(hidden_TD @ self.model.lm_head_weight.T)[None])
+
+
+def tokenizer(vocab: int):
+    """A word-level tokenizer over `vocab` ids: token `t{i}` is id i; t0 pads, t1 ends a
+    completion."""
+    import tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="t0", eos_token="t1", unk_token="t0")

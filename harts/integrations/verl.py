@@ -65,7 +65,8 @@ class HartsEngine(BaseEngine):
     verl's `HFModelConfig` or anything with `local_path` / `path` (a checkpoint directory);
     `optimizer_config`: verl's optimizer config (`lr`, `betas`, `weight_decay`, `clip_grad`,
     `lr_warmup_steps`); `engine_config`: optional `harts_microbatch_tokens`, `dtype`,
-    `device`."""
+    `device`. `dtype` is the parameters' dtype (default: the checkpoint's): HARTS computes
+    in it, with no float32 master copy, so verl's `dtype: bfloat16` trains bf16 weights."""
 
     def __init__(self, model_config: Any, engine_config: Any = None, optimizer_config: Any = None,
                  checkpoint_config: Any = None, *, kernels: KernelConfig | None = None):

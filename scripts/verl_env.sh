@@ -4,7 +4,8 @@
 # >= 5.23 (HARTS itself imports no transformers). Builds a virtual environment at
 # $VERL_VENV (default .venv-verl), installs the CPU torch 2.13.0 there (as
 # scripts/bootstrap.sh does; a bare `torch` requirement would pull a CUDA build), HARTS
-# with the `verl` extra and the test runner, and runs tests/integrations/test_verl.py.
+# with the `verl` extra and the test runner, and runs the verl tests (tests/integrations:
+# test_verl.py and the README section's verl block).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VERL_VENV:-.venv-verl}
@@ -17,5 +18,5 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
 fi
 echo "verl_env: installing harts[verl] and the test runner into $VENV..."
 "${PIP[@]}" -e ".[verl]" "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100"
-echo "verl_env: ready in $((SECONDS - start)) s; running tests/integrations/test_verl.py"
-"$VENV/bin/python" -m pytest -q tests/integrations/test_verl.py
+echo "verl_env: ready in $((SECONDS - start)) s; running the verl tests"
+"$VENV/bin/python" -m pytest -q tests/integrations/test_verl.py tests/integrations/test_readme_section.py

@@ -43,7 +43,7 @@ from tests.integrations.tiny_models import VOCAB, build, reference_float64, toke
 from tests.models.float64_reference import float64_module  # noqa: E402
 
 STEPS = 4
-COMPARED = ("loss", "grad_norm", "entropy", "reward", "reward_std", "completions/mean_length")
+COMPARED = ("loss", "grad_norm", "entropy", "reward", "reward_std", "completions/mean_length", "aux_loss")
 
 
 def prompts(vocab: int, n: int = 4, length: int = 24, seed: int = 0):

@@ -248,3 +248,21 @@ def test_the_harts_backend_is_registered_by_importing_verl():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip().splitlines()[-1] == "harts.integrations.verl"
+
+
+def test_uid_sets_the_trees(tmp_path):
+    """With verl's `uid` per sequence the trees follow it (here every sequence its own, so
+    nothing is shared); without it, the prompts; the log-probs are the same either way."""
+    _, ckpt = _checkpoint(tmp_path, "qwen3_next", torch.float64)
+    eng = engine(ckpt, "float64")
+    by_prompt = verl_batch(VOCAB["qwen3_next"])
+    by_uid = verl_batch(VOCAB["qwen3_next"])
+    tu.assign_non_tensor_stack(by_uid, "uid", [f"u{i}" for i in range(len(by_uid))])
+    with eng.eval_mode():
+        shared = eng.infer_batch(by_prompt)
+        alone = eng.infer_batch(by_uid)
+    assert shared["metrics"]["harts/compression"][0] > 1.2
+    assert alone["metrics"]["harts/compression"][0] == 1.0
+    a = shared["model_output"]["log_probs"].values()
+    b = alone["model_output"]["log_probs"].values()
+    assert float((a - b).abs().max()) <= 1e-12

@@ -113,6 +113,9 @@ def test_no_import_cycle():
     # harts.train (one way to train: a TrainConfig in one process or distributed) sits
     # above exec, distributed and models; the command line is its one user
     ("train", {"verify", "rl", "bench", "experiments", "cli"}),
+    # harts.integrations (verl's engine, TRL's trainer) sits on exec, models and tree; its
+    # modules import their framework, so nothing below imports them (next test)
+    ("integrations", {"distributed", "verify", "rl", "train", "bench", "experiments", "cli"}),
 ])
 def test_layers_import_only_downwards(layer, forbidden):
     bad = sorted((m, t) for m, (internal, _) in IMPORTS.items() if _layer(m) == layer
@@ -126,6 +129,13 @@ def test_only_the_cli_and_the_experiments_import_the_benchmarks():
                  if _layer(m) not in ("bench", "cli", "experiments")
                  for t in internal if _layer(t) == "bench")
     assert not bad, f"harts.bench imported outside the CLI and the experiments: {bad}"
+
+
+def test_nothing_imports_the_framework_integrations():
+    assert "harts.integrations.hf" in IMPORTS["harts.integrations.trl"][0]  # the scan sees them
+    bad = sorted((m, t) for m, (internal, _) in IMPORTS.items() if _layer(m) != "integrations"
+                 for t in internal if _layer(t) == "integrations")
+    assert not bad, f"harts.integrations imported from outside: {bad}"
 
 
 @pytest.mark.parametrize("layer", ["exec", "distributed"])

@@ -1,11 +1,12 @@
 """The `executor` cost model: a step priced the way HARTS's executor runs it on one GPU.
 
 What the roofline model misses, measured on H100 and H200 (docs/LOG.md, 2026-12-05): the
-executor is host-bound at small microbatches. Each microbatch runs the whole model four
-times (the MoE-statistics no-grad forward, the forward under activation checkpointing, the
-recomputation, the backward), some 4,500 kernel launches on tiny-h200, each costing the
-host ~40 us; when a microbatch's kernels are shorter than that, the device idles. So an
-action (a microbatch's forward or backward) costs
+executor is host-bound at small microbatches. Each microbatch runs the whole model three
+times (the forward under activation checkpointing, the recomputation, the backward; four
+with the global aux scope's MoE-statistics no-grad forward), some 4,000-5,500 kernel
+launches on tiny-h200, each costing the host ~40 us; when a microbatch's kernels are
+shorter than that, the device idles. So an action (a microbatch's forward or backward)
+costs
 
     max(device seconds, host seconds)
 
@@ -19,7 +20,9 @@ action (a microbatch's forward or backward) costs
   `launches_per_microbatch` + `launches_per_extra_kda_round` per KDA round past the first
   + `launches_per_consumer` for a consumer (stash assembly, state handoff), counted on a
   model of `reference_layers` layers and scaled by the stage's layers; the forward
-  action carries `forward_host_share` of them (its two forwards), the backward the rest.
+  action carries `forward_host_share` of them, the backward the rest. The forward action
+  runs `forward_passes` full-model forwards: one, two where the model's global aux scope
+  adds the statistics forward (`statistics_forwards`).
 The step adds the optimizer (roofline), `launches_per_step` x `host_s_per_launch` and
 `step_fixed_s`. Collectives and sends keep their roofline prices (what one GPU cannot
 measure stays an assumption of the profile).
@@ -82,6 +85,14 @@ class MicrobatchFeatures:
     producer_rows: int  # a consumer: its producer's rows; else 0
     producer: bool
     layer_ratio: float = 1.0  # the stage's layers over the profile's reference_layers
+    forward_passes: float = 1.0  # full-model forwards in the forward action (`statistics_forwards`)
+
+
+def statistics_forwards(model: ModelConfig) -> int:
+    """Full-model forwards in a microbatch's forward action: the checkpointed forward, plus
+    the no-grad statistics forward of the global aux scope where it runs (a MoE model with
+    an aux loss; harts.exec.step)."""
+    return 1 + int(model.aux_scope == "global" and model.num_moe_layers > 0 and model.aux_loss_coef != 0)
 
 
 def launches(rates: ExecutorRates, f: MicrobatchFeatures) -> float:
@@ -102,7 +113,7 @@ def action_seconds(rates: ExecutorRates, phase: Phase, f: MicrobatchFeatures) ->
     eff = rates.device_scale * efficiency_factor(rates, f.rows)
     host = launches(rates, f) * rates.host_s_per_launch
     if phase == Phase.FWD:
-        device = rates.forward_passes * f.fwd_s * eff + f.comm_fwd_s
+        device = f.forward_passes * f.fwd_s * eff + f.comm_fwd_s
         if f.producer:
             device += f.rows * rates.offload_bytes_per_producer_row / rates.offload_bytes_per_s
         return device, host * rates.forward_host_share
@@ -169,7 +180,8 @@ class ExecutorCostModel(CostModel):
             fwd_s=fwd, bwd_s=bwd, comm_fwd_s=comm_f, comm_bwd_s=comm_b, rows=work.tokens,
             kda_rounds=len(work.kda_rounds), consumer=consumer,
             producer_rows=self._producer_rows.get(work.producer, 0) if consumer else 0,
-            producer=work.mb in self._producers, layer_ratio=self._layers[stage] / self.rates.reference_layers)
+            producer=work.mb in self._producers, layer_ratio=self._layers[stage] / self.rates.reference_layers,
+            forward_passes=float(statistics_forwards(self.model)))
 
     def device_by_category(self, step: StepWork) -> dict[str, float]:
         """One GPU's simulated device seconds by op category (the categories `harts sim
@@ -181,12 +193,12 @@ class ExecutorCostModel(CostModel):
         for w in step.microbatches:
             f = self.features(0, w)
             eff = r.device_scale * efficiency_factor(r, f.rows)
-            for phase, times in ((Phase.FWD, r.forward_passes), (Phase.BWD, 1.0)):
+            for phase, times in ((Phase.FWD, f.forward_passes), (Phase.BWD, 1.0)):
                 for op, count in self.stages[0].pass_op_counts(phase, (w,)):
                     t = self.pricer.seconds(op) * count
                     cat = _category(op.kind)
                     out[cat] += t if cat == "collectives" else t * times * eff
-            out["window"] += action_seconds(r, Phase.FWD, f)[0] - r.forward_passes * f.fwd_s * eff - f.comm_fwd_s
+            out["window"] += action_seconds(r, Phase.FWD, f)[0] - f.forward_passes * f.fwd_s * eff - f.comm_fwd_s
             out["window"] += action_seconds(r, Phase.BWD, f)[0] - f.bwd_s * eff - f.comm_bwd_s
         out["optimizer"] = CostModel.optimizer(self, 0)
         return out

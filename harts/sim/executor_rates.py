@@ -20,7 +20,6 @@ class ExecutorRates:
     launches_per_consumer: float
     launches_per_step: float
     forward_host_share: float
-    forward_passes: float  # full-model forwards in a microbatch's forward action
     device_scale: float
     half_efficiency_rows: float
     consumer_device_s_per_producer_row: float
@@ -65,14 +64,13 @@ def _entry(value: float, source: str, what: str) -> dict[str, Any]:
 # fitted ones at typical values (each replaced by the fit that measures it).
 BASE_EXECUTOR: dict[str, dict[str, Any]] = {
     "host_s_per_launch": _entry(4.2e-5, "assumption", "host seconds per kernel launch, ~40-50 us on the H100/H200 hosts"),
-    "launches_per_microbatch": _entry(3965.0, "assumption", "kernel launches of a microbatch (four full-model passes)"),
+    "launches_per_microbatch": _entry(3965.0, "assumption", "kernel launches of a microbatch (its forward, recomputation and backward)"),
     "launches_per_extra_kda_round": _entry(382.0, "assumption", "launches of a KDA round past a microbatch's first"),
     "launches_per_consumer": _entry(522.0, "assumption", "a consumer's stash assembly and state handoff launches"),
     "launches_per_step": _entry(952.0, "assumption", "optimizer, gradient norm and step bookkeeping launches"),
-    "forward_host_share": _entry(0.4, "assumption", "share of a microbatch's launches in its forward action: two of "
-                                 "its four passes are forwards, the backward's autograd launches about twice a forward's"),
-    "forward_passes": _entry(2.0, "measured", "full-model forwards in a microbatch's forward action: the "
-                             "MoE-statistics no-grad forward and the checkpointed forward (harts/exec/trainer.py)"),
+    "forward_host_share": _entry(0.4, "assumption", "share of a microbatch's launches in its forward action (the "
+                                 "checkpointed forward, and the statistics forward with the global aux scope); "
+                                 "the backward action runs the recomputation and the backward"),
     "device_scale": _entry(1.0, "assumption", "kernel time over roofline time on large microbatches"),
     "half_efficiency_rows": _entry(2500.0, "assumption", "rows at which a microbatch's kernels run at half efficiency"),
     "consumer_device_s_per_producer_row": _entry(4e-7, "assumption", "device seconds a consumer spends per producer "

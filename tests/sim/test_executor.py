@@ -127,7 +127,22 @@ def test_fits_recover_the_rates_that_made_the_data():
 def test_the_base_executor_section_loads():
     data = json.loads((HARDWARE_DIR / "h200.json").read_text())
     data["executor"] = BASE_EXECUTOR
-    assert profile_from_dict(data).executor.forward_passes == 2.0
+    assert profile_from_dict(data).executor.launches_per_microbatch == BASE_EXECUTOR["launches_per_microbatch"]["value"]
+
+
+def test_the_forward_action_runs_the_statistics_forward_only_with_the_global_aux_scope():
+    from harts.sim.executor import statistics_forwards
+
+    hw = load_hardware("h100")
+    step = step_of(_forest(), "expanded", 4096, MODEL.chunk_size)
+    scopes = {scope: MODEL.replace(aux_scope=scope) for scope in ("microbatch", "global")}
+    assert statistics_forwards(scopes["microbatch"]) == 1 and statistics_forwards(scopes["global"]) == 2
+    assert statistics_forwards(scopes["global"].replace(aux_loss_coef=0.0)) == 1
+    one, two = (microbatch_features(ExecutorCostModel(scopes[s], ONE, hw), step)[0] for s in ("microbatch", "global"))
+    assert (one.forward_passes, two.forward_passes) == (1.0, 2.0)
+    d1, d2 = (action_seconds(hw.executor, Phase.FWD, f)[0] for f in (one, two))
+    assert d2 - d1 == pytest.approx(one.fwd_s * hw.executor.device_scale
+                                    * (1 + hw.executor.half_efficiency_rows / one.rows))
 
 
 def test_device_categories_add_up_to_the_modelled_device_time():

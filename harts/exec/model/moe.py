@@ -79,7 +79,6 @@ class MoEGlobalStats:
         load_LE = load_LE.detach().to(torch.float64)
         return cls(load_LE / (top_k * total_weight), float(total_weight))
 
-
     def on(self, device: torch.device | str) -> list[Tensor]:
         """f_LE's rows on `device` (float64), copied there once per device: a MoE layer
         reads its row in every forward and recompute of every microbatch, and a copy from

@@ -116,10 +116,9 @@ def main(argv: list[str]) -> int:
         return worker(args)
     from harts.bench.provenance import provenance
     from harts.config.models import get_model_config
+    from harts.tree import shapes
     from harts.tree.io import save_jsonl
     from harts.tree.workload import generate, preset
-
-    from harts.tree import shapes
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -38,7 +38,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-
 import windows as W  # noqa: E402  (benchmarks/gpu/windows.py: trainers, provenance)
 
 

@@ -6,8 +6,8 @@ structure it prices lives in harts.plan: `StepWork` (harts.plan.work), `step_fro
 
 from harts.config.parallel import ParallelConfig
 from harts.sim.costs import CostModel, CostModelName, make_cost_model
-from harts.sim.executor import ExecutorCostModel, ExecutorRates
 from harts.sim.engine import Action, DeadlockError, Program, Trace, execute, lower_bound
+from harts.sim.executor import ExecutorCostModel, ExecutorRates
 from harts.sim.hardware import HardwareProfile, load_hardware
 from harts.sim.parallel import default_parallel
 from harts.sim.profile import Calibration, fit_profile, load_calibration, load_profile

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The verl integration tests in their own environment: verl 0.9.1 pins transformers
-# >= 5.5.3, < 5.11, while the main test environment's float64 references need transformers
-# >= 5.23 (HARTS itself imports no transformers). Builds a virtual environment at
+# >= 5.5.3, < 5.11, while the main test environment needs transformers >= 5.25 (its float64
+# references and TRL's generation on a CPU; pyproject.toml; HARTS itself imports no
+# transformers). Builds a virtual environment at
 # $VERL_VENV (default .venv-verl), installs the CPU torch 2.13.0 there (as
 # scripts/bootstrap.sh does; a bare `torch` requirement would pull a CUDA build), HARTS
 # with the `verl` extra and the test runner, and runs the verl tests (tests/integrations:

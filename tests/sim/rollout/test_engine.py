@@ -141,20 +141,20 @@ def test_migrated_trajectory_resumes_where_it_stopped():
 
 @FAST
 @given(rollout_workloads(max_trajectories=8))
-def test_baseline_throughput_monotone_in_gpus(cfg):
-    # Only cache-aware routing, which keeps every trajectory on the worker holding its KV.
-    # round-robin and least-loaded re-route turns: with more workers a turn lands on a
-    # worker without its KV more often, and the recomputation can outweigh the extra GPUs
-    # (one trajectory on one MP4 worker keeps its cache; on two it prefills every other
-    # turn). least-loaded on the dense model: 6 trajectories at batch limit 2 gave 864.06
-    # tok/s on 8 GPUs and 862.91 on 16 (seed 274); on flash, 3 trajectories at batch limit
-    # 2: 467.8 and 466.8 (seed 403), and 140.81 on both with fewer recomputed tokens on 16
-    # (seed 235)
+def test_gpus_beyond_one_worker_per_trajectory_change_nothing(cfg):
+    # Throughput is not monotone in GPUs for any of the baselines: routing pins or re-routes
+    # turns online, and more workers can place the long trajectories worse (a list-scheduling
+    # anomaly). cache-aware, 6 trajectories at batch limit 2 on flash (seed 130): 286.75
+    # tok/s on 4 GPUs, 283.32 on 8, 288.18 on 16; least-loaded on flash (seeds 403, 235) and
+    # on the dense model (seed 274) likewise. What holds: once every trajectory has a worker
+    # of its own, more workers stay idle and the run is the same.
     specs = generate_trajectories(cfg)
-    assert RolloutPolicyName.CACHE_AWARE in BASELINES
-    tputs = [simulate_rollout(cfg, RolloutPolicyName.CACHE_AWARE, g, specs=specs).throughput_tokens_per_s
-             for g in (4, 8, 16)]
-    assert tputs == sorted(tputs), tputs
+    enough = len(specs) * cfg.baseline_mp
+    for name in (RolloutPolicyName.CACHE_AWARE, RolloutPolicyName.LEAST_LOADED):
+        assert name in BASELINES
+        a, b = (simulate_rollout(cfg, name, g, specs=specs) for g in (enough, 2 * enough))
+        assert a.throughput_tokens_per_s == b.throughput_tokens_per_s, name
+        assert a.timelines == b.timelines, name
 
 
 def test_deterministic_per_seed():

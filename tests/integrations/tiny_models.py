@@ -15,7 +15,7 @@ import contextlib
 
 import torch
 
-from tests.models.float64_reference import float64_module, torch_only_modeling
+from tests.models.float64_reference import float64_module, perturb_from_init, torch_only_modeling
 
 FAMILIES = ("kimi_linear", "qwen3_next")
 VOCAB = {"kimi_linear": 96, "qwen3_next": 61}
@@ -85,12 +85,8 @@ def build(family: str, dtype: torch.dtype = torch.float64, seed: int = 0, **over
         else:
             raise ValueError(family)
         model = model.to(dtype).eval()
+        perturb_from_init(model)
         with torch.no_grad():
-            for name, p in model.named_parameters():
-                if "norm" in name or name.endswith(("dt_bias", "A_log")):
-                    p.add_(0.1 * torch.randn_like(p))
-                if name.endswith("mlp.gate.weight"):
-                    p.normal_(0.0, 0.5)
             for m in model.modules():
                 bias = getattr(m, "e_score_correction_bias", None)
                 if bias is not None:

@@ -14,7 +14,7 @@ from harts.config.param_counts import parameter_counts
 from harts.exec.model import PackedContext
 from harts.exec.model.model import HybridModel
 from harts.models.hf import qwen3_5, qwen3_5_moe
-from tests.models.float64_reference import float64_module, torch_only_modeling
+from tests.models.float64_reference import float64_module, perturb_from_init, torch_only_modeling
 
 transformers = pytest.importorskip("transformers")
 from transformers import Qwen3_5MoeTextConfig, Qwen3_5TextConfig  # noqa: E402
@@ -55,12 +55,7 @@ def case(request):
     with float64_module(module):  # transformers' pure-torch GDN and convolution, in float64
         torch.manual_seed(1)
         model = model_cls(cfg).to(torch.float64).eval()
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if "norm" in name or name.endswith(("dt_bias", "A_log")):
-                    p.add_(0.1 * torch.randn_like(p))
-                if name.endswith("mlp.gate.weight"):
-                    p.normal_(0.0, 0.5)
+        perturb_from_init(model)
         yield request.param, model, adapter
 
 

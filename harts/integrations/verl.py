@@ -118,22 +118,19 @@ class HartsEngine(BaseEngine):
         return False
 
     @contextmanager
-    def train_mode(self, **kwargs: Any):
-        self.mode = "train"
-        self.module.train()
+    def _in_mode(self, mode: str):
+        self.mode = mode
+        self.module.train(mode == "train")
         try:
             yield
         finally:
             self.mode = None
 
-    @contextmanager
+    def train_mode(self, **kwargs: Any):
+        return self._in_mode("train")
+
     def eval_mode(self, **kwargs: Any):
-        self.mode = "eval"
-        self.module.eval()
-        try:
-            yield
-        finally:
-            self.mode = None
+        return self._in_mode("eval")
 
     def get_data_parallel_rank(self) -> int:
         return 0

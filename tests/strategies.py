@@ -776,3 +776,14 @@ def microbatch_features(draw):
     return MicrobatchFeatures(fwd_s=fwd, bwd_s=fwd * draw(st.floats(1.0, 4.0)), comm_fwd_s=0.0, comm_bwd_s=0.0,
                               rows=draw(st.integers(1, 200_000)), kda_rounds=draw(st.integers(1, 4)),
                               consumer=False, producer_rows=0, producer=False)
+
+
+# Norms (harts/exec/ops/norm): input shapes, scales and epsilons.
+
+
+@st.composite
+def norm_cases(draw):
+    """(leading shape, channels, input scale, eps, seed)."""
+    lead = tuple(draw(st.lists(st.integers(1, 7), min_size=1, max_size=2)))
+    return (lead, draw(st.sampled_from([1, 2, 3, 8, 64, 128, 130])), draw(st.sampled_from([1e-3, 1.0, 40.0])),
+            draw(st.sampled_from([1e-6, 1e-5, 1e-2])), draw(st.integers(0, 2**31)))

@@ -18,9 +18,10 @@ FORCE_REFERENCE = "HARTS_FORCE_REFERENCE"  # force_reference: "1"/"true" runs th
 TREE_ATTENTION = "HARTS_TREE_ATTENTION"  # tree_attention: graph | cudnn | varlen | flex ("" = auto)
 BASELINE_ATTENTION = "HARTS_BASELINE_ATTENTION"  # baseline_attention: cudnn | flash | graph ("" = cudnn)
 CONV = "HARTS_CONV"  # conv: triton | reference ("" = auto)
+NORM = "HARTS_NORM"  # norm: reference ("" = auto)
 CONV_BWD_TILES = "HARTS_CONV_BWD_TILES"  # conv_bwd_tiles: "BD,BT_g,NSUB,warps_g,BT_dx,warps_dx"
 FWD_H = "HARTS_FWD_H"  # kda_fwd_h: "fla" | "BV,warps,stages" ("" = auto)
-KERNEL_VARIABLES = (FORCE_REFERENCE, TREE_ATTENTION, BASELINE_ATTENTION, CONV, CONV_BWD_TILES, FWD_H)
+KERNEL_VARIABLES = (FORCE_REFERENCE, TREE_ATTENTION, BASELINE_ATTENTION, CONV, NORM, CONV_BWD_TILES, FWD_H)
 
 TRACKING_URI = "MLFLOW_TRACKING_URI"
 SUPPRESS_URL_PRINTING = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"

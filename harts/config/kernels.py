@@ -31,6 +31,7 @@ class Impl(StrEnum):
     GRAPH = "graph"  # cuDNN graph: forward one bottom-right call over root-to-row paths, backward the split
     GROUPED = "grouped"  # MoE experts as grouped matrix products (torch grouped_mm)
     TRITON = "triton"  # our fused Triton kernels (short conv)
+    FUSED = "fused"  # torch's fused RMSNorm kernel (F.rms_norm) for the norms
     SDPA = "sdpa"  # torch's scaled_dot_product_attention (cuDNN where it takes the shape)
     FLASH = "flash"  # torch's SDPA with values padded to the qk dim (flash kernel)
 
@@ -61,7 +62,15 @@ class ConvKernel(StrEnum):
     REFERENCE = "reference"  # the gather-form reference
 
 
-_CHOICES = {"tree_attention": TreeAttention, "baseline_attention": BaselineAttention, "conv": ConvKernel}
+class NormKernel(StrEnum):
+    """RMSNorm and the L2 norm of KDA's queries and keys."""
+
+    AUTO = "auto"  # torch's fused RMSNorm kernel on CUDA (bf16, fp16, fp32), the reference elsewhere
+    REFERENCE = "reference"  # one elementwise op at a time (harts.exec.ops.norm.naive)
+
+
+_CHOICES = {"tree_attention": TreeAttention, "baseline_attention": BaselineAttention, "conv": ConvKernel,
+            "norm": NormKernel}
 
 
 def parse_ints(text: str, count: int, name: str) -> tuple[int, ...]:
@@ -82,6 +91,7 @@ class KernelConfig:
     tree_attention: TreeAttention = TreeAttention.AUTO
     baseline_attention: BaselineAttention = BaselineAttention.CUDNN
     conv: ConvKernel = ConvKernel.AUTO
+    norm: NormKernel = NormKernel.AUTO
     force_reference: bool = False
     # the fused conv backward's tiles (BD, BT_g, NSUB, warps_g, BT_dx, warps_dx); None: the
     # measured default (`harts.exec.ops.conv.triton`)
@@ -163,7 +173,7 @@ class KernelConfig:
         if env.FORCE_REFERENCE in settings:
             kwargs["force_reference"] = settings[env.FORCE_REFERENCE] not in ("0", "false", "False")
         for var, field in ((env.TREE_ATTENTION, "tree_attention"), (env.BASELINE_ATTENTION, "baseline_attention"),
-                           (env.CONV, "conv"), (env.FWD_H, "kda_fwd_h")):
+                           (env.CONV, "conv"), (env.NORM, "norm"), (env.FWD_H, "kda_fwd_h")):
             if var in settings:
                 kwargs[field] = settings[var]
         if env.CONV_BWD_TILES in settings:
@@ -172,7 +182,7 @@ class KernelConfig:
             config = cls(**kwargs)
         except ValueError as err:
             var = {"tree_attention": env.TREE_ATTENTION, "baseline_attention": env.BASELINE_ATTENTION,
-                   "conv": env.CONV, "kda_fwd_h": env.FWD_H}
+                   "conv": env.CONV, "norm": env.NORM, "kda_fwd_h": env.FWD_H}
             field = str(err).split("=", 1)[0]
             raise ValueError(f"{var.get(field, field)}: {err}") from None
         return config.replace(**overrides) if overrides else config

@@ -65,14 +65,15 @@ from torch import Tensor, nn
 from harts.config.models import FFNKind
 from harts.config.parallel import ParallelizeConfig
 from harts.distributed.mesh import DistMesh
+from harts.exec import backend
 from harts.exec.model.kda import KDAMixer
 from harts.exec.model.layers import (
     GatedRMSNorm,
     OffsetRMSNorm,
     RMSNorm,
     SwiGLU,
+    norm_kernels,
     offset_rms_norm,
-    rms_norm,
 )
 from harts.exec.model.mla import MLAMixer
 from harts.exec.model.model import Block, HybridModel, ModelOutput
@@ -141,9 +142,10 @@ class TPGatedRMSNorm(GatedRMSNorm):
 
     tp_group: Any = None
 
-    def forward(self, x: Tensor, gate: Tensor) -> Tensor:
+    def forward(self, x: Tensor, gate: Tensor, ctx: Any = None) -> Tensor:
         weight = _ReplicateGrad.apply(self.weight, self.tp_group)
-        return rms_norm(x, weight, self.eps, self.float32) * torch.sigmoid(gate)
+        kernels, record = norm_kernels(ctx)
+        return backend.rms_norm(x, weight, self.eps, self.float32, kernels=kernels, record=record) * torch.sigmoid(gate)
 
 
 # ---- sequence parallel: the residual stream's rows sharded over TP ----------------------
@@ -210,8 +212,10 @@ class SPRMSNorm(RMSNorm):
 
     tp_group: Any = None
 
-    def forward(self, x: Tensor) -> Tensor:
-        return rms_norm(x, _ReplicateGrad.apply(self.weight, self.tp_group), self.eps, self.float32)
+    def forward(self, x: Tensor, ctx: Any = None) -> Tensor:
+        kernels, record = norm_kernels(ctx)
+        return backend.rms_norm(x, _ReplicateGrad.apply(self.weight, self.tp_group), self.eps, self.float32,
+                                kernels=kernels, record=record)
 
 
 class SPOffsetRMSNorm(OffsetRMSNorm):
@@ -219,7 +223,7 @@ class SPOffsetRMSNorm(OffsetRMSNorm):
 
     tp_group: Any = None
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, ctx: Any = None) -> Tensor:
         return offset_rms_norm(x, _ReplicateGrad.apply(self.weight, self.tp_group), self.eps, self.float32)
 
 
@@ -236,9 +240,9 @@ class SPBlock(Block):
 
     def forward(self, x: Tensor, ctx) -> tuple[Tensor, Tensor | None, Tensor | None]:
         group, rows = self.tp_group, ctx.num_rows
-        mixed = self.mixer(_GatherRows.apply(self.attn_norm(x), rows, group), ctx)
+        mixed = self.mixer(_GatherRows.apply(self.attn_norm(x, ctx), rows, group), ctx)
         x = x + (mixed if self.sharded_mixer else _SliceRows.apply(mixed, group))
-        h = self.ffn_norm(x)
+        h = self.ffn_norm(x, ctx)
         if self.ffn_kind == FFNKind.DENSE:
             # every padded row: the row-wise down projection reduce-scatters them to shares
             return x + self.ffn(_GatherRows.apply(h, h.shape[0] * dist.get_world_size(group), group)), None, None

@@ -195,7 +195,7 @@ class PipelineStageModule(nn.Module):
         x_TD, aux, loads = run_blocks(self.layers.values(), x_TD, ctx, aux, self.recompute)
         step.loads[mb.index] = torch.stack(loads).detach().to(torch.float64) if loads else None
         if self.norm is not None:
-            x_TD = self.norm(x_TD)
+            x_TD = self.norm(x_TD, ctx)
         pad = x_TD.new_zeros(step.padded_rows - x_TD.shape[0], x_TD.shape[1])
         out_PD = torch.cat([x_TD, pad]) if pad.shape[0] else x_TD.clone()
         return step.after_forward(mb, x_TD, out_PD), aux

@@ -14,6 +14,8 @@ it needs, and a priority), in `harts.exec.ops.<op>.paths`:
   `tree_attention`), the dense-mask reference (`ops.attention.naive`) otherwise.
 - MoE experts (`MOE`): torch's `grouped_mm` over expert-sorted rows on CUDA bf16
   (`ops.moe.grouped`), the per-expert loop (`ops.moe.naive`) otherwise.
+- norms (`RMS_NORM`, `L2_NORM`): torch's fused RMSNorm kernel on CUDA in bf16/fp16/fp32
+  (`ops.norm.fused`), the elementwise references (`ops.norm.naive`) otherwise.
 - short conv (`CONV`): the fused Triton kernels (`ops.conv.triton`) on CUDA, the
   gather-form reference elsewhere or with conv=reference.
 - the baseline's causal attention: `ops.attention.causal` (`baseline_attention`).
@@ -33,11 +35,13 @@ from harts.exec.ops.attention.paths import TREE_ATTENTION, flex_available
 from harts.exec.ops.conv.paths import CONV
 from harts.exec.ops.kda.paths import FAST_DTYPES, KDA, fla_available
 from harts.exec.ops.moe.paths import MOE, grouped_mm_available
+from harts.exec.ops.norm.paths import L2_NORM, RMS_NORM
 from harts.exec.ops.record import KernelRecord, report, report_fallback
 
-__all__ = ["CONV", "FAST_DTYPES", "KDA", "MOE", "TREE_ATTENTION", "Impl", "KernelConfig", "KernelRecord",
-           "chunk_kda", "conv_impl", "experts", "fla_available", "flex_available", "grouped_mm_available",
-           "kda_impl", "moe_impl", "short_conv", "tree_attention", "tree_attention_impl"]
+__all__ = ["CONV", "FAST_DTYPES", "KDA", "L2_NORM", "MOE", "RMS_NORM", "TREE_ATTENTION", "Impl", "KernelConfig",
+           "KernelRecord", "chunk_kda", "conv_impl", "experts", "fla_available", "flex_available",
+           "grouped_mm_available", "kda_impl", "l2_norm", "moe_impl", "norm_impl", "rms_norm", "short_conv",
+           "tree_attention", "tree_attention_impl"]
 
 DEFAULT_KERNELS = KernelConfig()
 
@@ -105,6 +109,28 @@ def experts(x_TD: Tensor, top_i_Tk: Tensor, top_w_Tk: Tensor, w_gate_EFD: Tensor
     impl = moe_impl(x_TD.device, x_TD.dtype, kernels)
     report(record, "moe", impl)
     return MOE.run(impl)(x_TD, top_i_Tk, top_w_Tk, w_gate_EFD, w_up_EFD, w_down_EDF)
+
+
+def norm_impl(device: torch.device, dtype: torch.dtype, kernels: KernelConfig = DEFAULT_KERNELS) -> Impl:
+    """RMSNorm and L2 norm: torch's fused kernel on CUDA in bf16/fp16/fp32 unless
+    norm=reference, the references otherwise."""
+    return RMS_NORM.select(device, dtype, kernels)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float, float32: bool = False, *,
+             kernels: KernelConfig = DEFAULT_KERNELS, record: KernelRecord | None = None) -> Tensor:
+    """`harts.exec.ops.norm.rms_norm`'s contract, on `norm_impl`'s pick."""
+    impl = RMS_NORM.select(x.device, x.dtype, kernels)
+    report(record, "rms_norm", impl)
+    return RMS_NORM.run(impl)(x, weight, eps, float32)
+
+
+def l2_norm(x: Tensor, eps: float = 1e-6, *, kernels: KernelConfig = DEFAULT_KERNELS,
+            record: KernelRecord | None = None) -> Tensor:
+    """`harts.exec.ops.norm.l2_norm`'s contract, on `norm_impl`'s pick."""
+    impl = L2_NORM.select(x.device, x.dtype, kernels)
+    report(record, "l2_norm", impl)
+    return L2_NORM.run(impl)(x, eps)
 
 
 def reference_attention_reason(device: torch.device, kernels: KernelConfig) -> str | None:

@@ -334,7 +334,7 @@ class TreeContext:
         if self._places is not None and self.record is not None:
             return None
         from harts.exec.backend import short_conv
-        from harts.exec.model.layers import l2_norm
+        from harts.exec.model.layers import l2_norm_of
 
         W = convs[0].shape[1]
         if self._places is None:
@@ -348,7 +348,7 @@ class TreeContext:
             q, k, v = (short_conv(x, w, None, window_TW=window_RW, activation="silu", kernels=self.kernels,
                                   record=self.kernel_record)
                        for x, w in zip((q_TD, k_TD, v_TD), convs, strict=True))
-            q, k, v = l2_norm(q.view(R, H, K)), l2_norm(k.view(R, H, K)), v.view(R, H, -1)
+            q, k, v = l2_norm_of(q.view(R, H, K), self), l2_norm_of(k.view(R, H, K), self), v.view(R, H, -1)
             if self.record is not None:
                 self.record.record_rounds((layer, "kda"), (q, k, v, g, beta), self._kda_out.index_host,
                                           self.device)
@@ -363,7 +363,7 @@ class TreeContext:
                               window_TW=window_PW, activation="silu", kernels=self.kernels,
                               record=self.kernel_record)
                    for name, x, w in zip("qkv", (q_TD, k_TD, v_TD), convs, strict=True))
-        q, k, v = l2_norm(q.view(P, H, K)), l2_norm(k.view(P, H, K)), v.view(P, H, -1)
+        q, k, v = l2_norm_of(q.view(P, H, K), self), l2_norm_of(k.view(P, H, K), self), v.view(P, H, -1)
         q, k, v, g, beta = place(ctx_in(*self.stash.inputs[(layer, "kda")]), (q, k, v, g, beta))
         return self._kda_rounds(layer, q, k, v, g, beta, scale)
 

@@ -105,8 +105,8 @@ def test_a_step_records_its_config_and_what_ran(clean_env):
     res = TreeTrainer(model, kernels=KernelConfig()).evaluate(trajs, 1 << 20)
     assert res.kernels["config"] == KernelConfig().to_dict()
     # on the CPU every family runs its reference
-    assert res.kernels["ran"] == {"conv": ["reference"], "kda": ["reference"], "moe": ["reference"],
-                                  "tree_attention": ["reference"]}
+    assert res.kernels["ran"] == {"conv": ["reference"], "kda": ["reference"], "l2_norm": ["reference"],
+                                  "moe": ["reference"], "rms_norm": ["reference"], "tree_attention": ["reference"]}
     assert res.kernels["fallbacks"] == []
 
 

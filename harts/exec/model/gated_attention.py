@@ -45,8 +45,8 @@ class GatedAttentionMixer(nn.Module):
     def forward(self, x_TD: Tensor, ctx: MixingContext) -> Tensor:
         T, H, G, E = x_TD.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         query_THE, gate_THE = self.q_proj(x_TD).view(T, H, 2 * E).chunk(2, dim=-1)
-        q_THE = self._rope(self.q_norm(query_THE), ctx.position_ids)
-        k_TGE = self._rope(self.k_norm(self.k_proj(x_TD).view(T, G, E)), ctx.position_ids)
+        q_THE = self._rope(self.q_norm(query_THE, ctx), ctx.position_ids)
+        k_TGE = self._rope(self.k_norm(self.k_proj(x_TD).view(T, G, E), ctx), ctx.position_ids)
         v_TGE = self.v_proj(x_TD).view(T, G, E)
         if G != H:
             k_TGE, v_TGE = (t.repeat_interleave(H // G, dim=1) for t in (k_TGE, v_TGE))

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from harts.config.models import ModelConfig
 from harts.exec.model.context import MixingContext
-from harts.exec.model.layers import SiLUGatedRMSNorm, l2_norm
+from harts.exec.model.layers import SiLUGatedRMSNorm, l2_norm_of
 
 
 class GDNMixer(nn.Module):
@@ -64,12 +64,12 @@ class GDNMixer(nn.Module):
         mixed_TC = torch.cat([q.reshape(T, Hk * K), k.reshape(T, Hk * K), v.reshape(T, Hv * V)], dim=-1)
         mixed_TC = ctx.short_conv(self.layer, "qkv", mixed_TC, self.conv, None)
         q_TC, k_TC, v_TC = mixed_TC.split([Hk * K, Hk * K, Hv * V], dim=-1)
-        q_THK = l2_norm(q_TC.reshape(T, Hk, K)).repeat_interleave(r, dim=1)
-        k_THK = l2_norm(k_TC.reshape(T, Hk, K)).repeat_interleave(r, dim=1)
+        q_THK = l2_norm_of(q_TC.reshape(T, Hk, K), ctx).repeat_interleave(r, dim=1)
+        k_THK = l2_norm_of(k_TC.reshape(T, Hk, K), ctx).repeat_interleave(r, dim=1)
         v_THV = v_TC.reshape(T, Hv, V)
         beta_TH = torch.sigmoid(b.reshape(T, Hv))
         g_TH = -torch.exp(self.A_log) * F.softplus(a.reshape(T, Hv) + self.dt_bias)
         g_THK = g_TH[:, :, None].expand(T, Hv, K).contiguous()
         o_THV = ctx.kda(self.layer, q_THK, k_THK, v_THV, g_THK, beta_TH, K**-0.5)
-        o_THV = self.norm(o_THV, z.reshape(T, Hv, V))
+        o_THV = self.norm(o_THV, z.reshape(T, Hv, V), ctx)
         return self.out_proj(o_THV.reshape(T, Hv * V))

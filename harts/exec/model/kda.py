@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from harts.config.models import ModelConfig
 from harts.exec.model.context import MixingContext
-from harts.exec.model.layers import GatedRMSNorm, l2_norm
+from harts.exec.model.layers import GatedRMSNorm, l2_norm_of
 
 
 class KDAMixer(nn.Module):
@@ -65,7 +65,7 @@ class KDAMixer(nn.Module):
         o_THV = kda_mixing(ctx, self.layer, self.q_proj(x_TD), self.k_proj(x_TD), self.v_proj(x_TD),
                            (self.q_conv, self.k_conv, self.v_conv), self.f_proj[0](x_TD), self.forget_gate,
                            beta_TH, K**-0.5)
-        o_THV = self.o_norm(o_THV, self.g_proj(x_TD).view(T, H, V))
+        o_THV = self.o_norm(o_THV, self.g_proj(x_TD).view(T, H, V), ctx)
         return self.o_proj(o_THV.reshape(T, H * V))
 
     def forget_gate(self, f_TR: Tensor) -> Tensor:
@@ -96,5 +96,5 @@ def kda_mixing(ctx: MixingContext, layer: int, q_TD: Tensor, k_TD: Tensor, v_TD:
     q_THK = ctx.short_conv(layer, "q", q_TD, convs[0], None).view(T, H, K)
     k_THK = ctx.short_conv(layer, "k", k_TD, convs[1], None).view(T, H, K)
     v_THV = ctx.short_conv(layer, "v", v_TD, convs[2], None).view(T, H, -1)
-    q_THK, k_THK = l2_norm(q_THK), l2_norm(k_THK)
+    q_THK, k_THK = l2_norm_of(q_THK, ctx), l2_norm_of(k_THK, ctx)
     return ctx.kda(layer, q_THK, k_THK, v_THV, g_THK, beta_TH, scale)

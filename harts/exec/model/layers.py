@@ -1,5 +1,9 @@
 """Token-wise building blocks: RMSNorm, gated RMSNorm, SwiGLU, rotary embedding.
 
+The norm modules take the mixing context their call runs in (None: the default kernels)
+and run `harts.exec.backend`'s pick for it: torch's fused RMSNorm kernel on CUDA, the
+references of `harts.exec.ops.norm.naive` (re-exported here) elsewhere.
+
 Shapes: T rows, H heads, D model dim, F FFN dim, R rotary dim.
 """
 
@@ -9,28 +13,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from harts.config.kernels import KernelConfig
+from harts.exec import backend
+from harts.exec.backend import DEFAULT_KERNELS
+from harts.exec.ops.norm.naive import l2_norm, offset_rms_norm, rms_norm
+from harts.exec.ops.record import KernelRecord
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float, float32: bool = False) -> Tensor:
-    """x / rms(x) * weight over the last dim; `float32`: normalised in float32 and cast
-    back before the weight (HF Llama's RMSNorm), else in x's dtype throughout."""
-    if float32 and x.dtype.itemsize < 4:  # bf16 / fp16; float32 and float64 as they are
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-
-
-def offset_rms_norm(x: Tensor, weight: Tensor, eps: float, float32: bool = False) -> Tensor:
-    """x / rms(x) * (1 + weight) over the last dim (`OffsetRMSNorm`); `float32`: normalised
-    and scaled in float32, cast back after the weight."""
-    if float32 and x.dtype.itemsize < 4:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())).to(x.dtype)
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight)
+__all__ = ["GatedRMSNorm", "OffsetRMSNorm", "RMSNorm", "SiLUGatedRMSNorm", "SwiGLU", "apply_rope", "l2_norm",
+           "l2_norm_of", "norm_kernels", "offset_rms_norm", "rms_norm"]
 
 
-def l2_norm(x: Tensor, eps: float = 1e-6) -> Tensor:
-    # fla's l2norm: x / sqrt(sum x^2 + eps), over the last (head) dim
-    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+def norm_kernels(ctx: object) -> tuple[KernelConfig, KernelRecord | None]:
+    """The kernels a context asks for and the record it keeps (the defaults for None)."""
+    return getattr(ctx, "kernels", None) or DEFAULT_KERNELS, getattr(ctx, "kernel_record", None)
+
+
+def l2_norm_of(x: Tensor, ctx: object = None, eps: float = 1e-6) -> Tensor:
+    """`l2_norm` on the context's kernels."""
+    kernels, record = norm_kernels(ctx)
+    return backend.l2_norm(x, eps, kernels=kernels, record=record)
 
 
 class RMSNorm(nn.Module):
@@ -39,8 +40,9 @@ class RMSNorm(nn.Module):
         self.eps, self.float32 = eps, float32
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: Tensor) -> Tensor:
-        return rms_norm(x, self.weight, self.eps, self.float32)
+    def forward(self, x: Tensor, ctx: object = None) -> Tensor:
+        kernels, record = norm_kernels(ctx)
+        return backend.rms_norm(x, self.weight, self.eps, self.float32, kernels=kernels, record=record)
 
 
 class GatedRMSNorm(nn.Module):
@@ -51,8 +53,10 @@ class GatedRMSNorm(nn.Module):
         self.eps, self.float32 = eps, float32
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: Tensor, gate: Tensor) -> Tensor:
-        return rms_norm(x, self.weight, self.eps, self.float32) * torch.sigmoid(gate)
+    def forward(self, x: Tensor, gate: Tensor, ctx: object = None) -> Tensor:
+        kernels, record = norm_kernels(ctx)
+        return backend.rms_norm(x, self.weight, self.eps, self.float32, kernels=kernels,
+                                record=record) * torch.sigmoid(gate)
 
 
 class SwiGLU(nn.Module):
@@ -88,7 +92,7 @@ class OffsetRMSNorm(nn.Module):
         self.eps, self.float32 = eps, float32
         self.weight = nn.Parameter(torch.zeros(dim))
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, ctx: object = None) -> Tensor:
         return offset_rms_norm(x, self.weight, self.eps, self.float32)
 
 
@@ -102,5 +106,7 @@ class SiLUGatedRMSNorm(nn.Module):
         self.eps, self.float32 = eps, float32
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: Tensor, gate: Tensor) -> Tensor:
-        return rms_norm(x, self.weight, self.eps, self.float32) * F.silu(gate)
+    def forward(self, x: Tensor, gate: Tensor, ctx: object = None) -> Tensor:
+        kernels, record = norm_kernels(ctx)
+        return backend.rms_norm(x, self.weight, self.eps, self.float32, kernels=kernels,
+                                record=record) * F.silu(gate)

@@ -47,10 +47,10 @@ class MLAMixer(nn.Module):
         if hasattr(self, "q_proj"):
             q = self.q_proj(x_TD)
         else:
-            q = self.q_b_proj(self.q_a_norm(self.q_a_proj(x_TD)))
+            q = self.q_b_proj(self.q_a_norm(self.q_a_proj(x_TD), ctx))
         q_THQ = q.view(T, H, N + R)
         ckv_TC, k_pe_TR = self.kv_a_proj(x_TD).split([self.kv_rank, R], dim=-1)
-        kv_TH2 = self.kv_b_proj(self.kv_a_norm(ckv_TC)).view(T, H, N + E)
+        kv_TH2 = self.kv_b_proj(self.kv_a_norm(ckv_TC, ctx)).view(T, H, N + E)
         k_nope_THN, v_THE = kv_TH2.split([N, E], dim=-1)
         k_pe_T1R = k_pe_TR.unsqueeze(1)
         if self.use_rope:

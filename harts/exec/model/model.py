@@ -72,8 +72,8 @@ class Block(nn.Module):
             self.ffn = MoE(config, moe_index=config.ffn_kinds[:layer].count(FFNKind.MOE))
 
     def forward(self, x_TD: Tensor, ctx: MixingContext) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        x_TD = x_TD + self.mixer(self.attn_norm(x_TD), ctx)
-        h_TD = self.ffn_norm(x_TD)
+        x_TD = x_TD + self.mixer(self.attn_norm(x_TD, ctx), ctx)
+        h_TD = self.ffn_norm(x_TD, ctx)
         if self.ffn_kind == FFNKind.DENSE:
             return x_TD + self.ffn(h_TD), None, None
         y_TD, aux, load_E = self.ffn(h_TD, ctx)
@@ -165,7 +165,7 @@ class HybridModel(nn.Module):
             expert_load = torch.stack(loads)
         else:
             expert_load = x_TD.new_zeros(0, self.config.num_experts)
-        return ModelOutput(self.norm(x_TD), aux, expert_load)
+        return ModelOutput(self.norm(x_TD, ctx), aux, expert_load)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -52,7 +52,10 @@ def make_plan(
     config.validate()
     fn = get_planner(planner)
     t0 = time.perf_counter()
-    plan = fn(forest, config)
+    from harts.plan.planners.chains import plan_with_chains
+
+    # trajectories longer than the budget: chains of windows, the rest planned by `fn`
+    plan = plan_with_chains(forest, config, fn, str(planner))
     seconds = time.perf_counter() - t0
     plan = dataclasses.replace(plan, plan_seconds=seconds)
     if validate:

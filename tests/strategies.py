@@ -776,3 +776,47 @@ def microbatch_features(draw):
     return MicrobatchFeatures(fwd_s=fwd, bwd_s=fwd * draw(st.floats(1.0, 4.0)), comm_fwd_s=0.0, comm_bwd_s=0.0,
                               rows=draw(st.integers(1, 200_000)), kda_rounds=draw(st.integers(1, 4)),
                               consumer=False, producer_rows=0, producer=False)
+
+
+# ---- chains of windows: trajectories longer than the microbatch budget ------------------
+
+
+def long_chain_trajectories(trunk: int, forks: list[tuple[int, int]], seed: int = 0, groups: int = 1):
+    """`groups` trees, each a trunk of `trunk` tokens with a branch of `n` tokens forking at
+    each (depth, n) of `forks`, and a short tree beside them; random tokens, masks,
+    advantages and old / reference log-probs from `seed`."""
+    import numpy as np
+
+    from harts.tree.trajectory import Trajectory
+
+    rng = np.random.default_rng(seed)
+
+    def make(name: str, group: str, tokens) -> Trajectory:
+        mask = rng.random(len(tokens)) < 0.8
+        mask[0] = False
+        return Trajectory.make(name, group, tokens, loss_mask=mask, advantage=float(rng.normal()),
+                               old_logprobs=rng.normal(-2, 0.5, len(tokens)),
+                               ref_logprobs=rng.normal(-2, 0.5, len(tokens)))
+
+    out = []
+    for g in range(groups):
+        base = rng.integers(1, 500, trunk)
+        out.append(make(f"g{g}/trunk", f"g{g}", base))
+        for i, (depth, n) in enumerate(forks):
+            # the branch differs from the trunk at `depth` (its first own token)
+            tail = rng.integers(1, 500, n)
+            if depth < trunk:
+                tail[0] = (int(base[depth]) % 499) + 1
+            out.append(make(f"g{g}/b{i}", f"g{g}", np.concatenate([base[:depth], tail])))
+    out.append(make("short", "s", rng.integers(1, 500, 9)))
+    return out
+
+
+@st.composite
+def long_chain_forests(draw: st.DrawFn, budget: int, max_forks: int = 3):
+    """Trajectories 2-4x `budget` long with forks drawn anywhere along the trunk (inside a
+    piece's first chunk, on a cut, one past it, deep), some branches longer than the budget."""
+    trunk = draw(st.integers(2 * budget, 4 * budget))
+    forks = draw(st.lists(st.tuples(st.integers(1, trunk - 1), st.integers(1, budget)), min_size=1,
+                          max_size=max_forks))
+    return long_chain_trajectories(trunk, forks, seed=draw(st.integers(0, 2**16)))

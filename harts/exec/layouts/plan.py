@@ -279,7 +279,6 @@ class PlanLayout(LayoutBase):
         model, plan, device, dtype = self.model, self.plan, self.device, self.dtype
         forest = self._plan_forest(trajectories)
         mbs = {m.id: m for m in plan.microbatches}
-        position = {mb: i for i, mb in enumerate(self.execution_order)}
         consumers = plan.consumers()
         targets = forest.targets()
         rows_of = forest.traj_rows
@@ -313,7 +312,8 @@ class PlanLayout(LayoutBase):
         # what each producer's stash keeps: its consumers' reads and, for a consumer that is
         # a producer itself (a chain), what that one's stash hands on from the rows it reads
         needs: dict[int, StashNeeds] = {}
-        for p in sorted(consumers, key=lambda i: -position[i]):  # consumers before producers
+        # consumers before producers (a producer runs before its consumers on their replica)
+        for p in sorted(consumers, key=lambda i: (mbs[i].replica, -mbs[i].order)):
             parts = []
             for c in consumers[p]:
                 parts.append(consumer_needs(layouts[c], schedules[c], targets.row[owned[c]], model.config.conv_window))

@@ -73,9 +73,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from harts.config.plan import DEFAULT_PRODUCER_RETENTION
+from harts.plan.plan_checks import chain_roots, check_costs, validate_expanded_chains
 from harts.tree.forest import RolloutForest
 
 FORMAT = "harts-plan/1"
@@ -462,7 +461,7 @@ def _validate(plan: Plan, forest: RolloutForest, budget: int, cost_model: Any) -
             f"{missing[0]} ({forest.traj_ids[missing[0]]!r}): their targets are not covered")
 
     if plan.mode == PlanMode.EXPANDED:
-        chain_of = _chain_roots(plan)
+        chain_of = chain_roots(plan)
         for mb in mbs:
             if mb.id in chain_of:
                 continue
@@ -472,7 +471,7 @@ def _validate(plan: Plan, forest: RolloutForest, budget: int, cost_model: Any) -
                 bad(f"microbatch {mb.id}: executed_tokens {mb.executed_tokens} != the "
                     f"{mb.expanded_tokens} tokens of its trajectory copies")
         if chain_of:
-            _validate_expanded_chains(plan, forest, chain_of, bad)
+            validate_expanded_chains(plan, forest, chain_of, bad)
             _validate_rows(plan, forest, consumers, bad, only=set(chain_of))
     else:
         _validate_rows(plan, forest, consumers, bad)
@@ -485,49 +484,7 @@ def _validate(plan: Plan, forest: RolloutForest, budget: int, cost_model: Any) -
                 f"({mb.executed_tokens} executed + {extra:.0f} retained by a producer) "
                 f"> budget {budget}")
     if cost_model is not None:
-        _check_costs(plan, forest, cost_model, bad)
-
-
-def _chain_roots(plan: Plan) -> dict[int, int]:
-    """Expanded mode: microbatch id -> the first piece of its chain, for the microbatches
-    that compute pieces of one trajectory's copy (a chain of windows along its path)."""
-    mbs = plan.microbatches
-    out: dict[int, int] = {}
-    for mb in mbs:
-        if mb.pieces or mb.producer is not None:
-            root = mb.id
-            seen = 0
-            while mbs[root].producer is not None and seen <= len(mbs):
-                root = mbs[root].producer
-                seen += 1
-            out[mb.id] = root
-    return out
-
-
-def _validate_expanded_chains(plan: Plan, forest: RolloutForest, chain_of: dict[int, int], bad) -> None:
-    """Expanded mode: each chain computes pieces of one trajectory's path (its own copy)
-    and owns that trajectory and nothing else."""
-    mbs = plan.microbatches
-    owned: dict[int, list[int]] = defaultdict(list)
-    for m, root in chain_of.items():
-        if not mbs[m].pieces:
-            bad(f"microbatch {m}: a chain piece of an expanded plan computes no rows")
-        owned[root].extend(mbs[m].trajectories)
-    node_of_path: dict[int, set[int]] = {}
-    for root, ts in owned.items():
-        if len(ts) != 1:
-            bad(f"microbatch {root}: a chain of an expanded plan owns {len(ts)} trajectories, not one")
-        t = ts[0]
-        path: set[int] = set()
-        v = int(forest.traj_node[t])
-        while v >= 0:
-            path.add(v)
-            v = int(forest.node_parent[v])
-        node_of_path[root] = path
-    for m, root in chain_of.items():
-        for v, _, _ in mbs[m].pieces:
-            if v not in node_of_path[root]:
-                bad(f"microbatch {m}: chain piece of node {v} is not on its trajectory's path")
+        check_costs(plan, forest, cost_model, bad)
 
 
 def _validate_rows(plan: Plan, forest: RolloutForest, consumers: dict[int, list[int]], bad,
@@ -628,18 +585,3 @@ def _validate_rows(plan: Plan, forest: RolloutForest, consumers: dict[int, list[
             if not _covers(merged_read.get(v), lo, b):
                 bad(f"microbatch {mb.id} computes rows [{lo}, {b}) of node {v} that neither "
                     "its trajectories nor its consumers need")
-
-
-def _check_costs(plan: Plan, forest: RolloutForest, cost_model: Any, bad) -> None:
-    start = forest.node_start
-    for mb in plan.microbatches:
-        if plan.mode == PlanMode.EXPANDED and not mb.pieces:
-            ends = forest.traj_length[list(mb.trajectories)]
-            s = np.zeros_like(ends)
-        else:
-            arr = np.asarray(mb.pieces, dtype=np.int64).reshape(-1, 3)
-            s = start[arr[:, 0]] + arr[:, 1]
-            ends = start[arr[:, 0]] + arr[:, 2]
-        cost = cost_model.microbatch_overhead + float(cost_model.segment_cost(s, ends).sum())
-        if not abs(cost - mb.cost) <= 1e-9 * max(1.0, abs(cost)):
-            bad(f"microbatch {mb.id}: cost {mb.cost!r} != {cost!r} under {cost_model.name}")

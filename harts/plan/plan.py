@@ -7,7 +7,9 @@ it against the forest it was made for.
 
 Modes
 - ``expanded``: the baseline. Every microbatch holds whole trajectories, each executed as
-  its own copy (`Microbatch.trajectories`); `pieces` and `context` are empty.
+  its own copy (`Microbatch.trajectories`); `pieces` and `context` are empty, except in
+  the chain of windows of a trajectory longer than the budget (its copy's path cut into
+  pieces, the last one owning it).
 - ``tree``: microbatches hold compact rows of the forest. `pieces` are the rows a
   microbatch *computes* (outputs written), as `Piece(node, start, end)`: the rows of node
   `node` at offsets `[start, end)` inside the node, i.e. depths
@@ -28,9 +30,13 @@ producer pieces it reads (KV, KDA boundary states, conv windows and hidden rows 
 rows). Producer and consumers run on the same replica: the producer's forward runs first,
 each consumer runs forward and backward (accumulating gradients into the producer's
 outputs), and the producer's backward runs right after its last consumer's backward. The
-window lasts from the producer to its last consumer; windows on a replica do not overlap
-and a producer has no producer itself (one level, so there are no dependency cycles).
-Other microbatches may run inside a window; they pay its retained memory too.
+window lasts from the producer to its last consumer; windows on a replica do not cross.
+A consumer may be a producer itself (a *chain of windows*: a trajectory longer than the
+budget cut into pieces, `harts.plan.planners.chains`): it hands its consumers the rows it
+computes and those it reads, its window nests inside its producer's, and its backward
+runs after its own window, before its producer's (`window_last`). A producer runs
+before its consumers, so there are no dependency cycles. Other microbatches may run
+inside a window; they pay its retained memory too.
 
 Placement. `replica` is the data-parallel rank; `order` the position in the replica's
 execution sequence (0, 1, ...); `slot` aligns microbatches across replicas so their
@@ -41,8 +47,9 @@ load metrics a producer's cost is split: `forward_fraction` of it lands in its o
 the rest in its last consumer's slot (see `harts.plan.metrics`).
 
 Budget. `microbatch_tokens` bounds activation memory in token units:
-`executed_tokens + producer_retention * (executed rows of the open window's producer)`
-for every microbatch (0 outside windows), and `executed_tokens` for a producer itself.
+`executed_tokens + producer_retention * (executed rows of the innermost open window's
+producer)` for every microbatch (0 outside windows; in a chain the outer producers' state
+is counted off the device, `memory_tokens`).
 `producer_retention` (default 0.35, see `DEFAULT_PRODUCER_RETENTION`) is the memory a
 retained producer row costs relative to a row being computed.
 
@@ -427,18 +434,18 @@ def _validate(plan: Plan, forest: RolloutForest, budget: int, cost_model: Any) -
             taken[m.slot] = m.id
     window_last = plan.window_last()
     for r in per_replica:
-        # windows are disjoint or nested (a chain: a consumer's own window inside its
+        # windows are disjoint or nested as a chain (a consumer's own window inside its
         # producer's), never crossing
         windows = sorted((mbs[p].order, -window_last[p], p) for p in consumers if mbs[p].replica == r)
-        stack: list[tuple[int, int]] = []
-        for a1, neg_b1, _ in windows:
+        stack: list[tuple[int, int, int]] = []
+        for a1, neg_b1, p1 in windows:
             b1 = -neg_b1
             while stack and stack[-1][1] < a1:
                 stack.pop()
-            if stack and b1 > stack[-1][1]:
-                a0, b0 = stack[-1]
+            if stack and (b1 > stack[-1][1] or mbs[p1].producer is None):
+                a0, b0, _ = stack[-1]
                 bad(f"replica {r}: sharing windows overlap (orders {a0}..{b0} and {a1}..{b1})")
-            stack.append((a1, b1))
+            stack.append((a1, b1, p1))
 
     # target coverage
     owner = [-1] * num_traj
@@ -553,8 +560,8 @@ def _validate_rows(plan: Plan, forest: RolloutForest, consumers: dict[int, list[
             merged = _merge(list(prod_rows.get(v, [])) + list(prod_ctx.get(v, [])))
             for a, b in iv:
                 if not _covers(merged, a, b):
-                    bad(f"microbatch {mb.id}: context ({v}, {a}, {b}) is neither computed nor read by "
-                        f"its producer {mb.producer}")
+                    bad(f"microbatch {mb.id}: context ({v}, {a}, {b}) is not computed by "
+                        f"its producer {mb.producer} (nor read by it)")
                 if any(a < b2 and a2 < b for a2, b2 in own[mb.id].get(v, ())):
                     bad(f"microbatch {mb.id}: node {v} rows both computed and read as context")
         need = needs(mb, mb.pieces)

@@ -21,6 +21,14 @@ data-parallel all-reduce of the step-global loss computes):
 3. after the window's last consumer: one producer backward, feeding its own loss and the
    accumulated leaf gradients through the producer graph.
 
+Chains of windows (trajectories longer than the budget, `harts.plan.planners.chains`): a
+consumer that is a producer itself records its stash over every local row, so it hands on
+the rows it reads (their inputs placed from its producer's leaves, the states and hidden
+rows it reads taken from them) as well as those it computes; what its producer keeps is
+its consumers' reads less its own rows (`StashNeeds.without`). Its backward runs when its
+own window closes, which may close its producer's window in turn. An expanded plan's
+chains run the same way, its other microbatches packed between them.
+
 The windows are this layout's business: the step runner iterates its microbatches as any
 layout's, and the iteration (`_WindowRun`) binds consumers to stashes, hands producers a
 fresh stash and runs each producer's backward after its last consumer. The data side is

@@ -787,3 +787,47 @@ def norm_cases(draw):
     lead = tuple(draw(st.lists(st.integers(1, 7), min_size=1, max_size=2)))
     return (lead, draw(st.sampled_from([1, 2, 3, 8, 64, 128, 130])), draw(st.sampled_from([1e-3, 1.0, 40.0])),
             draw(st.sampled_from([1e-6, 1e-5, 1e-2])), draw(st.integers(0, 2**31)))
+
+
+# ---- chains of windows: trajectories longer than the microbatch budget ------------------
+
+
+def long_chain_trajectories(trunk: int, forks: list[tuple[int, int]], seed: int = 0, groups: int = 1):
+    """`groups` trees, each a trunk of `trunk` tokens with a branch of `n` tokens forking at
+    each (depth, n) of `forks`, and a short tree beside them; random tokens, masks,
+    advantages and old / reference log-probs from `seed`."""
+    import numpy as np
+
+    from harts.tree.trajectory import Trajectory
+
+    rng = np.random.default_rng(seed)
+
+    def make(name: str, group: str, tokens) -> Trajectory:
+        mask = rng.random(len(tokens)) < 0.8
+        mask[0] = False
+        return Trajectory.make(name, group, tokens, loss_mask=mask, advantage=float(rng.normal()),
+                               old_logprobs=rng.normal(-2, 0.5, len(tokens)),
+                               ref_logprobs=rng.normal(-2, 0.5, len(tokens)))
+
+    out = []
+    for g in range(groups):
+        base = rng.integers(1, 500, trunk)
+        out.append(make(f"g{g}/trunk", f"g{g}", base))
+        for i, (depth, n) in enumerate(forks):
+            # the branch differs from the trunk at `depth` (its first own token)
+            tail = rng.integers(1, 500, n)
+            if depth < trunk:
+                tail[0] = (int(base[depth]) % 499) + 1
+            out.append(make(f"g{g}/b{i}", f"g{g}", np.concatenate([base[:depth], tail])))
+    out.append(make("short", "s", rng.integers(1, 500, 9)))
+    return out
+
+
+@st.composite
+def long_chain_forests(draw: st.DrawFn, budget: int, max_forks: int = 3):
+    """Trajectories 2-4x `budget` long with forks drawn anywhere along the trunk (inside a
+    piece's first chunk, on a cut, one past it, deep), some branches longer than the budget."""
+    trunk = draw(st.integers(2 * budget, 4 * budget))
+    forks = draw(st.lists(st.tuples(st.integers(1, trunk - 1), st.integers(1, budget)), min_size=1,
+                          max_size=max_forks))
+    return long_chain_trajectories(trunk, forks, seed=draw(st.integers(0, 2**16)))

@@ -120,6 +120,8 @@ def joint_events(plan: Plan, replicas: Sequence[int]) -> list[JointEvent]:
                 own.append((m.slot, 0, r, "F", m.id))
             else:
                 own.append((m.slot, 1, r, "FB", m.id))
+                # one resume of the window run: in a chain of windows it also runs the
+                # backward of every producer whose window that closes in turn
                 if m.producer is not None:
                     cs = consumers[m.producer]
                     if max(cs, key=lambda c: by_id[c].order) == m.id:
@@ -199,6 +201,10 @@ class ReplicaLayout(PlanLayout):
         self.execution_order = [m.id for m in sorted((m for m in plan.microbatches if m.replica == me),
                                                      key=lambda m: m.order)]
         ep = mesh.parallel.ep
+        if ep > 1 and any(m.producer is not None and plan.microbatches[m.producer].producer is not None
+                          for m in plan.microbatches):
+            raise ValueError("a plan with chains of windows (trajectories longer than the microbatch budget) "
+                             "does not run under expert parallelism: its joint events pair one window level")
         first = me - me % ep
         self.events = joint_events(plan, range(first, first + ep))
 

@@ -41,6 +41,15 @@ class StashNeeds:
         states = sorted({s for n in needs for s in n.states})
         return cls(cat("attention"), cat("conv"), cat("kda"), cat("hidden"), states)
 
+    def without(self, rows: np.ndarray) -> StashNeeds:
+        """These needs less the given rows (global ids): what a chained producer's own
+        producer must keep for it to hand on."""
+        def keep(x: np.ndarray) -> np.ndarray:
+            return x[~np.isin(x, rows)]
+
+        states = [(r, a) for r, a in self.states if not np.isin(r, rows)]
+        return StashNeeds(keep(self.attention), keep(self.conv), keep(self.kda), keep(self.hidden), states)
+
 
 def _own_storage(grad: Tensor) -> Tensor:
     return grad.clone() if grad._base is not None else grad
@@ -105,11 +114,17 @@ class Stash:
         self.hidden_rows = computed_rows
         self._handed: dict[int, list[Tensor]] = {}
         self._leaves: dict = {}
+        # a stash recorded over every local row of a context that reads a stash itself (a
+        # window inside a chain): which of `rows` it computes, and the stash (leaves) it
+        # reads, whose states and hidden rows it hands on for the rows it does not compute
+        self.computed_mask: np.ndarray | None = None
+        self.upstream: Stash | None = None
 
     def fresh(self) -> Stash:
         """An empty stash over the same rows, sharing this one's gathers (built once)."""
         new = Stash(self.rows, self.local_rows)
         new.needs, new._cuts = self.needs, self._cuts
+        new.computed_mask = self.computed_mask
         if self.needs is not None:
             new._device = self._device
         return new
@@ -178,7 +193,22 @@ class Stash:
             states = [self._state_at(layer, row, a) for row, a in self.state_keys]
             self.kda_states[layer] = torch.stack(states) if states else None  # type: ignore[assignment]
         self._handed = {}
-        (self.hidden,) = self._cut("hidden", needs.hidden, hidden.device)(hidden)
+        if self.computed_mask is None:
+            (self.hidden,) = self._cut("hidden", needs.hidden, hidden.device)(hidden)
+        else:
+            # computed rows' hidden states, then the upstream stash's kept ones
+            src_rows = self.rows[self.computed_mask]
+            src = hidden
+            up = self.upstream
+            if up is not None and up.hidden is not None and up.hidden_rows.size:
+                src_rows = np.concatenate([src_rows, up.hidden_rows])
+                src = torch.cat([hidden, up.hidden])
+            order = np.argsort(src_rows, kind="stable")
+            at = np.searchsorted(src_rows[order], needs.hidden)
+            if needs.hidden.size and (at.max() >= src_rows.size
+                                      or not np.array_equal(src_rows[order][at], needs.hidden)):
+                raise ValueError("a chained producer neither computes nor reads a hidden row its consumers read")
+            (self.hidden,) = RowGather(order[at], src_rows.size, hidden.device)(src)
         self.hidden_rows = needs.hidden
 
     def _state_at(self, layer: int, global_row: int, position: int) -> Tensor:
@@ -186,6 +216,10 @@ class Stash:
         sch = self.schedule
         if i >= self.rows.size or self.rows[i] != global_row or sch is None:
             raise ValueError(f"the producer did not compute row {global_row}")
+        if self.computed_mask is not None and not self.computed_mask[i]:
+            if self.upstream is None:
+                raise ValueError(f"S({position}) at row {global_row}: a context row, and no upstream stash")
+            return self.upstream.state_at(layer, global_row, position)
         r, index = chunk_state_of(sch, int(self.local_rows[i]), position)
         requested = self.chunk_state_index[r] if r < len(self.chunk_state_index) else None
         if requested is not None:

@@ -149,9 +149,16 @@ class TreeContext:
         # [C, L]: key k is an ancestor-or-self of computed query q
         self.attn_mask = None if self._fast_attention is not None else naive_attention.ancestor_mask(q_idx, end)
         self.stash = None
-        self._record_args = (layout.rows[comp], comp, record_needs, dev) if record else None
+        # a context that reads a stash and records one (a window inside a chain) records
+        # its inputs over every local row: it hands on the rows it reads as well as the
+        # rows it computes (`Stash.upstream` for the states and hidden rows it reads)
+        self._chained = record and (stash is not None or stash_needs is not None)
+        self._record_args = ((layout.rows, np.arange(layout.num_rows), record_needs, dev) if self._chained
+                             else (layout.rows[comp], comp, record_needs, dev)) if record else None
         # an empty stash whose gathers every recording shares (`start_recording`)
         self._record_template = Stash(*self._record_args) if record else None
+        if self._chained:
+            self._record_template.computed_mask = layout.computed
         self.record = self._record_template
         self._places: dict[str, RowPlace] | None = None
         self._kept_rows: dict[str, np.ndarray] = {}
@@ -232,6 +239,8 @@ class TreeContext:
             rows = self.layout.rows
             for row, a in record_states or ():
                 local = int(np.searchsorted(rows, row))
+                if self._chained and local < rows.size and rows[local] == row and not self.layout.computed[local]:
+                    continue  # a context row's state is handed on from this context's stash
                 if local >= rows.size or rows[local] != row or not self.layout.computed[local]:
                     raise ValueError(f"record_states: row {row} is not computed here")
                 r, i = chunk_state_of(self.schedule, local, a)
@@ -255,6 +264,7 @@ class TreeContext:
         if self._record_template is None:
             raise ValueError("this context does not record")
         self.record = self._record_template.fresh()
+        self.record.upstream = self.stash
         self.record.schedule = self.schedule
         self.record.chunk_state_index = self.chunk_state_index
         return self.record
@@ -275,13 +285,16 @@ class TreeContext:
 
     def _local(self, key: tuple[int, str], *own: Tensor) -> tuple[Tensor, ...]:
         """Mixing inputs over all local rows: the producer's for context rows, ours after."""
-        if self.record is not None:
+        if self.record is not None and not self._chained:
             self.record.record_input(key, own)
         if self._places is None:
             return own
         if self.stash is None:
             raise ValueError("a consumer's context runs with its producer's stash bound (TreeContext.bind)")
-        return self._places[stash_category(key[1])](self.stash.inputs[key], own)
+        local = self._places[stash_category(key[1])](self.stash.inputs[key], own)
+        if self.record is not None:
+            self.record.record_input(key, local)
+        return local
 
     def attention(self, layer: int, q_THD: Tensor, k_THD: Tensor, v_THE: Tensor, scale: float) -> Tensor:
         k_LHD, v_LHE = self._local((layer, "attention"), k_THD, v_THE)

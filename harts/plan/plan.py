@@ -7,7 +7,9 @@ it against the forest it was made for.
 
 Modes
 - ``expanded``: the baseline. Every microbatch holds whole trajectories, each executed as
-  its own copy (`Microbatch.trajectories`); `pieces` and `context` are empty.
+  its own copy (`Microbatch.trajectories`); `pieces` and `context` are empty, except in
+  the chain of windows of a trajectory longer than the budget (its copy's path cut into
+  pieces, the last one owning it).
 - ``tree``: microbatches hold compact rows of the forest. `pieces` are the rows a
   microbatch *computes* (outputs written), as `Piece(node, start, end)`: the rows of node
   `node` at offsets `[start, end)` inside the node, i.e. depths
@@ -28,9 +30,13 @@ producer pieces it reads (KV, KDA boundary states, conv windows and hidden rows 
 rows). Producer and consumers run on the same replica: the producer's forward runs first,
 each consumer runs forward and backward (accumulating gradients into the producer's
 outputs), and the producer's backward runs right after its last consumer's backward. The
-window lasts from the producer to its last consumer; windows on a replica do not overlap
-and a producer has no producer itself (one level, so there are no dependency cycles).
-Other microbatches may run inside a window; they pay its retained memory too.
+window lasts from the producer to its last consumer; windows on a replica do not cross.
+A consumer may be a producer itself (a *chain of windows*: a trajectory longer than the
+budget cut into pieces, `harts.plan.planners.chains`): it hands its consumers the rows it
+computes and those it reads, its window nests inside its producer's, and its backward
+runs after its own window, before its producer's (`window_last`). A producer runs
+before its consumers, so there are no dependency cycles. Other microbatches may run
+inside a window; they pay its retained memory too.
 
 Placement. `replica` is the data-parallel rank; `order` the position in the replica's
 execution sequence (0, 1, ...); `slot` aligns microbatches across replicas so their
@@ -41,8 +47,9 @@ load metrics a producer's cost is split: `forward_fraction` of it lands in its o
 the rest in its last consumer's slot (see `harts.plan.metrics`).
 
 Budget. `microbatch_tokens` bounds activation memory in token units:
-`executed_tokens + producer_retention * (executed rows of the open window's producer)`
-for every microbatch (0 outside windows), and `executed_tokens` for a producer itself.
+`executed_tokens + producer_retention * (executed rows of the innermost open window's
+producer)` for every microbatch (0 outside windows; in a chain the outer producers' state
+is counted off the device, `memory_tokens`).
 `producer_retention` (default 0.35, see `DEFAULT_PRODUCER_RETENTION`) is the memory a
 retained producer row costs relative to a row being computed.
 
@@ -73,9 +80,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from harts.config.plan import DEFAULT_PRODUCER_RETENTION
+from harts.plan.plan_checks import chain_roots, check_costs, validate_expanded_chains
 from harts.tree.forest import RolloutForest
 
 FORMAT = "harts-plan/1"
@@ -217,17 +223,42 @@ class Plan:
         """The replica's microbatches in execution order."""
         return sorted((m for m in self.microbatches if m.replica == replica), key=lambda m: m.order)
 
-    def memory_tokens(self) -> list[float]:
-        """Activation memory (token units) each microbatch needs, retained windows included."""
-        mem = [float(mb.executed_tokens) for mb in self.microbatches]
+    def window_last(self) -> dict[int, int]:
+        """Producer id -> the order of the last microbatch its window holds: its last
+        consumer's, or, for a chain, the last of its consumers' own windows (a producer's
+        backward runs after every consumer's, and a consumer that is a producer itself
+        runs its backward after its own window)."""
         cons = self.consumers()
-        for p, cs in cons.items():
+        last: dict[int, int] = {}
+
+        def end(p: int) -> int:
+            if p not in last:
+                last[p] = max(end(c) if c in cons else self.microbatches[c].order for c in cons[p])
+            return last[p]
+
+        for p in sorted(cons, key=lambda i: -self.microbatches[i].order):
+            end(p)
+        return last
+
+    def memory_tokens(self) -> list[float]:
+        """Activation memory (token units) each microbatch needs, retained windows included.
+
+        A microbatch inside windows pays `producer_retention` x the executed rows of the
+        innermost open window's producer. With one-level windows (windows disjoint) that is
+        the only open window. Inside a chain of windows the outer producers' retained state
+        is not read by the running microbatch (its producer re-exports the rows it reads,
+        `harts.exec.stash`) and is counted as held off the device (host memory)."""
+        mem = [float(mb.executed_tokens) for mb in self.microbatches]
+        last = self.window_last()
+        inner: dict[int, tuple[int, int]] = {}  # mb -> (producer order, producer id)
+        for p, end in last.items():
             prod = self.microbatches[p]
-            last = max(self.microbatches[c].order for c in cs)
-            held = self.producer_retention * prod.executed_tokens
             for mb in self.microbatches:
-                if mb.replica == prod.replica and prod.order < mb.order <= last:
-                    mem[mb.id] += held
+                if mb.replica == prod.replica and prod.order < mb.order <= end:
+                    if mb.id not in inner or inner[mb.id][0] < prod.order:
+                        inner[mb.id] = (prod.order, p)
+        for m, (_, p) in inner.items():
+            mem[m] += self.producer_retention * self.microbatches[p].executed_tokens
         return mem
 
     # ---- validation -------------------------------------------------------------------
@@ -375,13 +406,8 @@ def _validate(plan: Plan, forest: RolloutForest, budget: int, cost_model: Any) -
     for mb in mbs:
         if mb.producer is not None:
             p = mb.producer
-            if plan.mode == PlanMode.EXPANDED:
-                bad(f"microbatch {mb.id}: expanded plans have no producers")
             if not 0 <= p < n or p == mb.id:
                 bad(f"microbatch {mb.id}: producer {p} is not another microbatch")
-            if mbs[p].producer is not None:
-                bad(f"microbatch {mb.id}: its producer {p} has a producer itself "
-                    "(windows are one level deep; a chain could form a cycle)")
             if mbs[p].replica != mb.replica:
                 bad(f"microbatch {mb.id}: producer {p} is on replica {mbs[p].replica}, "
                     f"the consumer on replica {mb.replica}")
@@ -406,14 +432,20 @@ def _validate(plan: Plan, forest: RolloutForest, budget: int, cost_model: Any) -
                 bad(f"replica {r}, slot {m.slot}: microbatches {taken[m.slot]} and {m.id} "
                     "(a slot holds one non-producer microbatch per replica)")
             taken[m.slot] = m.id
-        windows = sorted(
-            (mbs[p].order, max(mbs[c].order for c in cs))
-            for p, cs in consumers.items()
-            if mbs[p].replica == r
-        )
-        for (a0, b0), (a1, _) in zip(windows, windows[1:], strict=False):
-            if a1 <= b0:
-                bad(f"replica {r}: sharing windows overlap (orders {a0}..{b0} and from {a1})")
+    window_last = plan.window_last()
+    for r in per_replica:
+        # windows are disjoint or nested as a chain (a consumer's own window inside its
+        # producer's), never crossing
+        windows = sorted((mbs[p].order, -window_last[p], p) for p in consumers if mbs[p].replica == r)
+        stack: list[tuple[int, int, int]] = []
+        for a1, neg_b1, p1 in windows:
+            b1 = -neg_b1
+            while stack and stack[-1][1] < a1:
+                stack.pop()
+            if stack and (b1 > stack[-1][1] or mbs[p1].producer is None):
+                a0, b0, _ = stack[-1]
+                bad(f"replica {r}: sharing windows overlap (orders {a0}..{b0} and {a1}..{b1})")
+            stack.append((a1, b1, p1))
 
     # target coverage
     owner = [-1] * num_traj
@@ -436,12 +468,18 @@ def _validate(plan: Plan, forest: RolloutForest, budget: int, cost_model: Any) -
             f"{missing[0]} ({forest.traj_ids[missing[0]]!r}): their targets are not covered")
 
     if plan.mode == PlanMode.EXPANDED:
+        chain_of = chain_roots(plan)
         for mb in mbs:
-            if mb.pieces or mb.context:
+            if mb.id in chain_of:
+                continue
+            if mb.context:
                 bad(f"microbatch {mb.id}: expanded microbatches hold trajectories, not pieces")
             if mb.executed_tokens != mb.expanded_tokens:
                 bad(f"microbatch {mb.id}: executed_tokens {mb.executed_tokens} != the "
                     f"{mb.expanded_tokens} tokens of its trajectory copies")
+        if chain_of:
+            validate_expanded_chains(plan, forest, chain_of, bad)
+            _validate_rows(plan, forest, consumers, bad, only=set(chain_of))
     else:
         _validate_rows(plan, forest, consumers, bad)
 
@@ -453,11 +491,14 @@ def _validate(plan: Plan, forest: RolloutForest, budget: int, cost_model: Any) -
                 f"({mb.executed_tokens} executed + {extra:.0f} retained by a producer) "
                 f"> budget {budget}")
     if cost_model is not None:
-        _check_costs(plan, forest, cost_model, bad)
+        check_costs(plan, forest, cost_model, bad)
 
 
-def _validate_rows(plan: Plan, forest: RolloutForest, consumers: dict[int, list[int]], bad) -> None:
+def _validate_rows(plan: Plan, forest: RolloutForest, consumers: dict[int, list[int]], bad,
+                   only: set[int] | None = None) -> None:
     mbs = plan.microbatches
+    if only is not None:
+        mbs = tuple(m for m in mbs if m.id in only)
     num_nodes = forest.num_nodes
     length = forest.node_length.tolist()
     parent = forest.node_parent.tolist()
@@ -479,7 +520,7 @@ def _validate_rows(plan: Plan, forest: RolloutForest, consumers: dict[int, list[
                     bad(f"microbatch {mb.id}: {what} pieces overlap in node {v}")
         return by_node
 
-    own = [intervals(mb, mb.pieces, "computed") for mb in mbs]
+    own = {mb.id: intervals(mb, mb.pieces, "computed") for mb in mbs}
     for mb in mbs:
         if not mb.pieces:
             bad(f"microbatch {mb.id}: a tree-mode microbatch must compute rows")
@@ -504,23 +545,25 @@ def _validate_rows(plan: Plan, forest: RolloutForest, consumers: dict[int, list[
             full_up(parent[v])
         return need
 
-    ctx_of: dict[int, dict[int, list[tuple[int, int]]]] = {}
+    ctx_of: dict[int, dict[int, list[tuple[int, int]]]] = {
+        mb.id: intervals(mb, mb.context, "context") for mb in mbs}
     for mb in mbs:
-        ctx = intervals(mb, mb.context, "context")
+        ctx = ctx_of[mb.id]
         if mb.context and mb.producer is None:
             bad(f"microbatch {mb.id} reads context but names no producer")
         if mb.producer is not None and not mb.context:
             bad(f"microbatch {mb.id} names producer {mb.producer} but reads no context from it")
+        # a producer hands on the rows it computes and, in a chain, those it reads itself
         prod_rows = own[mb.producer] if mb.producer is not None else {}
+        prod_ctx = ctx_of[mb.producer] if mb.producer is not None else {}
         for v, iv in ctx.items():
-            merged = _merge(list(prod_rows.get(v, [])))
+            merged = _merge(list(prod_rows.get(v, [])) + list(prod_ctx.get(v, [])))
             for a, b in iv:
                 if not _covers(merged, a, b):
                     bad(f"microbatch {mb.id}: context ({v}, {a}, {b}) is not computed by "
-                        f"its producer {mb.producer}")
+                        f"its producer {mb.producer} (nor read by it)")
                 if any(a < b2 and a2 < b for a2, b2 in own[mb.id].get(v, ())):
                     bad(f"microbatch {mb.id}: node {v} rows both computed and read as context")
-        ctx_of[mb.id] = ctx
         need = needs(mb, mb.pieces)
         avail: dict[int, list[tuple[int, int]]] = {}
         for v, p in need.items():
@@ -549,18 +592,3 @@ def _validate_rows(plan: Plan, forest: RolloutForest, consumers: dict[int, list[
             if not _covers(merged_read.get(v), lo, b):
                 bad(f"microbatch {mb.id} computes rows [{lo}, {b}) of node {v} that neither "
                     "its trajectories nor its consumers need")
-
-
-def _check_costs(plan: Plan, forest: RolloutForest, cost_model: Any, bad) -> None:
-    start = forest.node_start
-    for mb in plan.microbatches:
-        if plan.mode == PlanMode.EXPANDED:
-            ends = forest.traj_length[list(mb.trajectories)]
-            s = np.zeros_like(ends)
-        else:
-            arr = np.asarray(mb.pieces, dtype=np.int64).reshape(-1, 3)
-            s = start[arr[:, 0]] + arr[:, 1]
-            ends = start[arr[:, 0]] + arr[:, 2]
-        cost = cost_model.microbatch_overhead + float(cost_model.segment_cost(s, ends).sum())
-        if not abs(cost - mb.cost) <= 1e-9 * max(1.0, abs(cost)):
-            bad(f"microbatch {mb.id}: cost {mb.cost!r} != {cost!r} under {cost_model.name}")

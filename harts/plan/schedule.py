@@ -178,9 +178,31 @@ def _one_f_one_b(consumers: list[int], stages: int, stage: int) -> list[PassOp]:
     return out
 
 
+def chain_passes(w: Window) -> list[PassOp]:
+    """A chain of windows run depth-first: each microbatch's forward, its consumers'
+    windows, then its backward (a producer's backward after its last consumer's). The same
+    list on every stage: no 1F1B inside a chain, whose pieces depend on each other."""
+    kids: dict[int, list[int]] = {}
+    for c, p in w.chain:
+        kids.setdefault(p, []).append(c)
+    out: list[PassOp] = []
+
+    def visit(m: int) -> None:
+        out.append(PassOp("F", (m,)))
+        for c in kids.get(m, ()):
+            visit(c)
+        out.append(PassOp("B", (m,)))
+
+    visit(w.producer)
+    return out
+
+
 def _non_overlap(windows: list[Window], stages: int, stage: int) -> list[PassOp]:
     out: list[PassOp] = []
     for w in windows:
+        if w.chain:
+            out += chain_passes(w)
+            continue
         if w.producer is not None:
             out.append(PassOp("F", (w.producer,)))
         out += _one_f_one_b(list(w.consumers), stages, stage)
@@ -190,6 +212,19 @@ def _non_overlap(windows: list[Window], stages: int, stage: int) -> list[PassOp]
 
 
 def _overlapped(windows: list[Window], stages: int, stage: int, fuse: bool) -> list[PassOp]:
+    # a chain of windows drains the stream before it and runs depth-first (`chain_passes`)
+    out: list[PassOp] = []
+    run: list[Window] = []
+    for w in windows:
+        if w.chain:
+            out += _overlapped_run(run, stages, stage, fuse) + chain_passes(w)
+            run = []
+        else:
+            run.append(w)
+    return out + _overlapped_run(run, stages, stage, fuse)
+
+
+def _overlapped_run(windows: list[Window], stages: int, stage: int, fuse: bool) -> list[PassOp]:
     # forward stream of (is_consumer, pass); backward stream with PB separate or fused
     fwd: list[tuple[bool, PassOp]] = []
     bwd: list[PassOp] = []

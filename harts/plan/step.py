@@ -132,8 +132,9 @@ def plan_kda_calls_of(plan: Plan, forest: RolloutForest, chunk_size: int = 64) -
     computed once per plan (and chunk size and forest structure) and shared by whoever asks:
     the simulator's `step_from_plan` and the executor's KDA schedules
     (`harts.exec.tree_layout.plan_replay_schedule`). Plans are immutable, and the result is
-    forgotten with the plan. Empty for an expanded-mode plan."""
-    if plan.mode != PlanMode.TREE:
+    forgotten with the plan. For an expanded-mode plan only its chain pieces' (microbatches
+    with pieces: trajectories longer than its budget)."""
+    if plan.mode != PlanMode.TREE and not any(mb.pieces for mb in plan.microbatches):
         return {}
     key = (int(chunk_size), _forest_key(forest))
     pid = id(plan)
@@ -145,7 +146,8 @@ def plan_kda_calls_of(plan: Plan, forest: RolloutForest, chunk_size: int = 64) -
         memo = entry[1]
         calls = memo.get(key)
         if calls is None:
-            calls = memo[key] = {mb.id: microbatch_kda_calls(mb, forest, chunk_size) for mb in plan.microbatches}
+            calls = memo[key] = {mb.id: microbatch_kda_calls(mb, forest, chunk_size) for mb in plan.microbatches
+                                 if plan.mode == PlanMode.TREE or mb.pieces}
     return calls
 
 
@@ -196,7 +198,7 @@ def step_from_plan(plan: Plan, forest: RolloutForest, chunk_size: int = 64) -> S
     kda = plan_kda_calls_of(plan, forest, chunk_size)
     works = []
     for mb in plan.microbatches:
-        if plan.mode == PlanMode.EXPANDED:
+        if plan.mode == PlanMode.EXPANDED and not mb.pieces:
             w = expanded_microbatch(mb.id, mb.replica, traj_len[list(mb.trajectories)].tolist(), chunk_size,
                                     slot=mb.slot, order=mb.order)
         else:

@@ -79,6 +79,11 @@ class Window:
 
     producer: int | None
     consumers: tuple[int, ...]
+    # a chain of windows: `producer` heads a window tree whose consumers include producers
+    # of their own; `consumers` then lists every microbatch under it in execution order,
+    # `chain` each one's producer as (microbatch, producer) pairs, and each runs its
+    # forward, its consumers' windows, then its backward (`schedule.chain_passes`)
+    chain: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -107,11 +112,6 @@ class StepWork:
                 if p.replica != m.replica:
                     raise ValueError(
                         f"microbatch {m.mb}: producer {p.mb} is on replica {p.replica}, not {m.replica}"
-                    )
-                if p.producer is not None:
-                    raise ValueError(
-                        f"microbatch {m.mb}: producer {p.mb} is itself a consumer (nested windows "
-                        "are not modelled)"
                     )
         object.__setattr__(self, "_by_id", by_id)
 
@@ -142,15 +142,26 @@ class StepWork:
         groups: dict[int | None, list[int]] = {}
         first: dict[int | None, tuple] = {}
         plain_runs: list[tuple[tuple, list[int]]] = []
+        def head(m: MicrobatchWork) -> int:  # the first producer of its chain
+            while m.producer is not None:
+                m = self._by_id[m.producer]
+            return m.mb
+
+        chained: set[int] = set()
         for m in ms:
-            if m.mb in producers:
+            if m.mb in producers and m.producer is None:
                 first[m.mb] = min(first.get(m.mb, key[m.mb]), key[m.mb])
                 groups.setdefault(m.mb, [])
             elif m.producer is not None:
-                groups.setdefault(m.producer, []).append(m.mb)
-                first[m.producer] = min(first.get(m.producer, key[m.mb]), key[m.mb])
+                h = head(m)
+                if m.mb in producers:
+                    chained.add(h)
+                groups.setdefault(h, []).append(m.mb)
+                first[h] = min(first.get(h, key[m.mb]), key[m.mb])
         items: list[tuple[tuple, Window]] = [
-            (first[p], Window(p, tuple(cs))) for p, cs in groups.items() if p is not None
+            (first[p], Window(p, tuple(cs), chain=tuple((c, self._by_id[c].producer) for c in cs)
+                              if p in chained else ()))
+            for p, cs in groups.items() if p is not None
         ]
         # plain microbatches: runs between windows
         for m in ms:

@@ -134,7 +134,8 @@ def test_cli_train_and_verify_with_a_planner(capsys):
     assert all(b > 0 for b in rep["window_retained_bytes"])
     assert main(["verify", "--planner", "nope"]) == 2
     assert main(["train", "--mode", "tree", "--planner", "l1l2", "--microbatch-tokens", "50"]) == 2
-    assert "more than the microbatch budget" in capsys.readouterr().err
+    # longer trajectories are chained; a budget below two KDA chunks (chunk 64) is refused
+    assert "raise --microbatch-tokens to >= 128" in capsys.readouterr().err
 
 
 def test_overlapping_windows_give_the_same_step_and_add_up_their_memory():

@@ -104,12 +104,16 @@ def test_l1l2_on_a_tree_step_shares_and_balances():
     assert any(mb.producer is not None for mb in plan.microbatches)
 
 
-def test_a_trajectory_over_the_budget_is_refused():
+def test_a_trajectory_over_the_budget_is_chained_and_below_two_chunks_refused():
+    # every planner cuts trajectories longer than the budget into chains of windows
+    # (harts.plan.planners.chains); a budget below two KDA chunks is refused in one line
     forest = generate(preset("tiny-treestep")).forest()
     too_small = int(forest.traj_length.max()) - 1
     for name in known_planners():
-        with pytest.raises(ValueError, match="more than the microbatch budget"):
-            make_plan(forest, name, PlanConfig(microbatch_tokens=too_small))
+        plan = make_plan(forest, name, PlanConfig(microbatch_tokens=too_small, chunk_size=8))
+        assert plan.info["chains"] >= 1 and max(plan.memory_tokens()) <= too_small
+        with pytest.raises(ValueError, match="below two KDA chunks"):
+            make_plan(forest, name, PlanConfig(microbatch_tokens=15, chunk_size=8))
 
 
 def test_registry_fails_loudly():

@@ -21,6 +21,14 @@ data-parallel all-reduce of the step-global loss computes):
 3. after the window's last consumer: one producer backward, feeding its own loss and the
    accumulated leaf gradients through the producer graph.
 
+Chains of windows (trajectories longer than the budget, `harts.plan.planners.chains`): a
+consumer that is a producer itself records its stash over every local row, so it hands on
+the rows it reads (their inputs placed from its producer's leaves, the states and hidden
+rows it reads taken from them) as well as those it computes; what its producer keeps is
+its consumers' reads less its own rows (`StashNeeds.without`). Its backward runs when its
+own window closes, which may close its producer's window in turn. An expanded plan's
+chains run the same way, its other microbatches packed between them.
+
 The windows are this layout's business: the step runner iterates its microbatches as any
 layout's, and the iteration (`_WindowRun`) binds consumers to stashes, hands producers a
 fresh stash and runs each producer's backward after its last consumer. The data side is
@@ -119,6 +127,7 @@ class _WindowRun:
         self.consumers = consumers
         self.items: list[tuple[int, int | None, TreeContext, Microbatch]] = []
         self.open: dict[int, _Window] = {}
+        self.producer_of: dict[int, int | None] = {}
 
     def __len__(self) -> int:
         return len(self.items)
@@ -157,6 +166,7 @@ class _WindowRun:
         tr.peak_retained_bytes = 0
         tr._open_bytes = 0
         self.open = {}
+        self.producer_of = {mb_id: producer for mb_id, producer, _, _ in self.items}
         for mb_id, producer, ctx, mb in self.items:
             window = None
             if producer is not None:
@@ -174,16 +184,29 @@ class _WindowRun:
                 self.open[mb_id] = w
             yield mb
             if window is not None:
-                window.done += 1
                 window.stats.context_rows_read += int((~ctx.layout.computed).sum())
-                if window.done == len(window.consumers):
-                    tr._producer_backward(window)
-                    # what the window held (stash, leaves, their gradients) goes with it
-                    for c in window.consumer_ctxs:
-                        c.stash = None
-                    window.producer_ctx.release_record()
-                    window.consumer_ctxs = []
+            if mb_id not in self.consumers:  # its backward ran: it is done
+                self._done(producer)
         self.open = {}
+
+    def _done(self, producer: int | None) -> None:
+        """One consumer of `producer` is done (its backward ran). After the last one, the
+        producer's backward runs; in a chain that makes the producer a done consumer of its
+        own producer."""
+        tr = self.layout
+        while producer is not None:
+            window = self.open[producer]
+            window.done += 1
+            if window.done < len(window.consumers):
+                return
+            tr._producer_backward(window)
+            # what the window held (stash, leaves, their gradients) goes with it
+            for c in window.consumer_ctxs:
+                c.stash = None
+            window.producer_ctx.release_record()
+            window.consumer_ctxs = []
+            del self.open[producer]
+            producer = self.producer_of.get(producer)
 
 
 def order_from_schedule(schedule: Schedule) -> list[int]:
@@ -223,6 +246,9 @@ class PlanLayout(LayoutBase):
                 raise ValueError(f"order runs consumer {m.id} before its producer {m.producer}")
         self.execution_order = order
         self.offload_producers = offload_producers
+        # an expanded plan with chains of windows (trajectories longer than its budget):
+        # its other microbatches run packed, between the chains' tree-mode microbatches
+        self._chains = plan.mode == PlanMode.EXPANDED and any(m.pieces for m in plan.microbatches)
         # the last step's (plan, trajectories, forest): a step over the same trajectory
         # objects (immutable) with the same plan reuses the forest it was validated on
         self._forest_cache: tuple[Plan, tuple[Trajectory, ...], RolloutForest] | None = None
@@ -243,7 +269,7 @@ class PlanLayout(LayoutBase):
 
     def microbatches(self, trajectories: Sequence[Trajectory],
                      partition: Sequence[Sequence[int]]) -> Iterator[Microbatch]:
-        if self.plan.mode == PlanMode.EXPANDED:
+        if self.plan.mode == PlanMode.EXPANDED and not self._chains:
             return self._packed.microbatches(trajectories, partition)
         return iter(self.window_run(trajectories))
 
@@ -252,7 +278,7 @@ class PlanLayout(LayoutBase):
         KDA schedule, index tensors and targets, consumers' contexts included (built from
         the rows their producer's stash will keep, the stash bound when they run); nothing
         of it waits for a producer's results."""
-        if self.plan.mode == PlanMode.EXPANDED:
+        if self.plan.mode == PlanMode.EXPANDED and not self._chains:
             return self._packed.prepare(trajectories, partition)
         return self.window_run(trajectories)
 
@@ -265,38 +291,50 @@ class PlanLayout(LayoutBase):
         targets = forest.targets()
         rows_of = forest.traj_rows
         off = forest.traj_offsets
-        computed = {m.id: piece_rows(forest, m.pieces) for m in plan.microbatches}
+        # tree-mode microbatches: every one of a tree plan, an expanded plan's chain pieces
+        tree_mbs = [m for m in plan.microbatches if plan.mode == PlanMode.TREE or m.pieces]
+        computed = {m.id: piece_rows(forest, m.pieces) for m in tree_mbs}
         # row weights: the trajectories that use each computation
         weights = {i: np.zeros(r.size, np.float64) for i, r in computed.items()}
-        for m in plan.microbatches:
+        for m in tree_mbs:
             for t in m.trajectories:
                 path = rows_of[off[t] : off[t + 1]]
                 here = np.isin(path, computed[m.id])
                 pos = np.searchsorted(computed[m.id], path[here])
                 np.add.at(weights[m.id], pos, 1.0)
-                if (~here).any():
-                    if m.producer is None:
-                        raise ValueError(f"microbatch {m.id} lacks rows of trajectory {t}")
-                    p = m.producer
-                    pos = np.searchsorted(computed[p], path[~here])
-                    if not np.array_equal(computed[p][np.minimum(pos, computed[p].size - 1)], path[~here]):
-                        raise ValueError(f"microbatch {m.id}: its producer does not compute rows it needs")
-                    np.add.at(weights[p], pos, 1.0)
+                rest, p = path[~here], m.producer
+                while rest.size:  # up the chain of producers: each row's computation
+                    if p is None:
+                        raise ValueError(f"microbatch {m.id}: no producer up its chain computes rows of "
+                                         f"trajectory {t}")
+                    at_p = np.isin(rest, computed[p])
+                    np.add.at(weights[p], np.searchsorted(computed[p], rest[at_p]), 1.0)
+                    rest, p = rest[~at_p], mbs[p].producer
         B = model.config.chunk_size
         layouts = {m.id: LocalLayout.of_rows(forest, computed[m.id], piece_rows(forest, m.context))
-                   for m in plan.microbatches}
+                   for m in tree_mbs}
         # the plan's KDA call plans, made once per plan (the simulator prices the same ones)
         kda = plan_kda_calls_of(plan, forest, B)
         schedules = {i: plan_replay_schedule(lay, forest, kda[i]) for i, lay in layouts.items()}
-        owned = {m.id: np.isin(targets.traj, np.asarray(m.trajectories, np.int64)) for m in plan.microbatches}
-        needs = {}
-        for p, cs in consumers.items():
-            needs[p] = StashNeeds.union([
-                consumer_needs(layouts[c], schedules[c], targets.row[owned[c]], model.config.conv_window)
-                for c in cs])
+        owned = {m.id: np.isin(targets.traj, np.asarray(m.trajectories, np.int64)) for m in tree_mbs}
+        # what each producer's stash keeps: its consumers' reads and, for a consumer that is
+        # a producer itself (a chain), what that one's stash hands on from the rows it reads
+        needs: dict[int, StashNeeds] = {}
+        # consumers before producers (a producer runs before its consumers on their replica)
+        for p in sorted(consumers, key=lambda i: (mbs[i].replica, -mbs[i].order)):
+            parts = []
+            for c in consumers[p]:
+                parts.append(consumer_needs(layouts[c], schedules[c], targets.row[owned[c]], model.config.conv_window))
+                if c in needs:
+                    parts.append(needs[c].without(computed[c]))
+            needs[p] = StashNeeds.union(parts)
         run = _WindowRun(self, {p: sorted(cs, key=lambda c: (mbs[c].replica, mbs[c].order))
                                 for p, cs in consumers.items()})
         for m in (mbs[i] for i in self.execution_order):
+            if m.id not in computed:  # an expanded plan's packed microbatch
+                (packed,) = self._packed.microbatches(trajectories, [list(m.trajectories)])
+                run.items.append((m.id, None, None, packed))
+                continue
             comp = computed[m.id]
             layout = layouts[m.id]
             ctx_rows = layout.rows[~layout.computed]

@@ -1,7 +1,8 @@
 """The step-planner registry: one `StrEnum` of names, one function per name.
 
 A planner is `fn(forest, config) -> Plan`. `make_plan` is the one entry point: it checks
-the config, times the planner (wall clock, stored as `Plan.plan_seconds`) and, unless told
+the config, hands trajectories longer than the budget to chains of windows
+(`harts.plan.planners.chains`, the planner planning the rest), times the planner (wall clock, stored as `Plan.plan_seconds`) and, unless told
 otherwise, validates the result against the forest so a planner bug fails loudly at the
 place it happened.
 """
@@ -52,7 +53,10 @@ def make_plan(
     config.validate()
     fn = get_planner(planner)
     t0 = time.perf_counter()
-    plan = fn(forest, config)
+    from harts.plan.planners.chains import plan_with_chains
+
+    # trajectories longer than the budget: chains of windows, the rest planned by `fn`
+    plan = plan_with_chains(forest, config, fn, str(planner))
     seconds = time.perf_counter() - t0
     plan = dataclasses.replace(plan, plan_seconds=seconds)
     if validate:

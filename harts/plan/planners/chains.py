@@ -1,0 +1,346 @@
+"""Chains of sharing windows: trajectories longer than the microbatch budget.
+
+A tree with a root-to-leaf path longer than the budget cannot be one microbatch, nor be
+split at forks alone. Every planner hands such trees here (`plan_with_chains`, called by
+`make_plan` for every registered planner): the planner plans the other trees as it always
+does (on a sub-forest of them), and each long tree becomes a *window tree* of microbatches
+along its paths, appended to the least-loaded replica after the planner's slots.
+
+The window tree (`chain_windows`), built top-down from a *stem* (node v from offset o,
+with its subtree) and the microbatch above it:
+
+- a stem whose rows fit the room left beside its producer's retained rows
+  (`microbatch_tokens - producer_retention x producer rows`) is one microbatch that
+  computes all of it and owns every trajectory ending in it;
+- a stem whose node alone has more rows than a piece (`piece_tokens`) is cut inside the
+  node: a microbatch computes the node's rows up to the last multiple of the KDA chunk
+  size within a piece, and is the producer of the stem that starts there. A chain piece
+  therefore starts on the trajectory's chunk grid (no replay) and hands its consumer the
+  boundary state at the cut;
+- otherwise (a fork within a piece) a microbatch computes the node's remaining rows and,
+  largest first, whole child subtrees while it stays within a piece; the other children
+  become its consumers: those that fit beside it grouped first-fit-decreasing, the rest
+  stems of their own. A child starting mid-chunk replays from its aligned start (the
+  producer hands the state there and the replayed rows' inputs, `harts.exec.stash`).
+
+Every microbatch reads its whole root path above its rows as context from its producer,
+which computed those rows or read them itself (a producer re-exports what its consumers
+read, so a consumer has exactly one producer). `piece_tokens` is the largest multiple of
+the chunk size C with piece x (1 + producer_retention) <= budget, so a piece's consumer,
+itself a piece, fits beside it; a budget below two chunks is refused.
+
+Expanded plans (`expanded-ffd`) chain each long trajectory's own copy along its path
+(`path_chain`): the baseline splits long sequences at the same budget.
+
+Execution order is the window tree's depth-first order: a producer, then each consumer
+with its own window, so windows nest and never cross; a producer's backward runs after
+its last consumer's window closed (`harts.exec.layouts.plan`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+
+from harts.config.plan import PlanConfig
+from harts.plan.plan import Microbatch, Piece, Plan, PlanMode, forest_digest
+from harts.plan.planners.common import ForestIndex, TreeMB, first_fit_decreasing
+from harts.tree.forest import RolloutForest
+
+__all__ = ["chain_windows", "long_roots", "path_chain", "piece_tokens", "plan_with_chains", "sub_forest"]
+
+
+def piece_tokens(config: PlanConfig) -> int:
+    """Rows of a chain piece: the largest multiple of the chunk size C with
+    piece x (1 + producer_retention) <= budget (a piece beside its producer piece fits)."""
+    B, C, rho = config.microbatch_tokens, config.chunk_size, config.producer_retention
+    if B < 2 * C:
+        raise ValueError(f"microbatch budget {B} is below two KDA chunks (2 x {C}): a trajectory longer than "
+                         f"the budget is cut into chunk-aligned pieces; raise --microbatch-tokens to >= {2 * C}")
+    piece = int(B // (1.0 + rho)) // C * C
+    if piece < C or C + rho * C > B:
+        raise ValueError(f"microbatch budget {B} cannot hold a {C}-row chain piece beside its producer's "
+                         f"(producer retention {rho}): raise --microbatch-tokens")
+    return piece
+
+
+def long_roots(idx: ForestIndex, budget: int) -> list[int]:
+    """Roots of the trees with a trajectory longer than the budget."""
+    roots = set()
+    for t, n in enumerate(idx.traj_length):
+        if n > budget:
+            v = idx.traj_node[t]
+            while idx.parent[v] >= 0:
+                v = idx.parent[v]
+            roots.add(v)
+    return sorted(roots)
+
+
+def sub_forest(forest: RolloutForest, roots: list[int], trajs: list[int] | None = None
+               ) -> tuple[RolloutForest, np.ndarray, np.ndarray]:
+    """The forest of the trees at `roots` (structure only), with its node and trajectory
+    ids mapped back: (sub-forest, original node id per node, original trajectory id per
+    trajectory). `trajs`: keep only these trajectories (all nodes of the trees stay)."""
+    sub_end = forest.node_subtree_end
+    keep = np.concatenate([np.arange(r, int(sub_end[r]) + 1) for r in roots]) if roots else np.zeros(0, np.int64)
+    new_id = np.full(forest.num_nodes, -1, np.int64)
+    new_id[keep] = np.arange(keep.size)
+    parent = forest.node_parent[keep]
+    parent = np.where(parent >= 0, new_id[np.maximum(parent, 0)], -1)
+    in_trees = new_id[forest.traj_node] >= 0
+    if trajs is not None:
+        mask = np.zeros(forest.num_trajectories, bool)
+        mask[np.asarray(trajs, np.int64)] = True
+        in_trees &= mask
+    tmap = np.flatnonzero(in_trees)
+    sub = RolloutForest(
+        node_parent=parent.astype(np.int64),
+        node_start=forest.node_start[keep],
+        node_end=forest.node_end[keep],
+        node_group=forest.node_group[keep],
+        groups=forest.groups,
+        traj_ids=tuple(forest.traj_ids[t] for t in tmap.tolist()),
+        traj_node=new_id[forest.traj_node[tmap]],
+    )
+    return sub, keep, tmap
+
+
+class _Builder:
+    """The window tree of one long tree (or, `path`, of one trajectory's copy)."""
+
+    def __init__(self, idx: ForestIndex, config: PlanConfig, path: list[int] | None = None):
+        self.idx = idx
+        self.B = config.microbatch_tokens
+        self.C = config.chunk_size
+        self.rho = config.producer_retention
+        self.P = piece_tokens(config)
+        self.path = path  # nodes of one trajectory's path (expanded copies), else None
+        self.out: list[TreeMB] = []
+        self.producer_of: list[int | None] = []
+
+    def _new(self, producer: int | None, v: int, o: int) -> int:
+        mb = TreeMB()
+        idx = self.idx
+        u, first = v, True
+        while u >= 0:  # the root path above the stem is context
+            if first:
+                if o > 0:
+                    mb.context[u] = (0, o)
+                first = False
+            else:
+                mb.context[u] = (0, idx.length[u])
+            u = idx.parent[u]
+        mb.producer = producer
+        self.out.append(mb)
+        self.producer_of.append(producer)
+        return len(self.out) - 1
+
+    def _rows_below(self, v: int, o: int) -> int:
+        """Rows of the stem (v, o): its subtree's, or along the path."""
+        idx = self.idx
+        if self.path is None:
+            return idx.sub_rows[v] - o
+        return idx.end[self.path[-1]] - idx.start[v] - o
+
+    def _kids(self, v: int) -> list[int]:
+        if self.path is None:
+            return list(self.idx.children[v])
+        k = self.path.index(v)
+        return [self.path[k + 1]] if k + 1 < len(self.path) else []
+
+    def _take_subtree(self, m: int, v: int, o: int) -> None:
+        """Microbatch m computes the stem (v, o) whole and owns what ends in it."""
+        idx, mb = self.idx, self.out[m]
+        if self.path is None:
+            mb.rows[v] = (o, idx.length[v])
+            mb.tokens += idx.length[v] - o
+            for w in range(v + 1, idx.sub_end[v] + 1):
+                mb.rows[w] = (0, idx.length[w])
+                mb.tokens += idx.length[w]
+            mb.trajs.extend(idx.trajs_in_subtree(v))
+        else:
+            k = self.path.index(v)
+            for j, w in enumerate(self.path[k:]):
+                a = o if j == 0 else 0
+                mb.rows[w] = (a, idx.length[w])
+                mb.tokens += idx.length[w] - a
+
+    def build(self, v: int, o: int, producer: int | None, held: int) -> None:
+        idx = self.idx
+        room = self.B - self.rho * held
+        if self._rows_below(v, o) <= room:
+            self._take_subtree(self._new(producer, v, o), v, o)
+            return
+        d0 = idx.start[v] + o
+        m = self._new(producer, v, o)
+        mb = self.out[m]
+        cut = (d0 + self.P) // self.C * self.C
+        if cut < idx.end[v]:  # a chain piece inside the node
+            mb.rows[v] = (o, cut - idx.start[v])
+            mb.tokens = cut - d0
+            self.build(v, cut - idx.start[v], m, mb.tokens)
+            return
+        mb.rows[v] = (o, idx.length[v])
+        mb.tokens = idx.end[v] - d0
+        if self.path is None:
+            mb.trajs.extend(idx.ends_here[v])
+        kids = self._kids(v)
+        if self.path is None:  # whole child subtrees join the producer while it stays a piece
+            rest = []
+            for c in sorted(kids, key=lambda c: (-idx.sub_rows[c], c)):
+                if mb.tokens + idx.sub_rows[c] <= self.P:
+                    self._take_subtree(m, c, 0)
+                else:
+                    rest.append(c)
+            kids = sorted(rest)
+        leaf_room = self.B - self.rho * mb.tokens
+        fits = [c for c in kids if self._rows_below(c, 0) <= leaf_room]
+        size = {c: self._rows_below(c, 0) for c in kids}
+        for group in first_fit_decreasing(fits, size, int(leaf_room)) if fits else []:
+            g = sorted(group)
+            leaf = self._new(m, g[0], 0)
+            for c in g:
+                self._take_subtree(leaf, c, 0)
+        for c in kids:
+            if c not in fits:
+                self.build(c, 0, m, mb.tokens)
+
+
+def chain_windows(idx: ForestIndex, root: int, config: PlanConfig) -> tuple[list[TreeMB], list[int | None]]:
+    """The window tree of the long tree at `root`: its microbatches in execution order
+    (depth-first) and each one's producer (an index into that list, None for the first)."""
+    b = _Builder(idx, config)
+    b.build(root, 0, None, 0)
+    return b.out, b.producer_of
+
+
+def path_chain(idx: ForestIndex, traj: int, config: PlanConfig) -> tuple[list[TreeMB], list[int | None]]:
+    """The chain of windows along one trajectory's path, its own copy (expanded plans);
+    the last microbatch owns the trajectory."""
+    path = idx.path(idx.traj_node[traj])
+    b = _Builder(idx, config, path=path)
+    L = idx.traj_length[traj]
+    d, held, producer = 0, 0, None
+    while True:
+        last = L - d <= b.B - b.rho * held
+        cut = L if last else (d + b.P) // b.C * b.C
+        v = next(u for u in path if idx.start[u] <= d < idx.end[u])
+        m = b._new(producer, v, d - idx.start[v])
+        mb = b.out[m]
+        for u in path:
+            lo, hi = max(d, idx.start[u]), min(cut, idx.end[u])
+            if lo < hi:
+                mb.rows[u] = (lo - idx.start[u], hi - idx.start[u])
+        mb.tokens = cut - d
+        if last:
+            mb.trajs.append(traj)
+            return b.out, b.producer_of
+        d, held, producer = cut, cut - d, m
+
+
+def _map_back(plan: Plan, nodes: np.ndarray, trajs: np.ndarray) -> list[Microbatch]:
+    nm, tm = nodes.tolist(), trajs.tolist()
+    return [dataclasses.replace(
+        m, trajectories=tuple(sorted(tm[t] for t in m.trajectories)),
+        pieces=tuple(Piece(nm[v], a, b) for v, a, b in m.pieces),
+        context=tuple(Piece(nm[v], a, b) for v, a, b in m.context)) for m in plan.microbatches]
+
+
+def plan_with_chains(forest: RolloutForest, config: PlanConfig, fn: Callable[[RolloutForest, PlanConfig], Plan],
+                     name: str) -> Plan:
+    """`fn`'s plan where every trajectory fits the budget; otherwise `fn` plans the rest
+    (trees without a long trajectory; for an expanded-mode planner, the trajectories that
+    fit) on a sub-forest, and the long ones are chained (module docstring)."""
+    budget = config.microbatch_tokens
+    lengths = forest.traj_length
+    if lengths.size == 0 or int(lengths.max()) <= budget:
+        return fn(forest, config)
+    piece_tokens(config)  # refuses a budget below two chunks
+    cm = config.cost_model
+    idx = ForestIndex(forest, cm)
+    expanded = name == "expanded-ffd"
+    long_trajs = np.flatnonzero(lengths > budget).tolist()
+    chains: list[tuple[list[TreeMB], list[int | None]]] = []
+    if expanded:
+        short = np.flatnonzero(lengths <= budget).tolist()
+        roots = forest.roots.tolist()
+        sub, nodes, tmap = sub_forest(forest, roots, short)
+        chains = [path_chain(idx, t, config) for t in long_trajs]
+    else:
+        longs = long_roots(idx, budget)
+        roots = [r for r in forest.roots.tolist() if r not in set(longs)]
+        sub, nodes, tmap = sub_forest(forest, roots)
+        chains = [chain_windows(idx, r, config) for r in longs]
+    inner: list[Microbatch] = []
+    mode = PlanMode.EXPANDED if expanded else PlanMode.TREE
+    info: dict = {}
+    if tmap.size:
+        p = fn(sub, config)
+        mode = p.mode
+        info = dict(p.info)
+        inner = _map_back(p, nodes, tmap)
+    dp = config.dp
+    start = forest.node_start
+    # the window trees go to the replicas largest first, each to the least-loaded one
+    load = [0.0] * dp
+    count = [0] * dp
+    for m in inner:
+        load[m.replica] += m.cost
+        count[m.replica] += 1
+    base_slot = 1 + max((m.slot for m in inner), default=-1)
+    next_slot = [base_slot] * dp
+    out: list[tuple[int, int, dict]] = []  # (replica, order, fields)
+    for m in inner:
+        out.append((m.replica, m.order, {"m": m}))
+    chain_cost = []
+    frozen = []
+    for mbs, producer_of in chains:
+        fz = []
+        for b in mbs:
+            pieces = tuple(Piece(v, a, e) for v, (a, e) in sorted(b.rows.items()))
+            ctx = tuple(Piece(v, a, e) for v, (a, e) in sorted(b.context.items()))
+            arr = np.asarray(pieces, dtype=np.int64).reshape(-1, 3)
+            cost = cm.microbatch_overhead + float(cm.segment_cost(start[arr[:, 0]] + arr[:, 1],
+                                                                  start[arr[:, 0]] + arr[:, 2]).sum())
+            fz.append((pieces, ctx, tuple(sorted(b.trajs)), int((arr[:, 2] - arr[:, 1]).sum()), cost))
+        frozen.append((fz, producer_of))
+        chain_cost.append(sum(f[4] for f in fz))
+    keys: dict[tuple[int, int], tuple[int, int]] = {}  # (chain, index) -> (replica, order)
+    for k in sorted(range(len(frozen)), key=lambda k: (-chain_cost[k], k)):
+        r = min(range(dp), key=lambda r: (load[r], r))
+        load[r] += chain_cost[k]
+        fz, producer_of = frozen[k]
+        is_producer = {p for p in producer_of if p is not None}
+        slot = next_slot[r]
+        for i, (pieces, ctx, trajs, tokens, cost) in enumerate(fz):
+            keys[(k, i)] = (r, count[r])
+            out.append((r, count[r], {"chain": (k, i), "pieces": pieces, "ctx": ctx, "trajs": trajs,
+                                      "tokens": tokens, "cost": cost, "slot": slot}))
+            count[r] += 1
+            if i not in is_producer:
+                slot += 1
+        next_slot[r] = slot
+    out.sort(key=lambda x: (x[0], x[1]))
+    new_id = {(r, o): i for i, (r, o, _) in enumerate(out)}
+    old_inner = {m.id: new_id[(m.replica, m.order)] for m in inner}
+    mbs_out = []
+    for i, (r, o, f) in enumerate(out):
+        if "m" in f:
+            m = f["m"]
+            mbs_out.append(dataclasses.replace(
+                m, id=i, producer=None if m.producer is None else old_inner[m.producer]))
+            continue
+        k, j = f["chain"]
+        p = frozen[k][1][j]
+        mbs_out.append(Microbatch(
+            id=i, replica=r, slot=f["slot"], order=o, trajectories=f["trajs"], pieces=f["pieces"],
+            context=f["ctx"], producer=None if p is None else new_id[keys[(k, p)]],
+            executed_tokens=f["tokens"], expanded_tokens=sum(idx.traj_length[t] for t in f["trajs"]),
+            cost=f["cost"]))
+    info.update({"chains": len(chains), "chain_microbatches": sum(len(c[0]) for c in chains),
+                 "piece_tokens": piece_tokens(config)})
+    return Plan(mode=mode, planner=name, dp=dp, microbatch_tokens=budget, microbatches=tuple(mbs_out),
+                producer_retention=config.producer_retention, cost_model=cm.spec(), seed=config.seed,
+                forest=forest_digest(forest), info=info)

@@ -1,0 +1,126 @@
+"""Chains of sharing windows: trajectories 2-4x the microbatch budget, cut into
+chunk-aligned pieces (harts.plan.planners.chains), equal the expanded step at a budget that
+fits them (float64: every log-prob, loss term, expert load and gradient within 1e-10;
+float32 as the window tests' float32 bound), for every planner; forks inside a piece's
+first chunk, on a cut, one past a cut and deep; drawn fork positions too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+from harts.config.models import get_model_config
+from harts.config.plan import PlanConfig
+from harts.exec.loss import PolicyLossConfig
+from harts.exec.model.model import build_model
+from harts.exec.trainer import ExpandedTrainer
+from harts.exec.window import PlanTrainer
+from harts.plan.planners import make_plan
+from harts.plan.planners.chains import piece_tokens
+from harts.plan.step import step_from_plan
+from harts.tree import build_forest
+from harts.verify.equivalence import compare_steps
+from tests.strategies import long_chain_forests, long_chain_trajectories
+
+TOL = 1e-10
+TOL32 = 1e-5  # tests/distributed/cases.py's float32 bound (relative RMS error)
+LOSS = PolicyLossConfig(kl_coef=0.1)
+CHUNK = 8
+BUDGET = 24  # pieces of 16 rows: cuts at depths 16, 32, 48, ...
+PLANNERS = ("l1", "l1l2", "expanded-ffd")
+
+
+def _config():
+    return get_model_config("tiny-cpu").replace(num_layers=2, kda_per_mla=1, chunk_size=CHUNK, aux_scope="global")
+
+
+def _run(cfg, trajs, plan=None, dtype=torch.float64):
+    model = build_model(cfg, seed=3, dtype=dtype)
+    trainer = ExpandedTrainer(model, loss=LOSS) if plan is None else PlanTrainer(model, plan, loss=LOSS)
+    return model, trainer, trainer.forward_backward(trajs, 1 << 20)
+
+
+def _plan(trajs, planner, budget=BUDGET):
+    return make_plan(build_forest(trajs), planner, PlanConfig(microbatch_tokens=budget, chunk_size=CHUNK))
+
+
+def _check(ref, ref_model, got, got_model):
+    rep = compare_steps(ref, ref_model, got, got_model)
+    assert rep["max_rel_logprob_err"] <= TOL, rep["max_rel_logprob_err"]
+    assert rep["max_rel_entropy_err"] <= TOL
+    assert rep["max_rel_grad_err"] <= TOL, rep["worst_grad_params"]
+    assert rep["max_rel_expert_load_err"] <= TOL
+    for name, err in rep["loss_abs_err"].items():
+        assert err <= TOL * max(1.0, abs(ref.losses[name])), name
+
+
+# a trunk of 3.5 budgets; forks inside the first chunk of the second piece (19), on a cut
+# (32), one past it (33) and deep (70), two of the branches longer than the budget
+FORKS = [(19, 12), (32, 20), (33, 5), (70, 10)]
+
+
+@pytest.fixture(scope="module")
+def explicit():
+    trajs = long_chain_trajectories(84, FORKS, seed=1)
+    ref_model, _, ref = _run(_config(), trajs)
+    return trajs, ref_model, ref
+
+
+@pytest.mark.parametrize("planner", PLANNERS)
+def test_explicit_forks_match_expanded(explicit, planner):
+    trajs, ref_model, ref = explicit
+    plan = _plan(trajs, planner)
+    assert plan.info["chains"] >= 1
+    assert any(m.producer is not None and plan.microbatches[m.producer].producer is not None
+               for m in plan.microbatches), "the plan must hold a chain of windows"
+    assert max(plan.memory_tokens()) <= BUDGET
+    model, trainer, got = _run(_config(), trajs, plan)
+    _check(ref, ref_model, got, model)
+    assert trainer.windows and all(w.retained_bytes > 0 for w in trainer.windows)
+    assert trainer.peak_retained_bytes > 0
+
+
+def test_chain_pieces_are_chunk_aligned_and_priced():
+    trajs = long_chain_trajectories(84, FORKS, seed=1)
+    forest = build_forest(trajs)
+    plan = _plan(trajs, "l1l2")
+    start = forest.node_start
+    for m in plan.microbatches:
+        # a piece that continues its producer's node starts on the chunk grid
+        if m.producer is not None:
+            prod = {(v, e) for v, _, e in plan.microbatches[m.producer].pieces}
+            for v, a, _ in m.pieces:
+                if a > 0 and (v, a) in prod:
+                    assert (int(start[v]) + a) % CHUNK == 0
+    step = step_from_plan(plan, forest, CHUNK)
+    chain = [w for r in range(plan.dp) for w in step.replica_windows(r) if w.chain]
+    assert chain, "a chain window in the simulator's step structure"
+
+
+def test_budget_below_two_chunks_is_refused():
+    trajs = long_chain_trajectories(40, [(5, 3)])
+    with pytest.raises(ValueError, match="below two KDA chunks"):
+        _plan(trajs, "l1", budget=2 * CHUNK - 1)
+    assert piece_tokens(PlanConfig(microbatch_tokens=2 * CHUNK, chunk_size=CHUNK)) == CHUNK
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(long_chain_forests(BUDGET))
+def test_drawn_forks_match_expanded(trajs):
+    cfg = _config()
+    ref_model, _, ref = _run(cfg, trajs)
+    for planner in PLANNERS:
+        plan = _plan(trajs, planner)
+        model, _, got = _run(cfg, trajs, plan)
+        _check(ref, ref_model, got, model)
+
+
+def test_float32_chain_matches_expanded(explicit):
+    trajs = explicit[0]
+    cfg = _config()
+    ref_model, _, ref = _run(cfg, trajs, dtype=torch.float32)
+    model, _, got = _run(cfg, trajs, _plan(trajs, "l1l2"), dtype=torch.float32)
+    rep = compare_steps(ref, ref_model, got, model)
+    assert rep["rms_rel_logprob_err"] <= TOL32
+    assert rep["rms_rel_grad_err"] <= TOL32

@@ -1,0 +1,146 @@
+"""Trajectories longer than the microbatch budget on the GPU: chains of windows against the
+same rows unsplit and against ordinary trajectories at the same budget.
+
+    python3 benchmarks/gpu/chains.py [--cases swe32k,swe16k,single131k,tree131k,chain64k]
+        [--steps 2] [--no-autotune] --out DIR
+
+Cases (tiny-h200, bf16, activation recomputation, benchmarks/gpu/windows.py's trainers and
+`run_case`: the median of `--steps` prepared steps after a warm-up, peak allocated memory):
+
+- `swe32k`, `swe16k`: the generator's swe-treestep-1 (longest trajectory 51,460 tokens) as
+  the l1l2 plan at 32,768 and 16,384 (chains where a path is longer than the budget);
+- `single131k`: one 131,072-token trajectory, the l1l2 plan at 32,768 (a chain of pieces),
+  beside `ordinary32k`: four trajectories of 32,000 tokens in the expanded step at 32,768
+  (what a 32k-budget step of ordinary trajectories holds);
+- `tree131k`: a 16,384-token prompt with three responses of 2-8k and one that runs on to
+  131,072 tokens, the l1l2 plan at 32,768;
+- `chain64k`: one 65,536-token trajectory, unsplit (one microbatch, budget 131,072) and the
+  l1l2 plan at 16,384.
+
+Derived: peak of the 131k cases over `ordinary32k` (total allocated, and activations above
+the weights and optimizer state), and chain64k's chained step over its unsplit step.
+Writes DIR/chains.json with provenance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+import windows as W  # noqa: E402  (benchmarks/gpu/windows.py: trainers, run_case, provenance)
+
+CASES = ("swe32k", "swe16k", "ordinary32k", "single131k", "tree131k", "chain64k")
+
+
+def _traj(name: str, group: str, tokens: np.ndarray, rng: np.random.Generator):
+    from harts.tree.trajectory import Trajectory
+
+    mask = rng.random(len(tokens)) < 0.9
+    mask[0] = False
+    return Trajectory.make(name, group, tokens, loss_mask=mask, advantage=float(rng.normal()),
+                           old_logprobs=rng.normal(-2, 0.5, len(tokens)), ref_logprobs=rng.normal(-2, 0.5, len(tokens)))
+
+
+def instance(case: str, seed: int = 0, scale: int = 1):
+    """(trajectories, [(kind, budget), ...]) of a case; `scale` divides lengths and budgets
+    (not the swe-treestep-1 preset's)."""
+    trajs, runs = _instance(case, seed, scale)
+    return trajs, [(kind, budget // scale) for kind, budget in runs]
+
+
+def _instance(case: str, seed: int, scale: int):
+    rng = np.random.default_rng([seed, CASES.index(case)])
+
+    def _tokens(rng, n: int) -> np.ndarray:
+        return rng.integers(1, W.VOCAB, n // scale)
+
+    if case in ("swe32k", "swe16k"):
+        from harts.tree.workload import generate_trajectories
+
+        return generate_trajectories("swe-treestep-1", vocab_size=W.VOCAB), [("windows", 32768 if case == "swe32k" else 16384)]
+    if case == "ordinary32k":
+        return [_traj(f"o{i}", f"o{i}", _tokens(rng, 32000), rng) for i in range(4)], [("expanded", 32768)]
+    if case == "single131k":
+        return [_traj("long", "g", _tokens(rng, 131072), rng)], [("windows", 32768)]
+    if case == "tree131k":
+        prompt = _tokens(rng, 16384)
+        trajs = [_traj(f"r{i}", "g", np.concatenate([prompt, _tokens(rng, int(rng.integers(2048, 8192)))]), rng)
+                 for i in range(3)]
+        trajs.append(_traj("long", "g", np.concatenate([prompt, _tokens(rng, 131072 - 16384)]), rng))
+        return trajs, [("windows", 32768)]
+    if case == "chain64k":
+        return [_traj("long", "g", _tokens(rng, 65536), rng)], [("tree", 131072), ("windows", 16384)]
+    raise KeyError(case)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--model", default="tiny-h200")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--no-autotune", action="store_true")
+    ap.add_argument("--device", default="cuda", help="cuda; cpu with --scale is a smoke run of the script")
+    ap.add_argument("--scale", type=int, default=1, help="divide every length and budget by this (smoke runs)")
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args(argv)
+    if args.no_autotune:
+        import triton.runtime.autotuner as autotuner
+
+        autotuner.Autotuner._bench = lambda self, *a, **kw: [0.0, 0.0, 0.0]
+    W.DEVICE = args.device
+    from harts.config.models import get_model_config
+
+    W.VOCAB = min(W.VOCAB, get_model_config(args.model).vocab_size)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result: dict = {"provenance": W.provenance(sys.argv), "model": args.model, "cases": {}, "derived": {}}
+    t_start = time.perf_counter()
+
+    def save():
+        result["seconds_total"] = time.perf_counter() - t_start
+        (out_dir / "chains.json").write_text(json.dumps(result, indent=1, default=str))
+
+    for case in args.cases.split(","):
+        trajs, runs = instance(case, scale=args.scale)
+        for kind, budget in runs:
+            key = f"{case} {kind}@{budget}"
+            try:
+                row = W.run_case(kind, trajs, budget, args)
+                row.pop("roles", None)
+                result["cases"][key] = row
+                print(f"[{key}] {row['seconds']:.3f}s peak {row['peak_bytes'] / 2**30:.2f} GiB "
+                      f"(activations {row['activation_peak_bytes'] / 2**30:.2f}) mbs {row['microbatches']}", flush=True)
+            except Exception as err:  # a case that fails is recorded, the others run
+                result["cases"][key] = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()}
+                print(f"[{key}] FAILED {type(err).__name__}: {err}", flush=True)
+            save()
+    c = result["cases"]
+
+    def of(case: str, kind: str) -> dict:
+        return next((v for k, v in c.items() if k.startswith(f"{case} {kind}@") and "seconds" in v), {})
+
+    base = of("ordinary32k", "expanded")
+    for case in ("single131k", "tree131k"):
+        row = of(case, "windows")
+        if row and base.get("peak_bytes"):
+            result["derived"][f"{case} peak / ordinary32k"] = row["peak_bytes"] / base["peak_bytes"]
+            result["derived"][f"{case} activation peak / ordinary32k"] = (
+                row["activation_peak_bytes"] / base["activation_peak_bytes"])
+    a, b = of("chain64k", "windows"), of("chain64k", "tree")
+    if a and b:
+        result["derived"]["chain64k chained@16k / unsplit"] = a["seconds"] / b["seconds"]
+    print(json.dumps(result["derived"], indent=1))
+    save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -3,6 +3,8 @@
     python benchmarks/sim_heldout.py --gpu h100 --out benchmarks/results/sim
     python benchmarks/sim_heldout.py --gpu h100 --write-profile harts/sim/hardware/h100.json
     python benchmarks/sim_heldout.py --gpu h200 --measured OUT/sim_calibrate.json
+    python benchmarks/sim_heldout.py --gpu h100 --rows OUT/sim_calibrate.json \
+        --calibrate grpo/0@8192,long-chain/0@16384,swe-tree/0@8192,fanout/1@8192 [--write-profile ...]
 
 The protocol: measured steps of `harts.tree.shapes` instances (family/seed@budget, each
 run as the unsplit tree, the l1l2 window plan and packed expanded, one GPU) are split by
@@ -17,6 +19,16 @@ by more than 5%. Nothing is fitted to the held-out set. `--write-profile` writes
 calibration set's fit into a hardware profile's `executor` section (how the shipped
 h100/h200 profiles were made); `--measured` adds the rows of benchmarks/gpu/sim_calibrate.py
 (their instances are held out, their calibrated profile is reported beside).
+
+`--rows FILE` (a benchmarks/gpu/sim_calibrate.py file, every step of it measured on one
+revision of the code, with counted launches and kernel time): the whole protocol on that
+file alone. The executor section is fitted from the base rates (`fit_profile`, what `harts
+sim calibrate` runs: launch counts to counted launches, device rates to kernel time, host
+rates to step time) on the `--calibrate` instances of the file, and every other instance
+of the file is predicted. The launch counts are fitted to the calibration instances' counts
+here too, so they must span the sequences per step (a fan-out instance: the three
+instances `harts sim calibrate` measured until 2026-12-05 have 5-11 sequences per step and
+leave the per-sequence launches unidentified).
 """
 
 from __future__ import annotations
@@ -121,7 +133,8 @@ def fit_profile_rates(gpu: str, hw_dict: dict, model: str, calibration: set[str]
     counted = [cases.case(*k.split(), launches=v["plain"]["kernels"], device_s=v["plain"]["kernel_s"])
                for k, v in anatomy.items()]
     rates, launch_fit = fit_launches(rates, counted)
-    for n in ("launches_per_step", "launches_per_microbatch", "launches_per_extra_kda_round", "launches_per_consumer"):
+    for n in ("launches_per_step", "launches_per_microbatch", "launches_per_extra_kda_round", "launches_per_consumer",
+              "launches_per_sequence"):
         sources[n] = "fitted"
         whats[n] = f"fitted to the counted kernel launches of 12 steps in {ANATOMY} (the executor's code path)"
     notes = {"launches": launch_fit}
@@ -148,12 +161,33 @@ def fit_profile_rates(gpu: str, hw_dict: dict, model: str, calibration: set[str]
     return rates, sources, whats, notes, cases, truth
 
 
+def fit_from_rows(hw_dict: dict, model: str, calibration: set[str], path: str):
+    """`--rows`: the executor section fitted on `path`'s calibration instances, every step
+    of the file a case (module docstring)."""
+    from harts.bench.sim_measure import fit_profile
+
+    data = json.loads((ROOT / path).read_text() if not Path(path).is_absolute() else Path(path).read_text())
+    rows = [r for r in data["rows"] + data.get("calibration_rows", []) if "seconds" in r]
+    missing = calibration - {r["instance"] for r in rows}
+    if missing:
+        raise SystemExit(f"--calibrate instances not in {path}: {', '.join(sorted(missing))}")
+    base = {**hw_dict, "executor": json.loads(json.dumps(BASE_EXECUTOR))}
+    prof, notes = fit_profile(base, [r for r in rows if r["instance"] in calibration], model,
+                              here=f"fitted to the calibration instances {sorted(calibration)} of {path}")
+    sources = {k: v["source"] for k, v in prof["executor"].items()}
+    whats = {k: v.get("what", "") for k, v in prof["executor"].items()}
+    cases = Cases(model, prof)
+    truth = [cases.case(r["instance"], r["kind"], measured_s=r["seconds"]) for r in rows]
+    return executor_rates_from_dict(prof["executor"], {}), sources, whats, notes, cases, truth
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gpu", choices=("h100", "h200"), default="h100")
     ap.add_argument("--model", default="tiny-h200")
     ap.add_argument("--calibrate", default=CALIBRATE, help="calibration instances (family/seed@budget, comma-separated)")
     ap.add_argument("--measured", action="append", default=[], help="rows of benchmarks/gpu/sim_calibrate.py (held out)")
+    ap.add_argument("--rows", help="a sim_calibrate.py file: calibrate on its --calibrate instances, hold out the rest")
     ap.add_argument("--profile", help="predict with this profile's executor rates (e.g. sim_calibrate's "
                     "profile.json) instead of fitting; every --measured row is held out")
     ap.add_argument("--out", help="folder for <date>-<rev>-heldout-<gpu>.json")
@@ -161,7 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     calibration = set(args.calibrate.split(","))
     hw_dict = json.loads((HARDWARE_DIR / f"{args.gpu}.json").read_text())
-    rates, sources, whats, notes, cases, truth = fit_profile_rates(args.gpu, hw_dict, args.model, calibration, [])
+    if args.rows:
+        rates, sources, whats, notes, cases, truth = fit_from_rows(hw_dict, args.model, calibration, args.rows)
+    else:
+        rates, sources, whats, notes, cases, truth = fit_profile_rates(args.gpu, hw_dict, args.model, calibration, [])
     if args.profile:
         prof = json.loads(Path(args.profile).read_text())
         rates = executor_rates_from_dict(prof["executor"], {})
@@ -171,8 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     held = [cases.case(r["instance"], r["kind"], measured_s=r["seconds"]) for f in args.measured for r in suite_rows(f)]
     result = {"provenance": provenance(sys.argv if argv is None else [sys.argv[0], *argv]), "gpu": args.gpu,
               "model": args.model, "calibration_instances": sorted(calibration),
-              "sources": {"suite": [] if args.profile else SUITE[args.gpu], "measured": args.measured,
-                          "launches": ANATOMY, "profile": args.profile or f"{args.gpu} (fitted here)"},
+              "sources": {"suite": [] if args.profile else [args.rows] if args.rows else SUITE[args.gpu],
+                          "measured": args.measured, "launches": args.rows or ANATOMY,
+                          "profile": args.profile or f"{args.gpu} (fitted here)"},
               "fit": notes, "rates": executor_rates_to_dict(rates, sources, whats),
               **report(rates, truth + held, calibration, {c.name for c in held})}
     for which in ("new", "held-out", "calibration"):

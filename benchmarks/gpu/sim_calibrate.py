@@ -4,7 +4,8 @@
     python3 benchmarks/gpu/sim_calibrate.py --out DIR [--seeds 1] [--budgets 8192 16384 32768]
 
 1. `harts sim calibrate` (harts.bench.sim_measure.calibrate) on the calibration instances
-   (seed 0 of grpo@8k, long-chain@16k, swe-tree@8k): op micro-benchmarks and their tree,
+   (seed 0 of grpo@8k, long-chain@16k, swe-tree@8k and fanout@8k: a step of many sequences,
+   without which the per-sequence launches are not identified): op micro-benchmarks and their tree,
    windows and expanded steps, fitted into DIR/profile.json (a hardware profile);
 2. new held-out instances (`--seeds`, default 1, of every `harts.tree.shapes` family at
    `--budgets`, default 8k and 16k), each as the unsplit tree, the l1l2 window plan and packed expanded: the
@@ -30,7 +31,7 @@ from harts.bench.sim_measure import calibrate, measure_instances  # noqa: E402
 from harts.sim.hardware import HARDWARE_DIR  # noqa: E402
 from harts.tree.shapes import FAMILIES  # noqa: E402
 
-CALIBRATION = [("grpo", 0, 8192), ("long-chain", 0, 16384), ("swe-tree", 0, 8192)]
+CALIBRATION = [("grpo", 0, 8192), ("long-chain", 0, 16384), ("swe-tree", 0, 8192), ("fanout", 0, 8192)]
 
 
 def main(argv: list[str]) -> int:
@@ -40,7 +41,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--seeds", type=int, nargs="+", default=[1])
     ap.add_argument("--budgets", type=int, nargs="+", default=[8192, 16384])
-    ap.add_argument("--steps", type=int, default=2)
+    # two steps' times differ by up to 22% on the H100 host (benchmarks/results/sim/
+    # 2026-12-05-c802182-sim-calibrate-h100.json: swe-tree/0@8192 expanded 0.905 / 1.129 s)
+    ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--no-calibrate", action="store_true", help="only the held-out steps")
     ap.add_argument("--no-autotune", action="store_true", help="each Triton kernel's first config")

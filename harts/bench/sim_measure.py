@@ -165,16 +165,73 @@ def measure_instances(model: str, device: str, instances: Sequence[tuple[str, in
     return rows
 
 
+LAUNCH_RATES = ("launches_per_step", "launches_per_microbatch", "launches_per_extra_kda_round",
+                "launches_per_consumer", "launches_per_sequence")
+DEVICE_RATES = ("device_scale", "half_efficiency_rows", "consumer_device_s_per_producer_row")
+HOST_RATES = ("host_s_per_launch", "step_fixed_s")
+
+
+def fit_profile(prof: dict[str, Any], rows: Sequence[dict[str, Any]], model: str, unsplit_budget: int = 131072,
+                here: str = "fitted") -> tuple[dict[str, Any], dict[str, Any]]:
+    """`prof` (a hardware profile's JSON dict, copied) with its executor section fitted to
+    measured steps (`measure_instances` rows): the launch counts to the counted launches,
+    the device rates to the profiled kernel time, the host rates to the step wall time
+    (without kernel profiles: the device scale and host rates to the wall time). Returns
+    (profile, fit notes). The profile's op rates are used as they are."""
+    from harts.config.models import get_model_config
+    from harts.sim.executor_rates import executor_rates_to_dict
+    from harts.sim.fit_executor import case_of, fit_launches, fit_rates, step_of
+    from harts.sim.hardware import profile_from_dict
+    from harts.tree import build_forest, shapes
+
+    prof = copy.deepcopy(prof)
+    hw = profile_from_dict(prof)
+    cfg = get_model_config(model)
+    cases, forests = [], {}
+    for r in rows:
+        if "seconds" not in r:
+            continue
+        key = (r["family"], r["seed"], r["budget"])
+        if key not in forests:
+            forests[key] = build_forest(shapes.draw(*key, vocab_size=cfg.vocab_size))
+        step = step_of(forests[key], r["kind"], r["budget"], cfg.chunk_size, unsplit_budget)
+        cases.append(case_of(r["instance"], r["kind"], step, cfg, hw, measured_s=r["seconds"],
+                             launches=r.get("launches"), device_s=r.get("device_s")))
+    if not cases:
+        raise RuntimeError("calibrate: no step could be measured")
+    fitted, notes = hw.executor, {}
+    sources = {k.removeprefix("executor."): v for k, v in hw.sources.items() if k.startswith("executor.")}
+    base_name = prof.get("name", "base")
+    whats = {k: f"as in the base profile {base_name}: {v.get('what', '')}" for k, v in prof["executor"].items()}
+    here = f"{here} ({len(cases)} steps of {len({c.name for c in cases})} instances)"
+    if all(c.launches for c in cases):
+        fitted, notes["launches"] = fit_launches(fitted, cases)
+        for n in LAUNCH_RATES:
+            sources[n], whats[n] = "fitted", f"{here}: counted kernel launches"
+    if all(c.device_s for c in cases):
+        fitted, notes["device"] = fit_rates(fitted, cases, DEVICE_RATES, target="device")
+        fitted, notes["step"] = fit_rates(fitted, cases, HOST_RATES)
+        for n in DEVICE_RATES:
+            sources[n], whats[n] = "fitted", f"{here}: profiled kernel time"
+        for n in HOST_RATES:
+            sources[n], whats[n] = "fitted", f"{here}: step wall time"
+    else:
+        names = ["device_scale", *HOST_RATES]
+        fitted, notes["step"] = fit_rates(fitted, cases, names)
+        for n in names:
+            sources[n], whats[n] = "fitted", f"{here}: step wall time (no kernel profile on this device)"
+    prof["executor"] = executor_rates_to_dict(fitted, sources, whats)
+    profile_from_dict(prof)  # it loads
+    return prof, notes
+
+
 def calibrate(model: str, device: str, base: dict[str, Any], instances: Sequence[tuple[str, int, int]],
               steps: int = 2, warmup: int = 1, unsplit_budget: int = 131072, name: str | None = None,
               log=print) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A hardware profile (JSON dict) for this device: `base`'s, with the op rates and the
     executor section replaced by what was measured and fitted here; and the measured rows."""
     from harts.bench.provenance import provenance
-    from harts.config.models import get_model_config
-    from harts.sim.fit_executor import case_of, fit_launches, fit_rates, step_of
     from harts.sim.hardware import profile_from_dict
-    from harts.tree import build_forest, shapes
 
     prof = copy.deepcopy(base)
     rates = op_rates(device, n=4096 if device.startswith("cuda") else 512,
@@ -186,45 +243,8 @@ def calibrate(model: str, device: str, base: dict[str, Any], instances: Sequence
                                       "what": f"{what}: device copy of {rates['copy_bytes']} bytes, read + written"}
     rows = measure_instances(model, device, instances, ("tree", "windows", "expanded"), steps, warmup,
                              unsplit_budget, log=log)
-    hw = profile_from_dict(prof)
-    cfg = get_model_config(model)
-    cases = []
-    for r in rows:
-        if "seconds" not in r:
-            continue
-        f = build_forest(shapes.draw(r["family"], r["seed"], r["budget"], vocab_size=cfg.vocab_size))
-        step = step_of(f, r["kind"], r["budget"], cfg.chunk_size, unsplit_budget)
-        cases.append(case_of(r["instance"], r["kind"], step, cfg, hw, measured_s=r["seconds"],
-                             launches=r.get("launches"), device_s=r.get("device_s")))
-    if not cases:
-        raise RuntimeError("calibrate: no step could be measured")
-    fitted, notes = hw.executor, {}
-    sources = {k.removeprefix("executor."): v for k, v in hw.sources.items() if k.startswith("executor.")}
-    base_name = base.get("name", "base")
-    whats = {k: f"as in the base profile {base_name}: {v.get('what', '')}" for k, v in prof["executor"].items()}
-    here = f"fitted by `harts sim calibrate` on {device} ({len(cases)} steps of {len(rows) // 3} instances)"
-    if all(c.launches for c in cases):
-        fitted, notes["launches"] = fit_launches(fitted, cases)
-        for n in ("launches_per_step", "launches_per_microbatch", "launches_per_extra_kda_round",
-                  "launches_per_consumer"):
-            sources[n], whats[n] = "fitted", f"{here}: counted kernel launches"
-    if all(c.device_s for c in cases):
-        dev = ["device_scale", "half_efficiency_rows", "consumer_device_s_per_producer_row"]
-        fitted, notes["device"] = fit_rates(fitted, cases, dev, target="device")
-        host = ["host_s_per_launch", "step_fixed_s"]
-        fitted, notes["step"] = fit_rates(fitted, cases, host)
-        for n in dev:
-            sources[n], whats[n] = "fitted", f"{here}: profiled kernel time"
-        for n in host:
-            sources[n], whats[n] = "fitted", f"{here}: step wall time"
-    else:
-        names = ["device_scale", "host_s_per_launch", "step_fixed_s"]
-        fitted, notes["step"] = fit_rates(fitted, cases, names)
-        for n in names:
-            sources[n], whats[n] = "fitted", f"{here}: step wall time (no kernel profile on this device)"
-    from harts.sim.executor_rates import executor_rates_to_dict
-
-    prof["executor"] = executor_rates_to_dict(fitted, sources, whats)
+    prof, notes = fit_profile(prof, rows, model, unsplit_budget,
+                              f"fitted by `harts sim calibrate` on {device}")
     prof["name"] = name or f"calibrated-{device}"
     prof["device"] = (torch.cuda.get_device_name(0) if device.startswith("cuda") else f"{device} ({model})")
     prof["provenance"] = {**provenance(), "model": model, "instances": [list(i) for i in instances],

@@ -30,7 +30,7 @@ from harts.cli.common import (
     write_output,
 )
 
-DEFAULT_INSTANCES = {"cuda": "grpo/0@8192,long-chain/0@16384,swe-tree/0@8192",
+DEFAULT_INSTANCES = {"cuda": "grpo/0@8192,long-chain/0@16384,swe-tree/0@8192,fanout/0@8192",
                      "cpu": "grpo/0@256,long-chain/0@256"}
 
 
@@ -43,7 +43,7 @@ def add_measure_parsers(sim_subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--base", default="h200", help="profile whose assumptions (interconnect, attention) are kept")
     c.add_argument("--instances", help="family/seed@budget list of harts.tree.shapes instances "
                    f"(default cuda: {DEFAULT_INSTANCES['cuda']}; cpu: {DEFAULT_INSTANCES['cpu']})")
-    c.add_argument("--steps", type=int, default=2, help="timed steps per case (median)")
+    c.add_argument("--steps", type=int, default=3, help="timed steps per case (median)")
     c.add_argument("--warmup", type=int, default=1)
     c.add_argument("--unsplit-budget", type=int, default=131072, help="budget of the unsplit tree case")
     c.add_argument("--rows-out", help="also write the measured steps (JSON)")

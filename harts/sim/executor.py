@@ -19,7 +19,9 @@ costs
   go to host memory and back (`offload_bytes_per_producer_row` / `offload_bytes_per_s`);
 - host: launches of the microbatch x `host_s_per_launch`, with the launches counted as
   `launches_per_microbatch` + `launches_per_extra_kda_round` per KDA round past the first
-  + `launches_per_consumer` for a consumer (stash assembly, state handoff), counted on a
+  + `launches_per_consumer` for a consumer (stash assembly, state handoff)
+  + `launches_per_sequence` per sequence of its KDA rounds (the expanded baseline's attention
+  runs once per trajectory, the tree's per query segment), counted on a
   model of `reference_layers` layers and scaled by the stage's layers; the forward
   action carries `forward_host_share` of them, the backward the rest. The forward action
   runs `forward_passes` full-model forwards: one, two where the model's global aux scope
@@ -87,6 +89,7 @@ class MicrobatchFeatures:
     producer: bool
     layer_ratio: float = 1.0  # the stage's layers over the profile's reference_layers
     forward_passes: float = 1.0  # full-model forwards in the forward action (`statistics_forwards`)
+    sequences: int = 0  # sequences of the microbatch's KDA rounds, summed over rounds
 
 
 def statistics_forwards(model: ModelConfig) -> int:
@@ -101,7 +104,8 @@ def launches(rates: ExecutorRates, f: MicrobatchFeatures) -> float:
     (every layer launches its kernels once per pass; the loss head's share is small)."""
     return f.layer_ratio * (rates.launches_per_microbatch
                             + rates.launches_per_extra_kda_round * max(0, f.kda_rounds - 1)
-                            + (rates.launches_per_consumer if f.consumer else 0.0))
+                            + (rates.launches_per_consumer if f.consumer else 0.0)
+                            + rates.launches_per_sequence * f.sequences)
 
 
 def efficiency_factor(rates: ExecutorRates, rows: int) -> float:
@@ -191,7 +195,8 @@ class ExecutorCostModel(CostModel):
             kda_rounds=len(work.kda_rounds), consumer=consumer,
             producer_rows=self._producer_rows.get(work.producer, 0) if consumer else 0,
             producer=work.mb in self._producers, layer_ratio=self._layers[stage] / self.rates.reference_layers,
-            forward_passes=float(statistics_forwards(self.model)))
+            forward_passes=float(statistics_forwards(self.model)),
+            sequences=sum(r.sequences for r in work.kda_rounds))
 
     def device_by_category(self, step: StepWork) -> dict[str, float]:
         """One GPU's simulated device seconds by op category (the categories `harts sim

@@ -18,6 +18,7 @@ class ExecutorRates:
     launches_per_microbatch: float
     launches_per_extra_kda_round: float
     launches_per_consumer: float
+    launches_per_sequence: float
     launches_per_step: float
     forward_host_share: float
     device_scale: float
@@ -33,6 +34,7 @@ class ExecutorRates:
 
 
 RATE_NAMES = tuple(f.name for f in fields(ExecutorRates))
+_ADDED_LATER = ("launches_per_sequence",)
 
 
 def executor_rates_from_dict(section: dict[str, Any], sources: dict[str, str]) -> ExecutorRates:
@@ -40,6 +42,9 @@ def executor_rates_from_dict(section: dict[str, Any], sources: dict[str, str]) -
     values = {}
     for name in RATE_NAMES:
         entry = section.get(name)
+        if entry is None and name in _ADDED_LATER:
+            # a profile fitted before the term existed: its launch counts were fitted without it
+            entry = {"value": 0.0, "source": "assumption"}
         if not isinstance(entry, dict) or "value" not in entry or "source" not in entry:
             raise ValueError(f"hardware profile: executor.{name} must be {{value, source, what}}")
         if entry["source"] not in SOURCES:
@@ -67,6 +72,9 @@ BASE_EXECUTOR: dict[str, dict[str, Any]] = {
     "launches_per_microbatch": _entry(3965.0, "assumption", "kernel launches of a microbatch (its forward, recomputation and backward)"),
     "launches_per_extra_kda_round": _entry(382.0, "assumption", "launches of a KDA round past a microbatch's first"),
     "launches_per_consumer": _entry(522.0, "assumption", "a consumer's stash assembly and state handoff launches"),
+    "launches_per_sequence": _entry(57.0, "assumption", "launches per sequence of a microbatch's KDA rounds (a "
+                                    "tree's segments, a packed microbatch's trajectories): attention runs per "
+                                    "sequence or per query segment"),
     "launches_per_step": _entry(952.0, "assumption", "optimizer, gradient norm and step bookkeeping launches"),
     "forward_host_share": _entry(0.4, "assumption", "share of a microbatch's launches in its forward action (the "
                                  "checkpointed forward, and the statistics forward with the global aux scope); "

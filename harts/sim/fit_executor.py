@@ -124,16 +124,17 @@ def fit_rates(base: ExecutorRates, cases: Sequence[Case], names: Sequence[str],
 
 def fit_launches(base: ExecutorRates, cases: Sequence[Case]) -> tuple[ExecutorRates, dict[str, float]]:
     """Launch counts from counted launches per step: a linear least-squares fit of
-    step + per-microbatch + per-extra-KDA-round + per-consumer launches."""
+    step + per-microbatch + per-extra-KDA-round + per-consumer + per-sequence launches."""
     rows, y = [], []
     for c in cases:
         rows.append([1.0, len(c.features), sum(max(0, f.kda_rounds - 1) for f in c.features),
-                     sum(1 for f in c.features if f.consumer)])
+                     sum(1 for f in c.features if f.consumer), sum(f.sequences for f in c.features)])
         y.append(float(c.launches))
     A, b = np.array(rows), np.array(y)
     coef, *_ = np.linalg.lstsq(A, b, rcond=None)
     coef = np.maximum(coef, 0.0)
     pred = A @ coef
     fitted = base.with_values(launches_per_step=coef[0], launches_per_microbatch=coef[1],
-                              launches_per_extra_kda_round=coef[2], launches_per_consumer=coef[3])
+                              launches_per_extra_kda_round=coef[2], launches_per_consumer=coef[3],
+                              launches_per_sequence=coef[4])
     return fitted, {"cases": len(cases), "max_rel_error": float(np.max(np.abs(pred / b - 1)))}

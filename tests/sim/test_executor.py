@@ -106,18 +106,21 @@ def test_more_host_time_per_launch_never_lowers_a_step():
 
 def test_fits_recover_the_rates_that_made_the_data():
     hw = load_hardware("h100")
-    truth_rates = hw.executor.with_values(device_scale=1.7, host_s_per_launch=3.1e-5, launches_per_consumer=700.0)
+    truth_rates = hw.executor.with_values(device_scale=1.7, host_s_per_launch=3.1e-5, launches_per_consumer=700.0,
+                                          launches_per_sequence=40.0)
     cases = []
-    for family in ("grpo", "long-chain", "bushy"):
+    for family in ("grpo", "long-chain", "bushy", "fanout"):
         forest = _forest(family, 4096)
         for kind in ("tree", "windows", "expanded"):
             c = case_of(family, kind, step_of(forest, kind, 4096, MODEL.chunk_size), MODEL, hw)
             launches = (truth_rates.launches_per_step + sum(
                 truth_rates.launches_per_microbatch + truth_rates.launches_per_extra_kda_round * (f.kda_rounds - 1)
-                + (truth_rates.launches_per_consumer if f.consumer else 0) for f in c.features))
+                + (truth_rates.launches_per_consumer if f.consumer else 0)
+                + truth_rates.launches_per_sequence * f.sequences for f in c.features))
             cases.append(replace(c, measured_s=predict(truth_rates, c), launches=launches))
     got, info = fit_launches(hw.executor, cases)
     assert got.launches_per_consumer == pytest.approx(700.0, rel=1e-6)
+    assert got.launches_per_sequence == pytest.approx(40.0, rel=1e-6)
     got, info = fit_rates(got, cases, ["device_scale", "host_s_per_launch"])
     assert got.device_scale == pytest.approx(1.7, rel=1e-3)
     assert got.host_s_per_launch == pytest.approx(3.1e-5, rel=1e-3)

@@ -27,6 +27,7 @@ CONFIGS = (
     KernelConfig(tree_attention="cudnn"),
     KernelConfig(tree_attention="flex", baseline_attention="flash"),
     KernelConfig(tree_attention="graph", conv="reference", force_reference=True),
+    KernelConfig(norm="reference"),
 )
 AVAILABLE = tuple(itertools.product((True, False), repeat=3))  # (fla, flex, grouped_mm)
 
@@ -49,6 +50,14 @@ def _old_moe(device, dtype, kernels, grouped_mm):
     return Impl.GROUPED
 
 
+def _norm(device, dtype, kernels):
+    """The norms (added with the registry, no older branch): torch's fused RMSNorm on CUDA
+    in bf16/fp16/fp32 unless norm=reference or force_reference."""
+    if kernels.force_reference or device.type != "cuda" or dtype not in FAST_DTYPES or kernels.norm == "reference":
+        return Impl.REFERENCE
+    return Impl.FUSED
+
+
 def _old_conv(device, kernels):
     if kernels.force_reference or device.type != "cuda" or kernels.conv is ConvKernel.REFERENCE:
         return Impl.REFERENCE
@@ -68,6 +77,7 @@ def test_every_situation_selects_what_the_old_branches_selected(libraries, fla, 
         assert backend.tree_attention_impl(device, kernels) is _old_tree_attention(device, kernels, flex), situation
         assert backend.conv_impl(device, kernels) is _old_conv(device, kernels), situation
         assert backend.conv_impl(device, kernels, dtype) is _old_conv(device, kernels), situation
+        assert backend.norm_impl(device, dtype, kernels) is _norm(device, dtype, kernels), situation
         rows += 1
     assert rows == len(DEVICES) * len(DTYPES) * len(CONFIGS)
 

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 from typing import Any
@@ -46,7 +47,12 @@ def _add_common(p: argparse.ArgumentParser, sweep: bool) -> None:
     p.add_argument("--pp", type=int, help="pipeline stages (default: 2 for tiny at >= 8 GPUs, 4 for flash)")
     p.add_argument("--ep", type=int, help="expert parallelism inside a stage's DP group (default: the "
                    "largest power of two dividing DP and the expert count, at most 8)")
-    p.add_argument("--microbatch-tokens", type=int, help="planner token budget (default: the preset's own)")
+    if sweep:
+        p.add_argument("--microbatch-tokens", type=_budgets, help="planner token budget (default: the preset's "
+                       "own); comma-separated for several (which budget to train at: each is planned and "
+                       "simulated, with its peak memory)")
+    else:
+        p.add_argument("--microbatch-tokens", type=int, help="planner token budget (default: the preset's own)")
     p.add_argument("--hardware", default="h200", help="hardware profile: h100, h200 (measured, shipped), "
                    "h200-harts, or a JSON path (harts sim calibrate writes one)")
     p.add_argument("--cost-model", help="executor (the default where the profile has executor rates: each "
@@ -154,7 +160,8 @@ class _Setup:
                 raise UserError(str(err.args[0])) from None
         return self._forests[workload]
 
-    def step(self, workload: str, planner: str) -> tuple[Any, Any]:
+    def step(self, workload: str, planner: str, budget: int | None = None) -> tuple[Any, Any]:
+        """(plan, step) of `planner` at `budget` (None: --microbatch-tokens, else the default)."""
         from harts.config.plan import PlanConfig
         from harts.plan.planners import make_plan
         from harts.plan.step import step_from_plan
@@ -162,8 +169,9 @@ class _Setup:
         forest = self.forest(workload)
         # plan for the pipeline that is simulated (microbatches enough to fill its stages)
         kw: dict[str, Any] = {"dp": self.parallel.dp, "pp": self.parallel.pp, "seed": self.args.seed}
-        if self.args.microbatch_tokens:
-            kw["microbatch_tokens"] = self.args.microbatch_tokens
+        budget = budget or self.args.microbatch_tokens
+        if budget:
+            kw["microbatch_tokens"] = budget
         elif workload in self.inputs:  # the planners' default budget
             from harts.config.plan import DEFAULT_MICROBATCH_TOKENS
 
@@ -191,6 +199,17 @@ class _Setup:
         return simulate_step(step, sched, cost, ep_lockstep=self.args.ep_lockstep)
 
 
+def _budgets(text: str) -> list[int]:
+    """--microbatch-tokens of `harts sim sweep`: one budget or several, comma-separated."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected token budgets separated by commas, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive token budgets, got {text!r}")
+    return values
+
+
 def _split(value: str | None) -> list[str]:
     return [v for v in (value or "").split(",") if v]
 
@@ -199,6 +218,7 @@ def _row(workload: str, planner: str, plan: Any, res: Any) -> dict[str, Any]:
     return {
         "workload": workload,
         "planner": planner,
+        "microbatch_tokens": plan.microbatch_tokens,
         "microbatches": plan.num_microbatches,
         "executed_tokens": plan.executed_tokens,
         "compression": plan.expanded_tokens / max(1, plan.executed_tokens),
@@ -315,10 +335,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     sched_rows: list[dict[str, Any]] = []
     panels: list[tuple[Any, str]] = []  # (trace, title) of each schedule-table row, for --gantt
     t0 = time.perf_counter()
-    for wl in workloads:
+    for wl, budget in itertools.product(workloads, args.microbatch_tokens or [None]):
         results: dict[str, dict[str, Any]] = {}
         for planner in planners:
-            plan, step = setup.step(wl, planner)
+            plan, step = setup.step(wl, planner, budget)
             for schedule in schedules if planner == sched_planner else [default_schedule]:
                 res = setup.simulate(step, schedule)
                 row = _row(wl, planner, plan, res)
@@ -352,9 +372,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(f"model {meta['model']}, {args.gpus} GPUs ({meta['parallel']}), {meta['hardware']}, "
           f"{meta['cost_model']} cost model, schedule {default_schedule}")
     print(format_table(
-        ["workload", "planner", "mbs", "compression", "step s", "k tok/s", "speedup", "bubble %", "peak memory GiB",
-         "plan s"],
-        [[r["workload"], r["planner"], r["microbatches"], round(r["compression"], 3), round(r["step_seconds"], 3),
+        ["workload", "budget", "planner", "mbs", "compression", "step s", "k tok/s", "speedup", "bubble %",
+         "peak memory GiB", "plan s"],
+        [[r["workload"], r["microbatch_tokens"], r["planner"], r["microbatches"], round(r["compression"], 3),
+          round(r["step_seconds"], 3),
           round(r["throughput"] / 1e3, 1),
           "-" if r["speedup_vs_expanded"] is None else f"{r['speedup_vs_expanded']:.2f}x",
           round(100 * r["bubble_fraction"], 1), gib(r["peak_memory_bytes"]), round(r["plan_seconds"], 3)]
@@ -363,8 +384,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print()
     print(f"pipeline schedules ({sched_planner})")
     print(format_table(
-        ["workload", "schedule", "step s", "k tok/s", "bubble %", "peak memory GiB", "ep lockstep"],
-        [[r["workload"], r["schedule"], round(r["step_seconds"], 3), round(r["throughput"] / 1e3, 1),
+        ["workload", "budget", "schedule", "step s", "k tok/s", "bubble %", "peak memory GiB", "ep lockstep"],
+        [[r["workload"], r["microbatch_tokens"], r["schedule"], round(r["step_seconds"], 3), round(r["throughput"] / 1e3, 1),
           round(100 * r["bubble_fraction"], 1), gib(r["peak_memory_bytes"]), str(r["ep_lockstep"])]
          for r in sched_rows],
     ))

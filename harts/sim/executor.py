@@ -14,8 +14,8 @@ costs
   `device_scale` (measured kernel time over roofline time on large microbatches) x
   `1 + half_efficiency_rows / rows` (small GEMMs and kernels run below their large-size
   efficiency), plus the window terms: a consumer gathers and accumulates its producer's
-  stash (`consumer_device_s_per_producer_row` x producer rows; in a chain of windows the
-  rows of every producer up the chain, which its producer hands on), a producer's saved tensors
+  stash (`consumer_device_s_per_producer_row` x its producer's rows, in a chain of windows
+  too: `bind`), a producer's saved tensors
   go to host memory and back (`offload_bytes_per_producer_row` / `offload_bytes_per_s`);
 - host: launches of the microbatch x `host_s_per_launch`, with the launches counted as
   `launches_per_microbatch` + `launches_per_extra_kda_round` per KDA round past the first
@@ -162,16 +162,12 @@ class ExecutorCostModel(CostModel):
 
     def bind(self, step: StepWork) -> ExecutorCostModel:
         """Tell the model which microbatches are producers and their sizes (window terms)."""
-        # the rows a consumer reads from its producer's stash: in a chain of windows the
-        # producer hands on its own producer's rows too, so every producer up the chain counts
-        rows = {}
-        for w in step.microbatches:
-            n, p = w.tokens, w.producer
-            while p is not None:
-                n += step[p].tokens
-                p = step[p].producer
-            rows[w.mb] = n
-        self._producer_rows = rows
+        # a consumer pays for its own producer's rows only, in a chain of windows too:
+        # charging every producer up the chain priced the chains of
+        # benchmarks/results/chains/2026-12-05-c6623d0-chains-h100.json 19-29% high, the
+        # producer's rows alone 0-2% on the three plain chains (the rate is fitted on
+        # one-level windows, where the two are the same)
+        self._producer_rows = {w.mb: w.tokens for w in step.microbatches}
         self._producers = set(step.producers)
         self._pass.cache_clear()
         return self

@@ -163,3 +163,23 @@ def test_sim_input_errors_name_the_file(capsys, tmp_path):
     err = json.loads(capsys.readouterr().out)
     assert err["file"] == str(bad) and err["line"] == 2
     assert main(["sim", "--input", str(bad), "--workload", "tiny-stepwise"]) == 2  # one source, not both
+
+
+def test_sweep_over_budgets(capsys):
+    """`harts sim sweep --microbatch-tokens A,B`: each budget planned and simulated on its
+    own, the same numbers as one sweep at that budget alone; a bad list is refused."""
+    case = ["--workload", "tiny-treestep", "--model", "tiny", "--gpus", "1", "--pp", "1", "--planners",
+            "expanded-ffd,l1l2", "--schedules", "consumer-1f1b", "--json"]
+    code, out, _ = run(capsys, ["sim", "sweep", *case, "--microbatch-tokens", "256,1024"])
+    assert code == 0
+    rows = json.loads(out)["planners"]
+    assert [(r["microbatch_tokens"], r["planner"]) for r in rows] == [
+        (256, "expanded-ffd"), (256, "l1l2"), (1024, "expanded-ffd"), (1024, "l1l2")]
+    assert rows[0]["microbatches"] > rows[2]["microbatches"]  # a smaller budget, more microbatches
+    for budget in (256, 1024):
+        code, out, _ = run(capsys, ["sim", "sweep", *case, "--microbatch-tokens", str(budget)])
+        alone = json.loads(out)["planners"]
+        assert [r["step_seconds"] for r in alone] == [r["step_seconds"] for r in rows
+                                                       if r["microbatch_tokens"] == budget]
+    assert main(["sim", "sweep", *case, "--microbatch-tokens", "256,x"]) == 2
+    assert "expected token budgets" in json.loads(capsys.readouterr().out)["error"]

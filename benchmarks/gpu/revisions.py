@@ -9,13 +9,15 @@ window plan.
 A root is a directory holding a `harts/` package (`git archive REV harts | tar -x -C DIR`).
 The rollouts are generated once, by the current tree's generator (the `--workload` preset,
 and each `--shapes` instance `family/seed@budget` of `harts.tree.shapes`), and written as
-rollout JSONL; each root then runs in its own process (PYTHONPATH=root) through the API both
-trees share: `build_model(..., dtype=bf16, recompute=True)`, `TreeTrainer`,
+rollout JSONL; each root runs in one process of its own for the whole run (PYTHONPATH=root;
+imports, kernel compilation and caches paid once), asked for each set in turn with the roots
+alternating set by set, through the API both trees share: `build_model(..., dtype=bf16, recompute=True)`, `TreeTrainer`,
 `ExpandedTrainer` and (`windows`) `PlanTrainer` over the `l1l2` plan at the window budget
 (the preset's `--window-budget`, a shape instance's own budget), `prepare` + `step`, `--warmup` steps and then the median of `--steps`,
 each timed with a device synchronisation. Each root's run is also repeated with its order
 reversed (expanded first) when `--both-orders` is given. Writes DIR/revisions.json with
-provenance.
+provenance, and the table so far, after every run; each root's stderr goes to
+DIR/worker-<i>.log.
 """
 
 from __future__ import annotations
@@ -31,6 +33,32 @@ from pathlib import Path
 
 
 def worker(args: argparse.Namespace) -> int:
+    """`--worker`: one set (`--input`), or with `--serve` one set per JSON line of stdin
+    ({"input", "window_budget", "exp_at_window", "modes"}), each answered by a RESULT line
+    (or ERROR with the traceback) on stdout, so a root's imports, kernel compilation and
+    caches are paid once for every set."""
+    if not args.serve:
+        print("RESULT " + json.dumps(run_set(args)), flush=True)
+        return 0
+    import traceback
+
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        args.input, args.window_budget, args.modes = req["input"], req["window_budget"], req["modes"]
+        args.expanded_at_window_budget = req["exp_at_window"]
+        try:
+            print("RESULT " + json.dumps(run_set(args)), flush=True)
+        except Exception:  # noqa: BLE001 - reported to the parent, the next set runs
+            print("ERROR " + json.dumps(traceback.format_exc()[-3000:]), flush=True)
+    return 0
+
+
+_PATCHED: list[bool] = []
+
+
+def run_set(args: argparse.Namespace) -> dict:
     import torch
 
     import harts
@@ -40,10 +68,11 @@ def worker(args: argparse.Namespace) -> int:
     from harts.exec.tree_trainer import TreeTrainer
     from harts.tree.io import load_jsonl
 
-    if args.no_autotune:
+    if args.no_autotune and not _PATCHED:
         import triton.runtime.autotuner as autotuner
 
         autotuner.Autotuner._bench = lambda self, *a, **kw: [0.0, 0.0, 0.0]
+        _PATCHED.append(True)
     trajs = load_jsonl(args.input)
     cfg = get_model_config(args.model)
     cuda = args.device == "cuda"
@@ -88,8 +117,30 @@ def worker(args: argparse.Namespace) -> int:
         del trainer, net, prepared, res
         if cuda:
             torch.cuda.empty_cache()
-    print("RESULT " + json.dumps(out), flush=True)
-    return 0
+    return out
+
+
+def _table(result: dict, sets: list, modes: list[str], roots: list[str]) -> dict:
+    """Per set and mode: each root's median over its runs, and its ratio to the first root's;
+    the fastest step beside the median (one slow step, a garbage collection or a clock
+    change, moves a median of two)."""
+    table = {}
+    for name, *_ in sets:
+        for mode in modes:
+            medians, fastest = [], []
+            for root in roots:
+                runs = [r for r in result["runs"] if r["set"] == name and r["root"] == str(root)
+                        and mode in r.get("modes", {})]
+                vals = [r["modes"][mode]["seconds"] for r in runs]
+                steps = [x for r in runs for x in r["modes"][mode]["all_seconds"]]
+                medians.append(statistics.median(vals) if vals else None)
+                fastest.append(min(steps) if steps else None)
+            if all(m is not None for m in medians):
+                table[f"{name} {mode}"] = {"roots": [str(r) for r in roots], "seconds": medians,
+                                           "ratios": [m / medians[0] for m in medians],
+                                           "fastest_seconds": fastest,
+                                           "fastest_ratios": [m / fastest[0] for m in fastest]}
+    return table
 
 
 def main(argv: list[str]) -> int:
@@ -109,6 +160,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--both-orders", action="store_true", help="also run each root with expanded first")
     ap.add_argument("--out", default=".")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--input", help=argparse.SUPPRESS)
     ap.add_argument("--modes", default="tree,expanded,windows")
     args = ap.parse_args(argv)
@@ -136,52 +188,53 @@ def main(argv: list[str]) -> int:
               "trajectories": {name: len(t) for name, t, _, _ in sets}, "runs": []}
     modes = args.modes.split(",")
     orders = [",".join(modes)] + ([",".join(reversed(modes))] if args.both_orders else [])
-    for (name, trajs, window_budget, exp_at_window), order, root in (
-            (s_, o, r) for s_ in sets for o in orders for r in args.roots):
-        rollouts = out_dir / "rollouts.jsonl"
-        save_jsonl(trajs, rollouts)
+    # one serving worker per root for the whole run, asked for each set in turn, the roots
+    # alternating set by set
+    workers = []
+    for i, root in enumerate(args.roots):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(root).resolve()),
                                                              *filter(None, [os.environ.get("PYTHONPATH")])])}
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--input", str(rollouts),
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--serve",
                "--model", args.model, "--budget", str(args.budget), "--steps", str(args.steps),
-               "--warmup", str(args.warmup), "--modes", order, "--device", args.device,
-               "--window-budget", str(window_budget)] + (["--no-autotune"] if args.no_autotune else []) + (
-               ["--expanded-at-window-budget"] if exp_at_window else [])
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(Path(root).resolve()))
-        run = {"set": name, "root": str(root), "order": order, "rc": proc.returncode,
-               "wall_s": time.perf_counter() - t0}
-        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-        if line is None:
-            run["error"] = (proc.stderr or proc.stdout)[-3000:]
-            print(f"[{root} {order}] ERROR\n{run['error']}", flush=True)
-        else:
-            run.update(json.loads(line[len("RESULT "):]))
-            m = run["modes"]
-            times = " ".join(f"{k} {v['seconds']:.3f}s" for k, v in m.items())
-            print(f"[{name} {root} {order}] {times} ({run['harts_file']})", flush=True)
-        result["runs"].append(run)
-        (out_dir / "revisions.json").write_text(json.dumps(result, indent=1, default=str))
-        rollouts.unlink()
-    # per set and mode: each root's median over its runs, and its ratio to the first root's
-    table = {}
-    for name, *_ in sets:
-        for mode in modes:
-            medians, fastest = [], []
-            for root in args.roots:
-                vals = [r["modes"][mode]["seconds"] for r in result["runs"]
-                        if r["set"] == name and r["root"] == str(root) and mode in r.get("modes", {})]
-                steps = [x for r in result["runs"] if r["set"] == name and r["root"] == str(root)
-                         and mode in r.get("modes", {}) for x in r["modes"][mode]["all_seconds"]]
-                medians.append(statistics.median(vals) if vals else None)
-                fastest.append(min(steps) if steps else None)
-            if all(m is not None for m in medians):
-                # the fastest step beside the median: one slow step (a garbage collection, a
-                # clock change) moves a median of two
-                table[f"{name} {mode}"] = {"roots": [str(r) for r in args.roots], "seconds": medians,
-                                           "ratios": [m / medians[0] for m in medians],
-                                           "fastest_seconds": fastest,
-                                           "fastest_ratios": [m / fastest[0] for m in fastest]}
+               "--warmup", str(args.warmup), "--device", args.device] + (["--no-autotune"] if args.no_autotune else [])
+        log = open(out_dir / f"worker-{i}.log", "w")  # noqa: SIM115 - closed after the run
+        workers.append((subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                         text=True, bufsize=1, env=env, cwd=str(Path(root).resolve())), log))
+    try:
+        for k, (name, trajs, window_budget, exp_at_window) in enumerate(sets):
+            rollouts = out_dir / f"rollouts-{k}.jsonl"
+            save_jsonl(trajs, rollouts)
+            for order in orders:
+                for root, (proc, _) in zip(args.roots, workers, strict=True):
+                    t0 = time.perf_counter()
+                    proc.stdin.write(json.dumps({"input": str(rollouts.resolve()), "window_budget": window_budget,
+                                                 "exp_at_window": exp_at_window, "modes": order}) + "\n")
+                    proc.stdin.flush()
+                    reply = next((ln for ln in proc.stdout if ln.startswith(("RESULT ", "ERROR "))), None)
+                    run = {"set": name, "root": str(root), "order": order, "rc": proc.poll(),
+                           "wall_s": time.perf_counter() - t0}
+                    if reply is None or reply.startswith("ERROR "):
+                        run["error"] = json.loads(reply[len("ERROR "):]) if reply else "the worker exited"
+                        print(f"[{name} {root} {order}] ERROR\n{run['error']}", flush=True)
+                    else:
+                        run.update(json.loads(reply[len("RESULT "):]))
+                        times = " ".join(f"{m} {v['seconds']:.3f}s" for m, v in run["modes"].items())
+                        print(f"[{name} {root} {order}] {times} ({run['harts_file']})", flush=True)
+                    result["runs"].append(run)
+                    # written after every run, with the table so far: a run cut short keeps it
+                    result["table"] = _table(result, sets, modes, args.roots)
+                    (out_dir / "revisions.json").write_text(json.dumps(result, indent=1, default=str))
+            rollouts.unlink()
+    finally:
+        for proc, log in workers:
+            if proc.stdin:
+                proc.stdin.close()
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            log.close()
+    table = _table(result, sets, modes, args.roots)
     result["table"] = table
     (out_dir / "revisions.json").write_text(json.dumps(result, indent=1, default=str))
     for key, row in table.items():

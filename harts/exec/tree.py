@@ -26,8 +26,9 @@ A microbatch's rows form a `LocalLayout`: its computed rows plus the *context* r
 reads from a producer microbatch (sharing windows, harts.exec.window). Context rows are
 never recomputed: their mixing inputs (attention keys/values, conv inputs, KDA inputs of
 replayed rows) and the KDA states at the consumer's chunk-aligned starts come from a
-`Stash` the producer recorded (`harts.exec.stash`). With no context rows (`TreeContext(forest)`) this is the
-single-microbatch tree path.
+`Stash` the producer recorded (`harts.exec.stash`; in a chain of windows, the stashes of
+every producer up the chain, each holding the rows it computed, `ChainStash`). With no
+context rows (`TreeContext(forest)`) this is the single-microbatch tree path.
 
 Two KDA schedules: `replay` (the minimum-call plan of harts.plan.kda_calls: sequences
 start at chunk-aligned positions, so each trajectory's chunk grid is reproduced and

@@ -159,7 +159,7 @@ class ExecutorCostModel(CostModel):
     def bind(self, step: StepWork) -> ExecutorCostModel:
         """Tell the model which microbatches are producers and their sizes (window terms)."""
         # the rows a consumer reads from its producer's stash: in a chain of windows the
-        # consumer reads the stash of every producer up the chain, so each of them counts
+        # producer hands on its own producer's rows too, so every producer up the chain counts
         rows = {}
         for w in step.microbatches:
             n, p = w.tokens, w.producer

@@ -86,7 +86,7 @@ from torch.distributed.pipelining.schedules import (
 from harts.config.models import ModelConfig
 from harts.exec.model.model import HybridModel, run_blocks
 from harts.exec.model.moe import MoEGlobalStats, set_moe_global
-from harts.exec.tree import Stash
+from harts.exec.stash import Stash, chain_view
 from harts.plan.schedule import PassOp, Schedule
 from harts.plan.stages import stage_layers
 
@@ -330,7 +330,10 @@ class StageStep:
             if stash is None:
                 raise ValueError(f"consumer {mb.mb} runs before its producer {mb.producer} on stage "
                                  f"{self.module.spec.stage}")
-            mb.ctx.bind(stash.leaves())
+            chain = [mb.producer]  # every producer up the chain, nearest first (harts.exec.stash.ChainStash)
+            while self.by_id[chain[-1]].producer is not None:
+                chain.append(self.by_id[chain[-1]].producer)
+            mb.ctx.bind(chain_view([self.stash[p].leaves() for p in chain]))
             self.readers.setdefault(mb.producer, []).append(mb.ctx)
         if mb.is_producer:
             mb.ctx.start_recording()

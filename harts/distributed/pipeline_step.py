@@ -225,7 +225,7 @@ class PipelineTrainer(PlanTrainer):
         microbatch's no-grad forward in forward order, the residual stream passed stage to
         stage, each stage's expert loads summed into its layers' rows of [L, E], then summed
         over the pipeline group. Producers record their stash here too (their consumers read
-        it in this pass), and drop it after their last consumer's forward."""
+        it in this pass), and drop it after the forward of the last microbatch reading it."""
         module = step.module
         spec = module.spec
         config = module.config
@@ -238,9 +238,11 @@ class PipelineTrainer(PlanTrainer):
         buf = torch.zeros(step.padded_rows, config.d_model, dtype=dtype, device=device)
         aux = torch.zeros(1, dtype=dtype, device=device)
         last_reader: dict[int, int] = {}
-        for m in step.mbs:
-            if m.producer is not None:
-                last_reader[m.producer] = m.index
+        for m in step.mbs:  # a chain's pieces read every producer up the chain
+            p = m.producer
+            while p is not None:
+                last_reader[p] = m.index
+                p = step.by_id[p].producer
         module._step = step
         try:
             for m in step.mbs:

@@ -3,10 +3,17 @@ tree context records (every mixing input over its computed rows, the KDA states 
 hand on), cut to the `StashNeeds` of its consumers, and the detached leaves they read it
 through (`harts.exec.tree.TreeContext` records and reads it; `harts.exec.window` runs the
 windows).
+
+In a chain of windows every piece's stash holds only rows it computed, and a piece reads
+the rows above it from each producer up its chain by reference (`ChainStash`: its
+producers' leaves, nearest first), so what a chain keeps is linear in its length; each
+row's gradient lands on the leaves of the piece that computed it, whose backward runs
+after every reader's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,14 +48,49 @@ class StashNeeds:
         states = sorted({s for n in needs for s in n.states})
         return cls(cat("attention"), cat("conv"), cat("kda"), cat("hidden"), states)
 
-    def without(self, rows: np.ndarray) -> StashNeeds:
-        """These needs less the given rows (global ids): what a chained producer's own
-        producer must keep for it to hand on."""
-        def keep(x: np.ndarray) -> np.ndarray:
-            return x[~np.isin(x, rows)]
+    def split(self, rows: np.ndarray) -> tuple[StashNeeds, StashNeeds]:
+        """(these needs on the given rows, the rest): in a chain of windows, what the
+        producer computing `rows` keeps for a reader, and what producers further up keep.
+        A state belongs to the producer computing its row (the row at depth a-1)."""
+        def part(x: np.ndarray, inside: bool) -> np.ndarray:
+            return x[np.isin(x, rows) == inside]
 
-        states = [(r, a) for r, a in self.states if not np.isin(r, rows)]
-        return StashNeeds(keep(self.attention), keep(self.conv), keep(self.kda), keep(self.hidden), states)
+        def states(inside: bool) -> list[tuple[int, int]]:
+            return [(r, a) for r, a in self.states if bool(np.isin(r, rows)) == inside]
+
+        return tuple(StashNeeds(part(self.attention, inside), part(self.conv, inside), part(self.kda, inside),
+                                part(self.hidden, inside), states(inside)) for inside in (True, False))
+
+    @property
+    def empty(self) -> bool:
+        return not (self.attention.size or self.conv.size or self.kda.size or self.hidden.size or self.states)
+
+    @classmethod
+    def chain(cls, needs: Sequence[StashNeeds]) -> StashNeeds:
+        """The rows a reader of a chain of stashes (nearest producer first, `ChainStash`)
+        finds, in the order it finds them: each stash's kept rows after the previous
+        one's (ascending within a stash, not across)."""
+        if len(needs) == 1:
+            return needs[0]
+
+        def cat(name: str) -> np.ndarray:
+            return np.concatenate([getattr(n, name) for n in needs])
+
+        return cls(cat("attention"), cat("conv"), cat("kda"), cat("hidden"), [s for n in needs for s in n.states])
+
+
+def locate(kept: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(found, at): which of `rows` are among the distinct `kept` rows, and where (`at` is
+    valid where found). `kept` need not be ascending (a `ChainStash`'s rows)."""
+    kept, rows = np.asarray(kept, np.int64), np.asarray(rows, np.int64)
+    if not kept.size:
+        return np.zeros(rows.size, bool), np.zeros(rows.size, np.int64)
+    ascending = bool((kept[1:] > kept[:-1]).all())
+    order = None if ascending else np.argsort(kept, kind="stable")
+    srt = kept if order is None else kept[order]
+    at = np.minimum(np.searchsorted(srt, rows), srt.size - 1)
+    found = srt[at] == rows
+    return found, (at if order is None else order[at])
 
 
 def _own_storage(grad: Tensor) -> Tensor:
@@ -114,17 +156,11 @@ class Stash:
         self.hidden_rows = computed_rows
         self._handed: dict[int, list[Tensor]] = {}
         self._leaves: dict = {}
-        # a stash recorded over every local row of a context that reads a stash itself (a
-        # window inside a chain): which of `rows` it computes, and the stash (leaves) it
-        # reads, whose states and hidden rows it hands on for the rows it does not compute
-        self.computed_mask: np.ndarray | None = None
-        self.upstream: Stash | None = None
 
     def fresh(self) -> Stash:
         """An empty stash over the same rows, sharing this one's gathers (built once)."""
         new = Stash(self.rows, self.local_rows)
         new.needs, new._cuts = self.needs, self._cuts
-        new.computed_mask = self.computed_mask
         if self.needs is not None:
             new._device = self._device
         return new
@@ -193,22 +229,7 @@ class Stash:
             states = [self._state_at(layer, row, a) for row, a in self.state_keys]
             self.kda_states[layer] = torch.stack(states) if states else None  # type: ignore[assignment]
         self._handed = {}
-        if self.computed_mask is None:
-            (self.hidden,) = self._cut("hidden", needs.hidden, hidden.device)(hidden)
-        else:
-            # computed rows' hidden states, then the upstream stash's kept ones
-            src_rows = self.rows[self.computed_mask]
-            src = hidden
-            up = self.upstream
-            if up is not None and up.hidden is not None and up.hidden_rows.size:
-                src_rows = np.concatenate([src_rows, up.hidden_rows])
-                src = torch.cat([hidden, up.hidden])
-            order = np.argsort(src_rows, kind="stable")
-            at = np.searchsorted(src_rows[order], needs.hidden)
-            if needs.hidden.size and (at.max() >= src_rows.size
-                                      or not np.array_equal(src_rows[order][at], needs.hidden)):
-                raise ValueError("a chained producer neither computes nor reads a hidden row its consumers read")
-            (self.hidden,) = RowGather(order[at], src_rows.size, hidden.device)(src)
+        (self.hidden,) = self._cut("hidden", needs.hidden, hidden.device)(hidden)
         self.hidden_rows = needs.hidden
 
     def _state_at(self, layer: int, global_row: int, position: int) -> Tensor:
@@ -216,10 +237,6 @@ class Stash:
         sch = self.schedule
         if i >= self.rows.size or self.rows[i] != global_row or sch is None:
             raise ValueError(f"the producer did not compute row {global_row}")
-        if self.computed_mask is not None and not self.computed_mask[i]:
-            if self.upstream is None:
-                raise ValueError(f"S({position}) at row {global_row}: a context row, and no upstream stash")
-            return self.upstream.state_at(layer, global_row, position)
         r, index = chunk_state_of(sch, int(self.local_rows[i]), position)
         requested = self.chunk_state_index[r] if r < len(self.chunk_state_index) else None
         if requested is not None:
@@ -280,3 +297,58 @@ class Stash:
         if self.hidden is not None:
             tensors.append(self.hidden)
         return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class _ChainInputs:
+    """A `ChainStash`'s inputs: per key, its stashes' tensors one after another, joined
+    when read (a reader's transient; nothing joined is kept)."""
+
+    def __init__(self, parts: Sequence[Stash]):
+        self._parts = parts
+
+    def __getitem__(self, key: tuple[int, str]) -> tuple[Tensor, ...]:
+        groups = [p.inputs[key] for p in self._parts]
+        return tuple(torch.cat(ts) for ts in zip(*groups, strict=True))
+
+    def __contains__(self, key: object) -> bool:
+        return all(key in p.inputs for p in self._parts)
+
+
+class ChainStash:
+    """What a piece of a chain of windows reads: the leaf views (`Stash.leaves`) of every
+    producer up its chain, nearest first, each holding only the rows its own producer
+    computed. Its rows are theirs one after another (`StashNeeds.chain` gives the same
+    order ahead of the run); inputs and hidden rows are joined when read, a state comes
+    from the stash that keeps it. No row is copied into another piece's stash: the reader's
+    gradients accumulate on the leaves of the piece that computed each row."""
+
+    def __init__(self, parts: Sequence[Stash]):
+        if not parts:
+            raise ValueError("a chain of stashes needs at least one")
+        self.parts = list(parts)
+        cats = set().union(*(p.input_rows for p in self.parts))
+        self.input_rows = {cat: np.concatenate([p.input_rows.get(cat, np.zeros(0, np.int64)) for p in self.parts])
+                           for cat in cats}
+        self.inputs = _ChainInputs(self.parts)
+        self.hidden_rows = np.concatenate([p.hidden_rows for p in self.parts])
+        self._state_of: dict[tuple[int, int], Stash] = {}
+        for p in self.parts:
+            for key in p.state_keys:
+                self._state_of.setdefault(key, p)
+
+    @property
+    def hidden(self) -> Tensor | None:
+        hs = [p.hidden for p in self.parts if p.hidden is not None]
+        return torch.cat(hs) if len(hs) > 1 else (hs[0] if hs else None)
+
+    def state_at(self, layer: int, global_row: int, position: int) -> Tensor:
+        stash = self._state_of.get((global_row, position))
+        if stash is None:
+            raise ValueError(f"S({position}) at row {global_row}: no producer up the chain keeps it")
+        return stash.state_at(layer, global_row, position)
+
+
+def chain_view(parts: Sequence[Stash]) -> Stash | ChainStash:
+    """What a consumer reads from its producers' leaf views (nearest first): the one
+    producer's view as it is, or a `ChainStash` over a chain's."""
+    return parts[0] if len(parts) == 1 else ChainStash(parts)

@@ -26,8 +26,9 @@ A microbatch's rows form a `LocalLayout`: its computed rows plus the *context* r
 reads from a producer microbatch (sharing windows, harts.exec.window). Context rows are
 never recomputed: their mixing inputs (attention keys/values, conv inputs, KDA inputs of
 replayed rows) and the KDA states at the consumer's chunk-aligned starts come from a
-`Stash` the producer recorded (`harts.exec.stash`). With no context rows (`TreeContext(forest)`) this is the
-single-microbatch tree path.
+`Stash` the producer recorded (`harts.exec.stash`; in a chain of windows, the stashes of
+every producer up the chain, each holding the rows it computed, `ChainStash`). With no
+context rows (`TreeContext(forest)`) this is the single-microbatch tree path.
 
 Two KDA schedules: `replay` (the minimum-call plan of harts.plan.kda_calls: sequences
 start at chunk-aligned positions, so each trajectory's chunk grid is reproduced and
@@ -47,7 +48,7 @@ from harts.config.kernels import Impl, KernelConfig
 from harts.exec.ops.attention import naive as naive_attention
 from harts.exec.ops.gather import RowGather, RowPlace
 from harts.exec.ops.record import KernelRecord, report, report_fallback
-from harts.exec.stash import Stash, StashNeeds, stash_category
+from harts.exec.stash import ChainStash, Stash, StashNeeds, locate, stash_category
 from harts.exec.transfer import to_device
 from harts.exec.tree_layout import (
     EXTERNAL_STATE,
@@ -149,32 +150,25 @@ class TreeContext:
         # [C, L]: key k is an ancestor-or-self of computed query q
         self.attn_mask = None if self._fast_attention is not None else naive_attention.ancestor_mask(q_idx, end)
         self.stash = None
-        # a context that reads a stash and records one (a window inside a chain) records
-        # its inputs over every local row: it hands on the rows it reads as well as the
-        # rows it computes (`Stash.upstream` for the states and hidden rows it reads)
-        self._chained = record and (stash is not None or stash_needs is not None)
-        self._record_args = ((layout.rows, np.arange(layout.num_rows), record_needs, dev) if self._chained
-                             else (layout.rows[comp], comp, record_needs, dev)) if record else None
-        # an empty stash whose gathers every recording shares (`start_recording`)
-        self._record_template = Stash(*self._record_args) if record else None
-        if self._chained:
-            self._record_template.computed_mask = layout.computed
+        # an empty stash whose gathers every recording shares (`start_recording`); it
+        # records the computed rows only, also in a piece of a chain of windows (its
+        # readers find the rows above it in its producers' stashes, `ChainStash`)
+        self._record_template = Stash(layout.rows[comp], comp, record_needs, dev) if record else None
         self.record = self._record_template
         self._places: dict[str, RowPlace] | None = None
         self._kept_rows: dict[str, np.ndarray] = {}
         self._take_computed: RowGather | None = None
         if stash is not None or stash_needs is not None:
             # per kind of input: the local rows over [stashed rows | computed rows], context
-            # rows the stash does not keep zero (never read by a computed row)
+            # rows the stash does not keep zero (never read by a computed row); the stashed
+            # rows of a chain's producers are theirs one after another (`StashNeeds.chain`)
             ctx_idx = layout.context_index
             kept_rows = stash.input_rows if stash is not None else {
                 cat: getattr(stash_needs, cat) for cat in ("attention", "conv", "kda")}
             self._kept_rows = kept_rows
             self._places = {}
             for cat, kept in kept_rows.items():
-                at = np.searchsorted(kept, layout.rows[ctx_idx])
-                ok = (at < kept.size) & (kept[np.minimum(at, max(kept.size - 1, 0))] == layout.rows[ctx_idx]) \
-                    if kept.size else np.zeros(ctx_idx.size, bool)
+                ok, at = locate(kept, layout.rows[ctx_idx])
                 self._places[cat] = RowPlace(layout.num_rows, comp, ctx_idx[ok], at[ok], kept.size, dev)
             # the conv runs over every local row; the computed rows' outputs read back
             self._take_computed = RowGather(comp, layout.num_rows, dev)
@@ -239,15 +233,13 @@ class TreeContext:
             rows = self.layout.rows
             for row, a in record_states or ():
                 local = int(np.searchsorted(rows, row))
-                if self._chained and local < rows.size and rows[local] == row and not self.layout.computed[local]:
-                    continue  # a context row's state is handed on from this context's stash
                 if local >= rows.size or rows[local] != row or not self.layout.computed[local]:
                     raise ValueError(f"record_states: row {row} is not computed here")
                 r, i = chunk_state_of(self.schedule, local, a)
                 read[r].add(i)
         return [np.asarray(sorted(s), np.int64) for s in read]
 
-    def bind(self, stash: Stash) -> None:
+    def bind(self, stash: Stash | ChainStash) -> None:
         """The producer's stash (its leaves) this consumer reads; its kept rows must be the
         ones the context was built for."""
         if self._places is None:
@@ -264,7 +256,6 @@ class TreeContext:
         if self._record_template is None:
             raise ValueError("this context does not record")
         self.record = self._record_template.fresh()
-        self.record.upstream = self.stash
         self.record.schedule = self.schedule
         self.record.chunk_state_index = self.chunk_state_index
         return self.record
@@ -285,16 +276,13 @@ class TreeContext:
 
     def _local(self, key: tuple[int, str], *own: Tensor) -> tuple[Tensor, ...]:
         """Mixing inputs over all local rows: the producer's for context rows, ours after."""
-        if self.record is not None and not self._chained:
+        if self.record is not None:
             self.record.record_input(key, own)
         if self._places is None:
             return own
         if self.stash is None:
             raise ValueError("a consumer's context runs with its producer's stash bound (TreeContext.bind)")
-        local = self._places[stash_category(key[1])](self.stash.inputs[key], own)
-        if self.record is not None:
-            self.record.record_input(key, local)
-        return local
+        return self._places[stash_category(key[1])](self.stash.inputs[key], own)
 
     def attention(self, layer: int, q_THD: Tensor, k_THD: Tensor, v_THE: Tensor, scale: float) -> Tensor:
         k_LHD, v_LHE = self._local((layer, "attention"), k_THD, v_THE)
@@ -398,8 +386,8 @@ class TreeContext:
         own_in = RowGather(pos_in_computed[rows_in[at_own]], comp.size, dev)
         kept_kda = self._kept_rows["kda"]
         ctx_rows = layout.rows[rows_in[at_ctx]]
-        at_kept = np.searchsorted(kept_kda, ctx_rows)
-        if ctx_rows.size and (at_kept.max() >= kept_kda.size or not np.array_equal(kept_kda[at_kept], ctx_rows)):
+        found, at_kept = locate(kept_kda, ctx_rows)
+        if not found.all():
             raise ValueError("the stash does not keep the KDA inputs of every context row the rounds replay")
         # a context row replayed by several sequences occurs more than once: its stashed
         # inputs are gathered per occurrence first (few rows), then placed
@@ -409,9 +397,7 @@ class TreeContext:
         kept_conv = self._kept_rows["conv"]
         src_of_local = np.full(layout.num_rows, -1, dtype=np.int64)
         ctx_idx = layout.context_index
-        at = np.searchsorted(kept_conv, layout.rows[ctx_idx])
-        ok = (at < kept_conv.size) & (kept_conv[np.minimum(at, max(kept_conv.size - 1, 0))] == layout.rows[ctx_idx]) \
-            if kept_conv.size else np.zeros(ctx_idx.size, bool)
+        ok, at = locate(kept_conv, layout.rows[ctx_idx])
         src_of_local[ctx_idx[ok]] = at[ok]
         src_of_local[comp] = kept_conv.size + np.arange(comp.size)
         from harts.exec.ops.conv import window_from_parents

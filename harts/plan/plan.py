@@ -32,9 +32,10 @@ each consumer runs forward and backward (accumulating gradients into the produce
 outputs), and the producer's backward runs right after its last consumer's backward. The
 window lasts from the producer to its last consumer; windows on a replica do not cross.
 A consumer may be a producer itself (a *chain of windows*: a trajectory longer than the
-budget cut into pieces, `harts.plan.planners.chains`): it hands its consumers the rows it
-computes and those it reads, its window nests inside its producer's, and its backward
-runs after its own window, before its producer's (`window_last`). A producer runs
+budget cut into pieces, `harts.plan.planners.chains`): its consumers read the rows it
+computes and those it reads (the executor takes each from the producer up the chain that
+computed it, `harts.exec.stash.ChainStash`), its window nests inside its producer's, and
+its backward runs after its own window, before its producer's (`window_last`). A producer runs
 before its consumers, so there are no dependency cycles. Other microbatches may run
 inside a window; they pay its retained memory too.
 
@@ -48,8 +49,8 @@ the rest in its last consumer's slot (see `harts.plan.metrics`).
 
 Budget. `microbatch_tokens` bounds activation memory in token units:
 `executed_tokens + producer_retention * (executed rows of the innermost open window's
-producer)` for every microbatch (0 outside windows; in a chain the outer producers' state
-is counted off the device, `memory_tokens`).
+producer)` for every microbatch (0 outside windows; in a chain the outer producers'
+stashes are not charged, `memory_tokens`).
 `producer_retention` (default 0.35, see `DEFAULT_PRODUCER_RETENTION`) is the memory a
 retained producer row costs relative to a row being computed.
 
@@ -245,9 +246,11 @@ class Plan:
 
         A microbatch inside windows pays `producer_retention` x the executed rows of the
         innermost open window's producer. With one-level windows (windows disjoint) that is
-        the only open window. Inside a chain of windows the outer producers' retained state
-        is not read by the running microbatch (its producer re-exports the rows it reads,
-        `harts.exec.stash`) and is counted as held off the device (host memory)."""
+        the only open window. Inside a chain of windows the outer producers' saved tensors
+        wait in host memory (on CUDA, `harts.exec.offload`), and their stashes, which the
+        running microbatch reads (`harts.exec.stash.ChainStash`), are not charged: each
+        holds about its own rows' attention keys/values, linear in the chain's depth, not a
+        bound this rule gives (docs/ARCHITECTURE.md, "Chains of windows")."""
         mem = [float(mb.executed_tokens) for mb in self.microbatches]
         last = self.window_last()
         inner: dict[int, tuple[int, int]] = {}  # mb -> (producer order, producer id)
@@ -553,7 +556,7 @@ def _validate_rows(plan: Plan, forest: RolloutForest, consumers: dict[int, list[
             bad(f"microbatch {mb.id} reads context but names no producer")
         if mb.producer is not None and not mb.context:
             bad(f"microbatch {mb.id} names producer {mb.producer} but reads no context from it")
-        # a producer hands on the rows it computes and, in a chain, those it reads itself
+        # a consumer reads what its producer computes and, in a chain, what it reads itself
         prod_rows = own[mb.producer] if mb.producer is not None else {}
         prod_ctx = ctx_of[mb.producer] if mb.producer is not None else {}
         for v, iv in ctx.items():

@@ -22,12 +22,15 @@ data-parallel all-reduce of the step-global loss computes):
    accumulated leaf gradients through the producer graph.
 
 Chains of windows (trajectories longer than the budget, `harts.plan.planners.chains`): a
-consumer that is a producer itself records its stash over every local row, so it hands on
-the rows it reads (their inputs placed from its producer's leaves, the states and hidden
-rows it reads taken from them) as well as those it computes; what its producer keeps is
-its consumers' reads less its own rows (`StashNeeds.without`). Its backward runs when its
-own window closes, which may close its producer's window in turn. An expanded plan's
-chains run the same way, its other microbatches packed between them.
+consumer that is a producer itself records its stash over the rows it computes, as any
+producer. A microbatch reads each context row from the stash of the nearest producer up
+its chain that computed it (`ChainStash`: the leaves of every producer up the chain, by
+reference), so each producer keeps the rows it computed that any reader below it reads
+(`StashNeeds.split`), and what a chain keeps is linear in its length. Its backward runs
+when its own window closes, which may close its producer's window in turn; the rows a
+reader took from producers further up have their gradients on those producers' leaves,
+whose backward runs later still. An expanded plan's chains run the same way, its other
+microbatches packed between them.
 
 The windows are this layout's business: the step runner iterates its microbatches as any
 layout's, and the iteration (`_WindowRun`) binds consumers to stashes, hands producers a
@@ -62,7 +65,7 @@ from harts.exec.layouts.tree import target_table
 from harts.exec.offload import HostOffload
 from harts.exec.ops.gather import RowGather
 from harts.exec.ops.record import KernelRecord
-from harts.exec.stash import Stash, StashNeeds
+from harts.exec.stash import Stash, StashNeeds, chain_view, locate
 from harts.exec.step import Microbatch
 from harts.exec.transfer import to_device
 from harts.exec.tree import TreeContext, consumer_needs
@@ -173,7 +176,7 @@ class _WindowRun:
                 window = self.open.get(producer)
                 if window is None or window.stash is None:
                     raise ValueError(f"consumer {mb_id} runs before its producer {producer}")
-                ctx.bind(window.stash.leaves())
+                ctx.bind(chain_view([self.open[p].stash.leaves() for p in self.chain(producer)]))
                 window.consumer_ctxs.append(ctx)
             if mb_id in self.consumers:
                 ctx.start_recording()
@@ -188,6 +191,14 @@ class _WindowRun:
             if mb_id not in self.consumers:  # its backward ran: it is done
                 self._done(producer)
         self.open = {}
+
+    def chain(self, producer: int) -> list[int]:
+        """`producer` and every producer up its chain, nearest first: the stashes a
+        consumer of `producer` reads."""
+        out = [producer]
+        while self.producer_of.get(out[-1]) is not None:
+            out.append(self.producer_of[out[-1]])
+        return out
 
     def _done(self, producer: int | None) -> None:
         """One consumer of `producer` is done (its backward ran). After the last one, the
@@ -317,17 +328,30 @@ class PlanLayout(LayoutBase):
         kda = plan_kda_calls_of(plan, forest, B)
         schedules = {i: plan_replay_schedule(lay, forest, kda[i]) for i, lay in layouts.items()}
         owned = {m.id: np.isin(targets.traj, np.asarray(m.trajectories, np.int64)) for m in tree_mbs}
-        # what each producer's stash keeps: its consumers' reads and, for a consumer that is
-        # a producer itself (a chain), what that one's stash hands on from the rows it reads
-        needs: dict[int, StashNeeds] = {}
-        # consumers before producers (a producer runs before its consumers on their replica)
-        for p in sorted(consumers, key=lambda i: (mbs[i].replica, -mbs[i].order)):
-            parts = []
-            for c in consumers[p]:
-                parts.append(consumer_needs(layouts[c], schedules[c], targets.row[owned[c]], model.config.conv_window))
-                if c in needs:
-                    parts.append(needs[c].without(computed[c]))
-            needs[p] = StashNeeds.union(parts)
+        # what each producer's stash keeps: the rows it computed that a microbatch below it
+        # reads (in a chain of windows each row is read from the nearest producer up the
+        # reader's chain that computed it, as the row weights above count it)
+        def chain_of(i: int) -> list[int]:
+            out = []
+            p = mbs[i].producer
+            while p is not None:
+                out.append(p)
+                p = mbs[p].producer
+            return out
+
+        parts: dict[int, list[StashNeeds]] = {p: [] for p in consumers}
+        for m in tree_mbs:
+            if m.producer is None:
+                continue
+            rest = consumer_needs(layouts[m.id], schedules[m.id], targets.row[owned[m.id]], model.config.conv_window)
+            for p in chain_of(m.id):
+                if p not in parts:
+                    raise ValueError(f"microbatch {m.id} names producer {p}, which has no consumers")
+                here, rest = rest.split(computed[p])
+                parts[p].append(here)
+            if not rest.empty:
+                raise ValueError(f"microbatch {m.id} reads rows no producer up its chain computes")
+        needs = {p: StashNeeds.union(ps) for p, ps in parts.items()}
         run = _WindowRun(self, {p: sorted(cs, key=lambda c: (mbs[c].replica, mbs[c].order))
                                 for p, cs in consumers.items()})
         for m in (mbs[i] for i in self.execution_order):
@@ -344,7 +368,8 @@ class PlanLayout(LayoutBase):
             # a producer's KDA rounds return only the states its consumers start from, and
             # its stash keeps only the rows they read, cut as they are recorded
             ctx = TreeContext(forest, chunk_size=B, device=device, layout=layout, row_weight=weights[m.id],
-                              stash_needs=needs[m.producer] if m.producer is not None else None,
+                              stash_needs=StashNeeds.chain([needs[p] for p in chain_of(m.id)])
+                              if m.producer is not None else None,
                               record=is_producer, schedule=schedules[m.id],
                               record_needs=needs[m.id] if is_producer else None,
                               kernels=self.kernels, kernel_record=self.kernel_record)
@@ -363,8 +388,11 @@ class PlanLayout(LayoutBase):
             if extra_rows.size:
                 if m.producer is None:
                     raise ValueError(f"microbatch {m.id} has targets on rows it neither computes nor reads")
-                kept = needs[m.producer].hidden
-                pick = RowGather(np.searchsorted(kept, extra_rows), kept.size, device)
+                kept = StashNeeds.chain([needs[p] for p in chain_of(m.id)]).hidden
+                found, at = locate(kept, extra_rows)
+                if not found.all():
+                    raise ValueError(f"microbatch {m.id} has targets on rows no producer up its chain keeps")
+                pick = RowGather(at, kept.size, device)
 
                 def loss_hidden(h, ctx=ctx, pick=pick):
                     return torch.cat([h, *pick(ctx.stash.hidden)])

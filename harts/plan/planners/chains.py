@@ -23,9 +23,10 @@ with its subtree) and the microbatch above it:
   stems of their own. A child starting mid-chunk replays from its aligned start (the
   producer hands the state there and the replayed rows' inputs, `harts.exec.stash`).
 
-Every microbatch reads its whole root path above its rows as context from its producer,
-which computed those rows or read them itself (a producer re-exports what its consumers
-read, so a consumer has exactly one producer). `piece_tokens` is the largest multiple of
+Every microbatch reads its whole root path above its rows as context through its
+producer, which computed those rows or read them itself (a consumer has exactly one
+producer; the executor reads each row from the stash of the producer up the chain that
+computed it, `harts.exec.stash.ChainStash`). `piece_tokens` is the largest multiple of
 the chunk size C with piece x (1 + producer_retention) <= budget, so a piece's consumer,
 itself a piece, fits beside it; a budget below two chunks is refused.
 

@@ -33,7 +33,7 @@ with FSDP2 (`harts.distributed.parallelize` at dp = world size: each block a uni
 last) and the engine reports that rank, size and group. As verl's FSDP engine does, each
 step all-reduces the loss-mask token count over the group into `batch_num_tokens` and sets
 `dp_size`, so `ppo_loss` gives each rank dp_size times its share of the global batch's loss,
-and FSDP averages the gradients (divide factor dp_size): the summed gradient of the global
+and FSDP averages the gradients (divide factor dp_size) into the gradient of the global
 batch's loss. The units are gathered once before the tree forward, keep their gradients
 unreduced through the backward, and reduce-scatter once after it, in one zero-row pass with
 FSDP's gradient sync on (`harts.distributed.runner`'s scheme; a parameter this rank's

@@ -26,8 +26,23 @@ Qwen3.5), its AdamW and a learning-rate schedule, and implements `BaseEngine`:
   (`harts_engine.pt`, read back with `weights_only=True`), bit for bit, plus the weights as a
   Hugging Face directory (`huggingface/`) for export.
 
-One process: data-parallel size 1, rank 0, group None. Multi-GPU HARTS training is
-`harts.distributed`; joining it to verl's worker groups is not done here.
+Data parallel, as verl runs engines: one engine per rank of an initialised default process
+group (verl's worker group; gloo on the CPU, NCCL on CUDA), each rank given its own share of
+the batch. With a world of more than one rank `initialize` shards the model over all ranks
+with FSDP2 (`harts.distributed.parallelize` at dp = world size: each block a unit, the root
+last) and the engine reports that rank, size and group. As verl's FSDP engine does, each
+step all-reduces the loss-mask token count over the group into `batch_num_tokens` and sets
+`dp_size`, so `ppo_loss` gives each rank dp_size times its share of the global batch's loss,
+and FSDP averages the gradients (divide factor dp_size) into the gradient of the global
+batch's loss. The units are gathered once before the tree forward, keep their gradients
+unreduced through the backward, and reduce-scatter once after it, in one zero-row pass with
+FSDP's gradient sync on (`harts.distributed.runner`'s scheme; a parameter this rank's
+sequences did not reach, such as an expert no token chose, gets a zero gradient first).
+Clipping uses the full gradient's norm. `get_per_tensor_param` and `save_checkpoint` gather
+the shards into the full checkpoint tensors (on every rank; rank 0 writes), so a checkpoint
+file is the same whatever the data-parallel size; `load_checkpoint` reads the whole file on
+every rank (a path every rank sees) and keeps each rank's shard of it. One process (no
+process group, or a world of one): size 1, rank 0, group None, no FSDP.
 """
 
 from __future__ import annotations
@@ -40,14 +55,17 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 from verl.utils.py_functional import append_to_dict
 from verl.workers.engine.base import BaseEngine, EngineRegistry
 
 from harts.config.kernels import KernelConfig
+from harts.config.parallel import ParallelConfig
 from harts.integrations.hf import TreeForward
-from harts.models import LoadedModel, load, save
+from harts.models import LoadedModel, load
+from harts.models.hf.io import write_checkpoint
 
 __all__ = ["HartsEngine"]
 
@@ -93,6 +111,18 @@ class HartsEngine(BaseEngine):
         if self.loaded.config.aux_loss_coef:
             raise NotImplementedError("HartsEngine: the MoE aux loss (output_router_logits) is not supported; "
                                       "verl's ppo_loss adds none")
+        self.parallel = None
+        self._dp_group = None
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            from harts.distributed.mesh import init_mesh
+            from harts.distributed.parallelize import parallelize
+
+            dp = dist.get_world_size()
+            self.parallel = parallelize(self.module, init_mesh(ParallelConfig(dp=dp), device))
+            self._dp_group = self.parallel.mesh.group("dp")
+            # verl's loss is dp_size times this rank's share: FSDP averages, as in verl's FSDP engine
+            for unit in self.parallel.fsdp_modules:
+                unit.set_gradient_divide_factor(float(dp))
         self.forward = TreeForward(self.module, kernels=self.kernels,
                                    microbatch_tokens=int(_get(self.engine_config, "harts_microbatch_tokens", 1 << 16)))
         opt = self.optimizer_config
@@ -133,13 +163,13 @@ class HartsEngine(BaseEngine):
         return self._in_mode("eval")
 
     def get_data_parallel_rank(self) -> int:
-        return 0
+        return 0 if self._dp_group is None else dist.get_rank(self._dp_group)
 
     def get_data_parallel_size(self) -> int:
-        return 1
+        return 1 if self._dp_group is None else dist.get_world_size(self._dp_group)
 
-    def get_data_parallel_group(self) -> None:
-        return None
+    def get_data_parallel_group(self) -> Any:
+        return self._dp_group
 
     def is_mp_src_rank_with_outputs(self) -> bool:
         return True
@@ -155,12 +185,17 @@ class HartsEngine(BaseEngine):
         flat = input_ids.values().cpu().numpy()
         sequences = [flat[int(a):int(b)] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
         groups = self._groups(data, sequences)
-        tu.assign_non_tensor(data, batch_num_tokens=int(data["loss_mask"].values().sum().item())
-                             if data["loss_mask"].is_nested else int(data["loss_mask"].sum().item()))
-        tu.assign_non_tensor(data, dp_size=1)
+        # the global batch's loss tokens, as verl's FSDP engine counts them: all-reduced over dp
+        loss_mask = data["loss_mask"]
+        num_tokens = (loss_mask.values() if loss_mask.is_nested else loss_mask).sum().to(torch.int64)
+        if self._dp_group is not None:
+            num_tokens = num_tokens.to(self.parallel.mesh.device)
+            dist.all_reduce(num_tokens, op=dist.ReduceOp.SUM, group=self._dp_group)
+        tu.assign_non_tensor(data, batch_num_tokens=int(num_tokens.item()))
+        tu.assign_non_tensor(data, dp_size=self.get_data_parallel_size())
         temperature = _temperature(data)
         entropy_wanted = bool(tu.get_non_tensor_data(data=data, key="calculate_entropy", default=False))
-        with torch.set_grad_enabled(not forward_only):
+        with self._gathered(backward=not forward_only), torch.set_grad_enabled(not forward_only):
             result = self.forward(sequences, groups, temperature=temperature, entropy_grad=entropy_wanted)
             device = result.logprob_N.device
             # verl's layout: entry p of a sequence is the log-prob of token p + 1
@@ -173,7 +208,7 @@ class HartsEngine(BaseEngine):
                 entropy = result.entropy_N.new_zeros(total).index_put((at,), result.entropy_N)
                 model_output["entropy"] = torch.nested.nested_tensor_from_jagged(entropy, cu)
             if loss_function is not None:
-                loss, metrics = loss_function(model_output=model_output, data=data, dp_group=None)
+                loss, metrics = loss_function(model_output=model_output, data=data, dp_group=self._dp_group)
             else:
                 if not forward_only:
                     raise ValueError("a training pass needs a loss_function")
@@ -186,6 +221,32 @@ class HartsEngine(BaseEngine):
         aggregated: dict[str, list] = {}
         append_to_dict(aggregated, metrics)
         return {"model_output": detached, "loss": [float(loss.detach())], "metrics": aggregated}
+
+    @contextmanager
+    def _gathered(self, backward: bool):
+        """Under data parallelism: every FSDP unit gathered for the step with its gradient
+        sync off, and after a backward every unit's one reduce-scatter (a zero-row pass with
+        the sync on, a parameter without a gradient given a zero one first), then the
+        shards released (module docstring). Nothing in one process."""
+        pm = self.parallel
+        if pm is None:
+            yield
+            return
+        from harts.distributed.runner import NullContext, zero_missing_grads
+
+        pm.unshard()
+        try:
+            yield
+            if backward:
+                pm.enable_gradient_sync()
+                zero_missing_grads(self.module)
+                cfg = self.module.config
+                device = pm.mesh.device
+                out = self.module(torch.zeros(0, dtype=torch.int64, device=device),
+                                  NullContext(device, cfg.num_moe_layers, cfg.num_experts))
+                (out.hidden_TD.sum() + out.aux_loss).backward()
+        finally:
+            pm.reshard()
 
     @staticmethod
     def _groups(data: TensorDict, sequences: list[np.ndarray]) -> list[str]:
@@ -208,10 +269,13 @@ class HartsEngine(BaseEngine):
         params = [p for p in self.module.parameters() if p.grad is not None]
         if not params:
             return 0.0
-        norm = torch.nn.utils.clip_grad_norm_(params, self.clip_grad if self.clip_grad else float("inf"))
+        # torch's clip_grad_norm_ in its two halves, the norm made whole between them (under
+        # FSDP the local shards' norms form a DTensor; verl's fsdp2_clip_grad_norm_ likewise)
+        norm = _full(torch.nn.utils.get_total_norm([p.grad for p in params]))
         if not torch.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
             return float(norm)
+        torch.nn.utils.clip_grads_with_norm_(params, self.clip_grad if self.clip_grad else float("inf"), norm)
         self.optimizer.step()
         return float(norm)
 
@@ -224,7 +288,7 @@ class HartsEngine(BaseEngine):
     def get_per_tensor_param(self, **kwargs: Any) -> tuple[Generator[tuple[str, torch.Tensor], None, None], None]:
         """(name, tensor) under the checkpoint's own names, layouts and dtypes, and no PEFT config."""
         loaded = self.loaded
-        state = {k: v.detach() for k, v in self.module.state_dict().items()}
+        state = self._full_state()
 
         def tensors():
             hf = loaded.adapter.to_hf(state, loaded.config, loaded.hf_config)
@@ -248,21 +312,58 @@ class HartsEngine(BaseEngine):
         if hdfs_path is not None:
             raise NotImplementedError("HartsEngine saves to a local path only")
         root = Path(local_path)
-        root.mkdir(parents=True, exist_ok=True)
-        state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "lr_scheduler": self.lr_scheduler.state_dict(), "global_step": int(global_step)}
-        tmp = root / (STATE_FILE + ".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, root / STATE_FILE)
-        save(self.loaded, root / "huggingface")
+        model = self._full_state()
+        optimizer = self.optimizer.state_dict()
+        optimizer["state"] = {i: {k: _full(v) for k, v in st.items()} for i, st in optimizer["state"].items()}
+        if self.get_data_parallel_rank() == 0:
+            root.mkdir(parents=True, exist_ok=True)
+            state = {"model": model, "optimizer": optimizer, "lr_scheduler": self.lr_scheduler.state_dict(),
+                     "global_step": int(global_step)}
+            tmp = root / (STATE_FILE + ".tmp")
+            torch.save(state, tmp)
+            os.replace(tmp, root / STATE_FILE)
+            loaded = self.loaded
+            tensors = loaded.adapter.to_hf(model, loaded.config, loaded.hf_config)
+            tensors = {k: v.to(device="cpu", dtype=loaded.source_dtypes.get(k, v.dtype)) for k, v in tensors.items()}
+            write_checkpoint(root / "huggingface", loaded.hf_config, tensors, copy_from=loaded.source_dir)
+        if self._dp_group is not None:
+            dist.barrier(group=self._dp_group)  # the files are whole before any rank goes on
 
     def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False,
                         **kwargs: Any) -> None:
         device = next(self.module.parameters()).device
         state = torch.load(Path(local_path) / STATE_FILE, map_location=device, weights_only=True)
-        self.module.load_state_dict(state["model"], strict=True)
-        self.optimizer.load_state_dict(state["optimizer"])
+        own = self.module.state_dict()
+        self.module.load_state_dict({k: _shard_like(v, own[k]) for k, v in state["model"].items()}, strict=True)
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        optimizer = state["optimizer"]
+        optimizer["state"] = {i: {k: _shard_like(v, params[int(i)]) for k, v in st.items()}
+                              for i, st in optimizer["state"].items()}
+        self.optimizer.load_state_dict(optimizer)
         self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+
+    def _full_state(self) -> dict[str, torch.Tensor]:
+        """The model's state dict with every FSDP shard gathered into its full tensor (a
+        collective: every rank calls it)."""
+        return {k: _full(v.detach()) for k, v in self.module.state_dict().items()}
+
+
+def _full(t: Any) -> Any:
+    """A DTensor's full tensor (gathered over its mesh); anything else as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _shard_like(full: Any, like: Any) -> Any:
+    """`full` cut as the DTensor `like` is (this rank's shard, no communication: every rank
+    holds the same full tensor); `full` itself where `like` is no DTensor or the shapes differ
+    (AdamW's scalar `step`)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(like, DTensor) or not torch.is_tensor(full) or full.shape != like.shape:
+        return full
+    return distribute_tensor(full.to(like.device), like.device_mesh, like.placements, src_data_rank=None)
 
 
 def _source_layout(tensors: dict[str, torch.Tensor], source: Any) -> Generator[tuple[str, torch.Tensor], None, None]:

@@ -15,6 +15,17 @@ float32), every parameter's gradient within 1e-10 of the largest (5e-5 in float3
 `save_checkpoint` / `load_checkpoint` must give back the model, optimizer and scheduler bit
 for bit, so that the next step is bit-identical too.
 
+Data parallel (`test_data_parallel_*`): two worker processes on gloo (the launcher of
+tests/distributed, `harts.distributed.runner.launch`), one engine each, every rank given its
+half of the same batch as verl's dispatch cuts it (`chunk_tensordict`). The ranks' losses
+(each dp_size times its share of the global batch's loss, verl's normalisation) summed and
+divided by dp_size, and every gradient after the engine's FSDP reduction, must equal the
+one-process per-sequence reference over the whole batch with the same tolerances;
+`infer_batch` gives the training pass's log-probs; the weights sent for sync are the
+checkpoint's; a dp=2 optimizer step (gradient norm, clipping, AdamW) is the one-process
+engine's step on the whole batch within 1e-10; a checkpoint saved under dp=2 loads back bit
+for bit (model, optimizer, scheduler, the next step) under dp=2 and in one process.
+
 These tests need verl, which pins transformers < 5.11: they run in their own environment
 (`bash scripts/verl_env.sh`, which `.ci/run` calls).
 """
@@ -92,10 +103,11 @@ def actor_config() -> ActorConfig:
                        use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl")
 
 
-def engine(ckpt, dtype: str, lr: float = 1e-3) -> HartsEngine:
+def engine(ckpt, dtype: str, lr: float = 1e-3, microbatch_tokens: int | None = None) -> HartsEngine:
     eng = EngineRegistry.new(model_type="language_model", backend="harts",
                              model_config=SimpleNamespace(path=str(ckpt)),
-                             engine_config=SimpleNamespace(dtype=dtype, device="cpu"),
+                             engine_config=SimpleNamespace(dtype=dtype, device="cpu",
+                                                           harts_microbatch_tokens=microbatch_tokens),
                              optimizer_config=SimpleNamespace(lr=lr, weight_decay=0.01, clip_grad=1.0),
                              checkpoint_config=None)
     eng.initialize()
@@ -266,3 +278,181 @@ def test_uid_sets_the_trees(tmp_path):
     a = shared["model_output"]["log_probs"].values()
     b = alone["model_output"]["log_probs"].values()
     assert float((a - b).abs().max()) <= 1e-12
+
+
+# ---- data parallel: two ranks on gloo ----------------------------------------------------------
+
+DP = 2
+DP_CASES = [(family, dtype, tol) for family in ("kimi_linear", "qwen3_next")
+            for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 5e-6))]
+
+
+def _full(t):
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _full_optimizer(eng) -> dict:
+    sd = eng.optimizer.state_dict()
+    return {i: {k: _full(v) for k, v in st.items()} for i, st in sd["state"].items()}
+
+
+def _dp_worker(cases: list[tuple[str, str, str]], out_dir: str) -> None:
+    """One rank: per case (name, family, dtype, checkpoint) the engine's weights for sync,
+    one step's loss and full gradients on this rank's half of the batch; then, on the float64
+    checkpoints, a save / load round trip under dp=2. Rank 0 writes what it gathered."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    out: dict = {}
+    for name, family, dtype, ckpt in cases:
+        eng = engine(ckpt, dtype)
+        group = eng.get_data_parallel_group()
+        assert group is not None and eng.get_data_parallel_size() == DP and eng.get_data_parallel_rank() == rank
+        synced = dict(eng.get_per_tensor_param()[0])
+        half = tu.chunk_tensordict(verl_batch(VOCAB[family]), DP)[rank]
+        with eng.train_mode():
+            eng.optimizer_zero_grad()
+            step = eng.forward_backward_batch(half, functools.partial(ppo_loss, actor_config()), forward_only=False)
+        grads = {k: _full(p.grad) for k, p in eng.module.named_parameters()}
+        with eng.eval_mode():
+            inferred = eng.infer_batch(tu.chunk_tensordict(verl_batch(VOCAB[family]), DP)[rank])
+        mine = (step["loss"][0], step["metrics"]["harts/compression"][0], step["model_output"]["log_probs"].values(),
+                tu.get_non_tensor_data(half, "batch_num_tokens", None), tu.get_non_tensor_data(half, "dp_size", None),
+                inferred["model_output"]["log_probs"].values())
+        parts = [None] * DP
+        dist.all_gather_object(parts, mine, group=group)
+        out[name] = {"synced": synced, "grads": grads, "loss": [p[0] for p in parts],
+                     "compression": [p[1] for p in parts], "log_probs": torch.cat([p[2] for p in parts]),
+                     "batch_num_tokens": [p[3] for p in parts], "dp_size": [p[4] for p in parts],
+                     "inferred": torch.cat([p[5] for p in parts])}
+        if dtype != "float64":
+            continue
+        # every sequence its own tree and a budget that holds one (13-20 tokens) per
+        # microbatch: three forwards and one backward per rank before FSDP's one reduction
+        many = engine(ckpt, dtype, microbatch_tokens=16)
+        alone = tu.chunk_tensordict(verl_batch(VOCAB[family]), DP)[rank]
+        tu.assign_non_tensor_stack(alone, "uid", [f"{rank}/{i}" for i in range(len(alone))])
+        with many.train_mode():
+            many.optimizer_zero_grad()
+            many.forward_backward_batch(alone, functools.partial(ppo_loss, actor_config()), forward_only=False)
+        out[name]["grads_microbatched"] = {k: _full(p.grad) for k, p in many.module.named_parameters()}
+        # save / load under dp=2: the same model, optimizer, scheduler and next step, bit for bit
+        saved_dir = f"{out_dir}/saved-{family}"
+        a = engine(ckpt, "float64", lr=1e-2)
+        first = _step(a, half)
+        out[name]["first_step"] = (first, a._full_state())
+        a.save_checkpoint(saved_dir, global_step=1)
+        b = engine(ckpt, "float64", lr=1e-2)
+        b.load_checkpoint(saved_dir)
+        sa, sb = a._full_state(), b._full_state()
+        same = sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+        oa, ob = _full_optimizer(a), _full_optimizer(b)
+        same = same and oa.keys() == ob.keys() and all(
+            torch.equal(torch.as_tensor(v), torch.as_tensor(ob[i][k])) for i, st in oa.items() for k, v in st.items())
+        same = same and a.lr_scheduler.state_dict() == b.lr_scheduler.state_dict()
+        la, na = _step(a, half)
+        lb, nb = _step(b, half)
+        ta, tb = a._full_state(), b._full_state()
+        out[name]["round_trip"] = {
+            "state_and_optimizer_equal": same, "saved": sa, "next": (la, na, lb, nb),
+            "next_states_equal": all(torch.equal(ta[k], tb[k]) for k in ta),
+            "moved": any(not torch.equal(sa[k], ta[k]) for k in sa), "dir": saved_dir}
+    if rank == 0:
+        torch.save(out, f"{out_dir}/dp.pt")
+
+
+@pytest.fixture(scope="module")
+def dp_run(tmp_path_factory):
+    """Every data-parallel case in one launch of two gloo workers: (results, reference
+    models and checkpoints)."""
+    from harts.distributed.runner import launch
+
+    root = tmp_path_factory.mktemp("dp")
+    cases, models = [], {}
+    for family, dtype, _ in DP_CASES:
+        name = f"{family}-{str(dtype).removeprefix('torch.')}"
+        (root / name).mkdir()
+        model, ckpt = _checkpoint(root / name, family, dtype)
+        models[name] = model, ckpt
+        cases.append((name, family, str(dtype).removeprefix("torch."), str(ckpt)))
+    launch(_dp_worker, (cases, str(root)), DP, timeout=240)
+    return torch.load(root / "dp.pt", weights_only=False), models
+
+
+@pytest.mark.parametrize("family, dtype, tol", DP_CASES,
+                         ids=[f"{f}-{str(d).removeprefix('torch.')}" for f, d, _ in DP_CASES])
+def test_data_parallel_ppo_loss_and_gradients_equal_transformers(dp_run, family, dtype, tol):
+    results, models = dp_run
+    name = f"{family}-{str(dtype).removeprefix('torch.')}"
+    res = results[name]
+    model, ckpt = models[name]
+    data = verl_batch(VOCAB[family])
+    # verl's normalisation: the global batch's loss tokens on every rank, dp_size 2
+    mask_ = data["loss_mask"]
+    total = int((mask_.values() if mask_.is_nested else mask_).sum())
+    assert res["batch_num_tokens"] == [total] * DP and res["dp_size"] == [DP] * DP
+    tu.assign_non_tensor(data, batch_num_tokens=total, dp_size=1)  # the whole batch in one process
+    assert min(res["compression"]) > 1.2  # each rank's group ran its prompt once
+    use64 = dtype == torch.float64 and not isinstance(model, PerSequence)
+    with reference_float64(family) if use64 else _nothing():
+        ref_out = reference_outputs(model, data)
+        ref_loss, _ = ppo_loss(actor_config(), ref_out, data)
+        ref_loss.backward()
+    ours = sum(res["loss"]) / DP
+    assert abs(ours - float(ref_loss)) <= tol * max(1.0, abs(float(ref_loss))), (res["loss"], float(ref_loss))
+    mask = data["response_mask"].bool()
+    lp = _responses(torch.nested.nested_tensor_from_jagged(res["log_probs"], data["input_ids"].offsets()), data)
+    lp_ref = _responses(ref_out["log_probs"].detach(), data)
+    assert float((lp - lp_ref)[mask].abs().max()) <= tol * 10
+    assert torch.equal(res["inferred"], res["log_probs"])  # infer_batch's forward is the training pass's
+    loaded = load(ckpt, dtype=dtype)
+    if isinstance(model, PerSequence):
+        ref_g = {k: p.grad for k, p in model.model.named_parameters()}
+    else:
+        on_disk = CheckpointLayout(model).tensors(model, {k: p.grad for k, p in model.named_parameters()})
+        ref_g = loaded.adapter.to_harts(on_disk, loaded.config)
+    ours_g = res["grads"]
+    assert ours_g.keys() == ref_g.keys()
+    scale = max(float(g.abs().max()) for g in ref_g.values())
+    assert scale > 0
+    worst = max(float((ours_g[k] - ref_g[k]).abs().max()) for k in ref_g) / scale
+    assert worst <= tol * 10, worst
+    if "grads_microbatched" in res:  # float64: several microbatches per rank, nothing shared
+        many = res["grads_microbatched"]
+        worst = max(float((many[k] - ref_g[k]).abs().max()) for k in ref_g) / scale
+        assert worst <= tol * 10, worst
+    # the weights verl's sync sends: the checkpoint's tensors, whole, under dp=2
+    files = read_checkpoint(ckpt).tensors
+    assert res["synced"].keys() == files.keys()
+    for k, t in files.items():
+        assert res["synced"][k].dtype == t.dtype and torch.equal(res["synced"][k], t), k
+
+
+@pytest.mark.parametrize("family", ["kimi_linear", "qwen3_next"])
+def test_data_parallel_checkpoint_round_trip_is_bit_identical(dp_run, family, tmp_path):
+    results, models = dp_run
+    res = results[f"{family}-float64"]
+    rt = res["round_trip"]
+    assert rt["state_and_optimizer_equal"]
+    la, na, lb, nb = rt["next"]
+    assert la == lb and na == nb and rt["next_states_equal"] and rt["moved"]
+    saved = rt["saved"]
+    # the file holds the full tensors: one process loads it to the same state, and the
+    # exported Hugging Face directory holds the weights as saved
+    _, ckpt = models[f"{family}-float64"]
+    one = engine(ckpt, "float64", lr=1e-2)
+    one.load_checkpoint(rt["dir"])
+    state = one.module.state_dict()
+    assert state.keys() == saved.keys() and all(torch.equal(state[k], saved[k]) for k in saved)
+    exported = load(rt["dir"] + "/huggingface").model.state_dict()
+    assert exported.keys() == saved.keys() and all(torch.equal(exported[k], saved[k]) for k in saved)
+    # the dp=2 step (gradient norm, clipping, AdamW) is the one-process step on the whole batch
+    (_, norm), after = res["first_step"]
+    single = engine(ckpt, "float64", lr=1e-2)
+    _, norm1 = _step(single, verl_batch(VOCAB[family]))
+    assert abs(norm - norm1) <= 1e-10 * norm1, (norm, norm1)
+    assert norm1 > single.clip_grad  # clipping acted
+    state1 = single.module.state_dict()
+    assert max(float((after[k] - state1[k]).abs().max()) for k in state1) <= 1e-10

@@ -267,9 +267,13 @@ def _steps(args: argparse.Namespace, run: Any, source: _Source) -> None:
                 continue
             if not args.json and rec.step == run.start + 1 and run.mesh is None:
                 v = rec.values
+                budget, largest = config.plan.microbatch_tokens, v.get("largest_microbatch_rows", 0)
+                size = (f"of <= {budget} tokens" if largest <= budget else
+                        f"(the largest {largest} rows, over the budget {budget}: whole trees per microbatch; "
+                        f"--planner l1l2 splits them at the budget)")
                 print(f"{report['model']} ({config.mode}): {len(run.trajectories)} trajectories, {v['tokens']} "
-                      f"tokens -> {v['executed_rows']} executed rows, {v['microbatches']} microbatches of <= "
-                      f"{config.plan.microbatch_tokens} tokens, {run.device}")
+                      f"tokens -> {v['executed_rows']} executed rows, {v['microbatches']} microbatches {size}, "
+                      f"{run.device}")
             if not args.json:  # each step once, as it finishes
                 print(_step_line(rec.values), flush=True)
                 if rec.checkpoint is not None:

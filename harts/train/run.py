@@ -177,6 +177,7 @@ def _values(step: int, result: Any, trajectories: list, distributed: bool) -> di
     if not distributed:  # (a replica counts its own trained tokens)
         values["trained_tokens"] = result.trained_tokens
     values.update(microbatches=len(result.microbatches), executed_rows=result.executed_rows,
+                  largest_microbatch_rows=max((m["rows"] for m in result.layout), default=0),
                   seconds=result.seconds, tokens_per_s=result.tokens_per_second)
     return values
 
@@ -250,9 +251,10 @@ def _check_tree_mode(mc: ModelConfig) -> None:
         raise TrainError(str(err), field="mode") from None
 
 
-def _plan(config: TrainConfig, trajectories: list, mc: ModelConfig, dp: int = 1, pp: int = 1) -> Any:
+def _plan(config: TrainConfig, trajectories: list, mc: ModelConfig, dp: int = 1, pp: int = 1,
+          planner: str | None = None) -> Any:
     """The step plan: `plan.file`'s (checked against the step's forest), or the planner's
-    for `dp` replicas and `pp` stages."""
+    (`planner`, default the run's) for `dp` replicas and `pp` stages."""
     from harts.tree import build_forest
 
     forest = build_forest(trajectories)
@@ -268,7 +270,7 @@ def _plan(config: TrainConfig, trajectories: list, mc: ModelConfig, dp: int = 1,
     from harts.config.plan import PlanConfig
     from harts.plan.planners import known_planners, make_plan
 
-    planner = config.planner
+    planner = planner or config.planner
     if planner not in known_planners():
         raise TrainError(f"unknown planner {planner!r}; known: {', '.join(known_planners())}", field="plan.planner")
     try:
@@ -295,6 +297,11 @@ def _build_single(config: TrainConfig, mc: ModelConfig, trajectories: list) -> T
     kind, plan = config.mode, None
     if config.planner is not None:
         kind, plan = "plan", _plan(config, trajectories, mc)
+    elif config.mode == "expanded" and max(len(t.tokens) for t in trajectories) > config.plan.microbatch_tokens:
+        # a trajectory longer than the budget: the expanded-ffd plan cuts it into a chain of
+        # windows at the budget (harts.plan.planners.chains), where the packed layout would
+        # give it a microbatch of its own, over the budget
+        kind, plan = "plan", _plan(config, trajectories, mc, planner="expanded-ffd")
     trainer = make_trainer(kind, model, plan, optimizer=config.optimizer, loss=config.loss, kernels=config.kernels)
     checkpoints = RunCheckpoints(config, trainer.model, trainer.optimizer)
     return TrainRun(config, mc, trainer, trajectories, checkpoints, loaded=loaded, device=device)

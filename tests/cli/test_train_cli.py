@@ -122,3 +122,33 @@ def test_the_readme_checkpoint_and_resume_lines_agree_on_every_run_flag(rollouts
     assert "checkpoint ckpt/step-000004" in capsys.readouterr().out
     assert main([*write[1:], "--steps", "5", "--resume", "--json"]) == 0
     assert [s["step"] for s in json.loads(capsys.readouterr().out)["steps"]] == [5]
+
+
+def test_a_trajectory_longer_than_the_budget(tmp_path, capsys):
+    """Expanded mode cuts a trajectory longer than the budget into a chain of windows (the
+    expanded-ffd plan) and stays within the budget, with the per-trajectory step's losses in
+    float64; tree mode without a planner runs whole trees and says so, with a planner it
+    splits them at the budget."""
+    from harts.tree.io import save_jsonl
+    from tests.strategies import long_chain_trajectories
+
+    path = tmp_path / "long.jsonl"
+    save_jsonl(long_chain_trajectories(300, [(3, 60), (130, 40)], seed=1), path)
+    base = ["train", "--input", str(path), "--steps", "1", "--dtype", "float64", "--model", "tiny-cpu"]
+
+    def run(*extra):
+        assert main([*base, *extra]) == 0
+        out = capsys.readouterr().out
+        return out.splitlines()[0], main([*base, *extra, "--json"]) == 0 and json.loads(capsys.readouterr().out)
+
+    whole_line, whole = run("--mode", "expanded", "--microbatch-tokens", "4096")
+    line, chained = run("--mode", "expanded", "--microbatch-tokens", "128")
+    assert "microbatches of <= 128 tokens" in line, line
+    assert chained["steps"][0]["microbatches"] > whole["steps"][0]["microbatches"]
+    assert chained["steps"][0]["largest_microbatch_rows"] <= 128
+    for key in ("pg_loss", "entropy"):
+        assert chained["steps"][0][key] == pytest.approx(whole["steps"][0][key], rel=1e-10, abs=1e-12)
+    line, tree = run("--mode", "tree", "--microbatch-tokens", "128")
+    assert "over the budget 128" in line and tree["steps"][0]["largest_microbatch_rows"] > 128, line
+    line, windows = run("--mode", "tree", "--planner", "l1l2", "--microbatch-tokens", "128")
+    assert "of <= 128 tokens" in line and windows["steps"][0]["largest_microbatch_rows"] <= 128, line

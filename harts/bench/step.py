@@ -113,8 +113,10 @@ def step_benchmark(trajectories, *, model: str | torch.nn.Module = "tiny-h200", 
                    kernels=None, op_seconds: str = "auto", hardware: str = "h200",
                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """`baselines`: which of `BASELINES` to time beside the tree step ("packed": the
-    trajectory-expanded trainer, result key "expanded"; "prefix-merged": its
-    prefix-merged variant, key "prefix_merged"). `kernels`: every mode's KernelConfig
+    trajectory-expanded trainer, result key "expanded"; a trajectory longer than
+    `microbatch_tokens` makes it the expanded-ffd plan, whose chains of windows keep every
+    microbatch within the budget; "prefix-merged": its prefix-merged variant, key
+    "prefix_merged"). `kernels`: every mode's KernelConfig
     (default: `KernelConfig.from_env()`); each mode's result records it and what its ops
     ran ("kernels"). `op_seconds`: where the baseline's per-op times that weight the ideal
     come from: "profile" (one more step of the baseline under torch.profiler, kernel time
@@ -153,6 +155,7 @@ def step_benchmark(trajectories, *, model: str | torch.nn.Module = "tiny-h200", 
                            "microbatch_tokens": microbatch_tokens, "trajectories": len(trajectories),
                            "baselines": {}}
     forest = build_forest(trajectories)
+    longest = max((len(t.tokens) for t in trajectories), default=0)
     params = parameter_counts(cfg).total
     work: dict[str, dict] = {}
     profiles: dict[str, dict] = {}
@@ -170,7 +173,17 @@ def step_benchmark(trajectories, *, model: str | torch.nn.Module = "tiny-h200", 
         else:
             net = copy.deepcopy(source).to(device=device, dtype=dtype)
             net.recompute = True
-        trainer = make_trainer(kinds[mode], net, kernels=kernels)
+        if mode == "packed" and longest > microbatch_tokens:
+            # a trajectory longer than the budget: the expanded-ffd plan cuts it into a chain of
+            # windows at the budget (harts.plan.planners.chains), as the tree side is cut
+            from harts.config.plan import PlanConfig
+            from harts.plan.planners import make_plan
+
+            plan = make_plan(forest, "expanded-ffd", PlanConfig(microbatch_tokens=microbatch_tokens,
+                                                                chunk_size=cfg.chunk_size))
+            trainer = make_trainer("plan", net, plan, kernels=kernels)
+        else:
+            trainer = make_trainer(kinds[mode], net, kernels=kernels)
         for i in range(warmup):
             say(f"{mode}: warm-up step {i + 1}/{warmup}")
             trainer.step(trajectories, microbatch_tokens)
@@ -192,6 +205,7 @@ def step_benchmark(trajectories, *, model: str | torch.nn.Module = "tiny-h200", 
             "prepare_seconds": statistics.median(prep),
             "peak_bytes": int(torch.cuda.max_memory_allocated()),
             "microbatches": len(res.microbatches), "rows": res.executed_rows,
+            "largest_microbatch_rows": max((m["rows"] for m in res.layout), default=0),
             "tokens_per_second": res.tokens / statistics.median(times), "loss": res.losses["loss"],
             "kernels": trainer.kernels_used(),
         }
@@ -199,7 +213,13 @@ def step_benchmark(trajectories, *, model: str | torch.nn.Module = "tiny-h200", 
         if mode == "tree":
             out[key]["kda_rounds"] = max(m["kda_rounds"] for m in res.layout)
             out[key]["replay_tokens"] = replay = sum(m["replay_tokens"] for m in res.layout)
-        work[mode] = measured_work(mode, trajectories, forest, res.executed_rows, replay, res.microbatches,
+        partition = res.microbatches
+        if mode == "packed" and longest > microbatch_tokens:
+            # the work of a chain is its trajectory's: each row once, causal attention over it
+            long = {j for j, t in enumerate(trajectories) if len(t.tokens) > microbatch_tokens}
+            partition = [[j] for j in sorted(long)] + [b for b in ([j for j in m if j not in long]
+                                                                 for m in res.microbatches) if b]
+        work[mode] = measured_work(mode, trajectories, forest, res.executed_rows, replay, partition,
                                    cfg.chunk_size, params)
         if mode != "tree" and op_seconds == "profile":
             say(f"{mode}: one profiled step (the ideal's per-op times)")

@@ -94,3 +94,21 @@ def test_provenance_takes_the_revision_named_in_the_environment(monkeypatch):
     assert p["git_revision"] == "0123abc" and p["git_dirty"] is None
     monkeypatch.delenv("HARTS_GIT_REV")
     assert provenance(["harts", "bench"])["git_revision"] != "0123abc"
+
+
+def test_the_packed_baseline_chains_a_trajectory_longer_than_the_budget(monkeypatch):
+    """A trajectory longer than the budget: the packed baseline runs the expanded-ffd plan's
+    chain of windows, every microbatch within the budget, the tree step's loss up to the MoE
+    aux loss (its scope is the microbatch, and the two split differently: as in the test
+    above; the policy loss is held to 1e-10 in tests/cli/test_train_cli.py)."""
+    for name, value in (("reset_peak_memory_stats", None), ("max_memory_allocated", 0), ("empty_cache", None)):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, value=value, **k: value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    from tests.strategies import long_chain_trajectories
+
+    trajs = long_chain_trajectories(300, [(3, 60), (130, 40)], seed=2)
+    r = step_benchmark(trajs, model="tiny-cpu", dtype=torch.float64, microbatch_tokens=128, steps=1,
+                       warmup=0, device="cpu", baselines=("packed",), tree=True)
+    assert r["expanded"]["largest_microbatch_rows"] <= 128
+    assert r["expanded"]["rows"] == r["expanded_tokens"]  # each trajectory's own copy, once
+    assert r["tree"]["loss"] == pytest.approx(r["expanded"]["loss"], rel=1e-4)

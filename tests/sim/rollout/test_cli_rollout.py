@@ -35,7 +35,7 @@ def test_compare_gantt_and_end_to_end(capsys, tmp_path):
     assert run(["--compare", "--workload", "tiny", "--gpus", "8", "--seed", "2", "--gantt",
                 str(tmp_path / "g.png"), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [r["policy"] for r in rows][:4] == ["round-robin", "least-loaded", "cache-aware", "heddle"]
+    assert [r["policy"] for r in rows][:5] == ["round-robin", "least-loaded", "cache-aware", "verl", "heddle"]
     assert max(r["speedup_vs_best_baseline"] for r in rows if r["step_centric"]) == pytest.approx(1.0)
     assert len({json.dumps(r["makespan_bounds_s"]) for r in rows}) == 1  # one set of trajectories
     for r in rows:

@@ -110,6 +110,40 @@ def summarize(res: dict, verl_mps: list[int]) -> dict:
     return out
 
 
+def sweep_load(args, overrides: dict) -> int:
+    """Heddle against the hindsight-best baseline and the known-lengths reference as the
+    trajectories per GPU vary (the prompt count changes; everything else is the preset's)."""
+    cfg = rollout_preset(args.workload, **overrides)
+    seeds = _seeds(args.seeds)
+    baselines = tuple(args.baselines.split(","))
+    rows, t0 = [], time.perf_counter()
+    for load in (float(x) for x in args.sweep_load.split(",")):
+        prompts = max(1, round(load * args.gpus / cfg.rollouts_per_prompt))
+        ov = overrides | {"num_prompts": prompts}
+        jobs = [(args.workload, ov, s, args.gpus, baselines, ("heddle",), not args.no_reference) for s in seeds]
+        with ProcessPoolExecutor(max(1, args.jobs)) as ex:
+            res = list(ex.map(run_seed, *zip(*jobs, strict=True)))
+        sums = [summarize(r, []) for r in res]
+        rows.append({"trajectories_per_gpu": prompts * cfg.rollouts_per_prompt / args.gpus, "num_prompts": prompts,
+                     "summaries": sums, "results": res})
+    print(f"## {args.workload} {overrides or ''}: load sweep on {args.gpus} x {cfg.hardware}, seeds {seeds}\n")
+    print("| trajectories / GPU | hindsight best s (mean) | heddle s (mean) | heddle / best (mean, min) "
+          "| known-lengths / best (mean) |\n|---|---|---|---|---|")
+    for row in rows:
+        s = row["summaries"]
+        ref = [x["reference_vs_best"] for x in s if "reference_vs_best" in x]
+        print(f"| {row['trajectories_per_gpu']:g} | {sum(x['best_baseline_s'] for x in s) / len(s):.1f} "
+              f"| {sum(x['heddle_s'] for x in s) / len(s):.1f} "
+              f"| {sum(x['heddle_vs_best'] for x in s) / len(s):.3f}x, {min(x['heddle_vs_best'] for x in s):.3f}x "
+              f"| {(sum(ref) / len(ref)) if ref else float('nan'):.3f}x |")
+    print(f"\n{time.perf_counter() - t0:.0f} s wall")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"provenance": provenance(), "workload": args.workload,
+                                               "overrides": overrides, "gpus": args.gpus, "seeds": seeds,
+                                               "sweep": rows}, indent=1) + "\n")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", default="agentic-reasoning")
@@ -120,9 +154,13 @@ def main() -> int:
     ap.add_argument("--no-reference", action="store_true", help="skip the known-lengths reference")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--jobs", type=int, default=1, help="seeds simulated in parallel processes")
+    ap.add_argument("--sweep-load", metavar="N,N,...",
+                    help="trajectories per GPU to sweep (sets num_prompts); prints Heddle / hindsight best per load")
     ap.add_argument("--json", help="write runs, summaries and provenance here")
     args = ap.parse_args()
     overrides = {k: ast.literal_eval(v) for k, _, v in (kv.partition("=") for kv in args.set)}
+    if args.sweep_load:
+        return sweep_load(args, overrides)
     seeds = _seeds(args.seeds)
     abl = () if args.ablations == "none" else ABLATIONS if args.ablations == "all" else tuple(args.ablations.split(","))
     heddles = ("heddle", *abl)

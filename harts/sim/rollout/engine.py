@@ -519,6 +519,8 @@ class _Sim(Migration):
                 if check:
                     t.next_check *= 2
                     self.repredict(t)
+                if check and self.tail_k and self.rehome_running(t, w, now):
+                    continue
                 if (check or w.reconsider) and self.maybe_move_running(t, w, now):
                     continue
                 still.append(tid)

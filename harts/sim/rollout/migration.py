@@ -184,6 +184,27 @@ class Migration:
         self.start_move(t, src, dst.info.wid, size, self.cost.transfer(size, self.same_node(src, dst.info.wid)), now)
         return True
 
+    def rehome_running(self, t: TrajState, src: WorkerState, now: float) -> bool:
+        """Tail isolation at a re-prediction point: a running sequence outside the tail pool
+        that is now predicted among the K longest remaining moves into it at this iteration
+        boundary (its KV copied, no prefill). Returns whether it moved."""
+        tid = t.spec.tid
+        if t.assigned != src.info.wid or t.home != src.info.wid or self.in_tail(src):
+            return False
+        x = t.pred[0]
+        if sum(1 for o in self.tr if not o.done and o.pred[0] > x) >= self.tail_k:
+            return False
+        size = src.kv[tid]
+        pool = [w for w in self.ws if not w.retired and self.in_tail(w) and w.info.kv_capacity_bytes - w.used >= size]
+        if not pool:
+            return False
+        dst = min(pool, key=lambda w: (self.estimate(w, add=t.pred), w.info.wid))
+        t.resume = True
+        t.pending_ready = True
+        self.start_move(t, src.info.wid, dst.info.wid, size,
+                        self.cost.transfer(size, self.same_node(src.info.wid, dst.info.wid)), now)
+        return True
+
     def same_node(self, a: int, b: int) -> bool:
         per = self.cost.gpus_per_node
         return self.ws[a].info.gpus[0] // per == self.ws[b].info.gpus[0] // per

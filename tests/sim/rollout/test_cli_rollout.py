@@ -58,6 +58,14 @@ def test_bad_input_is_a_user_error(argv, msg):
         run(argv)
 
 
+def test_reference_row_is_labelled_and_not_a_baseline(capsys):
+    assert run(["--policy", "cache-aware", "--workload", "tiny", "--gpus", "8", "--reference", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in rows] == ["cache-aware", "known-lengths (ORACLE)"]
+    assert not rows[1]["step_centric"] and "layout" in rows[1]["reference_schedule"]
+    assert rows[1]["generated_tokens"] == rows[0]["generated_tokens"]
+
+
 def test_a_dense_served_model_and_the_baseline_degree(capsys):
     # qwen3-8b fits one GPU: baselines at MP1 give one worker per GPU
     assert run(["--policy", "cache-aware", "--workload", "tiny", "--gpus", "4", "--model", "qwen3-8b",

@@ -214,7 +214,7 @@ def compare(cfg: RolloutWorkload, gpus: int, seeds: tuple[int, ...], policies: t
 
 
 def known_lengths_schedule(cfg: RolloutWorkload, specs: tuple[TrajectorySpec, ...], cost: RolloutCost, gpus: int,
-                           tail_workers: tuple[int, ...] = (1, 2), tail_sizes: tuple[int, ...] = (32, 96),
+                           tail_workers: tuple[int, ...] = (1, 2, 3), tail_sizes: tuple[int, ...] = (8, 32, 96),
                            progress: Any = None) -> tuple[Any, dict[str, Any]]:
     """The fastest of a family of schedules that know every trajectory's true length (an
     ORACLE reference, not a policy): `m` workers of the highest usable degree hold the K

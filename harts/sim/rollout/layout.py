@@ -5,9 +5,9 @@ the workload's distributions, no true length read).
 Candidates: one degree everywhere, and tail pools: `m` workers of the highest usable
 degree reserved for the K trajectories predicted longest, the other GPUs as workers of
 half that degree for the rest. On the twin each candidate runs with homes by longest
-processing time first and longest-remaining-first admission (the twin's lengths are
-what it knows of itself); the layout with the shortest twin makespan, and its K, is
-Heddle's. Results are memoised per (workload, GPUs, hints), so ablations of one seed
+processing time first on the lengths Heddle predicts at the step's start (hint x prior
+per-turn length) and longest-predicted-first admission; the layout with the shortest
+twin makespan, and its K, is Heddle's. Results are memoised per (workload, GPUs, hints), so ablations of one seed
 share one search.
 """
 
@@ -76,16 +76,23 @@ def choose_layout(cfg: RolloutWorkload, specs: tuple[TrajectorySpec, ...], cost:
     if key in _MEMO:
         return _MEMO[key]
     from harts.sim.rollout.engine import simulate_rollout
-    from harts.sim.rollout.policies import get_policy
+    from harts.sim.rollout.planning import predict_remaining, prior_action_mean
+    from harts.sim.rollout.policies import RolloutPolicy, RolloutPolicyName, Router
     from harts.sim.rollout.workload import twin_trajectories
 
     twin = twin_trajectories(cfg, specs)
-    toks = np.array([s.generated_tokens for s in twin], dtype=float)
-    pol = get_policy("oracle-pools")  # on the twin: the twin's own lengths, not the step's
+    # homes from the predictions Heddle starts with (hint x prior per-turn length), not from
+    # the twin's own lengths: a layout is scored with the placement errors the predictor
+    # makes (scored with the twin's lengths, tail pools looked better than they run)
+    prior = prior_action_mean(cfg)
+    pred = np.array([predict_remaining(s, 0, 0, prior, cfg.max_context - s.turns[0].input_tokens,
+                                       cfg.turns_range[1])[0] for s in twin], dtype=float)
+    pol = RolloutPolicy(RolloutPolicyName.HEDDLE, Router.HOME, priority=True,
+                        description="twin scoring: predicted homes, longest predicted first")
     best, best_s = None, np.inf
     for layout, k in pool_candidates(degrees, gpus, len(specs), TWIN_TAIL_WORKERS, TWIN_TAIL_SIZES,
                                      [max(degrees) // 2] if max(degrees) // 2 in degrees else None):
-        r = simulate_rollout(cfg, pol, gpus, specs=twin, cost=cost, plan=(layout, pool_homes(toks, layout, k)))
+        r = simulate_rollout(cfg, pol, gpus, specs=twin, cost=cost, plan=(layout, pool_homes(pred, layout, k)))
         if r.makespan_s < best_s:
             best, best_s = (sorted(layout, reverse=True), k), r.makespan_s
     if len(_MEMO) > 256:

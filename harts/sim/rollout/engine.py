@@ -26,6 +26,7 @@ import numpy as np
 from harts.config.rollout import RolloutWorkload
 from harts.sim.rollout.cost import RolloutCost, make_rollout_cost
 from harts.sim.rollout.layout import choose_layout
+from harts.sim.rollout.memory import KVMemory
 from harts.sim.rollout.migration import Migration
 from harts.sim.rollout.planning import (
     DecodePrice,
@@ -42,7 +43,6 @@ from harts.sim.rollout.policies import RolloutPolicy, Router, get_policy
 from harts.sim.rollout.state import (
     FIRST_CHECK,
     NOT_PREEMPTED,
-    PREEMPT_RECOMPUTE,
     PREEMPT_SWAP,
     READY,
     STEP_END,
@@ -61,7 +61,6 @@ from harts.sim.rollout.workload import generate_trajectories
 
 GROUP_PRIOR_TURNS = 2.0  # group predictor: the prior counts as this many observed turns of the group
 OWN_PRIOR_TURNS = 1.0  # group predictor: the group's mean counts as this many of the trajectory's own turns
-PREEMPT_RATIO = 4.0  # priority preemption: a waiting sequence displaces one predicted to need under 1/4 of its work
 
 
 def make_workers(layout: list[int], cost: RolloutCost) -> tuple[Worker, ...]:
@@ -84,7 +83,7 @@ def usable_degrees(cfg: RolloutWorkload, cost: RolloutCost) -> list[int]:
     return _valid_degrees(cfg, cost, sorted(set(cfg.mp_degrees) | {cfg.baseline_mp}))
 
 
-class _Sim(Migration):
+class _Sim(Migration, KVMemory):
     def __init__(self, cfg: RolloutWorkload, policy: RolloutPolicy, gpus: int, specs, cost: RolloutCost,
                  plan: tuple[list[int], list[int] | None] | None = None):
         self.cfg, self.policy, self.cost = cfg, policy, cost
@@ -166,7 +165,8 @@ class _Sim(Migration):
         if p.adaptive_mp and self.fixed_plan is None:
             allowed = usable_degrees(cfg, cost)
             if p.twin_layout:
-                layout, k = choose_layout(cfg, tuple(t.spec for t in self.tr), cost, self.gpus, allowed)
+                layout, k = choose_layout(cfg, tuple(t.spec for t in self.tr), cost, self.gpus, allowed,
+                                          simulate_rollout)
             else:
                 rng = np.random.default_rng([cfg.seed, 7])
                 layout = anneal_layout(self.gpus, layout, allowed, lambda lay: place(lay)[1], cfg.anneal_iterations,
@@ -214,35 +214,6 @@ class _Sim(Migration):
         if t.home >= 0:
             self.set_kv(self.ws[t.home], t.spec.tid, 0.0, now)
             t.home = -1
-
-    def drop_stale(self, t: TrajState, now: float) -> None:
-        """Free the older copies a prefix cache still holds of a finished trajectory."""
-        for o in t.stale:
-            self.set_kv(self.ws[o], t.spec.tid, 0.0, now)
-        t.stale.clear()
-
-    def evict(self, w: WorkerState, v: int, now: float) -> None:
-        """Evict the cached (not running) KV entry of trajectory `v` from `w`."""
-        self.set_kv(w, v, 0.0, now)
-        w.ctx.pop(v, None)
-        t = self.tr[v]
-        if t.home == w.info.wid:
-            t.home = -1
-        t.stale.discard(w.info.wid)
-
-    def evict_for(self, w: WorkerState, extra: float, limit: float, now: float, keep: int = -1) -> bool:
-        """Evict least-recently-used cached entries of `w` (not `keep`) until `extra` more
-        bytes fit under `limit`; False (nothing evicted) if even evicting all would not do."""
-        if w.used + extra <= limit:
-            return True
-        evictable = sorted((ts, v) for v, ts in w.lru.items() if v != keep)
-        if w.used + extra - sum(w.kv[v] for _, v in evictable) > limit:
-            return False
-        for _, v in evictable:
-            if w.used + extra <= limit:
-                break
-            self.evict(w, v, now)
-        return True
 
     def seg(self, t: TrajState, kind: SegmentKind, start: float, end: float, worker: int, before: int, after: int,
             **kw) -> None:
@@ -407,83 +378,6 @@ class _Sim(Migration):
         else:
             w.busy.append([now, end])
         self.push(end, STEP_END, w.info.wid, w.version)
-
-    def chunk_length(self, w: WorkerState, now: float, stall: list[float]) -> int:
-        """Iterations of the next chunk: until the first running turn ends (or reaches a
-        re-prediction point); with paged KV also while the batch's growing KV fits, after
-        evicting cached entries, else a running sequence is preempted. Reserves the chunk's
-        KV growth."""
-        while True:
-            k = min(self.tr[i].remaining for i in w.running)
-            if self.policy.live_migration:  # stop at the next re-prediction point of a running turn
-                k = min(k, min(self.tr[i].next_check - (self.tr[i].generated - self.tr[i].turn_start_generated)
-                               for i in w.running))
-            if not self.paged:
-                return k
-            per_it = len(w.running) * self.cost.kv_bytes_per_token
-            cap = w.info.kv_capacity_bytes
-            if per_it <= 0:
-                return k
-            if w.used + k * per_it > cap:
-                self.evict_upto(w, w.used + k * per_it - cap, now)
-            fit = int((cap - w.used) / per_it * (1 + 1e-12))
-            if fit >= 1 or len(w.running) == 1:
-                k = max(1, min(k, fit))
-                for i in w.running:
-                    w.kv[i] += k * self.cost.kv_bytes_per_token
-                w.used += k * per_it
-                self.set_kv(w, w.running[0], w.kv[w.running[0]], now)  # checks the capacity, samples
-                return k
-            self.preempt(w, self.victim(w), now, stall)
-
-    def evict_upto(self, w: WorkerState, extra: float, now: float) -> None:
-        """Evict least-recently-used cached entries of `w` until `extra` bytes are freed or
-        none is left."""
-        freed = 0.0
-        for _, v in sorted((ts, v) for v, ts in w.lru.items()):
-            if freed >= extra:
-                break
-            freed += w.kv[v]
-            self.evict(w, v, now)
-
-    def victim(self, w: WorkerState) -> int:
-        """The running sequence a full worker preempts: the last admitted (first come, first
-        served engines), or with priority the one predicted to finish soonest."""
-        if self.policy.priority:
-            return min(w.running, key=lambda i: (self.tr[i].pred[0], -self.tr[i].admitted_at))
-        return max(w.running, key=lambda i: self.tr[i].admitted_at)
-
-    def preempt(self, w: WorkerState, tid: int, now: float, stall: list[float]) -> None:
-        """Take a running sequence off `w` mid-turn: its KV is dropped (rebuilt by a prefill
-        of its whole context on re-admission) or swapped to host memory (copied back); it
-        waits at the head of `w`'s queue and resumes its turn where it stopped."""
-        t = self.tr[tid]
-        w.running.remove(tid)
-        size = w.kv[tid]
-        self.preemptions += 1
-        if self.cfg.preemption == "swap":
-            t.preempted, t.swapped = PREEMPT_SWAP, size
-            self.swapped_bytes += size
-            stall[0] += self.cost.swap(size)
-        else:
-            t.preempted = PREEMPT_RECOMPUTE
-        self.set_kv(w, tid, 0.0, now)
-        t.home = -1
-        t.ready_at = now
-        t.queued_on = w.info.wid
-        w.queue.append(tid)
-
-    def preempt_for(self, w: WorkerState, t: TrajState, now: float, stall: list[float]) -> bool:
-        """Heddle's priority with preemption: `t`, waiting for room on a full worker, takes the
-        place of the running sequence predicted to finish soonest if that one's predicted
-        remaining work is under `PREEMPT_RATIO` of `t`'s. Returns whether it preempted."""
-        if not self.policy.preempt or not w.running or t.preempted or t.resume:
-            return False
-        v = min(w.running, key=lambda i: (self.tr[i].pred[0], -self.tr[i].admitted_at))
-        if self.tr[v].pred[0] * PREEMPT_RATIO > t.pred[0] or self.tr[v].resume:
-            return False
-        self.preempt(w, v, now, stall)
-        return True
 
     def interrupt(self, w: WorkerState, now: float) -> None:
         """A turn arrived at a busy worker: cut the chunk at the next iteration boundary."""

@@ -70,12 +70,12 @@ def pool_homes(lengths: np.ndarray, layout: list[int], k: int) -> list[int]:
 
 
 def choose_layout(cfg: RolloutWorkload, specs: tuple[TrajectorySpec, ...], cost: RolloutCost, gpus: int,
-                  degrees: list[int]) -> tuple[list[int], int]:
-    """The candidate layout (and tail count K) with the shortest makespan on the step's twin."""
+                  degrees: list[int], simulate) -> tuple[list[int], int]:
+    """The candidate layout (and tail count K) with the shortest makespan on the step's twin
+    (`simulate`: the simulator's `simulate_rollout`)."""
     key = (cfg, gpus, tuple(degrees), tuple(s.hint_turns for s in specs), tuple(s.turns[0].input_tokens for s in specs))
     if key in _MEMO:
         return _MEMO[key]
-    from harts.sim.rollout.engine import simulate_rollout
     from harts.sim.rollout.planning import predict_remaining, prior_action_mean
     from harts.sim.rollout.policies import RolloutPolicy, RolloutPolicyName, Router
     from harts.sim.rollout.workload import twin_trajectories
@@ -92,7 +92,7 @@ def choose_layout(cfg: RolloutWorkload, specs: tuple[TrajectorySpec, ...], cost:
     best, best_s = None, np.inf
     for layout, k in pool_candidates(degrees, gpus, len(specs), TWIN_TAIL_WORKERS, TWIN_TAIL_SIZES,
                                      [max(degrees) // 2] if max(degrees) // 2 in degrees else None):
-        r = simulate_rollout(cfg, pol, gpus, specs=twin, cost=cost, plan=(layout, pool_homes(pred, layout, k)))
+        r = simulate(cfg, pol, gpus, specs=twin, cost=cost, plan=(layout, pool_homes(pred, layout, k)))
         if r.makespan_s < best_s:
             best, best_s = (sorted(layout, reverse=True), k), r.makespan_s
     if len(_MEMO) > 256:

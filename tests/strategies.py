@@ -420,6 +420,10 @@ def rollout_workloads(draw: st.DrawFn, max_trajectories: int = 12):
         # the hybrid MoE (MLA latent KV) and a dense GQA model (KV reads dominate decode)
         model=draw(st.sampled_from(("flash", "qwen3-8b"))),
         anneal_iterations=10,
+        # KV allocated as tokens are generated (preempting when a worker runs out) or per turn
+        kv_alloc=draw(st.sampled_from(("paged", "paged", "reserve"))),
+        preemption=draw(st.sampled_from(("recompute", "swap"))),
+        tool_task_sigma=draw(st.sampled_from((0.0, 1.0))),
         seed=draw(st.integers(0, 2**16)),
     )
 

@@ -6,6 +6,7 @@ training phase.
     harts sim rollout --compare --workload agentic-longtail --gpus 32 --gantt rollout.png
     harts sim rollout --policy cache-aware --end-to-end
     harts sim rollout --compare --workload agentic-reasoning --model qwen3-32b --baseline-mp 8
+    harts sim rollout --compare --workload agentic-reasoning-dense --reference   # + known-lengths row
 
 `add_rollout_parser(sim_subparsers)` adds the `rollout` action to `harts sim`.
 """
@@ -46,6 +47,9 @@ def add_rollout_parser(sim_subparsers: argparse._SubParsersAction) -> argparse.A
                    help="also simulate the step's training phase (harts sim) and show where the time goes")
     p.add_argument("--gantt", help="write a Gantt chart (PNG); with --compare one per policy, "
                    "named <stem>-<policy>.png")
+    p.add_argument("--reference", action="store_true",
+                   help="also the known-lengths reference schedule (an ORACLE that reads the true lengths, "
+                   "searched over tail-pool layouts; not a policy)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_rollout)
     return p
@@ -133,11 +137,17 @@ def cmd_rollout(args: argparse.Namespace) -> int:
             row["gantt"] = str(target)
             say_wrote(target, args.json)
         rows.append(row | {"makespan_bounds_s": bounds})
+    if args.reference:
+        from harts.sim.rollout.compare import known_lengths_schedule
+
+        ref, info = known_lengths_schedule(cfg, specs, make_rollout_cost(cfg), args.gpus)
+        rows.append(res_json(ref) | {"policy": "known-lengths (ORACLE)", "reference_schedule": info,
+                                     "makespan_bounds_s": bounds})
     best = max((r["throughput_tokens_per_s"] for r in rows if r["step_centric"]), default=0.0)
     for r in rows:
         r["speedup_vs_best_baseline"] = r["throughput_tokens_per_s"] / best if best > 0 else None
     if args.json:
-        print_json(rows if args.compare else rows[0])
+        print_json(rows if args.compare or args.reference else rows[0])
         return 0
     print(f"rollout: {cfg.num_trajectories} trajectories ({args.workload}, seed {cfg.seed}), model {cfg.model}, "
           f"{args.gpus} x {cfg.hardware}")

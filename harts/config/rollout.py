@@ -85,6 +85,7 @@ class RolloutWorkload:
     tool_latency_median_s: float = 1.5
     tool_latency_sigma: float = 1.0
     tool_latency_range_s: tuple[float, float] = (0.05, 60.0)
+    tool_task_sigma: float = 0.0  # per-trajectory tool-latency scale exp(N(0, this)): a slow task is slow on every call
     max_context: int = 65536
     predictor_sigma: float = 0.5  # error of the run-length hint, lognormal sigma
     # cluster
@@ -97,6 +98,16 @@ class RolloutWorkload:
     mp_efficiency: float = 0.9  # per-GPU efficiency kept per doubling of the degree
     decode_kernels_per_layer: int = 4
     max_batch: int = 256  # sequences decoded together on one worker
+    # KV memory: "paged" allocates a sequence's KV as its tokens are generated (a turn is
+    # admitted when its context and input fit) and preempts a running sequence when a
+    # worker runs out ("recompute": its KV is dropped and rebuilt by a prefill of its whole
+    # context on re-admission; "swap": its KV is copied to host memory over `swap_bytes_per_s`
+    # and back); "reserve" reserves the KV of the whole turn at admission (never preempts)
+    kv_alloc: str = "paged"
+    preemption: str = "recompute"
+    swap_bytes_per_s: float = 50e9  # host <-> GPU copy per worker (PCIe 5 x16, assumption)
+    kv_watermark: float = 0.01  # paged: admission leaves this fraction of the KV capacity free
+    fixed_cost_scale: float = 1.0  # scales the per-iteration fixed costs (launches, all-reduces): sensitivity knob
     baseline_mp: int = 4  # the step-centric baselines' fixed degree
     mp_degrees: tuple[int, ...] = (2, 4, 8)  # degrees an adaptive layout may use
     anneal_iterations: int = 200
@@ -129,7 +140,7 @@ class RolloutWorkload:
             if getattr(self, name) <= 0:
                 bad(f"{name} must be > 0")
         for name in ("turns_sigma", "action_sigma", "action_traj_sigma", "action_group_sigma", "obs_sigma",
-                     "tool_latency_sigma", "predictor_sigma"):
+                     "tool_latency_sigma", "tool_task_sigma", "predictor_sigma"):
             if getattr(self, name) < 0:
                 bad(f"{name} must be >= 0")
         if self.max_context <= self.prompt_tokens[1] + self.action_range[0]:
@@ -138,6 +149,12 @@ class RolloutWorkload:
             bad("hbm_utilization must be in (0, 1]")
         if not 0 < self.mp_efficiency <= 1:
             bad("mp_efficiency must be in (0, 1]")
+        if self.kv_alloc not in ("paged", "reserve"):
+            bad(f"kv_alloc must be 'paged' or 'reserve', got {self.kv_alloc!r}")
+        if self.preemption not in ("recompute", "swap"):
+            bad(f"preemption must be 'recompute' or 'swap', got {self.preemption!r}")
+        if self.swap_bytes_per_s <= 0 or not 0 <= self.kv_watermark < 0.5 or self.fixed_cost_scale < 0:
+            bad("swap_bytes_per_s must be > 0, kv_watermark in [0, 0.5), fixed_cost_scale >= 0")
         degrees = (self.baseline_mp, *self.mp_degrees)
         if not self.mp_degrees or any(d < 1 or d & (d - 1) for d in degrees):
             bad(f"model-parallel degrees must be powers of two, got baseline {self.baseline_mp}, "
@@ -152,6 +169,8 @@ class RolloutPreset(StrEnum):
     AGENTIC_LONGTAIL = "agentic-longtail"
     AGENTIC_LONGTAIL_LOADED = "agentic-longtail-loaded"
     AGENTIC_REASONING = "agentic-reasoning"
+    AGENTIC_REASONING_DENSE = "agentic-reasoning-dense"
+    SWE_AGENT = "swe-agent"
 
 
 ROLLOUT_PRESETS: Registry[RolloutPreset, RolloutWorkload] = Registry(
@@ -176,6 +195,20 @@ ROLLOUT_PRESETS.register(RolloutPreset.AGENTIC_REASONING, RolloutWorkload(
     num_prompts=64, rollouts_per_prompt=16, prompt_tokens=(500, 2000), turns_median=3.0, turns_sigma=0.8,
     turns_range=(1, 32), action_median=1200.0, action_sigma=0.8, action_traj_sigma=0.5, action_group_sigma=0.6,
     action_range=(32, 16384), obs_median=200.0, tool_latency_median_s=0.8, tool_latency_range_s=(0.05, 30.0)))
+# the same trajectories served as the dense Qwen3-32B (KV reads dominate decode), which fits
+# one H200, so degree 1 is usable too
+ROLLOUT_PRESETS.register(RolloutPreset.AGENTIC_REASONING_DENSE, dataclasses.replace(
+    ROLLOUT_PRESETS.get(RolloutPreset.AGENTIC_REASONING), model="qwen3-32b", mp_degrees=(1, 2, 4, 8)))
+# a SWE agent (repository tasks: read, edit, run tests): 32 prompts x 8 samples, 50-100
+# tool calls each, short actions, long observations (file views, test logs), tool calls of
+# seconds to minutes with a per-task scale (a repository whose tests are slow is slow on
+# every call), contexts up to 128k, served as Qwen3-32B
+ROLLOUT_PRESETS.register(RolloutPreset.SWE_AGENT, RolloutWorkload(
+    num_prompts=32, rollouts_per_prompt=8, prompt_tokens=(2000, 6000), turns_median=65.0, turns_sigma=0.25,
+    turns_range=(50, 100), action_median=220.0, action_sigma=0.8, action_traj_sigma=0.3, action_group_sigma=0.3,
+    action_range=(16, 4096), obs_median=350.0, obs_sigma=1.0, obs_range=(8, 8192), tool_latency_median_s=3.0,
+    tool_latency_sigma=1.0, tool_latency_range_s=(0.2, 300.0), tool_task_sigma=0.8, max_context=131072,
+    model="qwen3-32b", mp_degrees=(1, 2, 4, 8), anneal_iterations=100))
 
 
 def rollout_preset(name: str, **overrides: Any) -> RolloutWorkload:

@@ -210,3 +210,36 @@ def compare(cfg: RolloutWorkload, gpus: int, seeds: tuple[int, ...], policies: t
                                      best.throughput_tokens_per_s if best else 0.0,
                                      best.makespan_s if best else 0.0, bound, speed, crit, tail, work))
     return runs, summaries
+
+
+
+def known_lengths_schedule(cfg: RolloutWorkload, specs: tuple[TrajectorySpec, ...], cost: RolloutCost, gpus: int,
+                           tail_workers: tuple[int, ...] = (1, 2, 3), tail_sizes: tuple[int, ...] = (8, 32, 96),
+                           progress: Any = None) -> tuple[Any, dict[str, Any]]:
+    """The fastest of a family of schedules that know every trajectory's true length (an
+    ORACLE reference, not a policy): `m` workers of the highest usable degree hold the K
+    longest trajectories (K = `m` x a size in `tail_sizes`; longest processing time first
+    by decode tokens), the other GPUs form workers of one degree that hold the rest
+    (likewise), every worker admits the longest remaining first; also one degree
+    everywhere with longest-processing-time homes. Each candidate is simulated (same
+    engine, same prices); returns (the fastest result, its description)."""
+    from harts.sim.rollout.layout import pool_candidates, pool_homes
+
+    toks = np.array([s.generated_tokens for s in specs], dtype=float)
+    degrees = usable_degrees(cfg, cost)
+    pol = get_policy("oracle-pools")
+    cands = []
+    for layout, k in pool_candidates(degrees, gpus, len(specs), tail_workers, tail_sizes):
+        top = max(layout)
+        m = layout.count(top) if k else 0
+        rest = [d for d in layout if d != top] if k else layout
+        desc = f"{m}xMP{top} + {len(rest)}xMP{rest[0]}" if k else f"{len(layout)}xMP{layout[0]}"
+        cands.append((layout, pool_homes(toks, layout, k), {"layout": desc, "tail": k}))
+    best, info = None, {}
+    for layout, homes, desc in cands:
+        if progress:
+            progress(f"known-lengths {desc}")
+        r = simulate_rollout(cfg, pol, gpus, specs=specs, cost=cost, plan=(layout, homes))
+        if best is None or r.makespan_s < best.makespan_s:
+            best, info = r, desc
+    return best, info

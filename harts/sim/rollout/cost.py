@@ -96,6 +96,8 @@ class RolloutCost:
     gpus_per_node: int
     mp_efficiency: float
     hbm_utilization: float
+    fixed_cost_scale: float = 1.0  # multiplies launches and all-reduces (an assumption; sensitivity knob)
+    swap_bytes_per_s: float = 50e9  # host <-> GPU KV copy of one worker (preemption by swapping)
 
     @property
     def weight_bytes(self) -> float:
@@ -115,10 +117,14 @@ class RolloutCost:
         if degree == 1:
             return 0.0
         ring = 2.0 * (degree - 1) / degree * tokens * self.hidden_bytes_per_token / self.nvlink_bus_bytes_per_s
-        return self.num_layers * 2 * (self.nvlink_latency_s + ring)
+        return self.fixed_cost_scale * self.num_layers * 2 * (self.nvlink_latency_s + ring)
 
     def launch_overhead(self) -> float:
-        return self.num_layers * self.kernels_per_layer * self.kernel_launch_s
+        return self.fixed_cost_scale * self.num_layers * self.kernels_per_layer * self.kernel_launch_s
+
+    def swap(self, nbytes: float) -> float:
+        """Seconds to copy `nbytes` of KV between a worker's GPUs and host memory."""
+        return nbytes / self.swap_bytes_per_s
 
     def touched_fraction(self, tokens: float) -> float:
         if self.experts == 0:
@@ -202,6 +208,8 @@ def make_rollout_cost(cfg: RolloutWorkload, model: ModelConfig | None = None,
         gpus_per_node=hw.gpus_per_node,
         mp_efficiency=cfg.mp_efficiency,
         hbm_utilization=cfg.hbm_utilization,
+        fixed_cost_scale=cfg.fixed_cost_scale,
+        swap_bytes_per_s=cfg.swap_bytes_per_s,
     )
 
 
@@ -237,5 +245,7 @@ def _dense_cost(cfg: RolloutWorkload, m: DenseServedModel, hw: HardwareProfile) 
         kernels_per_layer=cfg.decode_kernels_per_layer,
         mp_efficiency=cfg.mp_efficiency,
         hbm_utilization=cfg.hbm_utilization,
+        fixed_cost_scale=cfg.fixed_cost_scale,
+        swap_bytes_per_s=cfg.swap_bytes_per_s,
         **_links(hw),
     )

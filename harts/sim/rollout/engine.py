@@ -25,6 +25,8 @@ import numpy as np
 
 from harts.config.rollout import RolloutWorkload
 from harts.sim.rollout.cost import RolloutCost, make_rollout_cost
+from harts.sim.rollout.layout import choose_layout
+from harts.sim.rollout.memory import KVMemory
 from harts.sim.rollout.migration import Migration
 from harts.sim.rollout.planning import (
     DecodePrice,
@@ -38,7 +40,15 @@ from harts.sim.rollout.planning import (
     prior_tool_mean,
 )
 from harts.sim.rollout.policies import RolloutPolicy, Router, get_policy
-from harts.sim.rollout.state import FIRST_CHECK, READY, STEP_END, TrajState, WorkerState
+from harts.sim.rollout.state import (
+    FIRST_CHECK,
+    NOT_PREEMPTED,
+    PREEMPT_SWAP,
+    READY,
+    STEP_END,
+    TrajState,
+    WorkerState,
+)
 from harts.sim.rollout.types import (
     RolloutResult,
     Segment,
@@ -73,9 +83,12 @@ def usable_degrees(cfg: RolloutWorkload, cost: RolloutCost) -> list[int]:
     return _valid_degrees(cfg, cost, sorted(set(cfg.mp_degrees) | {cfg.baseline_mp}))
 
 
-class _Sim(Migration):
-    def __init__(self, cfg: RolloutWorkload, policy: RolloutPolicy, gpus: int, specs, cost: RolloutCost):
+class _Sim(Migration, KVMemory):
+    def __init__(self, cfg: RolloutWorkload, policy: RolloutPolicy, gpus: int, specs, cost: RolloutCost,
+                 plan: tuple[list[int], list[int] | None] | None = None):
         self.cfg, self.policy, self.cost = cfg, policy, cost
+        self.fixed_plan = plan
+        self.tail_k, self.tail_degree = 0, 0  # tail pool: its size K and its workers' degree (0: none)
         self.gpus = gpus
         self.tr = [TrajState(s) for s in specs]
         self.action_prior = prior_action_mean(cfg)
@@ -98,6 +111,10 @@ class _Sim(Migration):
         self.migrations = 0
         self.prefill_tokens = 0
         self.recomputed = 0
+        self.preemptions = 0
+        self.swapped_bytes = 0.0
+        self.admissions = 0
+        self.paged = cfg.kv_alloc == "paged"
         self.prices = {d: DecodePrice(cost, d, cfg.max_batch) for d in {w.degree for w in self.workers}}
         for t in self.tr:
             self.repredict(t)
@@ -114,9 +131,22 @@ class _Sim(Migration):
         if self.gpus < base or self.gpus % base:
             raise ValueError(f"gpus ({self.gpus}) must be a positive multiple of baseline_mp ({base})")
         layout = [base] * (self.gpus // base)
+        homes = None
+        if self.fixed_plan is not None:  # a layout (and homes) given by the caller
+            layout, homes = list(self.fixed_plan[0]), self.fixed_plan[1]
+            if sum(layout) != self.gpus:
+                raise ValueError(f"plan layout {layout} does not use {self.gpus} GPUs")
+            if homes is not None:
+                for t, a in zip(self.tr, homes, strict=True):
+                    t.assigned = a
+                return make_workers(layout, cost)
         n = len(self.tr)
-        preds = [predict_remaining(t.spec, 0, 0, self.action_prior, cfg.max_context - t.spec.turns[0].input_tokens,
-                                   cfg.turns_range[1]) for t in self.tr]
+        if p.oracle:
+            preds = [(float(t.spec.generated_tokens), float(len(t.spec.turns))) for t in self.tr]
+        else:
+            preds = [predict_remaining(t.spec, 0, 0, self.action_prior,
+                                       cfg.max_context - t.spec.turns[0].input_tokens, cfg.turns_range[1])
+                     for t in self.tr]
         lengths = np.array([x for x, _ in preds], dtype=float)
         tools = np.array([(turns - 1.0) * self.tool_prior for _, turns in preds], dtype=float)
         contexts = np.array([expected_context(0, t.spec.turns[0].input_tokens, x, cfg.max_context)
@@ -131,13 +161,32 @@ class _Sim(Migration):
             a = greedy_place(n, lay)
             return a, estimate_makespan(a, lengths, tools, contexts, lay, pr)
 
-        if p.adaptive_mp:
+        k = 0
+        if p.adaptive_mp and self.fixed_plan is None:
             allowed = usable_degrees(cfg, cost)
-            rng = np.random.default_rng([cfg.seed, 7])
-            layout = anneal_layout(self.gpus, layout, allowed, lambda lay: place(lay)[1], cfg.anneal_iterations, rng)
+            if p.twin_layout:
+                layout, k = choose_layout(cfg, tuple(t.spec for t in self.tr), cost, self.gpus, allowed,
+                                          simulate_rollout)
+            else:
+                rng = np.random.default_rng([cfg.seed, 7])
+                layout = anneal_layout(self.gpus, layout, allowed, lambda lay: place(lay)[1], cfg.anneal_iterations,
+                                       rng)
         workers = make_workers(layout, cost)
+        if k and p.isolation:  # a tail pool: the highest-degree workers keep the K predicted longest
+            self.tail_k, self.tail_degree = k, workers[0].degree
         if p.router == Router.HOME:
-            assign, _ = place([w.degree for w in workers])
+            if self.tail_k:
+                m = sum(1 for w in workers if w.degree == self.tail_degree)
+                order = np.argsort(-lengths, kind="stable")
+                assign = [0] * n
+                for idx, wids in ((order[:k], list(range(m))), (order[k:], list(range(m, len(workers))))):
+                    lay = [workers[w].degree for w in wids]
+                    sub, _ = dp_place(lengths[idx], tools[idx], contexts[idx], lay,
+                                      {d: DecodePrice(cost, d, cfg.max_batch) for d in set(lay)})
+                    for i, a in zip(idx, sub, strict=True):
+                        assign[int(i)] = wids[a]
+            else:
+                assign, _ = place([w.degree for w in workers])
             for t, a in zip(self.tr, assign, strict=True):
                 t.assigned = a
         return workers
@@ -190,6 +239,11 @@ class _Sim(Migration):
         running = t.remaining > 0
         elapsed = t.generated - t.turn_start_generated if running else 0
         nxt = t.spec.turns[t.turn].input_tokens if t.turn < len(t.spec.turns) and not running else 0
+        if p.oracle:  # the truth (an oracle, for reference schedules only)
+            rest = t.spec.turns[t.turn:]
+            x = max(sum(u.action_tokens for u in rest) - elapsed, 1.0)
+            tool = sum(u.tool_latency_s for u in rest)
+            return x, tool, expected_context(t.context, nxt, x, self.cfg.max_context)
         prior = self.group_prior(t.spec.group) if p.group_predictor else self.action_prior
         if p.live_migration:
             x, turns = predict_remaining(t.spec, t.turn, t.turn_start_generated, prior,
@@ -224,6 +278,10 @@ class _Sim(Migration):
             return self.least_loaded()
         if r == Router.CACHE_AWARE:
             return t.home if t.home >= 0 else self.least_loaded()
+        if r == Router.BALANCER:  # a fresh request: least outstanding requests, ties in rotation
+            n = len(self.ws)
+            self.rr += 1
+            return min(range(n), key=lambda i: (len(self.ws[i].running) + len(self.ws[i].queue), (i - self.rr) % n))
         return t.assigned
 
     # ---- workers ----------------------------------------------------------------------
@@ -231,66 +289,81 @@ class _Sim(Migration):
     def admit_order(self, w: WorkerState) -> list[int]:
         if self.policy.priority:
             return sorted(w.queue, key=lambda i: (-self.tr[i].pred[0], self.tr[i].ready_at, i))
-        return sorted(w.queue, key=lambda i: (self.tr[i].ready_at, i))
+        # first come first served; a preempted sequence goes back to the head of the queue
+        return sorted(w.queue, key=lambda i: (not self.tr[i].preempted, self.tr[i].ready_at, i))
 
     def start_chunk(self, w: WorkerState, now: float) -> None:
         cost, d = self.cost, w.info.degree
         cap = w.info.kv_capacity_bytes
+        limit = cap * (1.0 - self.cfg.kv_watermark) if self.paged else cap
         new_tokens, pairs, admitted = 0.0, 0.0, []
+        stall = [0.0]  # host <-> GPU copies (swap in / out) before this chunk decodes
         for tid in self.admit_order(w):
-            if len(w.running) >= self.cfg.max_batch:
-                break
             t = self.tr[tid]
+            if len(w.running) >= self.cfg.max_batch and not self.preempt_for(w, t, now, stall):
+                break
             turn = t.spec.turns[t.turn]
             if t.resume:  # its KV (moved here whole, pinned) holds the turn so far
                 need = w.kv[tid]
-            else:
+            elif t.preempted == PREEMPT_SWAP:
+                need = t.swapped
+            elif self.paged:  # the context and the input now; the action's KV as it is decoded
+                need = cost.kv_bytes(t.context + (0 if t.preempted else turn.input_tokens))
+            else:  # the whole turn up front
                 need = cost.kv_bytes(t.context + turn.input_tokens + turn.action_tokens)
             have = w.kv.get(tid, 0.0)
-            extra = need - have
-            if w.used + extra > cap:
-                evictable = [(ts, v) for v, ts in w.lru.items() if v != tid]
-                if w.used + extra - sum(w.kv[v] for _, v in evictable) > cap:
+            if t.home == w.info.wid:
+                hit = t.context
+            elif w.info.wid in t.stale:  # an older copy in this worker's prefix cache
+                hit = w.ctx.get(tid, 0)
+            else:
+                hit = 0
+            if not self.evict_for(w, need - have, limit, now, keep=tid):
+                if not (self.preempt_for(w, t, now, stall) and self.evict_for(w, need - have, limit, now, keep=tid)):
                     break  # head of line waits
-                for _, v in sorted(evictable):
-                    if w.used + extra <= cap:
-                        break
-                    self.set_kv(w, v, 0.0, now)
-                    self.tr[v].home = -1
-            resident = have > 0
-            fresh = 0 if t.resume else turn.input_tokens + (0 if resident else t.context)
-            if not resident and t.context:
-                self.recomputed += t.context
-            c0 = t.context - (0 if resident else t.context)
-            new_tokens += fresh
-            pairs += fresh * c0 + fresh * (fresh + 1) / 2
+            t.stale.discard(w.info.wid)
             self.set_kv(w, tid, need, now)
             w.lru.pop(tid, None)
+            w.ctx.pop(tid, None)
             t.home = w.info.wid
             w.queue.remove(tid)
             t.queued_on = -1
             if now > t.ready_at:
                 self.seg(t, SegmentKind.QUEUE, t.ready_at, now, w.info.wid, t.generated, t.generated)
             w.running.append(tid)
+            self.admissions += 1
+            t.admitted_at = self.admissions
             if t.resume:
                 t.resume = False
                 continue
-            admitted.append((tid, not resident and t.context > 0))
+            if t.preempted == PREEMPT_SWAP:  # its KV comes back from host memory
+                stall[0] += cost.swap(t.swapped)
+                t.swapped, t.preempted = 0.0, NOT_PREEMPTED
+                continue
+            lost = t.context - hit  # context tokens whose KV is rebuilt here
+            fresh = lost + (0 if t.preempted else turn.input_tokens)
+            self.recomputed += lost
+            new_tokens += fresh
+            pairs += fresh * hit + fresh * (fresh + 1) / 2
+            admitted.append((tid, lost > 0))
+            if t.preempted:  # resumes its turn where it stopped, after rebuilding its KV
+                t.preempted = NOT_PREEMPTED
+                continue
             t.context += turn.input_tokens
             t.remaining = turn.action_tokens
             t.next_check = FIRST_CHECK
         self.prefill_tokens += int(new_tokens)
-        pre = cost.prefill(new_tokens, pairs, d) if admitted else 0.0
-        for tid, rec in admitted:
-            t = self.tr[tid]
-            self.seg(t, SegmentKind.PREFILL, now, now + pre, w.info.wid, t.generated, t.generated, recomputed=rec)
+        pre = (cost.prefill(new_tokens, pairs, d) if admitted else 0.0)
         if not w.running:
             w.active = False
             return
-        k = min(self.tr[i].remaining for i in w.running)
-        if self.policy.live_migration:  # stop at the next re-prediction point of a running turn
-            k = min(k, min(self.tr[i].next_check - (self.tr[i].generated - self.tr[i].turn_start_generated)
-                           for i in w.running))
+        k = self.chunk_length(w, now, stall)
+        w.k_res = k
+        pre += stall[0]
+        for tid, rec in admitted:
+            t = self.tr[tid]
+            if tid in w.running:
+                self.seg(t, SegmentKind.PREFILL, now, now + pre, w.info.wid, t.generated, t.generated, recomputed=rec)
         b = len(w.running)
         ctx = sum(self.tr[i].context for i in w.running) + b * k / 2
         w.step = cost.decode_step(b, ctx, d)
@@ -323,6 +396,11 @@ class _Sim(Migration):
     def step_end(self, w: WorkerState, now: float) -> None:
         k = w.k
         still = []
+        if self.paged and w.k_res > k:  # the chunk was cut short: release the KV reserved beyond it
+            over = (w.k_res - k) * self.cost.kv_bytes_per_token
+            for tid in w.running:
+                w.kv[tid] -= over
+            w.used -= over * len(w.running)
         for tid in w.running:
             t = self.tr[tid]
             before = t.generated
@@ -335,6 +413,8 @@ class _Sim(Migration):
                 if check:
                     t.next_check *= 2
                     self.repredict(t)
+                if check and self.tail_k and self.rehome_running(t, w, now):
+                    continue
                 if (check or w.reconsider) and self.maybe_move_running(t, w, now):
                     continue
                 still.append(tid)
@@ -349,6 +429,7 @@ class _Sim(Migration):
                 t.done, t.finish = True, now
                 self.unfinished -= 1
                 self.drop(t, now)
+                self.drop_stale(t, now)
                 if t.assigned >= 0:
                     self.load_drop(t, self.ws[t.assigned])
                 continue
@@ -361,6 +442,8 @@ class _Sim(Migration):
             w.lru[tid] = now
             self.seg(t, SegmentKind.TOOL, now, now + turn.tool_latency_s, w.info.wid, t.generated, t.generated)
             self.push(now + turn.tool_latency_s, READY, tid)
+            if self.tail_k and self.rehome(t, now):
+                continue
             if self.policy.migration:
                 self.maybe_migrate(t, now)
         w.running = still
@@ -416,7 +499,13 @@ class _Sim(Migration):
             return
         w = self.route(t)
         if t.home >= 0 and t.home != w:
-            self.drop(t, now)
+            if self.policy.router == Router.BALANCER:  # the old copy stays in that worker's prefix cache
+                h = self.ws[t.home]
+                h.ctx[t.spec.tid] = t.context
+                t.stale.add(t.home)
+                t.home = -1
+            else:
+                self.drop(t, now)
         t.ready_at = now
         t.queued_on = w
         self.ws[w].queue.append(t.spec.tid)
@@ -448,6 +537,8 @@ class _Sim(Migration):
             prefill_tokens=self.prefill_tokens,
             recomputed_tokens=self.recomputed,
             migrations=self.migrations,
+            preemptions=self.preemptions,
+            swapped_bytes=self.swapped_bytes,
             timelines=tuple(TrajectoryTimeline(t.spec.tid, tuple(t.segs), t.finish, t.generated) for t in self.tr),
             busy=tuple(tuple((s, e) for s, e in w.busy) for w in self.ws),
             kv_peak_bytes=tuple(w.peak for w in self.ws),
@@ -458,12 +549,14 @@ class _Sim(Migration):
 
 def simulate_rollout(cfg: RolloutWorkload, policy: str | RolloutPolicy, gpus: int,
                      specs: tuple[TrajectorySpec, ...] | None = None,
-                     cost: RolloutCost | None = None) -> RolloutResult:
+                     cost: RolloutCost | None = None,
+                     plan: tuple[list[int], list[int] | None] | None = None) -> RolloutResult:
     """One rollout phase: the step's trajectories (drawn from `cfg` unless given) on `gpus`
-    GPUs under `policy` (a registered name or a `RolloutPolicy`)."""
+    GPUs under `policy` (a registered name or a `RolloutPolicy`). `plan` fixes the layout
+    of degrees and (for a policy routing to planned homes) each trajectory's worker."""
     pol = get_policy(policy) if isinstance(policy, str) else policy
     cost = cost or make_rollout_cost(cfg)
     specs = generate_trajectories(cfg) if specs is None else specs
     if not specs:
         raise ValueError("rollout: no trajectories")
-    return _Sim(cfg, pol, gpus, specs, cost).run()
+    return _Sim(cfg, pol, gpus, specs, cost, plan).run()

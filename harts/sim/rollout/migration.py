@@ -16,6 +16,7 @@ from harts.sim.rollout.types import SegmentKind
 
 MIGRATION_MARGIN = 0.05  # a migration must cut the pair's drain estimate by this fraction
 STEAL_LOOKS = 16  # queued turns a worker with free slots examines per stealing attempt
+TAIL_HYSTERESIS = 1.5  # tail isolation: a trajectory leaves the tail pool when its rank falls below 1.5 K
 LIVE_MARGIN = 0.25  # live migration: the sequence's own predicted finish must drop by this fraction
 
 
@@ -104,6 +105,8 @@ class Migration:
             o = w.info.wid
             if o == src or w.retired or w.info.kv_capacity_bytes - w.used < size:
                 continue
+            if self.tail_k and self.in_tail(w) != self.in_tail(self.ws[src]):  # isolation: pools apart
+                continue
             g = self.gain(t, self.ws[src], w)
             if g > best_gain:
                 best, best_gain = o, g
@@ -140,6 +143,8 @@ class Migration:
             o = w.info.wid
             if o == src.info.wid or w.retired or w.info.kv_capacity_bytes - w.used < size:
                 continue
+            if self.tail_k and self.in_tail(w) != self.in_tail(src):  # isolation: moves stay in their pool
+                continue
             go = self.own_finish(t, w, joins=True) + self.cost.transfer(size, self.same_node(src.info.wid, o))
             if go < best_t:
                 best, best_t = o, go
@@ -148,6 +153,56 @@ class Migration:
         t.resume = True
         t.pending_ready = True
         self.start_move(t, src.info.wid, best, size, self.cost.transfer(size, self.same_node(src.info.wid, best)), now)
+        return True
+
+    def in_tail(self, w: WorkerState) -> bool:
+        return w.info.degree == self.tail_degree
+
+    def rehome(self, t: TrajState, now: float) -> bool:
+        """Tail isolation at a tool-call start: a trajectory now predicted among the K
+        longest remaining moves its KV into the tail pool (the highest-degree workers), one
+        that has dropped below 1.5 K moves out, each to the pool's worker whose drain
+        estimate it raises least. Returns whether it moved."""
+        src = t.home
+        if src < 0 or t.assigned != src or t.migrating:
+            return False
+        x = t.pred[0]
+        rank = sum(1 for o in self.tr if not o.done and o.pred[0] > x)
+        inside = self.in_tail(self.ws[src])
+        if rank < self.tail_k and not inside:
+            pool = [w for w in self.ws if not w.retired and self.in_tail(w)]
+        elif rank >= TAIL_HYSTERESIS * self.tail_k and inside:
+            pool = [w for w in self.ws if not w.retired and not self.in_tail(w)]
+        else:
+            return False
+        tid = t.spec.tid
+        size = self.ws[src].kv[tid]
+        pool = [w for w in pool if w.info.kv_capacity_bytes - w.used >= size]
+        if not pool:
+            return False
+        dst = min(pool, key=lambda w: (self.estimate(w, add=t.pred), w.info.wid))
+        self.start_move(t, src, dst.info.wid, size, self.cost.transfer(size, self.same_node(src, dst.info.wid)), now)
+        return True
+
+    def rehome_running(self, t: TrajState, src: WorkerState, now: float) -> bool:
+        """Tail isolation at a re-prediction point: a running sequence outside the tail pool
+        that is now predicted among the K longest remaining moves into it at this iteration
+        boundary (its KV copied, no prefill). Returns whether it moved."""
+        tid = t.spec.tid
+        if t.assigned != src.info.wid or t.home != src.info.wid or self.in_tail(src):
+            return False
+        x = t.pred[0]
+        if sum(1 for o in self.tr if not o.done and o.pred[0] > x) >= self.tail_k:
+            return False
+        size = src.kv[tid]
+        pool = [w for w in self.ws if not w.retired and self.in_tail(w) and w.info.kv_capacity_bytes - w.used >= size]
+        if not pool:
+            return False
+        dst = min(pool, key=lambda w: (self.estimate(w, add=t.pred), w.info.wid))
+        t.resume = True
+        t.pending_ready = True
+        self.start_move(t, src.info.wid, dst.info.wid, size,
+                        self.cost.transfer(size, self.same_node(src.info.wid, dst.info.wid)), now)
         return True
 
     def same_node(self, a: int, b: int) -> bool:
@@ -172,7 +227,9 @@ class Migration:
         loaded worker moves its estimate by far less than `MIGRATION_MARGIN`. A stolen turn's KV moves over NVLink / InfiniBand (it waits
         for the copy, then queues here); one without a resident KV just re-queues here."""
         slots = self.cfg.max_batch - len(w.running)
-        victims = sorted((v for v in self.ws if v is not w and v.queue), key=lambda v: (-self.estimate(v), v.info.wid))
+        victims = sorted((v for v in self.ws if v is not w and v.queue
+                          and not (self.tail_k and self.in_tail(v) != self.in_tail(w))),
+                         key=lambda v: (-self.estimate(v), v.info.wid))
         looked = 0
         for v in victims:
             for tid in sorted(v.queue, key=lambda i: (-self.tr[i].pred[0], self.tr[i].ready_at, i)):

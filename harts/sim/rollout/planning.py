@@ -43,7 +43,7 @@ def prior_action_mean(cfg: RolloutWorkload) -> float:
 
 
 def prior_tool_mean(cfg: RolloutWorkload) -> float:
-    return cfg.tool_latency_median_s * math.exp(cfg.tool_latency_sigma ** 2 / 2)
+    return cfg.tool_latency_median_s * math.exp((cfg.tool_latency_sigma ** 2 + cfg.tool_task_sigma ** 2) / 2)
 
 
 def predict_remaining(spec: TrajectorySpec, turns_done: int, generated: int, action_prior: float,

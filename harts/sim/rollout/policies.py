@@ -57,6 +57,7 @@ class Router(StrEnum):
     ROUND_ROBIN = "round-robin"
     LEAST_LOADED = "least-loaded"
     CACHE_AWARE = "cache-aware"
+    BALANCER = "balancer"  # every turn a fresh request to a least-requests load balancer (prefix cache kept)
     HOME = "home"  # Heddle: the trajectory's planned (or migrated-to) worker
 
 
@@ -64,11 +65,16 @@ class RolloutPolicyName(StrEnum):
     ROUND_ROBIN = "round-robin"
     LEAST_LOADED = "least-loaded"
     CACHE_AWARE = "cache-aware"
+    VERL = "verl"
+    ORACLE_POOLS = "oracle-pools"
     HEDDLE = "heddle"
     HEDDLE_NO_PRIORITY = "heddle-no-priority"
+    HEDDLE_NO_PREEMPTION = "heddle-no-preemption"
     HEDDLE_NO_PLACEMENT = "heddle-no-placement"
     HEDDLE_NO_MIGRATION = "heddle-no-migration"
     HEDDLE_NO_ADAPTIVE_MP = "heddle-no-adaptive-mp"
+    HEDDLE_ANNEAL_LAYOUT = "heddle-anneal-layout"
+    HEDDLE_NO_ISOLATION = "heddle-no-isolation"
     HEDDLE_NO_GROUP_PREDICTOR = "heddle-no-group-predictor"
     HEDDLE_NO_LIVE_MIGRATION = "heddle-no-live-migration"
     HEDDLE_NO_DYNAMIC_MP = "heddle-no-dynamic-mp"
@@ -86,34 +92,58 @@ class RolloutPolicy:
     live_migration: bool = False
     dynamic_mp: bool = False
     description: str = ""
+    preempt: bool = False  # priority with preemption of short work for a waiting long one
+    oracle: bool = False  # the predictor reads the true remaining lengths: reference schedules only, never Heddle
+    twin_layout: bool = False  # adaptive MP: the layout from simulating candidates on a twin of the step
+    isolation: bool = False  # a tail pool: the predicted-longest trajectories kept on the highest-degree workers
 
     @property
     def step_centric(self) -> bool:
         return self.router != Router.HOME
 
+    @property
+    def reference(self) -> bool:
+        """Reads the true lengths: a known-lengths reference schedule, not a policy."""
+        return self.oracle
+
 
 POLICIES: Registry[RolloutPolicyName, RolloutPolicy] = Registry(
     "rollout policy", RolloutPolicyName, KeyError, duplicate_error=ValueError)
+
+_HEDDLE = dict(priority=True, placement=True, migration=True, adaptive_mp=True, group_predictor=True,
+               live_migration=True, dynamic_mp=True, preempt=True, twin_layout=True, isolation=True)
+
+
+def _heddle(name: RolloutPolicyName, description: str, **off: bool) -> RolloutPolicy:
+    return RolloutPolicy(name, Router.HOME, **(_HEDDLE | off), description=description)
+
 
 for _p in (
     RolloutPolicy(RolloutPolicyName.ROUND_ROBIN, Router.ROUND_ROBIN, description="turns in rotation"),
     RolloutPolicy(RolloutPolicyName.LEAST_LOADED, Router.LEAST_LOADED, description="turns to the least-loaded worker"),
     RolloutPolicy(RolloutPolicyName.CACHE_AWARE, Router.CACHE_AWARE, description="turns pinned to their KV"),
-    RolloutPolicy(RolloutPolicyName.HEDDLE, Router.HOME, True, True, True, True, True, True, True, "every mechanism"),
-    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_PRIORITY, Router.HOME, False, True, True, True, True, True, True,
-                  "without priority"),
-    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_PLACEMENT, Router.HOME, True, False, True, True, True, True, True,
-                  "without DP placement"),
-    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_MIGRATION, Router.HOME, True, True, False, True, True, True, True,
-                  "without migration at tool calls and work stealing"),
-    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_ADAPTIVE_MP, Router.HOME, True, True, True, False, True, True, True,
-                  "without the annealed MP layout"),
-    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_GROUP_PREDICTOR, Router.HOME, True, True, True, True, False, True, True,
-                  "without the prompt-group predictor"),
-    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_LIVE_MIGRATION, Router.HOME, True, True, True, True, True, False, True,
-                  "without in-turn re-prediction and live migration"),
-    RolloutPolicy(RolloutPolicyName.HEDDLE_NO_DYNAMIC_MP, Router.HOME, True, True, True, True, True, True, False,
-                  "without merging idle workers during the step"),
+    RolloutPolicy(RolloutPolicyName.VERL, Router.BALANCER,
+                  description="every turn a fresh request to a least-requests balancer, LRU prefix caches"),
+    RolloutPolicy(RolloutPolicyName.ORACLE_POOLS, Router.HOME, priority=True, oracle=True,
+                  description="ORACLE (true lengths): a given layout and homes, longest remaining first"),
+    _heddle(RolloutPolicyName.HEDDLE, "every mechanism"),
+    _heddle(RolloutPolicyName.HEDDLE_NO_PRIORITY, "without priority (and its preemption)", priority=False,
+            preempt=False),
+    _heddle(RolloutPolicyName.HEDDLE_NO_PREEMPTION, "priority without preemption", preempt=False),
+    _heddle(RolloutPolicyName.HEDDLE_NO_PLACEMENT, "without DP placement", placement=False),
+    _heddle(RolloutPolicyName.HEDDLE_NO_MIGRATION, "without migration at tool calls and work stealing",
+            migration=False),
+    _heddle(RolloutPolicyName.HEDDLE_NO_ADAPTIVE_MP, "at the baselines' fixed degree", adaptive_mp=False),
+    _heddle(RolloutPolicyName.HEDDLE_ANNEAL_LAYOUT, "layout annealed on the drain estimate, not the twin",
+            twin_layout=False),
+    _heddle(RolloutPolicyName.HEDDLE_NO_ISOLATION, "tail pool layout without keeping the tail apart",
+            isolation=False),
+    _heddle(RolloutPolicyName.HEDDLE_NO_GROUP_PREDICTOR, "without the prompt-group predictor",
+            group_predictor=False),
+    _heddle(RolloutPolicyName.HEDDLE_NO_LIVE_MIGRATION, "without in-turn re-prediction and live migration",
+            live_migration=False),
+    _heddle(RolloutPolicyName.HEDDLE_NO_DYNAMIC_MP, "without merging idle workers during the step",
+            dynamic_mp=False),
 ):
     POLICIES.register(_p.name, _p)
 del _p
@@ -125,5 +155,7 @@ def get_policy(name: str) -> RolloutPolicy:
     return POLICIES.get(name)
 
 
-def known_policies() -> list[str]:
-    return POLICIES.known()
+def known_policies(reference: bool = False) -> list[str]:
+    """Registered policy names; reference schedules (which read the true lengths) only
+    with `reference`."""
+    return [n for n in POLICIES.known() if reference or not POLICIES.get(n).reference]

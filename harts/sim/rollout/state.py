@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from harts.sim.rollout.types import Segment, TrajectorySpec, Worker
 
 READY, STEP_END, MIG_DONE = 0, 1, 2
+NOT_PREEMPTED, PREEMPT_RECOMPUTE, PREEMPT_SWAP = 0, 1, 2
 FIRST_CHECK = 512  # live migration: a running turn is re-predicted at 512, 1024, 2048, ... tokens
 
 
@@ -30,6 +31,12 @@ class TrajState:
     done: bool = False
     finish: float = 0.0
     pred: tuple[float, float, float] = (0.0, 0.0, 0.0)  # predicted (tokens, tool s, mean context) left
+    preempted: int = 0  # NOT_PREEMPTED, or how its KV was given up mid-turn (PREEMPT_RECOMPUTE / PREEMPT_SWAP)
+    swapped: float = 0.0  # KV bytes held in host memory while swapped out
+    admitted_at: int = 0  # admission counter value when it last joined a batch (LIFO preemption)
+    stale: set[int] = field(default_factory=set)  # prefix cache: workers holding an older copy of its KV
+    tool_seen: float = 0.0  # seconds of tool calls observed so far
+    tool_calls: int = 0
     segs: list[Segment] = field(default_factory=list)
 
 
@@ -37,6 +44,7 @@ class TrajState:
 class WorkerState:
     info: Worker
     kv: dict[int, float] = field(default_factory=dict)
+    ctx: dict[int, int] = field(default_factory=dict)  # context tokens a cached entry covers (prefix cache)
     used: float = 0.0
     lru: dict[int, float] = field(default_factory=dict)  # evictable cached entries
     running: list[int] = field(default_factory=list)
@@ -46,6 +54,7 @@ class WorkerState:
     decode_start: float = 0.0
     step: float = 0.0
     k: int = 0
+    k_res: int = 0  # iterations whose KV growth the chunk reserved (paged KV)
     chunk_start: float = 0.0
     busy: list[list[float]] = field(default_factory=list)
     samples: list[tuple[float, float]] = field(default_factory=list)

@@ -89,6 +89,8 @@ class RolloutResult:
     kv_peak_bytes: tuple[float, ...]  # per worker
     kv_samples: tuple[tuple[tuple[float, float], ...], ...] = field(repr=False, default=())  # per worker (t, used)
     plan_seconds: float = 0.0
+    preemptions: int = 0  # running sequences taken off a full worker mid-turn (paged KV)
+    swapped_bytes: float = 0.0  # KV copied to host memory by preemptions (preemption="swap")
 
     @property
     def merges(self) -> int:
@@ -129,6 +131,7 @@ class RolloutResult:
             "prefill_tokens": self.prefill_tokens,
             "recomputed_tokens": self.recomputed_tokens,
             "migrations": self.migrations,
+            "preemptions": self.preemptions,
             "gpu_utilization": self.gpu_utilization,
             "p50_finish_s": self.p50_finish_s,
             "worker_degrees": list(self.initial_degrees),

@@ -35,7 +35,7 @@ def test_compare_gantt_and_end_to_end(capsys, tmp_path):
     assert run(["--compare", "--workload", "tiny", "--gpus", "8", "--seed", "2", "--gantt",
                 str(tmp_path / "g.png"), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [r["policy"] for r in rows][:4] == ["round-robin", "least-loaded", "cache-aware", "heddle"]
+    assert [r["policy"] for r in rows][:5] == ["round-robin", "least-loaded", "cache-aware", "verl", "heddle"]
     assert max(r["speedup_vs_best_baseline"] for r in rows if r["step_centric"]) == pytest.approx(1.0)
     assert len({json.dumps(r["makespan_bounds_s"]) for r in rows}) == 1  # one set of trajectories
     for r in rows:
@@ -56,6 +56,14 @@ def test_compare_gantt_and_end_to_end(capsys, tmp_path):
 def test_bad_input_is_a_user_error(argv, msg):
     with pytest.raises(UserError, match=msg):
         run(argv)
+
+
+def test_reference_row_is_labelled_and_not_a_baseline(capsys):
+    assert run(["--policy", "cache-aware", "--workload", "tiny", "--gpus", "8", "--reference", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in rows] == ["cache-aware", "known-lengths (ORACLE)"]
+    assert not rows[1]["step_centric"] and "layout" in rows[1]["reference_schedule"]
+    assert rows[1]["generated_tokens"] == rows[0]["generated_tokens"]
 
 
 def test_a_dense_served_model_and_the_baseline_degree(capsys):

@@ -178,16 +178,22 @@ def test_heddle_with_every_mechanism_off_is_cache_aware():
 
 
 def test_registry_names_and_errors():
-    assert known_policies() == ["round-robin", "least-loaded", "cache-aware", "heddle", "heddle-no-priority",
-                                "heddle-no-placement", "heddle-no-migration", "heddle-no-adaptive-mp",
-                                "heddle-no-group-predictor", "heddle-no-live-migration", "heddle-no-dynamic-mp"]
-    flags = ("priority", "placement", "migration", "adaptive_mp", "group_predictor", "live_migration", "dynamic_mp")
+    assert known_policies() == ["round-robin", "least-loaded", "cache-aware", "verl", "heddle",
+                                "heddle-no-priority", "heddle-no-preemption", "heddle-no-placement",
+                                "heddle-no-migration", "heddle-no-adaptive-mp", "heddle-anneal-layout",
+                                "heddle-no-isolation", "heddle-no-group-predictor", "heddle-no-live-migration",
+                                "heddle-no-dynamic-mp"]
+    flags = ("priority", "preempt", "placement", "migration", "adaptive_mp", "twin_layout", "isolation",
+             "group_predictor", "live_migration", "dynamic_mp")
     h = get_policy("heddle")
-    assert all(getattr(h, f) for f in flags)
+    assert all(getattr(h, f) for f in flags) and not h.oracle
+    names = {"priority": ["preempt"], "preempt": [], "twin_layout": [], "isolation": []}
     for flag in flags:
-        p = get_policy("heddle-no-" + flag.replace("_", "-"))
-        assert not getattr(p, flag)
-        assert sum(getattr(p, f) for f in flags) == len(flags) - 1
+        name = {"preempt": "heddle-no-preemption", "twin_layout": "heddle-anneal-layout"}.get(
+            flag, "heddle-no-" + flag.replace("_", "-"))
+        p = get_policy(name)
+        assert not getattr(p, flag) and not p.oracle
+        assert sum(getattr(p, f) for f in flags) == len(flags) - 1 - len(names.get(flag, []))
     with pytest.raises(KeyError, match="known: round-robin"):
         get_policy("fifo")
 

@@ -19,5 +19,14 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
 fi
 echo "verl_env: installing harts[verl] and the test runner into $VENV..."
 "${PIP[@]}" -e ".[verl]" "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100"
+# The Python that called this script, where its transformers has Kimi-Linear (>= 5.11, the
+# main test environment's): the verl tests run transformers' own Kimi-Linear there as the
+# reference (tests/integrations/kimi_reference.py), since verl's pin has no such class
+if python3 -c "import transformers.models.kimi_linear" >/dev/null 2>&1; then
+    HARTS_REFERENCE_PYTHON=$(python3 -c "import sys; print(sys.executable)")
+    export HARTS_REFERENCE_PYTHON
+else
+    echo "verl_env: python3 has no transformers with Kimi-Linear: the cross-environment Kimi-Linear test skips"
+fi
 echo "verl_env: ready in $((SECONDS - start)) s; running the verl tests"
 "$VENV/bin/python" -m pytest -q tests/integrations/test_verl.py tests/integrations/test_readme_section.py

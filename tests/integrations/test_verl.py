@@ -9,7 +9,9 @@ through `ppo_loss` (clipped PPO, entropy bonus, low-variance KL to the reference
 reference feeds the same `ppo_loss` with log-probs and entropies from transformers' model
 run on each sequence alone (Kimi-Linear under transformers < 5.11, verl's pin, which has no
 Kimi-Linear class: HARTS's own forward on each sequence alone, itself equal to transformers'
-class in float64 to ~1e-14 in tests/models/test_kimi_linear.py). The losses must agree within 1e-10 in float64 (5e-6 in
+class in float64 to ~1e-14 in tests/models/test_kimi_linear.py; and transformers' own class
+run by the main test environment's Python, `HARTS_REFERENCE_PYTHON`, in
+`test_kimi_linear_against_transformers_class_in_another_environment`). The losses must agree within 1e-10 in float64 (5e-6 in
 float32), every parameter's gradient within 1e-10 of the largest (5e-5 in float32);
 `get_per_tensor_param` must yield the checkpoint's own names, shapes, dtypes and values;
 `save_checkpoint` / `load_checkpoint` must give back the model, optimizer and scheduler bit
@@ -177,6 +179,73 @@ def test_ppo_loss_and_gradients_equal_transformers(family, dtype, tol, tmp_path)
         on_disk = CheckpointLayout(model).tensors(model, {k: p.grad for k, p in model.named_parameters()})
         ref_g = loaded.adapter.to_harts(on_disk, loaded.config)
     assert ours_g.keys() == ref_g.keys()
+    scale = max(float(g.abs().max()) for g in ref_g.values())
+    assert scale > 0
+    worst = max(float((ours_g[k] - ref_g[k]).abs().max()) for k in ref_g) / scale
+    assert worst <= tol * 10, worst
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 5e-6)])
+def test_kimi_linear_against_transformers_class_in_another_environment(dtype, tol, tmp_path):
+    """Kimi-Linear against transformers' own class, where verl's environment has none
+    (transformers < 5.11): the Python of the main test environment (HARTS_REFERENCE_PYTHON,
+    which scripts/verl_env.sh sets) builds the checkpoint with transformers'
+    KimiLinearForCausalLM and runs each sequence alone in float64 (kimi_reference.py). Here
+    verl's `ppo_loss` over those log-probs and entropies gives the reference loss and its
+    gradient with respect to them; that gradient goes back to the other Python, whose
+    backward through transformers' model gives the reference parameter gradients (a
+    vector-Jacobian product: the loss's gradient through the same log-probs). The engine's
+    loss, log-probs and every gradient must agree within the one-environment test's
+    tolerances (float64 1e-10, float32 5e-6)."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    python = os.environ.get("HARTS_REFERENCE_PYTHON")
+    if has_transformers_class("kimi_linear"):
+        pytest.skip("this transformers has Kimi-Linear: test_ppo_loss_and_gradients_equal_transformers runs it")
+    if not python:
+        pytest.skip("HARTS_REFERENCE_PYTHON (a Python with transformers >= 5.11) is not set; scripts/verl_env.sh sets it")
+    root = Path(__file__).resolve().parents[2]
+
+    def other(*args):
+        run = subprocess.run([python, "-m", "tests.integrations.kimi_reference", *map(str, args)], cwd=root,
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+
+    ckpt = tmp_path / "tiny-kimi_linear"
+    other("build", ckpt)
+    name = str(dtype).removeprefix("torch.")
+    eng = engine(ckpt, name)
+    data = verl_batch(VOCAB["kimi_linear"])
+    with eng.train_mode():
+        eng.optimizer_zero_grad()
+        out = eng.forward_backward_batch(data, functools.partial(ppo_loss, actor_config()), forward_only=False)
+    sequences = [s.clone() for s in data["input_ids"].unbind()]
+    request, result = tmp_path / "request.pt", tmp_path / "result.pt"
+    torch.save({"sequences": sequences, "temperature": TEMPERATURE, "dtype": name}, request)
+    other("forward", ckpt, request, result)
+    ref = torch.load(result, weights_only=True)
+    offsets = data["input_ids"].offsets()
+    lp = ref["log_probs"].clone().requires_grad_()
+    ent = ref["entropy"].clone().requires_grad_()
+    ref_out = {"log_probs": torch.nested.nested_tensor_from_jagged(lp, offsets),
+               "entropy": torch.nested.nested_tensor_from_jagged(ent, offsets)}
+    ref_loss, _ = ppo_loss(actor_config(), ref_out, data)
+    g_lp, g_ent = torch.autograd.grad(ref_loss, (lp, ent))
+    ref_value = float(ref_loss.detach())
+    assert abs(out["loss"][0] - ref_value) <= tol * max(1.0, abs(ref_value)), (out["loss"][0], ref_value)
+    mask = data["response_mask"].bool()
+    ours_lp = _responses(out["model_output"]["log_probs"], data)
+    assert float((ours_lp - _responses(ref_out["log_probs"].detach(), data))[mask].abs().max()) <= tol * 10
+    torch.save({"sequences": sequences, "temperature": TEMPERATURE, "dtype": name, "grad_log_probs": g_lp,
+                "grad_entropy": g_ent}, request)
+    other("forward", ckpt, request, result)
+    loaded = eng.loaded
+    ref_all = loaded.adapter.to_harts(torch.load(result, weights_only=True)["grads"], loaded.config)
+    ours_g = {k: p.grad for k, p in eng.module.named_parameters()}
+    assert ours_g.keys() <= ref_all.keys()  # the rest: buffers (zeros)
+    ref_g = {k: ref_all[k] for k in ours_g}
     scale = max(float(g.abs().max()) for g in ref_g.values())
     assert scale > 0
     worst = max(float((ours_g[k] - ref_g[k]).abs().max()) for k in ref_g) / scale

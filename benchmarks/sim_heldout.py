@@ -44,6 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from harts.bench.sim_measure import DEVICE_RATES, HOST_RATES, LAUNCH_RATES  # noqa: E402
 from harts.config.models import get_model_config  # noqa: E402
 from harts.sim.executor_rates import BASE_EXECUTOR, executor_rates_from_dict, executor_rates_to_dict  # noqa: E402
 from harts.sim.fit_executor import KINDS, case_of, fit_launches, fit_rates, predict, step_of  # noqa: E402
@@ -55,8 +56,6 @@ SUITE = {"h100": [f"{RESULTS}/2026-12-05-ae26d54-window-suite-h100-{s}.json" for
 ANATOMY = f"{RESULTS}/2026-12-05-f9de154-window-anatomy-h200.json"
 HOST = f"{RESULTS}/2026-12-05-f9de154-window-host-h200.json"
 CALIBRATE = "grpo/0@8192,grpo/0@32768,bushy/0@16384,stepwise/0@16384"
-DEVICE_RATES = ["device_scale", "half_efficiency_rows", "consumer_device_s_per_producer_row"]
-HOST_RATES = ["host_s_per_launch", "step_fixed_s"]
 MARGIN = 0.05
 
 
@@ -133,8 +132,7 @@ def fit_profile_rates(gpu: str, hw_dict: dict, model: str, calibration: set[str]
     counted = [cases.case(*k.split(), launches=v["plain"]["kernels"], device_s=v["plain"]["kernel_s"])
                for k, v in anatomy.items()]
     rates, launch_fit = fit_launches(rates, counted)
-    for n in ("launches_per_step", "launches_per_microbatch", "launches_per_extra_kda_round", "launches_per_consumer",
-              "launches_per_sequence"):
+    for n in LAUNCH_RATES:
         sources[n] = "fitted"
         whats[n] = f"fitted to the counted kernel launches of 12 steps in {ANATOMY} (the executor's code path)"
     notes = {"launches": launch_fit}
@@ -153,8 +151,8 @@ def fit_profile_rates(gpu: str, hw_dict: dict, model: str, calibration: set[str]
         truth = [cases.case(r["instance"], r["kind"], measured_s=r["seconds"])
                  for f in SUITE[gpu] + extra for r in suite_rows(f)]
         cal = [c for c in truth if c.name in calibration]
-        rates, notes["step"] = fit_rates(rates, cal, DEVICE_RATES + HOST_RATES)
-        for n in DEVICE_RATES + HOST_RATES:
+        rates, notes["step"] = fit_rates(rates, cal, [*DEVICE_RATES, *HOST_RATES])
+        for n in [*DEVICE_RATES, *HOST_RATES]:
             sources[n] = "fitted"
             whats[n] = (f"fitted to the step times of the calibration instances {sorted(calibration)} in "
                         + ", ".join(SUITE[gpu]))

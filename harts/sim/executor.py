@@ -157,7 +157,7 @@ class ExecutorCostModel(CostModel):
         self.rates = rates
         self._layers = [lay.num_kda + lay.num_mla + lay.num_gdn + lay.num_gated_attention
                         for lay in (st.layers for st in self.stages)]
-        self._producer_rows: dict[int, int] = {}
+        self._rows: dict[int, int] = {}  # each microbatch's rows, by id (a consumer reads its producer's)
         self._producers: set[int] = set()
 
     def bind(self, step: StepWork) -> ExecutorCostModel:
@@ -167,7 +167,7 @@ class ExecutorCostModel(CostModel):
         # benchmarks/results/chains/2026-12-05-c6623d0-chains-h100.json 19-29% high, the
         # producer's rows alone 0-2% on the three plain chains (the rate is fitted on
         # one-level windows, where the two are the same)
-        self._producer_rows = {w.mb: w.tokens for w in step.microbatches}
+        self._rows = {w.mb: w.tokens for w in step.microbatches}
         self._producers = set(step.producers)
         self._pass.cache_clear()
         return self
@@ -189,7 +189,7 @@ class ExecutorCostModel(CostModel):
         return MicrobatchFeatures(
             fwd_s=fwd, bwd_s=bwd, comm_fwd_s=comm_f, comm_bwd_s=comm_b, rows=work.tokens,
             kda_rounds=len(work.kda_rounds), consumer=consumer,
-            producer_rows=self._producer_rows.get(work.producer, 0) if consumer else 0,
+            producer_rows=self._rows.get(work.producer, 0) if consumer else 0,
             producer=work.mb in self._producers, layer_ratio=self._layers[stage] / self.rates.reference_layers,
             forward_passes=float(statistics_forwards(self.model)),
             sequences=sum(r.sequences for r in work.kda_rounds))

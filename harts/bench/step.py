@@ -127,7 +127,7 @@ def step_benchmark(trajectories, *, model: str | torch.nn.Module = "tiny-h200", 
     from harts.config.kernels import KernelConfig
     from harts.config.models import get_model_config
     from harts.config.param_counts import parameter_counts
-    from harts.exec.factory import make_trainer
+    from harts.exec.factory import chained_expanded_plan, make_trainer
     from harts.exec.model.model import build_model
     from harts.sim.flops import (
         flop_ratio,
@@ -155,7 +155,9 @@ def step_benchmark(trajectories, *, model: str | torch.nn.Module = "tiny-h200", 
                            "microbatch_tokens": microbatch_tokens, "trajectories": len(trajectories),
                            "baselines": {}}
     forest = build_forest(trajectories)
-    longest = max((len(t.tokens) for t in trajectories), default=0)
+    # a trajectory longer than the budget: the packed baseline runs its chain of windows
+    chained = chained_expanded_plan(trajectories, microbatch_tokens, cfg.chunk_size, forest) \
+        if "packed" in baselines else None
     params = parameter_counts(cfg).total
     work: dict[str, dict] = {}
     profiles: dict[str, dict] = {}
@@ -173,15 +175,8 @@ def step_benchmark(trajectories, *, model: str | torch.nn.Module = "tiny-h200", 
         else:
             net = copy.deepcopy(source).to(device=device, dtype=dtype)
             net.recompute = True
-        if mode == "packed" and longest > microbatch_tokens:
-            # a trajectory longer than the budget: the expanded-ffd plan cuts it into a chain of
-            # windows at the budget (harts.plan.planners.chains), as the tree side is cut
-            from harts.config.plan import PlanConfig
-            from harts.plan.planners import make_plan
-
-            plan = make_plan(forest, "expanded-ffd", PlanConfig(microbatch_tokens=microbatch_tokens,
-                                                                chunk_size=cfg.chunk_size))
-            trainer = make_trainer("plan", net, plan, kernels=kernels)
+        if mode == "packed" and chained is not None:
+            trainer = make_trainer("plan", net, chained, kernels=kernels)
         else:
             trainer = make_trainer(kinds[mode], net, kernels=kernels)
         for i in range(warmup):
@@ -214,7 +209,7 @@ def step_benchmark(trajectories, *, model: str | torch.nn.Module = "tiny-h200", 
             out[key]["kda_rounds"] = max(m["kda_rounds"] for m in res.layout)
             out[key]["replay_tokens"] = replay = sum(m["replay_tokens"] for m in res.layout)
         partition = res.microbatches
-        if mode == "packed" and longest > microbatch_tokens:
+        if mode == "packed" and chained is not None:
             # the work of a chain is its trajectory's: each row once, causal attention over it
             long = {j for j, t in enumerate(trajectories) if len(t.tokens) > microbatch_tokens}
             partition = [[j] for j in sorted(long)] + [b for b in ([j for j in m if j not in long]

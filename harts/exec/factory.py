@@ -25,9 +25,26 @@ from harts.config.kernels import KernelConfig
 from harts.config.loss import PolicyLossConfig
 from harts.config.optimizer import OptimizerConfig
 
-__all__ = ["TRAINER_KINDS", "make_trainer"]
+__all__ = ["TRAINER_KINDS", "chained_expanded_plan", "make_trainer"]
 
 TRAINER_KINDS = ("expanded", "tree", "plan", "prefix-merged")
+
+
+def chained_expanded_plan(trajectories: Sequence[Any], microbatch_tokens: int, chunk_size: int,
+                          forest: Any = None) -> Any:
+    """The expanded baseline's plan where a trajectory is longer than `microbatch_tokens`:
+    the expanded-ffd plan, whose chains of windows (`harts.plan.planners.chains`) keep every
+    microbatch within the budget; None where every trajectory fits (the packed layout, the
+    "expanded" kind, runs them). `forest`: the trajectories' forest where the caller has it.
+    Raises ValueError for a budget the planner refuses."""
+    if max((len(t) for t in trajectories), default=0) <= microbatch_tokens:
+        return None
+    from harts.config.plan import PlanConfig
+    from harts.plan.planners import make_plan
+    from harts.tree import build_forest
+
+    forest = forest if forest is not None else build_forest(trajectories)
+    return make_plan(forest, "expanded-ffd", PlanConfig(microbatch_tokens=microbatch_tokens, chunk_size=chunk_size))
 
 
 def make_trainer(kind: str, model: Any, plan: Any = None, *, optimizer: OptimizerConfig | None = None,

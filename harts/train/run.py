@@ -251,10 +251,9 @@ def _check_tree_mode(mc: ModelConfig) -> None:
         raise TrainError(str(err), field="mode") from None
 
 
-def _plan(config: TrainConfig, trajectories: list, mc: ModelConfig, dp: int = 1, pp: int = 1,
-          planner: str | None = None) -> Any:
+def _plan(config: TrainConfig, trajectories: list, mc: ModelConfig, dp: int = 1, pp: int = 1) -> Any:
     """The step plan: `plan.file`'s (checked against the step's forest), or the planner's
-    (`planner`, default the run's) for `dp` replicas and `pp` stages."""
+    for `dp` replicas and `pp` stages."""
     from harts.tree import build_forest
 
     forest = build_forest(trajectories)
@@ -270,7 +269,7 @@ def _plan(config: TrainConfig, trajectories: list, mc: ModelConfig, dp: int = 1,
     from harts.config.plan import PlanConfig
     from harts.plan.planners import known_planners, make_plan
 
-    planner = planner or config.planner
+    planner = config.planner
     if planner not in known_planners():
         raise TrainError(f"unknown planner {planner!r}; known: {', '.join(known_planners())}", field="plan.planner")
     try:
@@ -284,7 +283,7 @@ def _build_single(config: TrainConfig, mc: ModelConfig, trajectories: list) -> T
     import torch
 
     from harts.config.param_counts import parameter_counts
-    from harts.exec.factory import make_trainer
+    from harts.exec.factory import chained_expanded_plan, make_trainer
 
     device = _device(config)
     total = parameter_counts(mc).total
@@ -297,11 +296,13 @@ def _build_single(config: TrainConfig, mc: ModelConfig, trajectories: list) -> T
     kind, plan = config.mode, None
     if config.planner is not None:
         kind, plan = "plan", _plan(config, trajectories, mc)
-    elif config.mode == "expanded" and max(len(t.tokens) for t in trajectories) > config.plan.microbatch_tokens:
-        # a trajectory longer than the budget: the expanded-ffd plan cuts it into a chain of
-        # windows at the budget (harts.plan.planners.chains), where the packed layout would
-        # give it a microbatch of its own, over the budget
-        kind, plan = "plan", _plan(config, trajectories, mc, planner="expanded-ffd")
+    elif config.mode == "expanded":
+        # a trajectory longer than the budget runs as a chain of windows, not over the budget
+        try:
+            plan = chained_expanded_plan(trajectories, config.plan.microbatch_tokens, mc.chunk_size)
+        except ValueError as err:
+            raise TrainError(str(err)) from None
+        kind = "expanded" if plan is None else "plan"
     trainer = make_trainer(kind, model, plan, optimizer=config.optimizer, loss=config.loss, kernels=config.kernels)
     checkpoints = RunCheckpoints(config, trainer.model, trainer.optimizer)
     return TrainRun(config, mc, trainer, trajectories, checkpoints, loaded=loaded, device=device)

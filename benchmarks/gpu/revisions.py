@@ -1,18 +1,20 @@
 """The single-process step times of two source trees of HARTS on the same rollouts, in one
-run (does a change of the code move them?): the unsplit tree, the expanded baseline and a
-window plan.
+run (does a change of the code move them?): the unsplit tree, the expanded baseline (packed,
+and prefix-merged with `prefix`) and a window plan.
 
     python3 benchmarks/gpu/revisions.py --roots OLD_TREE NEW_TREE [--workload swe-treestep-1]
         [--shapes grpo/0@16384,...] [--model tiny-h200] [--budget 131072]
-        [--window-budget 57344] [--modes tree,expanded,windows] [--steps 2] [--no-autotune] --out DIR
+        [--baselines treestep,stepwise,grpo,bushy] [--window-budget 57344]
+        [--modes tree,expanded,prefix,windows] [--steps 5] [--no-autotune] --out DIR
 
 A root is a directory holding a `harts/` package (`git archive REV harts | tar -x -C DIR`).
 The rollouts are generated once, by the current tree's generator (the `--workload` preset,
-and each `--shapes` instance `family/seed@budget` of `harts.tree.shapes`), and written as
+each `--baselines` workload of benchmarks/gpu/baselines.py, and each `--shapes` instance
+`family/seed@budget` of `harts.tree.shapes`), and written as
 rollout JSONL; each root runs in one process of its own for the whole run (PYTHONPATH=root;
 imports, kernel compilation and caches paid once), asked for each set in turn with the roots
 alternating set by set, through the API both trees share: `build_model(..., dtype=bf16, recompute=True)`, `TreeTrainer`,
-`ExpandedTrainer` and (`windows`) `PlanTrainer` over the `l1l2` plan at the window budget
+`ExpandedTrainer`, (`prefix`) `PrefixMergedTrainer` and (`windows`) `PlanTrainer` over the `l1l2` plan at the window budget
 (the preset's `--window-budget`, a shape instance's own budget), `prepare` + `step`, `--warmup` steps and then the median of `--steps`,
 each timed with a device synchronisation. Each root's run is also repeated with its order
 reversed (expanded first) when `--both-orders` is given. Writes DIR/revisions.json with
@@ -95,6 +97,10 @@ def run_set(args: argparse.Namespace) -> dict:
             plan = make_plan(build_forest(trajs), "l1l2", PlanConfig(microbatch_tokens=budget,
                                                                      chunk_size=cfg.chunk_size))
             trainer = PlanTrainer(net, plan)
+        elif mode == "prefix":
+            from harts.exec.prefix_trainer import PrefixMergedTrainer
+
+            trainer = PrefixMergedTrainer(net)
         else:
             trainer = TreeTrainer(net) if mode == "tree" else ExpandedTrainer(net)
             if mode == "expanded":
@@ -152,6 +158,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--window-budget", type=int, default=57344, help="the preset's window plan budget")
     ap.add_argument("--shapes", default="", help="harts.tree.shapes instances family/seed@budget, comma-separated: "
                     "each runs its window plan and expanded baseline at its budget, the tree unsplit")
+    ap.add_argument("--baselines", default="", help="benchmarks/gpu/baselines.py workloads (treestep, stepwise, grpo, "
+                    "bushy), comma-separated: each set as --workload's, at --budget and --window-budget")
     ap.add_argument("--expanded-at-window-budget", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
@@ -162,7 +170,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--input", help=argparse.SUPPRESS)
-    ap.add_argument("--modes", default="tree,expanded,windows")
+    ap.add_argument("--modes", default="tree,expanded,windows",
+                    help="comma-separated: tree (unsplit), expanded (packed), prefix (prefix-merged), windows (l1l2)")
     args = ap.parse_args(argv)
     if args.worker:
         return worker(args)
@@ -179,6 +188,13 @@ def main(argv: list[str]) -> int:
     if args.workload and args.workload != "none":
         sets.append((args.workload, generate(preset(args.workload, vocab_size=vocab)).trajectories(),
                      args.window_budget, False))
+    if args.baselines:
+        if str(Path(__file__).resolve().parents[2]) not in sys.path:
+            sys.path.append(str(Path(__file__).resolve().parents[2]))
+        from benchmarks.gpu.baselines import workload as baseline_workload
+
+        for name in args.baselines.split(","):
+            sets.append((f"baselines/{name}", baseline_workload(name, vocab), args.window_budget, False))
     for spec in filter(None, args.shapes.split(",")):
         family, rest = spec.split("/")
         seed, budget = (int(x) for x in rest.split("@"))

@@ -20,6 +20,10 @@ calibration set's fit into a hardware profile's `executor` section (how the ship
 h100/h200 profiles were made); `--measured` adds the rows of benchmarks/gpu/sim_calibrate.py
 (their instances are held out, their calibrated profile is reported beside).
 
+`--chains FILE` (a benchmarks/gpu/chains.py file) adds its steps to the held-out set as
+"chains:<case>": trajectories longer than the budget run as chains of windows, and the
+swe-treestep-1 preset's windows, at 16-32k budgets.
+
 `--rows FILE` (a benchmarks/gpu/sim_calibrate.py file, every step of it measured on one
 revision of the code, with counted launches and kernel time): the whole protocol on that
 file alone. The executor section is fitted from the base rates (`fit_profile`, what `harts
@@ -45,6 +49,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harts.bench.sim_measure import DEVICE_RATES, HOST_RATES, LAUNCH_RATES  # noqa: E402
+from harts.sim.executor_rates import CATEGORY_SCALES  # noqa: E402
+
+# the files without kernel time by category fit the device rates but not the category scales
+TOTAL_DEVICE_RATES = tuple(n for n in DEVICE_RATES if n not in CATEGORY_SCALES)
 from harts.config.models import get_model_config  # noqa: E402
 from harts.sim.executor_rates import BASE_EXECUTOR, executor_rates_from_dict, executor_rates_to_dict  # noqa: E402
 from harts.sim.fit_executor import KINDS, case_of, fit_launches, fit_rates, predict, step_of  # noqa: E402
@@ -137,12 +145,14 @@ def fit_profile_rates(gpu: str, hw_dict: dict, model: str, calibration: set[str]
         whats[n] = f"fitted to the counted kernel launches of 12 steps in {ANATOMY} (the executor's code path)"
     notes = {"launches": launch_fit}
     if gpu == "h200":
+        # the anatomy has no kernel time by category: the category scales stay at the base
+        # section's 1 (every op at device_scale x its roofline price), an assumption
         # kernel time from the anatomy's profiles, wall time from the host file's unprofiled steps
-        rates, notes["device"] = fit_rates(rates, counted, DEVICE_RATES, target="device")
+        rates, notes["device"] = fit_rates(rates, counted, TOTAL_DEVICE_RATES, target="device")
         walls = json.loads((ROOT / HOST).read_text())["cases"]
         timed = [cases.case(*k.split(), measured_s=v["host"]["wall_s"]) for k, v in walls.items()]
         rates, notes["host"] = fit_rates(rates, timed, HOST_RATES)
-        for n in DEVICE_RATES:
+        for n in TOTAL_DEVICE_RATES:
             sources[n], whats[n] = "fitted", f"fitted to the profiled kernel time of 12 steps in {ANATOMY}"
         for n in HOST_RATES:
             sources[n], whats[n] = "fitted", f"fitted to the unprofiled step times of 4 steps in {HOST}"
@@ -151,12 +161,34 @@ def fit_profile_rates(gpu: str, hw_dict: dict, model: str, calibration: set[str]
         truth = [cases.case(r["instance"], r["kind"], measured_s=r["seconds"])
                  for f in SUITE[gpu] + extra for r in suite_rows(f)]
         cal = [c for c in truth if c.name in calibration]
-        rates, notes["step"] = fit_rates(rates, cal, [*DEVICE_RATES, *HOST_RATES])
-        for n in [*DEVICE_RATES, *HOST_RATES]:
+        rates, notes["step"] = fit_rates(rates, cal, [*TOTAL_DEVICE_RATES, *HOST_RATES])
+        for n in [*TOTAL_DEVICE_RATES, *HOST_RATES]:
             sources[n] = "fitted"
             whats[n] = (f"fitted to the step times of the calibration instances {sorted(calibration)} in "
                         + ", ".join(SUITE[gpu]))
     return rates, sources, whats, notes, cases, truth
+
+
+def chain_cases(path: str, model: str, rates, hw) -> list:
+    """The measured steps of a benchmarks/gpu/chains.py file as cases ("chains:<case>",
+    the kind as measured), their rollouts rebuilt by chains.py's own `instance`."""
+    from dataclasses import replace
+
+    from benchmarks.gpu.chains import instance
+
+    data = json.loads((ROOT / path).read_text() if not Path(path).is_absolute() else Path(path).read_text())
+    cfg = get_model_config(model)
+    hw = replace(hw, executor=rates)
+    out, forests = [], {}
+    for key, c in data["cases"].items():
+        if "seconds" not in c:
+            continue
+        case = key.split()[0]
+        if case not in forests:
+            forests[case] = build_forest(instance(case)[0])
+        step = step_of(forests[case], c["kind"], c["budget"], cfg.chunk_size)
+        out.append(case_of(f"chains:{case}", c["kind"], step, cfg, hw, measured_s=c["seconds"]))
+    return out
 
 
 def fit_from_rows(hw_dict: dict, model: str, calibration: set[str], path: str):
@@ -185,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="tiny-h200")
     ap.add_argument("--calibrate", default=CALIBRATE, help="calibration instances (family/seed@budget, comma-separated)")
     ap.add_argument("--measured", action="append", default=[], help="rows of benchmarks/gpu/sim_calibrate.py (held out)")
+    ap.add_argument("--chains", action="append", default=[],
+                    help="a benchmarks/gpu/chains.py file: its steps (trajectories longer than the budget, "
+                         "swe-treestep-1 windows) predicted and held out")
     ap.add_argument("--rows", help="a sim_calibrate.py file: calibrate on its --calibrate instances, hold out the rest")
     ap.add_argument("--profile", help="predict with this profile's executor rates (e.g. sim_calibrate's "
                     "profile.json) instead of fitting; every --measured row is held out")
@@ -204,10 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         whats = {k: v.get("what", "") for k, v in prof["executor"].items()}
         cases, truth, calibration = Cases(args.model, prof), [], set()
     held = [cases.case(r["instance"], r["kind"], measured_s=r["seconds"]) for f in args.measured for r in suite_rows(f)]
+    held += [c for f in args.chains for c in chain_cases(f, args.model, rates, cases.hw)]
     result = {"provenance": provenance(sys.argv if argv is None else [sys.argv[0], *argv]), "gpu": args.gpu,
               "model": args.model, "calibration_instances": sorted(calibration),
               "sources": {"suite": [] if args.profile else [args.rows] if args.rows else SUITE[args.gpu],
-                          "measured": args.measured, "launches": args.rows or ANATOMY,
+                          "measured": args.measured, "chains": args.chains, "launches": args.rows or ANATOMY,
                           "profile": args.profile or f"{args.gpu} (fitted here)"},
               "fit": notes, "rates": executor_rates_to_dict(rates, sources, whats),
               **report(rates, truth + held, calibration, {c.name for c in held})}

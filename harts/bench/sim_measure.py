@@ -167,7 +167,8 @@ def measure_instances(model: str, device: str, instances: Sequence[tuple[str, in
 
 LAUNCH_RATES = ("launches_per_step", "launches_per_microbatch", "launches_per_extra_kda_round",
                 "launches_per_consumer", "launches_per_sequence")
-DEVICE_RATES = ("device_scale", "half_efficiency_rows", "consumer_device_s_per_producer_row")
+DEVICE_RATES = ("device_scale", "half_efficiency_rows", "consumer_device_s_per_producer_row",
+                "attention_tree_scale", "attention_causal_scale", "kda_scale")
 HOST_RATES = ("host_s_per_launch", "step_fixed_s")
 
 
@@ -179,7 +180,7 @@ def fit_profile(prof: dict[str, Any], rows: Sequence[dict[str, Any]], model: str
     (without kernel profiles: the device scale and host rates to the wall time). Returns
     (profile, fit notes). The profile's op rates are used as they are."""
     from harts.config.models import get_model_config
-    from harts.sim.executor_rates import executor_rates_to_dict
+    from harts.sim.executor_rates import CATEGORY_SCALES, executor_rates_to_dict
     from harts.sim.fit_executor import case_of, fit_launches, fit_rates, step_of
     from harts.sim.hardware import profile_from_dict
     from harts.tree import build_forest, shapes
@@ -195,8 +196,8 @@ def fit_profile(prof: dict[str, Any], rows: Sequence[dict[str, Any]], model: str
         if key not in forests:
             forests[key] = build_forest(shapes.draw(*key, vocab_size=cfg.vocab_size))
         step = step_of(forests[key], r["kind"], r["budget"], cfg.chunk_size, unsplit_budget)
-        cases.append(case_of(r["instance"], r["kind"], step, cfg, hw, measured_s=r["seconds"],
-                             launches=r.get("launches"), device_s=r.get("device_s")))
+        cases.append(case_of(r["instance"], r["kind"], step, cfg, hw, device_by_category=r.get("device_by_category"),
+                             measured_s=r["seconds"], launches=r.get("launches"), device_s=r.get("device_s")))
     if not cases:
         raise RuntimeError("calibrate: no step could be measured")
     fitted, notes = hw.executor, {}
@@ -209,10 +210,13 @@ def fit_profile(prof: dict[str, Any], rows: Sequence[dict[str, Any]], model: str
         for n in LAUNCH_RATES:
             sources[n], whats[n] = "fitted", f"{here}: counted kernel launches"
     if all(c.device_s for c in cases):
-        fitted, notes["device"] = fit_rates(fitted, cases, DEVICE_RATES, target="device")
+        # the category scales only where the profiles say which kernels are which
+        names = [n for n in DEVICE_RATES if n not in CATEGORY_SCALES or all(c.device_by_category for c in cases)]
+        fitted, notes["device"] = fit_rates(fitted, cases, names, target="device")
         fitted, notes["step"] = fit_rates(fitted, cases, HOST_RATES)
-        for n in DEVICE_RATES:
-            sources[n], whats[n] = "fitted", f"{here}: profiled kernel time"
+        for n in names:
+            sources[n], whats[n] = "fitted", (f"{here}: profiled kernel time" if n not in CATEGORY_SCALES else
+                                              f"{here}: profiled kernel time of its category")
         for n in HOST_RATES:
             sources[n], whats[n] = "fitted", f"{here}: step wall time"
     else:

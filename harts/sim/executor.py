@@ -11,7 +11,9 @@ costs
     max(device seconds, host seconds)
 
 - device: the roofline price of the counted ops (`ops.py`, launch term left out) x
-  `device_scale` (measured kernel time over roofline time on large microbatches) x
+  `device_scale` (measured kernel time over roofline time on large microbatches; tree
+  attention, causal attention and KDA further x `attention_tree_scale`,
+  `attention_causal_scale`, `kda_scale`, fitted to the kernel time of each category) x
   `1 + half_efficiency_rows / rows` (small GEMMs and kernels run below their large-size
   efficiency), plus the window terms: a consumer gathers and accumulates its producer's
   stash (`consumer_device_s_per_producer_row` x its producer's rows, in a chain of windows
@@ -90,6 +92,29 @@ class MicrobatchFeatures:
     layer_ratio: float = 1.0  # the stage's layers over the profile's reference_layers
     forward_passes: float = 1.0  # full-model forwards in the forward action (`statistics_forwards`)
     sequences: int = 0  # sequences of the microbatch's KDA rounds, summed over rounds
+    # the roofline seconds of fwd_s and bwd_s that are tree attention, causal attention and
+    # KDA (`SCALED_KINDS`), each priced at its category scale
+    fwd_parts: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    bwd_parts: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+
+# the op kinds with a scale of their own (ExecutorRates.attention_tree_scale, ...), in
+# MicrobatchFeatures.fwd_parts order
+SCALED_KINDS = (OpKind.ATTENTION_TREE, OpKind.ATTENTION_CAUSAL, OpKind.KDA_CHUNK)
+
+
+def _scales(rates: ExecutorRates) -> tuple[float, float, float]:
+    return rates.attention_tree_scale, rates.attention_causal_scale, rates.kda_scale
+
+
+def scaled_seconds(rates: ExecutorRates, total: float, parts: Sequence[float]) -> float:
+    """Roofline seconds `total` with its `parts` (SCALED_KINDS) at their category scales."""
+    return total + sum((k - 1.0) * x for k, x in zip(_scales(rates), parts, strict=True))
+
+
+def kind_scale(rates: ExecutorRates, kind: OpKind) -> float:
+    """An op kind's scale over device_scale (1 for the token-wise ops)."""
+    return _scales(rates)[SCALED_KINDS.index(kind)] if kind in SCALED_KINDS else 1.0
 
 
 def statistics_forwards(model: ModelConfig) -> int:
@@ -118,11 +143,11 @@ def action_seconds(rates: ExecutorRates, phase: Phase, f: MicrobatchFeatures) ->
     eff = rates.device_scale * efficiency_factor(rates, f.rows)
     host = launches(rates, f) * rates.host_s_per_launch
     if phase == Phase.FWD:
-        device = f.forward_passes * f.fwd_s * eff + f.comm_fwd_s
+        device = f.forward_passes * scaled_seconds(rates, f.fwd_s, f.fwd_parts) * eff + f.comm_fwd_s
         if f.producer:
             device += f.rows * rates.offload_bytes_per_producer_row / rates.offload_bytes_per_s
         return device, host * rates.forward_host_share
-    device = f.bwd_s * eff + f.comm_bwd_s
+    device = scaled_seconds(rates, f.bwd_s, f.bwd_parts) * eff + f.comm_bwd_s
     if f.consumer:
         device += f.producer_rows * rates.consumer_device_s_per_producer_row
     return device, host * (1.0 - rates.forward_host_share)
@@ -173,18 +198,21 @@ class ExecutorCostModel(CostModel):
         return self
 
     def features(self, stage: int, work: MicrobatchWork) -> MicrobatchFeatures:
-        def split(phase: Phase) -> tuple[float, float]:
+        def split(phase: Phase) -> tuple[float, float, tuple[float, float, float]]:
             comp = comm = 0.0
+            parts = [0.0, 0.0, 0.0]
             for op, count in self.stages[stage].pass_op_counts(phase, (work,)):
                 t = self.pricer.seconds(op) * count
                 if op.kind in _COMM:
                     comm += t
                 else:
                     comp += t
-            return comp, comm
+                    if op.kind in SCALED_KINDS:
+                        parts[SCALED_KINDS.index(op.kind)] += t
+            return comp, comm, (parts[0], parts[1], parts[2])
 
-        fwd, comm_f = split(Phase.FWD)
-        bwd, comm_b = split(Phase.BWD)
+        fwd, comm_f, parts_f = split(Phase.FWD)
+        bwd, comm_b, parts_b = split(Phase.BWD)
         consumer = work.producer is not None
         return MicrobatchFeatures(
             fwd_s=fwd, bwd_s=bwd, comm_fwd_s=comm_f, comm_bwd_s=comm_b, rows=work.tokens,
@@ -192,7 +220,7 @@ class ExecutorCostModel(CostModel):
             producer_rows=self._rows.get(work.producer, 0) if consumer else 0,
             producer=work.mb in self._producers, layer_ratio=self._layers[stage] / self.rates.reference_layers,
             forward_passes=float(statistics_forwards(self.model)),
-            sequences=sum(r.sequences for r in work.kda_rounds))
+            sequences=sum(r.sequences for r in work.kda_rounds), fwd_parts=parts_f, bwd_parts=parts_b)
 
     def device_by_category(self, step: StepWork) -> dict[str, float]:
         """One GPU's simulated device seconds by op category (the categories `harts sim
@@ -208,9 +236,10 @@ class ExecutorCostModel(CostModel):
                 for op, count in self.stages[0].pass_op_counts(phase, (w,)):
                     t = self.pricer.seconds(op) * count
                     cat = _category(op.kind)
-                    out[cat] += t if cat == "collectives" else t * times * eff
-            out["window"] += action_seconds(r, Phase.FWD, f)[0] - f.forward_passes * f.fwd_s * eff - f.comm_fwd_s
-            out["window"] += action_seconds(r, Phase.BWD, f)[0] - f.bwd_s * eff - f.comm_bwd_s
+                    out[cat] += t if cat == "collectives" else t * times * eff * kind_scale(r, op.kind)
+            out["window"] += (action_seconds(r, Phase.FWD, f)[0] - f.comm_fwd_s
+                              - f.forward_passes * scaled_seconds(r, f.fwd_s, f.fwd_parts) * eff)
+            out["window"] += action_seconds(r, Phase.BWD, f)[0] - scaled_seconds(r, f.bwd_s, f.bwd_parts) * eff - f.comm_bwd_s
         out["optimizer"] = CostModel.optimizer(self, 0)
         return out
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-__all__ = ["BASE_EXECUTOR", "RATE_NAMES", "SOURCES", "ExecutorRates", "executor_rates_from_dict", "executor_rates_to_dict"]
+__all__ = ["BASE_EXECUTOR", "CATEGORY_SCALES", "RATE_NAMES", "SOURCES", "ExecutorRates", "executor_rates_from_dict", "executor_rates_to_dict"]
 
 SOURCES = ("measured", "fitted", "assumption")
 
@@ -28,13 +28,24 @@ class ExecutorRates:
     offload_bytes_per_s: float
     step_fixed_s: float
     reference_layers: float  # layers of the model the launch counts were counted on
+    # device time of an op category over its roofline price x device_scale (the token-wise
+    # ops' scale is device_scale itself): the roofline's relative prices of tree attention,
+    # causal attention and KDA against the GEMMs are assumptions a kernel profile corrects
+    attention_tree_scale: float = 1.0
+    attention_causal_scale: float = 1.0
+    kda_scale: float = 1.0
 
     def with_values(self, **values: float) -> ExecutorRates:
         return replace(self, **values)
 
 
 RATE_NAMES = tuple(f.name for f in fields(ExecutorRates))
-_ADDED_LATER = ("launches_per_sequence",)
+# rates a profile fitted before they existed lacks, with the value that reproduces its fit:
+# no launches per sequence (its launch counts were fitted without the term), and the
+# category scales at 1 (every op priced at device_scale x its roofline time)
+_ADDED_LATER = {"launches_per_sequence": 0.0, "attention_tree_scale": 1.0, "attention_causal_scale": 1.0,
+                "kda_scale": 1.0}
+CATEGORY_SCALES = ("attention_tree_scale", "attention_causal_scale", "kda_scale")
 
 
 def executor_rates_from_dict(section: dict[str, Any], sources: dict[str, str]) -> ExecutorRates:
@@ -44,7 +55,7 @@ def executor_rates_from_dict(section: dict[str, Any], sources: dict[str, str]) -
         entry = section.get(name)
         if entry is None and name in _ADDED_LATER:
             # a profile fitted before the term existed: its launch counts were fitted without it
-            entry = {"value": 0.0, "source": "assumption"}
+            entry = {"value": _ADDED_LATER[name], "source": "assumption"}
         if not isinstance(entry, dict) or "value" not in entry or "source" not in entry:
             raise ValueError(f"hardware profile: executor.{name} must be {{value, source, what}}")
         if entry["source"] not in SOURCES:
@@ -89,6 +100,11 @@ BASE_EXECUTOR: dict[str, dict[str, Any]] = {
     "offload_bytes_per_s": _entry(2.0e10, "assumption", "PCIe Gen5 x16 copies between pinned host memory and the "
                                   "device, ~20 GB/s each way"),
     "step_fixed_s": _entry(0.0, "assumption", "fixed seconds per step beyond the launches"),
+    "attention_tree_scale": _entry(1.0, "assumption", "tree attention's kernel time over its roofline price x "
+                                   "device_scale (the roofline prices it at the profile's attention.tree rate)"),
+    "attention_causal_scale": _entry(1.0, "assumption", "causal attention's kernel time over its roofline price x "
+                                     "device_scale"),
+    "kda_scale": _entry(1.0, "assumption", "the KDA kernels' time over their roofline price x device_scale"),
     "reference_layers": _entry(8.0, "measured", "layers of tiny-h200, the model whose launches were counted "
                                "(harts/config/models.py); a stage of another model scales the per-microbatch, "
                                "per-round and per-consumer launches by its layers over these"),

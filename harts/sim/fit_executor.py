@@ -25,10 +25,11 @@ from harts.sim.executor import (
     ExecutorCostModel,
     MicrobatchFeatures,
     action_seconds,
+    efficiency_factor,
     microbatch_features,
     step_seconds_1gpu,
 )
-from harts.sim.executor_rates import ExecutorRates
+from harts.sim.executor_rates import CATEGORY_SCALES, ExecutorRates
 from harts.sim.hardware import HardwareProfile
 from harts.sim.ops import Phase
 
@@ -37,6 +38,7 @@ __all__ = [
     "UNSPLIT_BUDGET",
     "Case",
     "case_of",
+    "category_seconds",
     "device_seconds",
     "fit_launches",
     "fit_rates",
@@ -71,6 +73,8 @@ class Case:
     measured_s: float | None = None
     launches: float | None = None  # counted kernel launches of the step, where measured
     device_s: float | None = None  # summed kernel time of the step, where measured
+    # measured kernel seconds of the scaled categories, where profiled: {"attention", "kda"}
+    device_by_category: tuple[tuple[str, float], ...] | None = None
 
     @property
     def microbatches(self) -> int:
@@ -78,10 +82,33 @@ class Case:
 
 
 def case_of(name: str, kind: str, step: StepWork, model: ModelConfig, hardware: HardwareProfile,
-            **truth: float | None) -> Case:
+            device_by_category: dict[str, float] | None = None, **truth: float | None) -> Case:
+    """`device_by_category`: a profiled step's kernel seconds by category (`harts sim
+    validate`'s categories); its attention and KDA seconds are kept for the category fits."""
     cost = ExecutorCostModel(model, ParallelConfig(dp=1, pp=1, ep=1), hardware)
     feats = tuple(microbatch_features(cost, step))
-    return Case(name, kind, feats, cost.optimizer(0) - _fixed(cost.rates), **truth)
+    cats = None
+    if device_by_category:
+        cats = tuple((k, float(device_by_category[k])) for k in CATEGORY_TRUTHS if k in device_by_category)
+    return Case(name, kind, feats, cost.optimizer(0) - _fixed(cost.rates), device_by_category=cats, **truth)
+
+
+# the measured categories the category scales are fitted to
+CATEGORY_TRUTHS = ("attention", "kda")
+# a category under this many kernel seconds in a step is left out of the fit (timer noise)
+_MIN_CATEGORY_S = 1e-3
+
+
+def category_seconds(rates: ExecutorRates, case: Case) -> dict[str, float]:
+    """The step's device seconds of attention and KDA, as `harts sim validate` reports them."""
+    out = dict.fromkeys(CATEGORY_TRUTHS, 0.0)
+    scales = (rates.attention_tree_scale, rates.attention_causal_scale, rates.kda_scale)
+    for f in case.features:
+        eff = rates.device_scale * efficiency_factor(rates, f.rows)
+        for parts, times in ((f.fwd_parts, f.forward_passes), (f.bwd_parts, 1.0)):
+            out["attention"] += (scales[0] * parts[0] + scales[1] * parts[1]) * eff * times
+            out["kda"] += scales[2] * parts[2] * eff * times
+    return out
 
 
 def _fixed(rates: ExecutorRates) -> float:
@@ -110,16 +137,28 @@ def fit_rates(base: ExecutorRates, cases: Sequence[Case], names: Sequence[str],
     x0 = np.array([max(getattr(base, n), 1e-12) for n in names])
     scale = x0.copy()
     model = predict if target == "measured" else device_seconds
+    # with a category scale among the names, each profiled step's attention and KDA
+    # seconds are residuals too (the step's total alone hardly tells the scales apart)
+    cats = [(i, k, x) for i, c in enumerate(cases) for k, x in (c.device_by_category or ())
+            if x >= _MIN_CATEGORY_S] if target == "device" and set(names) & set(CATEGORY_SCALES) else []
 
     def residuals(z: np.ndarray) -> np.ndarray:
         r = base.with_values(**dict(zip(names, z * scale, strict=True)))
-        return np.log(np.array([model(r, c) for c in cases]) / truth)
+        res = np.log(np.array([model(r, c) for c in cases]) / truth)
+        if not cats:
+            return res
+        per = [category_seconds(r, c) for c in cases]
+        return np.concatenate([res, np.log(np.maximum([per[i][k] for i, k, _ in cats], 1e-30)
+                                           / np.array([x for *_, x in cats]))])
 
     sol = least_squares(residuals, np.ones(len(names)), bounds=(0.0, np.inf), x_scale=1.0)
     fitted = base.with_values(**dict(zip(names, sol.x * scale, strict=True)))
     res = residuals(sol.x)
-    return fitted, {"cases": len(cases), "rms_log_error": float(np.sqrt(np.mean(res ** 2))),
-                    "max_abs_log_error": float(np.max(np.abs(res)))}
+    out = {"cases": len(cases), "rms_log_error": float(np.sqrt(np.mean(res[:len(cases)] ** 2))),
+           "max_abs_log_error": float(np.max(np.abs(res[:len(cases)])))}
+    if cats:
+        out["category_rms_log_error"] = float(np.sqrt(np.mean(res[len(cases):] ** 2)))
+    return fitted, out
 
 
 def fit_launches(base: ExecutorRates, cases: Sequence[Case]) -> tuple[ExecutorRates, dict[str, float]]:

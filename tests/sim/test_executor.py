@@ -127,6 +127,32 @@ def test_fits_recover_the_rates_that_made_the_data():
     assert info["rms_log_error"] < 1e-6
 
 
+def test_the_category_fit_recovers_the_scales_that_made_the_kernel_times():
+    """Kernel totals and attention/KDA seconds made by known category scales: the device
+    fit (what `harts sim calibrate` runs on profiled steps) finds those scales again."""
+    from harts.sim.fit_executor import category_seconds, device_seconds
+
+    hw = load_hardware("h100")
+    truth_rates = hw.executor.with_values(device_scale=1.6, attention_tree_scale=0.3, attention_causal_scale=0.7,
+                                          kda_scale=0.55)
+    start = hw.executor.with_values(attention_tree_scale=1.0, attention_causal_scale=1.0, kda_scale=1.0)
+    cases = []
+    for family in ("grpo", "long-chain", "bushy", "fanout"):
+        forest = _forest(family, 4096)
+        for kind in ("tree", "windows", "expanded"):
+            c = case_of(family, kind, step_of(forest, kind, 4096, MODEL.chunk_size), MODEL, hw)
+            cats = tuple(category_seconds(truth_rates, c).items())
+            cases.append(replace(c, device_s=device_seconds(truth_rates, c), device_by_category=cats))
+    names = ["device_scale", "attention_tree_scale", "attention_causal_scale", "kda_scale"]
+    got, info = fit_rates(start, cases, names, target="device")
+    for n in names:
+        assert getattr(got, n) == pytest.approx(getattr(truth_rates, n), rel=1e-3), n
+    assert info["category_rms_log_error"] < 1e-6
+    # without the category truths the totals alone are fitted and the residual records none
+    _, info = fit_rates(start, [replace(c, device_by_category=None) for c in cases], ["device_scale"], target="device")
+    assert "category_rms_log_error" not in info
+
+
 def test_the_base_executor_section_loads():
     data = json.loads((HARDWARE_DIR / "h200.json").read_text())
     data["executor"] = BASE_EXECUTOR
@@ -144,8 +170,32 @@ def test_the_forward_action_runs_the_statistics_forward_only_with_the_global_aux
     one, two = (microbatch_features(ExecutorCostModel(scopes[s], ONE, hw), step)[0] for s in ("microbatch", "global"))
     assert (one.forward_passes, two.forward_passes) == (1.0, 2.0)
     d1, d2 = (action_seconds(hw.executor, Phase.FWD, f)[0] for f in (one, two))
-    assert d2 - d1 == pytest.approx(one.fwd_s * hw.executor.device_scale
-                                    * (1 + hw.executor.half_efficiency_rows / one.rows))
+    r = hw.executor
+    per_forward = (one.fwd_s + (r.attention_tree_scale - 1) * one.fwd_parts[0]
+                   + (r.attention_causal_scale - 1) * one.fwd_parts[1] + (r.kda_scale - 1) * one.fwd_parts[2])
+    assert d2 - d1 == pytest.approx(per_forward * r.device_scale * (1 + r.half_efficiency_rows / one.rows))
+
+
+def test_category_scales_price_their_ops_alone():
+    """Each category scale multiplies its own ops' device seconds and nothing else: the
+    device totals of two rates differing in one scale differ by (scale change) x that
+    category's priced seconds, which `harts sim validate`'s categories report."""
+    hw = load_hardware("h100")
+    step = step_of(_forest(), "tree", 4096, MODEL.chunk_size)
+    cm = ExecutorCostModel(MODEL, ONE, hw)
+    base = cm.device_by_category(step)
+    for name, cat in (("attention_tree_scale", "attention"), ("kda_scale", "kda")):
+        old = getattr(hw.executor, name)
+        cm2 = ExecutorCostModel(MODEL, ONE, hw, rates=hw.executor.with_values(**{name: 2 * old}))
+        moved = cm2.device_by_category(step)
+        assert moved[cat] == pytest.approx(2 * base[cat], rel=1e-12) and base[cat] > 0
+        for other in ("token-wise", "window", "optimizer"):
+            assert moved[other] == pytest.approx(base[other], rel=1e-12)
+        feats = microbatch_features(cm2, step)
+        total2 = sum(action_seconds(cm2.rates, ph, f)[0] for f in feats for ph in (Phase.FWD, Phase.BWD))
+        feats = microbatch_features(cm, step)
+        total1 = sum(action_seconds(cm.rates, ph, f)[0] for f in feats for ph in (Phase.FWD, Phase.BWD))
+        assert total2 - total1 == pytest.approx(base[cat], rel=1e-9)
 
 
 def test_device_categories_add_up_to_the_modelled_device_time():

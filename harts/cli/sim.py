@@ -60,6 +60,10 @@ def _add_common(p: argparse.ArgumentParser, sweep: bool) -> None:
     p.add_argument("--calibration", help="calibration JSON (harts sim fit) for --cost-model calibrated")
     p.add_argument("--no-recompute", action="store_true", help="keep all activations (no recomputation)")
     p.add_argument("--seed", type=int, default=0, help="planner seed")
+    p.add_argument("--window-floors", choices=("off", "auto"), default="off",
+                   help="l1l2 on one pipeline stage: price each microbatch at least at its host-bound floor "
+                        "(auto: harts.sim.executor.window_floors for the model on --hardware at the budget), so "
+                        "windows are chosen only where they pay (default: off, rows alone)")
     p.add_argument("--ep-lockstep", action=argparse.BooleanOptionalAction, default=True,
                    help="run the k-th passes of an EP group together, as EP all-to-alls force (default; "
                         "--no-ep-lockstep: free-running replicas, all-to-all as bandwidth only)")
@@ -180,6 +184,11 @@ class _Setup:
             from harts.tree.workload import preset
 
             kw["microbatch_tokens"] = preset(workload).microbatch_tokens
+        if getattr(self.args, "window_floors", "off") == "auto" and self.hardware.executor is not None:
+            from harts.sim.executor import window_floors
+
+            kw["microbatch_floor"], kw["consumer_floor"] = window_floors(self.model, self.hardware,
+                                                                         kw["microbatch_tokens"])
         try:
             plan = make_plan(forest, planner, PlanConfig(**kw))
         except ValueError as err:

@@ -44,7 +44,16 @@ class PlanConfig:
     its candidate plans by the pipelined critical path; with pp = 1 neither applies.
 
     `search_evaluations` (l1l2, pp = 1): evaluations of a seeded (`seed`) search that
-    re-forms the final plan's windows (`l1l2._search_windows`); 0 (default) skips it."""
+    re-forms the final plan's windows (`l1l2._search_windows`); 0 (default) skips it.
+
+    `microbatch_floor`, `consumer_floor` (l1l2, pp = 1; token equivalents of the cost
+    model): the least a microbatch costs whatever its rows (a host-bound executor issues
+    the same kernel launches for a small microbatch as for a large one) and what a window
+    consumer adds to it (its stash assembly and state handoff). l1l2 prices its windowed
+    plan and L1's recomputing plan with them (each microbatch at max(its load, its floor))
+    and keeps the cheaper, so windows are chosen only where they pay.
+    `harts.sim.executor.window_floors` derives them from a model and a hardware profile;
+    0 (default) leaves every plan priced by its rows alone."""
 
     dp: int = 1
     microbatch_tokens: int = DEFAULT_MICROBATCH_TOKENS
@@ -56,6 +65,8 @@ class PlanConfig:
     pp: int = 1
     min_microbatches_per_stage: int = DEFAULT_MIN_MICROBATCHES_PER_STAGE
     search_evaluations: int = 0
+    microbatch_floor: float = 0.0
+    consumer_floor: float = 0.0
 
     @property
     def target_microbatches(self) -> int:
@@ -83,5 +94,8 @@ class PlanConfig:
             raise ValueError(f"PlanConfig.chunk_size must be >= 1, got {self.chunk_size}")
         if self.search_evaluations < 0:
             raise ValueError(f"PlanConfig.search_evaluations must be >= 0, got {self.search_evaluations}")
+        for name in ("microbatch_floor", "consumer_floor"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"PlanConfig.{name} must be >= 0, got {getattr(self, name)}")
         if not isinstance(self.cost_model, LoadModel):
             raise ValueError(f"PlanConfig.cost_model must be a load model, got {self.cost_model!r}")

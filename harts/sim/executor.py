@@ -59,6 +59,7 @@ __all__ = [
     "MicrobatchFeatures",
     "microbatch_features",
     "step_seconds_1gpu",
+    "window_floors",
 ]
 
 _COMM = {OpKind.ALL_TO_ALL, OpKind.P2P, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER}
@@ -267,3 +268,37 @@ def _executor(model: ModelConfig, parallel: ParallelConfig, hardware: HardwarePr
 
 
 register_cost_model(CostModelName.EXECUTOR, _executor)
+
+
+def window_floors(model: ModelConfig, hardware: HardwareProfile, rows: int,
+                  rates: ExecutorRates | None = None) -> tuple[float, float]:
+    """(`PlanConfig.microbatch_floor`, `consumer_floor`) for `model` on `hardware` at
+    microbatches of `rows` rows, in the default load model's token equivalents: the host
+    seconds of a microbatch's launches (and of a consumer's extra launches) over the
+    device seconds the executor model prices one token equivalent at, on one sequence of
+    `rows` tokens run as one microbatch. A microbatch whose load is below the floor costs
+    the floor: its kernels are shorter than the host takes to issue them."""
+    import numpy as np
+
+    from harts.config.plan import PlanConfig
+    from harts.plan.planners import make_plan
+    from harts.plan.step import step_from_plan
+    from harts.tree import build_forest
+    from harts.tree.trajectory import Trajectory
+
+    r = rates or hardware.executor
+    if r is None:
+        raise ValueError(f"hardware profile {hardware.name!r} has no executor rates")
+    rows = max(int(rows), 2 * model.chunk_size)
+    tokens = np.arange(rows, dtype=np.int64) % max(2, model.vocab_size)
+    mask = np.ones(rows, bool)
+    mask[0] = False
+    forest = build_forest([Trajectory.make("floor", "floor", tokens, loss_mask=mask)])
+    config = PlanConfig(microbatch_tokens=rows, chunk_size=model.chunk_size)
+    step = step_from_plan(make_plan(forest, "l1", config), forest, model.chunk_size)
+    cost = ExecutorCostModel(model, ParallelConfig(dp=1, pp=1, ep=1), hardware, rates=r)
+    (f,) = microbatch_features(cost, step)
+    device = sum(action_seconds(r, ph, f)[0] for ph in (Phase.FWD, Phase.BWD))
+    per_token = device / float(config.cost_model.segment_cost(np.array([0]), np.array([rows]))[0])
+    host = r.host_s_per_launch * f.layer_ratio
+    return (r.launches_per_microbatch * host / per_token, r.launches_per_consumer * host / per_token)

@@ -183,3 +183,32 @@ def test_sweep_over_budgets(capsys):
                                                        if r["microbatch_tokens"] == budget]
     assert main(["sim", "sweep", *case, "--microbatch-tokens", "256,x"]) == 2
     assert "expected token budgets" in json.loads(capsys.readouterr().out)["error"]
+
+
+def test_window_floors_plan_as_the_library_does(capsys, tmp_path):
+    """`--window-floors auto` plans l1l2 with window_floors for the model on --hardware at
+    the budget: the simulated step equals that plan's, and it is no dearer than the plan
+    without floors wherever the floors chose L1."""
+    from harts.config.models import get_model_config
+    from harts.config.plan import PlanConfig
+    from harts.plan.planners import make_plan
+    from harts.sim.executor import window_floors
+    from harts.sim.hardware import load_hardware
+    from harts.tree import build_forest, shapes
+    from harts.tree.io import save_jsonl
+
+    cfg = get_model_config("tiny-h200")
+    trajs = shapes.draw("bushy", 3, 8192, vocab_size=cfg.vocab_size)
+    rollouts = tmp_path / "bushy.jsonl"
+    save_jsonl(trajs, rollouts)
+    common = ["--input", str(rollouts), "--model", "tiny-h200", "--gpus", "1", "--planner", "l1l2",
+              "--microbatch-tokens", "8192", "--hardware", "h100", "--json"]
+    off, auto = (json.loads(run(capsys, ["sim", *common, "--window-floors", w])[1]) for w in ("off", "auto"))
+    floor, consumer = window_floors(cfg, load_hardware("h100"), 8192)
+    plan = make_plan(build_forest(trajs), "l1l2", PlanConfig(microbatch_tokens=8192, chunk_size=cfg.chunk_size,
+                                                             microbatch_floor=floor, consumer_floor=consumer))
+    assert auto["microbatches"] == len(plan.microbatches)
+    if plan.info.get("chosen") == "l1":
+        assert auto["step_seconds"] <= off["step_seconds"]
+    code, out, _ = run(capsys, ["sim", *common, "--window-floors", "sometimes"])
+    assert code == 2 and "--window-floors" in json.loads(out)["error"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from harts.plan.plan import Plan
+from harts.plan.plan import Microbatch, Plan
 from harts.plan.planners.common import (
     PlanConfig,
     finalize_tree,
@@ -52,10 +52,24 @@ def run(ctx: Context, stages: Sequence[Stage] = STAGES, state: State | None = No
     return state
 
 
+def floored_load(mbs: Sequence[Microbatch], config: PlanConfig) -> float:
+    """The largest replica's sum of max(load, floor) over its microbatches: a
+    microbatch's load (overhead + cost) or `config.microbatch_floor` (+ `consumer_floor`
+    for a window consumer), whichever is larger."""
+    per: dict[int, float] = {}
+    over = config.cost_model.microbatch_overhead
+    for m in mbs:
+        floor = config.microbatch_floor + (config.consumer_floor if m.producer is not None else 0.0)
+        per[m.replica] = per.get(m.replica, 0.0) + max(over + m.cost, floor)
+    return max(per.values(), default=0.0)
+
+
 def finish(ctx: Context, state: State) -> Plan:
     """The plan: L1's microbatches (recomputed paths, no windows) when they have a shorter
     critical path, or when there is no windowed plan; else the windowed plan's. A plan
-    that meets a pipeline's floor is only displaced by an L1 plan that does too."""
+    that meets a pipeline's floor is only displaced by an L1 plan that does too. With
+    microbatch floors (`PlanConfig.microbatch_floor`, `consumer_floor`; pp = 1) the two
+    are compared by `floored_load` instead: windows only where they pay."""
     config, idx = ctx.config, ctx.idx
     target = config.target_microbatches
     best = state.best
@@ -69,9 +83,16 @@ def finish(ctx: Context, state: State) -> Plan:
     pipe = {"pp": config.pp, "target_microbatches": target} if config.pp > 1 else {}
     l1_floor = min(sum(1 for x in row if x > 0) for row in l1_loads) >= target
     floor_met = best is not None and target > ctx.lower and fewest_microbatches(best.cells) >= target
-    if best is None or ((l1_floor or not floor_met) and l1_crit < best.crit * (1 - 1e-9)):
+    floors = config.pp == 1 and (config.microbatch_floor > 0 or config.consumer_floor > 0)
+    mbs = to_microbatches(idx, best.cells) if best is not None else []
+    if floors and best is not None:
+        priced = {"l1": floored_load(l1_mbs, config), "windows": floored_load(mbs, config)}
+        pipe["floored_load"] = priced
+        take_l1 = priced["l1"] < priced["windows"] * (1 - 1e-9)
+    else:
+        take_l1 = best is None or ((l1_floor or not floor_met) and l1_crit < best.crit * (1 - 1e-9))
+    if take_l1:
         return finalize_tree(idx, l1_mbs, config, PlannerName.L1L2.value, {"chosen": "l1", **pipe})
-    mbs = to_microbatches(idx, best.cells)
     info = {
         "slots_considered": [state.searched.start, state.searched.stop - 1],
         "cells_per_replica": best.groups,

@@ -44,18 +44,19 @@ def run(model: str, hardware: str, families: list[str], seeds: list[int], budget
         for seed in seeds:
             for budget in budgets:
                 forest = build_forest(shapes.draw(family, seed, budget, vocab_size=min(32768, cfg.vocab_size)))
-                floor, consumer = window_floors(cfg, hw, budget)
+                floor, consumer, per_row = window_floors(cfg, hw, budget)
                 configs = {
                     "l1l2": ("l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=cfg.chunk_size)),
                     "l1l2-floors": ("l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=cfg.chunk_size,
-                                                       microbatch_floor=floor, consumer_floor=consumer)),
+                                                       microbatch_floor=floor, consumer_floor=consumer,
+                                                       consumer_row_cost=per_row)),
                     "l1": ("l1", PlanConfig(microbatch_tokens=budget, chunk_size=cfg.chunk_size)),
                     "expanded-ffd": ("expanded-ffd", PlanConfig(microbatch_tokens=budget, chunk_size=cfg.chunk_size)),
                     "unsplit": ("l1l2", PlanConfig(microbatch_tokens=max(131072, forest.compact_tokens),
                                                    chunk_size=cfg.chunk_size)),
                 }
                 row = {"instance": f"{family}/{seed}@{budget}", "rows": forest.compact_tokens,
-                       "floors": [floor, consumer], "plans": {}}
+                       "floors": [floor, consumer, per_row], "plans": {}}
                 for name, (planner, pc) in configs.items():
                     plan = make_plan(forest, planner, pc)
                     step = step_from_plan(plan, forest, cfg.chunk_size)

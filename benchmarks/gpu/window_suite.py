@@ -14,7 +14,10 @@ suite calls):
 
 - `tree`: the whole instance unsplit (`TreeTrainer`, budget `--unsplit-budget`, 131072);
 - `windows@B`: the `l1l2` plan at the budget (`PlanTrainer`);
-- `expanded@B`: the trajectory-expanded baseline at the budget.
+- `expanded@B`: the trajectory-expanded baseline at the budget;
+- with `--window-floors`, `windows-floored@B`: the `l1l2` plan with the microbatch floors of
+  this GPU's shipped profile (`harts.sim.executor.window_floors`): L1's windowless plan
+  where it is the cheaper.
 
 Per case the median of `--steps` prepared steps after `--warmup`, and peak allocated
 memory. Derived per instance: window step / unsplit step, speedup of the windows over
@@ -51,6 +54,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--unsplit-budget", type=int, default=131072)
+    ap.add_argument("--window-floors", action="store_true",
+                    help="also `windows-floored@B`: l1l2 with the microbatch floors of this GPU's profile "
+                         "(harts.sim.executor.window_floors), windows only where they pay")
     ap.add_argument("--fidelity", action="store_true")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--no-autotune", action="store_true", help="each Triton kernel's first config")
@@ -92,6 +98,8 @@ def main(argv: list[str]) -> int:
                         "longest": int(f.traj_length.max()), "cases": {}}
                 result["instances"][key] = inst
                 kinds = [("tree", args.unsplit_budget), ("windows", budget), ("expanded", budget)]
+                if args.window_floors:
+                    kinds.append(("windows-floored", budget))
                 for kind, b in kinds:
                     t0 = time.perf_counter()
                     try:
@@ -171,6 +179,12 @@ def summarize(inst: dict) -> dict:
         s["unsplit_rows_per_s"] = tree["rows"] / tree["seconds"]
     if "seconds" in win:
         s["window_rows_per_s"] = win["rows"] / win["seconds"]
+    floored = c.get("windows-floored", {})
+    if "seconds" in floored and "seconds" in tree:
+        s["floored_over_unsplit"] = floored["seconds"] / tree["seconds"]
+        s["floored_microbatches"] = floored["microbatches"]
+        if exp.get("peak_bytes"):
+            s["peak_floored_over_expanded"] = floored["peak_bytes"] / exp["peak_bytes"]
     return s
 
 

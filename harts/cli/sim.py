@@ -187,8 +187,8 @@ class _Setup:
         if getattr(self.args, "window_floors", "off") == "auto" and self.hardware.executor is not None:
             from harts.sim.executor import window_floors
 
-            kw["microbatch_floor"], kw["consumer_floor"] = window_floors(self.model, self.hardware,
-                                                                         kw["microbatch_tokens"])
+            floors = window_floors(self.model, self.hardware, kw["microbatch_tokens"])
+            kw.update(zip(("microbatch_floor", "consumer_floor", "consumer_row_cost"), floors, strict=True))
         try:
             plan = make_plan(forest, planner, PlanConfig(**kw))
         except ValueError as err:

@@ -49,11 +49,12 @@ class PlanConfig:
     `microbatch_floor`, `consumer_floor` (l1l2, pp = 1; token equivalents of the cost
     model): the least a microbatch costs whatever its rows (a host-bound executor issues
     the same kernel launches for a small microbatch as for a large one) and what a window
-    consumer adds to it (its stash assembly and state handoff). l1l2 prices its windowed
-    plan and L1's recomputing plan with them (each microbatch at max(its load, its floor))
-    and keeps the cheaper, so windows are chosen only where they pay.
-    `harts.sim.executor.window_floors` derives them from a model and a hardware profile;
-    0 (default) leaves every plan priced by its rows alone."""
+    consumer adds to it (its stash assembly and state handoff); `consumer_row_cost`: what a
+    consumer's load grows by per row of its producer (gathering and accumulating the
+    stash). l1l2 prices its windowed plan and L1's recomputing plan with them (each
+    microbatch at max(its load, its floor)) and keeps the cheaper, so windows are chosen
+    only where they pay. `harts.sim.executor.window_floors` derives all three from a model
+    and a hardware profile; 0 (default) leaves every plan priced by its rows alone."""
 
     dp: int = 1
     microbatch_tokens: int = DEFAULT_MICROBATCH_TOKENS
@@ -67,6 +68,7 @@ class PlanConfig:
     search_evaluations: int = 0
     microbatch_floor: float = 0.0
     consumer_floor: float = 0.0
+    consumer_row_cost: float = 0.0
 
     @property
     def target_microbatches(self) -> int:
@@ -94,7 +96,7 @@ class PlanConfig:
             raise ValueError(f"PlanConfig.chunk_size must be >= 1, got {self.chunk_size}")
         if self.search_evaluations < 0:
             raise ValueError(f"PlanConfig.search_evaluations must be >= 0, got {self.search_evaluations}")
-        for name in ("microbatch_floor", "consumer_floor"):
+        for name in ("microbatch_floor", "consumer_floor", "consumer_row_cost"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"PlanConfig.{name} must be >= 0, got {getattr(self, name)}")
         if not isinstance(self.cost_model, LoadModel):

@@ -271,13 +271,14 @@ register_cost_model(CostModelName.EXECUTOR, _executor)
 
 
 def window_floors(model: ModelConfig, hardware: HardwareProfile, rows: int,
-                  rates: ExecutorRates | None = None) -> tuple[float, float]:
-    """(`PlanConfig.microbatch_floor`, `consumer_floor`) for `model` on `hardware` at
-    microbatches of `rows` rows, in the default load model's token equivalents: the host
-    seconds of a microbatch's launches (and of a consumer's extra launches) over the
-    device seconds the executor model prices one token equivalent at, on one sequence of
-    `rows` tokens run as one microbatch. A microbatch whose load is below the floor costs
-    the floor: its kernels are shorter than the host takes to issue them."""
+                  rates: ExecutorRates | None = None) -> tuple[float, float, float]:
+    """(`PlanConfig.microbatch_floor`, `consumer_floor`, `consumer_row_cost`) for `model`
+    on `hardware` at microbatches of `rows` rows, in the default load model's token
+    equivalents: the host seconds of a microbatch's launches (and of a consumer's extra
+    launches), and a consumer's device seconds per producer row, over the device seconds
+    the executor model prices one token equivalent at, on one sequence of `rows` tokens
+    run as one microbatch. A microbatch whose load is below the floor costs the floor: its
+    kernels are shorter than the host takes to issue them."""
     import numpy as np
 
     from harts.config.plan import PlanConfig
@@ -301,4 +302,5 @@ def window_floors(model: ModelConfig, hardware: HardwareProfile, rows: int,
     device = sum(action_seconds(r, ph, f)[0] for ph in (Phase.FWD, Phase.BWD))
     per_token = device / float(config.cost_model.segment_cost(np.array([0]), np.array([rows]))[0])
     host = r.host_s_per_launch * f.layer_ratio
-    return (r.launches_per_microbatch * host / per_token, r.launches_per_consumer * host / per_token)
+    return (r.launches_per_microbatch * host / per_token, r.launches_per_consumer * host / per_token,
+            r.consumer_device_s_per_producer_row / per_token)

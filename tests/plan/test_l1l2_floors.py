@@ -20,10 +20,11 @@ def _forest(family: str, seed: int, budget: int):
     return build_forest(shapes.draw(family, seed, budget, vocab_size=MODEL.vocab_size))
 
 
-def _plans(forest, budget: int, floor: float, consumer: float):
+def _plans(forest, budget: int, floor: float, consumer: float, per_row: float = 0.0):
     base = dict(microbatch_tokens=budget, chunk_size=MODEL.chunk_size)
     return (make_plan(forest, "l1l2", PlanConfig(**base)),
-            make_plan(forest, "l1l2", PlanConfig(**base, microbatch_floor=floor, consumer_floor=consumer)),
+            make_plan(forest, "l1l2", PlanConfig(**base, microbatch_floor=floor, consumer_floor=consumer,
+                                                 consumer_row_cost=per_row)),
             make_plan(forest, "l1", PlanConfig(**base)))
 
 
@@ -43,16 +44,16 @@ def test_floors_above_every_load_keep_the_plan_without_consumers():
 
 @settings(max_examples=12, deadline=None)
 @given(family=st.sampled_from(sorted(shapes.FAMILIES)), seed=st.integers(0, 50),
-       floor=st.floats(0.0, 20000.0), consumer=st.floats(0.0, 5000.0))
-def test_floors_keep_the_cheaper_of_the_two_plans(family, seed, floor, consumer):
+       floor=st.floats(0.0, 20000.0), consumer=st.floats(0.0, 5000.0), per_row=st.floats(0.0, 1.0))
+def test_floors_keep_the_cheaper_of_the_two_plans(family, seed, floor, consumer, per_row):
     """Whatever the floors, l1l2 returns a valid plan whose floored load is the smaller of
     its windowed plan's and L1's (each as l1l2 alone would make it)."""
     budget = 2048
     forest = _forest(family, seed, budget)
-    plain, floored, l1 = _plans(forest, budget, floor, consumer)
+    plain, floored, l1 = _plans(forest, budget, floor, consumer, per_row)
     floored.validate(forest, budget=budget)
     config = PlanConfig(microbatch_tokens=budget, chunk_size=MODEL.chunk_size, microbatch_floor=floor,
-                        consumer_floor=consumer)
+                        consumer_floor=consumer, consumer_row_cost=per_row)
     got = floored_load(floored.microbatches, config)
     windowed = plain if any(m.producer is not None for m in plain.microbatches) else None
     candidates = [floored_load(l1.microbatches, config)]
@@ -72,17 +73,39 @@ def test_negative_floors_are_refused():
         PlanConfig(microbatch_floor=-1.0)
     with pytest.raises(ValueError, match="consumer_floor"):
         PlanConfig(consumer_floor=-0.5)
+    with pytest.raises(ValueError, match="consumer_row_cost"):
+        PlanConfig(consumer_row_cost=-0.1)
 
 
 def test_window_floors_are_host_time_over_device_time_per_token():
-    """A profile whose host takes twice as long per launch doubles both floors; a model
-    with more work per token (tiny-h200 against tiny-cpu) has lower floors in tokens."""
+    """A profile whose host takes twice as long per launch doubles both floors and leaves
+    the consumer's per-row cost (device time) alone; twice the consumer's device seconds
+    per producer row doubles that cost; a model with more work per token (tiny-h200
+    against tiny-cpu) has lower floors in tokens."""
     from harts.sim.executor import window_floors
     from harts.sim.hardware import load_hardware
 
     hw = load_hardware("h100")
+    r = hw.executor
     a = window_floors(MODEL, hw, 16384)
-    b = window_floors(MODEL, hw, 16384, rates=hw.executor.with_values(host_s_per_launch=2 * hw.executor.host_s_per_launch))
-    assert a[0] > 0 and a[1] > 0
-    assert b[0] == pytest.approx(2 * a[0]) and b[1] == pytest.approx(2 * a[1])
+    b = window_floors(MODEL, hw, 16384, rates=r.with_values(host_s_per_launch=2 * r.host_s_per_launch))
+    c = window_floors(MODEL, hw, 16384, rates=r.with_values(
+        consumer_device_s_per_producer_row=2 * r.consumer_device_s_per_producer_row))
+    assert min(a) > 0
+    assert b[0] == pytest.approx(2 * a[0]) and b[1] == pytest.approx(2 * a[1]) and b[2] == pytest.approx(a[2])
+    assert c[2] == pytest.approx(2 * a[2]) and c[:2] == pytest.approx(a[:2])
     assert window_floors(get_model_config("tiny-cpu"), hw, 16384)[0] > a[0]
+
+
+def test_a_consumer_row_cost_is_charged_per_producer_row():
+    """floored_load adds consumer_row_cost x the producer's executed rows to each
+    consumer's load (and nothing to producers or standalone microbatches)."""
+    forest = _forest("grpo", 2, 2048)
+    plan = make_plan(forest, "l1l2", PlanConfig(microbatch_tokens=2048, chunk_size=MODEL.chunk_size))
+    consumers = [m for m in plan.microbatches if m.producer is not None]
+    assert consumers
+    rows = {m.id: m.executed_tokens for m in plan.microbatches}
+    base = PlanConfig(microbatch_tokens=2048, chunk_size=MODEL.chunk_size)
+    charged = PlanConfig(microbatch_tokens=2048, chunk_size=MODEL.chunk_size, consumer_row_cost=0.5)
+    extra = 0.5 * sum(rows[m.producer] for m in consumers)
+    assert floored_load(plan.microbatches, charged) == pytest.approx(floored_load(plan.microbatches, base) + extra)

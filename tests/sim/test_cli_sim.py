@@ -204,9 +204,10 @@ def test_window_floors_plan_as_the_library_does(capsys, tmp_path):
     common = ["--input", str(rollouts), "--model", "tiny-h200", "--gpus", "1", "--planner", "l1l2",
               "--microbatch-tokens", "8192", "--hardware", "h100", "--json"]
     off, auto = (json.loads(run(capsys, ["sim", *common, "--window-floors", w])[1]) for w in ("off", "auto"))
-    floor, consumer = window_floors(cfg, load_hardware("h100"), 8192)
+    floor, consumer, per_row = window_floors(cfg, load_hardware("h100"), 8192)
     plan = make_plan(build_forest(trajs), "l1l2", PlanConfig(microbatch_tokens=8192, chunk_size=cfg.chunk_size,
-                                                             microbatch_floor=floor, consumer_floor=consumer))
+                                                             microbatch_floor=floor, consumer_floor=consumer,
+                                                             consumer_row_cost=per_row))
     assert auto["microbatches"] == len(plan.microbatches)
     if plan.info.get("chosen") == "l1":
         assert auto["step_seconds"] <= off["step_seconds"]

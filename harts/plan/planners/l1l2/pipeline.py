@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from harts.plan.plan import Microbatch, Plan
 from harts.plan.planners.common import (
     PlanConfig,
+    TreeMB,
     finalize_tree,
     pipeline_ends,
     pipelined_critical_path,
@@ -52,15 +53,21 @@ def run(ctx: Context, stages: Sequence[Stage] = STAGES, state: State | None = No
     return state
 
 
-def floored_load(mbs: Sequence[Microbatch], config: PlanConfig) -> float:
+def floored_load(mbs: Sequence[Microbatch | TreeMB], config: PlanConfig) -> float:
     """The largest replica's sum of max(load, floor) over its microbatches: a
-    microbatch's load (overhead + cost) or `config.microbatch_floor` (+ `consumer_floor`
-    for a window consumer), whichever is larger."""
+    microbatch's load (overhead + cost, + `config.consumer_row_cost` x its producer's rows
+    for a window consumer) or `config.microbatch_floor` (+ `consumer_floor` for a
+    consumer), whichever is larger. Producers are named by position (a finished plan's
+    ids)."""
     per: dict[int, float] = {}
     over = config.cost_model.microbatch_overhead
+    rows = [m.executed_tokens if isinstance(m, Microbatch) else m.tokens for m in mbs]
     for m in mbs:
-        floor = config.microbatch_floor + (config.consumer_floor if m.producer is not None else 0.0)
-        per[m.replica] = per.get(m.replica, 0.0) + max(over + m.cost, floor)
+        floor, load = config.microbatch_floor, over + m.cost
+        if m.producer is not None:
+            floor += config.consumer_floor
+            load += config.consumer_row_cost * rows[m.producer]
+        per[m.replica] = per.get(m.replica, 0.0) + max(load, floor)
     return max(per.values(), default=0.0)
 
 
@@ -68,8 +75,9 @@ def finish(ctx: Context, state: State) -> Plan:
     """The plan: L1's microbatches (recomputed paths, no windows) when they have a shorter
     critical path, or when there is no windowed plan; else the windowed plan's. A plan
     that meets a pipeline's floor is only displaced by an L1 plan that does too. With
-    microbatch floors (`PlanConfig.microbatch_floor`, `consumer_floor`; pp = 1) the two
-    are compared by `floored_load` instead: windows only where they pay."""
+    microbatch floors or a consumer row cost (`PlanConfig.microbatch_floor`,
+    `consumer_floor`, `consumer_row_cost`; pp = 1) the two finished plans are compared by
+    `floored_load` instead: windows only where they pay."""
     config, idx = ctx.config, ctx.idx
     target = config.target_microbatches
     best = state.best
@@ -83,16 +91,11 @@ def finish(ctx: Context, state: State) -> Plan:
     pipe = {"pp": config.pp, "target_microbatches": target} if config.pp > 1 else {}
     l1_floor = min(sum(1 for x in row if x > 0) for row in l1_loads) >= target
     floor_met = best is not None and target > ctx.lower and fewest_microbatches(best.cells) >= target
-    floors = config.pp == 1 and (config.microbatch_floor > 0 or config.consumer_floor > 0)
-    mbs = to_microbatches(idx, best.cells) if best is not None else []
-    if floors and best is not None:
-        priced = {"l1": floored_load(l1_mbs, config), "windows": floored_load(mbs, config)}
-        pipe["floored_load"] = priced
-        take_l1 = priced["l1"] < priced["windows"] * (1 - 1e-9)
-    else:
-        take_l1 = best is None or ((l1_floor or not floor_met) and l1_crit < best.crit * (1 - 1e-9))
-    if take_l1:
+    floors = config.pp == 1 and (config.microbatch_floor > 0 or config.consumer_floor > 0
+                                 or config.consumer_row_cost > 0)
+    if best is None or (not floors and (l1_floor or not floor_met) and l1_crit < best.crit * (1 - 1e-9)):
         return finalize_tree(idx, l1_mbs, config, PlannerName.L1L2.value, {"chosen": "l1", **pipe})
+    mbs = to_microbatches(idx, best.cells)
     info = {
         "slots_considered": [state.searched.start, state.searched.stop - 1],
         "cells_per_replica": best.groups,
@@ -100,7 +103,15 @@ def finish(ctx: Context, state: State) -> Plan:
         "producer_tokens": sum(c.p_tokens() for row in best.cells for c in row),
         **pipe,
     }
-    return finalize_tree(idx, mbs, config, PlannerName.L1L2.value, info)
+    windowed = finalize_tree(idx, mbs, config, PlannerName.L1L2.value, info)
+    if floors:
+        # L1's microbatches have no consumers; the windowed plan is priced finished
+        priced = {"l1": floored_load(l1_mbs, config), "windows": floored_load(windowed.microbatches, config)}
+        if priced["l1"] < priced["windows"] * (1 - 1e-9):
+            return finalize_tree(idx, l1_mbs, config, PlannerName.L1L2.value,
+                                 {"chosen": "l1", "floored_load": priced, **pipe})
+        info["floored_load"] = priced
+    return windowed
 
 
 def plan_with(forest: RolloutForest, config: PlanConfig, stages: Sequence[Stage] = STAGES,

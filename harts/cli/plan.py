@@ -88,6 +88,10 @@ def _add_step_args(p: argparse.ArgumentParser, planning: bool = True) -> None:
     p.add_argument("--plan-seed", type=int, default=0, help="seed of search-based planners (default 0)")
     p.add_argument("--search-evaluations", type=int, default=0, metavar="N",
                    help="l1l2: re-form windows by a seeded search of N evaluations (default 0: off)")
+    p.add_argument("--window-floors", metavar="MODEL,PROFILE",
+                   help="l1l2 (pp 1): price each microbatch at least at its host-bound floor for MODEL on the "
+                        "hardware PROFILE (h100, h200 or a profile JSON; harts.sim.executor.window_floors at "
+                        "the budget), so windows are chosen only where they pay (default: rows alone)")
 
 
 def _add_make_args(p: argparse.ArgumentParser, required: bool) -> None:
@@ -96,6 +100,30 @@ def _add_make_args(p: argparse.ArgumentParser, required: bool) -> None:
     _add_step_args(p)
     p.add_argument("--out", required=required, metavar="FILE", help="where to write the plan JSON (its folder must exist)")
     p.add_argument("--json", action="store_true", help="print the plan's metrics as JSON")
+
+
+def _window_floors(spec: str, tokens: int) -> dict[str, float]:
+    """PlanConfig's floors from `--window-floors MODEL,PROFILE`."""
+    from harts.config.models import get_model_config
+    from harts.sim.executor import window_floors
+    from harts.sim.hardware import load_hardware
+
+    model, sep, profile = spec.partition(",")
+    if not sep or not model or not profile:
+        raise UserError(f"--window-floors: give MODEL,PROFILE (e.g. tiny-h200,h100), got {spec!r}")
+    try:
+        cfg = get_model_config(model.strip())
+    except (KeyError, ValueError) as err:
+        raise UserError(f"--window-floors: {err}") from None
+    try:
+        hw = load_hardware(profile.strip())
+    except (FileNotFoundError, KeyError, ValueError) as err:
+        why = err.args[0] if isinstance(err, KeyError) and err.args else err
+        raise UserError(f"--window-floors: {why}") from None
+    if hw.executor is None:
+        raise UserError(f"--window-floors: hardware profile {profile.strip()!r} has no executor rates")
+    floor, consumer, per_row = window_floors(cfg, hw, tokens)
+    return {"microbatch_floor": floor, "consumer_floor": consumer, "consumer_row_cost": per_row}
 
 
 def _forest(args: argparse.Namespace):
@@ -118,6 +146,8 @@ def _config(args: argparse.Namespace):
             tokens = workload_config(args.workload, args.seed, args.set).microbatch_tokens
     retention = DEFAULT_PRODUCER_RETENTION if args.producer_retention is None else args.producer_retention
     extra = {} if args.microbatches_per_stage is None else {"min_microbatches_per_stage": args.microbatches_per_stage}
+    if getattr(args, "window_floors", None):
+        extra.update(_window_floors(args.window_floors, tokens))
     try:  # PlanConfig checks its fields when built
         return PlanConfig(
             dp=args.dp,

@@ -95,3 +95,32 @@ def test_a_preset_brings_its_own_budget(tmp_path, capsys):
     assert main([*base, "--set", "microbatch_tokens=9000", "--microbatch-tokens", "12000"]) == 0
     assert Plan.load(out).microbatch_tokens == 12000
     capsys.readouterr()
+
+
+def test_window_floors_make_the_plan_the_library_makes(tmp_path, capsys):
+    """`harts plan --window-floors MODEL,PROFILE` writes the l1l2 plan of PlanConfig with
+    window_floors(MODEL, PROFILE, budget); bad specs are one-line errors."""
+    from harts.config.models import get_model_config
+    from harts.config.plan import PlanConfig
+    from harts.plan.planners import make_plan
+    from harts.sim.executor import window_floors
+    from harts.sim.hardware import load_hardware
+    from harts.tree import build_forest, shapes
+    from harts.tree.io import save_jsonl
+
+    cfg = get_model_config("tiny-h200")
+    trajs = shapes.draw("bushy", 3, 8192, vocab_size=cfg.vocab_size)
+    rollouts, out = tmp_path / "bushy.jsonl", tmp_path / "plan.json"
+    save_jsonl(trajs, rollouts)
+    argv = ["plan", "--planner", "l1l2", "--input", str(rollouts), "--microbatch-tokens", "8192", "--out", str(out)]
+    assert main([*argv, "--window-floors", "tiny-h200,h100"]) == 0
+    capsys.readouterr()
+    floors = dict(zip(("microbatch_floor", "consumer_floor", "consumer_row_cost"),
+                      window_floors(cfg, load_hardware("h100"), 8192), strict=True))
+    want = make_plan(build_forest(trajs), "l1l2", PlanConfig(microbatch_tokens=8192, **floors))
+    got = Plan.load(out)
+    assert [m.to_dict() for m in got.microbatches] == [m.to_dict() for m in want.microbatches]
+    for spec, msg in (("tiny-h200", "MODEL,PROFILE"), ("nosuch,h100", "--window-floors"),
+                      ("tiny-h200,nosuch", "unknown hardware profile")):
+        assert main([*argv, "--window-floors", spec]) == 2
+        assert msg in capsys.readouterr().err

@@ -38,6 +38,7 @@ _FIELDS = {
     "mode": "mode", "model": "model.name", "model_path": "model.path", "allow_pickle": "model.allow_pickle",
     "recompute": "model.recompute", "workload": "data.workload", "input": "data.input", "steps": "steps",
     "seed": "seed", "microbatch_tokens": "plan.microbatch_tokens", "planner": "plan.planner", "plan": "plan.file",
+    "window_floors": "plan.window_floors",
     "aux_scope": "aux_scope", "lr": "optimizer.lr", "grad_clip": "optimizer.grad_clip",
     "agg_mode": "loss.agg_mode", "kl_coef": "loss.kl_coef", "old_logprobs": "old_logprobs",
     "dtype": "precision.dtype", "device": "precision.device", "parallel": "parallel",
@@ -107,6 +108,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="distributed: dp=N,pp=N,ep=N,tp=N (under torchrun --nproc-per-node N; needs --mode tree); "
                    "default: one process")
     p.add_argument("--plan", default=None, metavar="FILE.json", help="with --parallel: run this saved plan (default: plan with --planner)")
+    p.add_argument("--window-floors", default=None, metavar="PROFILE",
+                   help="--planner l1l2: plan with the model's microbatch floors on this hardware profile (h100, "
+                        "h200 or a profile JSON), windows only where they pay (default: rows alone)")
     p.add_argument("--schedule", default="consumer-1f1b", choices=["non-overlap", "overlap-bwd-first", "consumer-1f1b"],
                    help="with --parallel pp>1: the pipeline schedule (the simulator's, lowered to the pipelining runtime)")
     p.add_argument("--checkpoint-dir", metavar="DIR", default=None,

@@ -159,11 +159,15 @@ class DataSource:
 class PlanSource:
     """How a step's trajectories become microbatches: the token budget per microbatch and,
     in tree mode, a step planner's plan (`planner`; default: whole trees per microbatch in
-    one process, PARALLEL_PLANNER in a distributed run) or, distributed, a saved plan `file`."""
+    one process, PARALLEL_PLANNER in a distributed run) or, distributed, a saved plan `file`.
+    `window_floors`: a hardware profile (h100, h200 or a profile JSON) whose microbatch
+    floors for the model (`harts.sim.executor.window_floors`) l1l2 plans with, so windows
+    are chosen only where they pay; None (default): rows alone."""
 
     planner: str | None = None
     file: str | None = None
     microbatch_tokens: int = 4096
+    window_floors: str | None = None
 
     def __post_init__(self) -> None:
         _check_types(self, "plan.")
@@ -172,6 +176,8 @@ class PlanSource:
                                f"`plan.microbatch_tokens` must be >= 1, got {self.microbatch_tokens}")
         if self.planner is not None and not self.planner:
             raise config_error("plan.planner", "`plan.planner` is empty")
+        if self.window_floors is not None and not self.window_floors:
+            raise config_error("plan.window_floors", "`plan.window_floors` is empty")
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ def test_every_section_round_trips(tmp_path):
         mode="tree", steps=7, seed=3, old_logprobs="input", aux_scope="global",
         model=ModelSource(path="ckpt/kimi", allow_pickle=True, recompute=True),
         data=DataSource(input="rollouts.jsonl"),
-        plan=PlanSource(file="plan.json", microbatch_tokens=512),
+        plan=PlanSource(file="plan.json", microbatch_tokens=512, window_floors="h100"),
         parallel=TrainParallel(pp=2, schedule="overlap-bwd-first", sequence_parallel=False),
         optimizer=OptimizerConfig(lr=3e-5, betas=(0.8, 0.9), weight_decay=0.1, grad_clip=None),
         loss=PolicyLossConfig(clip_ratio_c=3.0, kl_coef=0.05, agg_mode="seq-mean-token-sum",
@@ -122,3 +122,32 @@ def test_schedules_are_the_simulators():
     from harts.plan.schedule import ScheduleName
 
     assert set(SCHEDULES) == {s.value for s in ScheduleName}
+
+
+def test_window_floors_plan_the_step_with_the_profiles_floors():
+    """`plan.window_floors` (a hardware profile) makes the run's l1l2 plan the library's
+    with window_floors for the model on that profile; an empty value or an unknown profile
+    is refused naming the field."""
+    from harts.config.models import get_model_config
+    from harts.config.plan import PlanConfig
+    from harts.plan.planners import make_plan
+    from harts.sim.executor import window_floors
+    from harts.sim.hardware import load_hardware
+    from harts.train.errors import TrainError
+    from harts.train.run import _plan
+    from harts.tree import build_forest, shapes
+
+    mc = get_model_config("tiny-h200")
+    trajs = shapes.draw("bushy", 3, 8192, vocab_size=mc.vocab_size)
+    config = TrainConfig(mode="tree", plan=PlanSource(planner="l1l2", microbatch_tokens=8192, window_floors="h100"))
+    got = _plan(config, trajs, mc)
+    floors = dict(zip(("microbatch_floor", "consumer_floor", "consumer_row_cost"),
+                      window_floors(mc, load_hardware("h100"), 8192), strict=True))
+    want = make_plan(build_forest(trajs), "l1l2", PlanConfig(microbatch_tokens=8192, chunk_size=mc.chunk_size,
+                                                             **floors))
+    assert [m.to_dict() for m in got.microbatches] == [m.to_dict() for m in want.microbatches]
+    with pytest.raises(ConfigError, match="plan.window_floors"):
+        PlanSource(window_floors="")
+    with pytest.raises(TrainError, match="unknown hardware profile") as err:
+        _plan(TrainConfig(mode="tree", plan=PlanSource(planner="l1l2", window_floors="nosuch")), trajs, mc)
+    assert err.value.field == "plan.window_floors"

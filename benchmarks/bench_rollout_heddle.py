@@ -60,7 +60,7 @@ def _seeds(text: str) -> list[int]:
 
 
 def run_seed(workload: str, overrides: dict, seed: int, gpus: int, baselines: tuple[str, ...],
-             heddles: tuple[str, ...], reference: bool, reuse: dict | None = None) -> dict:
+             heddles: tuple[str, ...], reference: bool, reuse: dict | None = None, hold_layout: bool = False) -> dict:
     from harts.sim.rollout import generate_trajectories, get_policy, simulate_rollout
     from harts.sim.rollout.compare import known_lengths_schedule, makespan_bounds
     from harts.sim.rollout.cost import make_rollout_cost
@@ -92,7 +92,10 @@ def run_seed(workload: str, overrides: dict, seed: int, gpus: int, baselines: tu
             record(name, d, r, time.perf_counter() - t0)
     for name in heddles:
         t0 = time.perf_counter()
-        r = simulate_rollout(cfg, get_policy(name), gpus, specs=specs, cost=cost)
+        pol = get_policy(name)
+        if hold_layout:  # Heddle and its variants start from the preset's baseline_mp everywhere
+            pol = dataclasses.replace(pol, adaptive_mp=False)
+        r = simulate_rollout(cfg, pol, gpus, specs=specs, cost=cost)
         record(name, cfg.baseline_mp, r, time.perf_counter() - t0)
     if reference:
         t0 = time.perf_counter()
@@ -175,6 +178,8 @@ def main() -> int:
     ap.add_argument("--reuse", metavar="JSON",
                     help="take the baselines' and the reference's runs from this earlier --json of the same workload, "
                          "overrides and GPUs (only Heddle's runs are simulated)")
+    ap.add_argument("--hold-layout", action="store_true",
+                    help="Heddle and its variants without adaptive MP: every worker at the preset's baseline_mp")
     args = ap.parse_args()
     overrides = {k: ast.literal_eval(v) for k, _, v in (kv.partition("=") for kv in args.set)}
     if args.sweep_load:
@@ -195,7 +200,8 @@ def main() -> int:
         reuse = {s: by_seed[s] for s in seeds}
     t0 = time.perf_counter()
     job = (args.workload, overrides)
-    jobs = [(*job, s, args.gpus, baselines, heddles, not args.no_reference, reuse[s]) for s in seeds]
+    jobs = [(*job, s, args.gpus, baselines, heddles, not args.no_reference, reuse[s], args.hold_layout)
+            for s in seeds]
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as ex:
             results = list(ex.map(run_seed, *zip(*jobs, strict=True)))

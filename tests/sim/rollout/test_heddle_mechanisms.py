@@ -352,3 +352,41 @@ def test_drain_merge_merges_an_idle_worker_with_its_busy_buddy():
     assert prev.tokens_after == s.tokens_before == s.tokens_after == nxt.tokens_before
     assert nxt.worker == s.to_worker and nxt.start >= s.end - 1e-12
     assert merged.timelines[0].generated_tokens == 20_000
+
+
+def _tool_case(makespan_moves: frozenset[str]):
+    """Three MP2 workers of a dense model: a 60k-token trajectory 30k tokens in on worker 0,
+    two short trajectories with 20k-token prompts on worker 1 between turns (one of them
+    starting its tool call), worker 2 empty."""
+    cfg = rollout_preset("tiny", model="qwen3-8b", baseline_mp=2, mp_degrees=(2,), max_context=65536)
+    specs = (TrajectorySpec(0, 0, (TurnSpec(500, 60_000, 0.0),), hint_turns=1.0),
+             *(TrajectorySpec(i, 1, (TurnSpec(20_000, 2_000, 1.0), TurnSpec(100, 2_000, 0.0)), hint_turns=2.0)
+               for i in (1, 2)))
+    pol = RolloutPolicy(RolloutPolicyName.HEDDLE, Router.HOME, priority=True, migration=True, live_migration=True,
+                        makespan_moves=makespan_moves)  # (live: the running turn's decoded part is seen)
+    cost = make_rollout_cost(cfg)
+    sim = _Sim(cfg, pol, 6, specs, cost, plan=([2, 2, 2], [0, 1, 1]))
+    for t in sim.tr:
+        t.home = t.assigned
+        if t.spec.tid == 0:
+            t.generated, t.remaining = 30_000, 30_000
+            sim.ws[0].running.append(0)
+        else:
+            t.generated, t.turn, t.turn_start_generated = 2_000, 1, 2_000
+        t.context = t.spec.turns[0].input_tokens + t.generated
+        sim.set_kv(sim.ws[t.home], t.spec.tid, cost.kv_bytes(t.context), 0.0)
+        sim.repredict(t)
+    return sim
+
+
+def test_makespan_decided_tool_call_migration():
+    """At a tool-call start the pair rule moves a short trajectory off its worker to the
+    empty one (the pair's larger estimate halves); decided on the step's predicted
+    makespan it stays: the long trajectory's worker sets the makespan either way."""
+    for kinds, moves in ((frozenset(), True), (frozenset({"tool"}), False), (frozenset({"live"}), True)):
+        sim = _tool_case(kinds)
+        t = sim.tr[1]
+        before = max(sim.estimate(w) for w in sim.ws)
+        sim.maybe_migrate(t, 0.0)
+        assert (t.assigned == 2 and t.migrating) == moves, kinds
+        assert max(sim.estimate(w) for w in sim.ws) == pytest.approx(before)  # w0's, either way

@@ -109,7 +109,6 @@ class _Sim(Migration, KVMemory):
         self.seq = 0
         self.rr = 0
         self.migrations = 0
-        self.drain_merges = 0
         self.prefill_tokens = 0
         self.recomputed = 0
         self.preemptions = 0

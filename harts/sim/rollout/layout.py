@@ -74,7 +74,8 @@ def choose_layout(cfg: RolloutWorkload, specs: tuple[TrajectorySpec, ...], cost:
     """The candidate layout (and tail count K) with the shortest makespan on the step's twin
     (`simulate`: the simulator's `simulate_rollout`; with `drain_merge` the twin's workers
     drain and merge as its tail forms, as Heddle's would)."""
-    key = (cfg, gpus, tuple(degrees), drain_merge, tuple(s.hint_turns for s in specs), tuple(s.turns[0].input_tokens for s in specs))
+    key = (cfg, gpus, tuple(degrees), drain_merge, tuple(s.hint_turns for s in specs),
+           tuple(s.turns[0].input_tokens for s in specs))
     if key in _MEMO:
         return _MEMO[key]
     from harts.sim.rollout.planning import predict_remaining, prior_action_mean

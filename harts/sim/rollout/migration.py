@@ -387,7 +387,6 @@ class Migration:
         self.prices.setdefault(2 * d, DecodePrice(self.cost, 2 * d, self.cfg.max_batch))
         m = WorkerState(info)
         self.ws.append(m)
-        self.drain_merges += 1
         dst = info.wid
         dur = self.cost.transfer(max(w.used, u.used) / (2 * d), True)
         for v in (w, u):

@@ -4,17 +4,22 @@ tables `docs/ROLLOUT_SIM.md` quotes for `agentic-reasoning` (flash), `agentic-re
 
     python benchmarks/bench_rollout_heddle.py --workload agentic-reasoning --seeds 0-4 --json OUT.json
     python benchmarks/bench_rollout_heddle.py --workload swe-agent --seeds 5-14 --ablations none
+    python benchmarks/bench_rollout_heddle.py --workload agentic-reasoning --seeds 0-4 --ablations variants \
+        --reuse benchmarks/results/rollout/2026-12-05-574891c-agentic-reasoning-0-4.json   # Heddle's options
     python benchmarks/bench_rollout_heddle.py --workload agentic-reasoning-dense --seeds 0 \
         --set fixed_cost_scale=1.5          # one cell of the sensitivity table
 
 Per seed, on the same trajectories: the baselines (`--baselines`, default least-loaded,
 cache-aware, verl) at every usable fixed degree; "hindsight best" = the fastest of them
 (router and degree picked per seed after the fact); "verl-style" = `verl` at each fixed
-degree; Heddle and its ablations (`--ablations`); the known-lengths reference
+degree; Heddle and its ablations or its off-by-default options (`--ablations all | variants |
+none | NAME,...`); the known-lengths reference
 (`compare.known_lengths_schedule`, ORACLE: reads true lengths) and the three makespan
 bounds. "Headroom closed" = (hindsight best / Heddle - 1) / (hindsight best / reference - 1)
 in throughput terms. Markdown to stdout; `--json` writes every run, the summaries and
-provenance (git revision, command, versions, time).
+provenance (git revision, command, versions, time). `--reuse` takes the baselines' and the
+reference's runs from an earlier `--json` instead of simulating them again (valid while
+their code is unchanged).
 """
 
 from __future__ import annotations
@@ -39,6 +44,11 @@ from harts.config.rollout import rollout_preset  # noqa: E402
 ABLATIONS = ("heddle-no-priority", "heddle-no-preemption", "heddle-no-placement", "heddle-no-migration",
              "heddle-no-adaptive-mp", "heddle-anneal-layout", "heddle-no-group-predictor",
              "heddle-no-live-migration", "heddle-no-dynamic-mp")
+# options off in Heddle by default: moves decided on the step's predicted makespan (every kind,
+# tool-call migration only, tool-call migration and stealing), drain-and-merge of workers as
+# the tail forms, and makespan-decided tool-call migration with drain-and-merge
+VARIANTS = ("heddle-makespan-moves", "heddle-makespan-tool", "heddle-makespan-tool-steal", "heddle-drain-merge",
+            "heddle-makespan-tool-drain")
 
 
 def _seeds(text: str) -> list[int]:
@@ -50,7 +60,7 @@ def _seeds(text: str) -> list[int]:
 
 
 def run_seed(workload: str, overrides: dict, seed: int, gpus: int, baselines: tuple[str, ...],
-             heddles: tuple[str, ...], reference: bool) -> dict:
+             heddles: tuple[str, ...], reference: bool, reuse: dict | None = None, hold_layout: bool = False) -> dict:
     from harts.sim.rollout import generate_trajectories, get_policy, simulate_rollout
     from harts.sim.rollout.compare import known_lengths_schedule, makespan_bounds
     from harts.sim.rollout.cost import make_rollout_cost
@@ -68,6 +78,11 @@ def run_seed(workload: str, overrides: dict, seed: int, gpus: int, baselines: tu
                      "migrations": r.migrations, "merges": r.merges, "layout": list(r.initial_degrees),
                      "wall_s": wall} | (extra or {}))
 
+    if reuse is not None:  # the baselines and the reference of an earlier run of this seed (same code for them)
+        runs += [r for r in reuse["runs"] if r["policy"] in baselines or (reference and r["policy"] == "known-lengths")]
+        baselines = ()
+        if reference:
+            reference = False
     for name in baselines:
         for d in usable_degrees(cfg, cost):
             if gpus % d:
@@ -77,7 +92,10 @@ def run_seed(workload: str, overrides: dict, seed: int, gpus: int, baselines: tu
             record(name, d, r, time.perf_counter() - t0)
     for name in heddles:
         t0 = time.perf_counter()
-        r = simulate_rollout(cfg, get_policy(name), gpus, specs=specs, cost=cost)
+        pol = get_policy(name)
+        if hold_layout:  # Heddle and its variants start from the preset's baseline_mp everywhere
+            pol = dataclasses.replace(pol, adaptive_mp=False)
+        r = simulate_rollout(cfg, pol, gpus, specs=specs, cost=cost)
         record(name, cfg.baseline_mp, r, time.perf_counter() - t0)
     if reference:
         t0 = time.perf_counter()
@@ -157,22 +175,38 @@ def main() -> int:
     ap.add_argument("--sweep-load", metavar="N,N,...",
                     help="trajectories per GPU to sweep (sets num_prompts); prints Heddle / hindsight best per load")
     ap.add_argument("--json", help="write runs, summaries and provenance here")
+    ap.add_argument("--reuse", metavar="JSON",
+                    help="take the baselines' and the reference's runs from this earlier --json of the same workload, "
+                         "overrides and GPUs (only Heddle's runs are simulated)")
+    ap.add_argument("--hold-layout", action="store_true",
+                    help="Heddle and its variants without adaptive MP: every worker at the preset's baseline_mp")
     args = ap.parse_args()
     overrides = {k: ast.literal_eval(v) for k, _, v in (kv.partition("=") for kv in args.set)}
     if args.sweep_load:
         return sweep_load(args, overrides)
     seeds = _seeds(args.seeds)
-    abl = () if args.ablations == "none" else ABLATIONS if args.ablations == "all" else tuple(args.ablations.split(","))
+    named = {"none": (), "all": ABLATIONS, "variants": VARIANTS}
+    abl = named[args.ablations] if args.ablations in named else tuple(args.ablations.split(","))
     heddles = ("heddle", *abl)
     baselines = tuple(args.baselines.split(","))
+    reuse = {s: None for s in seeds}
+    if args.reuse:
+        old = json.loads(Path(args.reuse).read_text())
+        if (old["workload"], old["overrides"], old["gpus"]) != (args.workload, overrides, args.gpus):
+            raise SystemExit(f"--reuse {args.reuse}: another workload, overrides or GPU count")
+        by_seed = {r["seed"]: r for r in old["results"]}
+        if missing := [s for s in seeds if s not in by_seed]:
+            raise SystemExit(f"--reuse {args.reuse}: no runs of seeds {missing}")
+        reuse = {s: by_seed[s] for s in seeds}
     t0 = time.perf_counter()
     job = (args.workload, overrides)
+    jobs = [(*job, s, args.gpus, baselines, heddles, not args.no_reference, reuse[s], args.hold_layout)
+            for s in seeds]
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as ex:
-            results = list(ex.map(run_seed, *zip(*[(*job, s, args.gpus, baselines, heddles, not args.no_reference)
-                                                     for s in seeds], strict=True)))
+            results = list(ex.map(run_seed, *zip(*jobs, strict=True)))
     else:
-        results = [run_seed(*job, s, args.gpus, baselines, heddles, not args.no_reference) for s in seeds]
+        results = [run_seed(*j) for j in jobs]
     wall = time.perf_counter() - t0
     cfg = rollout_preset(args.workload, **overrides)
     mps = sorted({r["mp"] for res in results for r in res["runs"] if r["policy"] == "verl"})
@@ -204,6 +238,16 @@ def main() -> int:
           f"{f(mean('headroom_closed'), '.0%')}; "
           + "; ".join(f"heddle / verl MP{m} {f(mean(f'heddle_vs_verl@MP{m}'), '.2f')}x" for m in mps))
     if abl:
+        print("\n### Heddle and each variant: makespan s per seed, Heddle / hindsight best, headroom closed\n")
+        print("| policy | " + " | ".join(f"seed {s['seed']}" for s in sums)
+              + " | mean / best | min / best | headroom closed |\n|" + "---|" * (len(sums) + 4))
+        for a in heddles:
+            ratios = [s["best_baseline_s"] / s[f"{a}_s"] for s in sums]
+            closed = [(x - 1.0) / (s["reference_vs_best"] - 1.0) for x, s in zip(ratios, sums, strict=True)
+                      if s.get("reference_vs_best", 1.0) > 1.0]
+            print(f"| {a} | " + " | ".join(f"{s[f'{a}_s']:.1f}" for s in sums)
+                  + f" | {sum(ratios) / len(ratios):.3f}x | {min(ratios):.3f}x | "
+                  + (f"{sum(closed) / len(closed):.0%}" if closed else "-") + " |")
         print("\n### Ablation: makespan relative to Heddle's (> 1: the mechanism helps)\n")
         print("| variant | " + " | ".join(f"seed {s['seed']}" for s in sums) + " | mean |\n|" + "---|" * (len(sums) + 2))
         for a in abl:

@@ -166,7 +166,7 @@ class _Sim(Migration, KVMemory):
             allowed = usable_degrees(cfg, cost)
             if p.twin_layout:
                 layout, k = choose_layout(cfg, tuple(t.spec for t in self.tr), cost, self.gpus, allowed,
-                                          simulate_rollout)
+                                          simulate_rollout, drain_merge=p.drain_merge)
             else:
                 rng = np.random.default_rng([cfg.seed, 7])
                 layout = anneal_layout(self.gpus, layout, allowed, lambda lay: place(lay)[1], cfg.anneal_iterations,
@@ -449,6 +449,8 @@ class _Sim(Migration, KVMemory):
         w.running = still
         w.active = False
         w.reconsider = False
+        if self.drain_merge(w, now):
+            return
         self.start_chunk(w, now)
         if self.policy.migration and not w.queue and len(w.running) < self.cfg.max_batch:
             self.steal(w, now)

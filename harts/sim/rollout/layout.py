@@ -70,10 +70,12 @@ def pool_homes(lengths: np.ndarray, layout: list[int], k: int) -> list[int]:
 
 
 def choose_layout(cfg: RolloutWorkload, specs: tuple[TrajectorySpec, ...], cost: RolloutCost, gpus: int,
-                  degrees: list[int], simulate) -> tuple[list[int], int]:
+                  degrees: list[int], simulate, drain_merge: bool = False) -> tuple[list[int], int]:
     """The candidate layout (and tail count K) with the shortest makespan on the step's twin
-    (`simulate`: the simulator's `simulate_rollout`)."""
-    key = (cfg, gpus, tuple(degrees), tuple(s.hint_turns for s in specs), tuple(s.turns[0].input_tokens for s in specs))
+    (`simulate`: the simulator's `simulate_rollout`; with `drain_merge` the twin's workers
+    drain and merge as its tail forms, as Heddle's would)."""
+    key = (cfg, gpus, tuple(degrees), drain_merge, tuple(s.hint_turns for s in specs),
+           tuple(s.turns[0].input_tokens for s in specs))
     if key in _MEMO:
         return _MEMO[key]
     from harts.sim.rollout.planning import predict_remaining, prior_action_mean
@@ -87,7 +89,7 @@ def choose_layout(cfg: RolloutWorkload, specs: tuple[TrajectorySpec, ...], cost:
     prior = prior_action_mean(cfg)
     pred = np.array([predict_remaining(s, 0, 0, prior, cfg.max_context - s.turns[0].input_tokens,
                                        cfg.turns_range[1])[0] for s in twin], dtype=float)
-    pol = RolloutPolicy(RolloutPolicyName.HEDDLE, Router.HOME, priority=True,
+    pol = RolloutPolicy(RolloutPolicyName.HEDDLE, Router.HOME, priority=True, drain_merge=drain_merge,
                         description="twin scoring: predicted homes, longest predicted first")
     best, best_s = None, np.inf
     for layout, k in pool_candidates(degrees, gpus, len(specs), TWIN_TAIL_WORKERS, TWIN_TAIL_SIZES,

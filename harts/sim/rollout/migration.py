@@ -1,7 +1,8 @@
 """Heddle's moves between workers in the rollout simulator: each worker's aggregate of the
 predicted work planned on it and its drain estimate, KV migration at a tool call, live
 migration of a running sequence at a re-prediction point, and work stealing by a worker
-with free slots.
+with free slots; with `makespan_moves` the kinds of move it names decided on the step's
+predicted makespan; with `drain_merge` an idle worker merging with its busy buddy as the tail forms.
 
 `Migration` is mixed into the simulator (`harts.sim.rollout.engine`), whose state it
 reads and changes: the trajectories `tr`, the workers `ws`, their decode `prices`, and
@@ -10,14 +11,16 @@ through `set_kv`, `seg`, `push`, `ready`, `start_chunk` and `try_merge`.
 
 from __future__ import annotations
 
-from harts.sim.rollout.planning import aggregate_estimate, decode_fraction
+from harts.sim.rollout.planning import DecodePrice, aggregate_estimate, decode_fraction
 from harts.sim.rollout.state import MIG_DONE, TrajState, WorkerState
-from harts.sim.rollout.types import SegmentKind
+from harts.sim.rollout.types import SegmentKind, Worker
 
 MIGRATION_MARGIN = 0.05  # a migration must cut the pair's drain estimate by this fraction
 STEAL_LOOKS = 16  # queued turns a worker with free slots examines per stealing attempt
 TAIL_HYSTERESIS = 1.5  # tail isolation: a trajectory leaves the tail pool when its rank falls below 1.5 K
 LIVE_MARGIN = 0.25  # live migration: the sequence's own predicted finish must drop by this fraction
+MAKESPAN_EPS = 1e-6  # makespan-decided moves: a predicted makespan (or finish) must drop by this fraction
+DRAIN_TAIL = 0.1  # drain-and-merge: the tail has formed when at most this share of the trajectories is unfinished
 
 
 class Migration:
@@ -86,6 +89,58 @@ class Migration:
         after = max(self.estimate(src, remove=t.spec.tid), self.estimate(dst, add=t.pred))
         return before - after if before - after > margin * before else 0.0
 
+    def longest_holder(self) -> int:
+        """The worker planned to hold the step's predicted-longest remaining trajectory (-1
+        none)."""
+        best, holder = 0.0, -1
+        for w in self.ws:
+            if w.retired or not w.load:
+                continue
+            if w.top is None:
+                w.top = max(w.load.values())
+            if w.top[0] > best:
+                best, holder = w.top[0], w.info.wid
+        return holder
+
+    def makespan_move(self, t: TrajState, src: WorkerState, dests, extra=None) -> int:
+        """Makespan-decided moves: the worker among `dests` to move `t` (planned on `src`) to,
+        or -1. The step's predicted makespan is the largest drain estimate over all workers
+        (predicted lengths only); with the move, `src` loses `t` and the destination gains it
+        (plus `extra(wid)` seconds: a live move's copy). A move qualifies if it lowers that
+        makespan, or leaves it no higher and lowers the predicted finish of the worker that
+        holds the step's predicted-longest remaining trajectory (after the move: the
+        destination, if `t` is that trajectory). Among qualifying moves the lowest makespan
+        after it wins, then the lower of the pair's larger estimate."""
+        if not dests:
+            return -1
+        s = src.info.wid
+        est = {w.info.wid: self.estimate(w) for w in self.ws if not w.retired}
+        before = max(est.values())
+        ranked = sorted(((v, k) for k, v in est.items() if k != s), reverse=True)[:2]
+        holder = self.longest_holder()
+        longest = holder == s and src.top is not None and t.pred[0] >= src.top[0]
+        src_after = self.estimate(src, remove=t.spec.tid) if t.spec.tid in src.load else est[s]
+        best, best_key = -1, None
+        for w in dests:
+            o = w.info.wid
+            dst_after = self.estimate(w, add=t.pred) + (extra(o) if extra else 0.0)
+            rest = next((v for v, k in ranked if k != o), 0.0)
+            after = max(rest, src_after, dst_after)
+            if longest:
+                hold = (est[s], dst_after)
+            elif holder == s:
+                hold = (est[s], src_after)
+            elif holder == o:
+                hold = (est[o], dst_after)
+            else:
+                hold = (0.0, 0.0)
+            ok = after < before * (1 - MAKESPAN_EPS) or (
+                after <= before * (1 + MAKESPAN_EPS) and hold[1] < hold[0] * (1 - MAKESPAN_EPS))
+            key = (after, max(src_after, dst_after), o)
+            if ok and (best_key is None or key < best_key):
+                best, best_key = o, key
+        return best
+
     def move_plan(self, t: TrajState, dst: int) -> None:
         self.load_drop(t, self.ws[t.assigned])
         t.assigned = dst
@@ -101,15 +156,21 @@ class Migration:
             return
         size = self.ws[src].kv[tid]
         best, best_gain = -1, 0.0
+        dests = []
         for w in self.ws:
             o = w.info.wid
             if o == src or w.retired or w.info.kv_capacity_bytes - w.used < size:
                 continue
             if self.tail_k and self.in_tail(w) != self.in_tail(self.ws[src]):  # isolation: pools apart
                 continue
+            if "tool" in self.policy.makespan_moves:
+                dests.append(w)
+                continue
             g = self.gain(t, self.ws[src], w)
             if g > best_gain:
                 best, best_gain = o, g
+        if "tool" in self.policy.makespan_moves:
+            best = self.makespan_move(t, self.ws[src], dests)
         if best < 0:
             return
         dur = self.cost.transfer(size, self.same_node(src, best))
@@ -139,15 +200,21 @@ class Migration:
         size = src.kv[tid]
         stay = self.own_finish(t, src, joins=False)
         best, best_t = -1, stay * (1 - LIVE_MARGIN)
+        dests = []
         for w in self.ws:
             o = w.info.wid
             if o == src.info.wid or w.retired or w.info.kv_capacity_bytes - w.used < size:
                 continue
             if self.tail_k and self.in_tail(w) != self.in_tail(src):  # isolation: moves stay in their pool
                 continue
+            if "live" in self.policy.makespan_moves:
+                dests.append(w)
+                continue
             go = self.own_finish(t, w, joins=True) + self.cost.transfer(size, self.same_node(src.info.wid, o))
             if go < best_t:
                 best, best_t = o, go
+        if "live" in self.policy.makespan_moves:  # the copy stalls the sequence: counted at its destination
+            best = self.makespan_move(t, src, dests, lambda o: self.cost.transfer(size, self.same_node(src.info.wid, o)))
         if best < 0:
             return False
         t.resume = True
@@ -209,13 +276,14 @@ class Migration:
         per = self.cost.gpus_per_node
         return self.ws[a].info.gpus[0] // per == self.ws[b].info.gpus[0] // per
 
-    def start_move(self, t: TrajState, src: int, dst: int, size: float, dur: float, now: float) -> None:
+    def start_move(self, t: TrajState, src: int, dst: int, size: float, dur: float, now: float,
+                   count: bool = True) -> None:
         tid = t.spec.tid
         self.ws[src].lru.pop(tid, None)  # pinned while it moves
         self.set_kv(self.ws[dst], tid, size, now)
         t.migrating = True
         self.move_plan(t, dst)
-        self.migrations += 1
+        self.migrations += count
         self.seg(t, SegmentKind.MIGRATE, now, now + dur, src, t.generated, t.generated, to_worker=dst)
         self.push(now + dur, MIG_DONE, tid, src)
 
@@ -237,7 +305,12 @@ class Migration:
                 if slots <= 0 or looked > STEAL_LOOKS:
                     return
                 t = self.tr[tid]
-                if t.assigned != v.info.wid or self.gain(t, v, w, margin=0.0) <= 0:
+                if t.assigned != v.info.wid:
+                    continue
+                if "steal" in self.policy.makespan_moves:
+                    if self.makespan_move(t, v, [w]) < 0:
+                        continue
+                elif self.gain(t, v, w, margin=0.0) <= 0:
                     continue
                 size = self.ws[t.home].kv.get(tid, 0.0) if t.home >= 0 else 0.0
                 if size and w.info.kv_capacity_bytes - w.used < size:
@@ -268,3 +341,83 @@ class Migration:
         if not w.active and w.queue:
             self.start_chunk(w, now)
         self.try_merge(w, now)
+
+    # ---- drain-and-merge (dynamic MP as the tail forms) ---------------------------------
+
+    def buddy(self, w: WorkerState) -> WorkerState | None:
+        """The other serving worker of `w`'s degree on the aligned block of twice that
+        degree, if twice it is a usable degree (None otherwise)."""
+        d = w.info.degree
+        if w.retired or 2 * d not in self.merge_degrees:
+            return None
+        block = w.info.gpus[0] // (2 * d)
+        return next((v for v in self.ws if v is not w and not v.retired and v.info.degree == d
+                     and v.info.gpus[0] // (2 * d) == block), None)
+
+    def tail_formed(self) -> bool:
+        return 0 < self.unfinished <= DRAIN_TAIL * len(self.tr)
+
+    def drain_merge(self, w: WorkerState, now: float) -> bool:
+        """Drain-and-merge at `w`'s iteration boundary (no chunk in flight), once the tail
+        has formed: `w` and its buddy become one worker of twice the degree on their GPUs,
+        busy or not. A buddy mid-chunk is cut at its next iteration boundary while `w`
+        waits (it merges there; `w` restarts if it cannot). Every sequence, queued turn and
+        cached KV on the two is resharded onto the merged worker (each GPU copies half of
+        its KV shard to its partner in the block, all GPUs at once over NVLink: the larger
+        of the two workers' KV / (2 x degree) per GPU); running sequences resume their turn
+        there without a prefill. Not while any KV on either is moving. Returns whether `w`
+        is done with this boundary (merged, or waiting for its buddy)."""
+        if not (self.policy.drain_merge and self.tail_formed()) or w.active or w.retired:
+            return False
+        u = self.buddy(w)
+        if u is None:
+            return False
+        if u.active:
+            self.interrupt(u, now)
+            return bool(w.running or w.queue)  # waits (a turn arriving meanwhile restarts it)
+        if any(self.tr[i].migrating for v in (w, u) for i in v.kv):
+            if u.running or u.queue:
+                self.start_chunk(u, now)  # it may have waited for `w`
+            return False
+        d = w.info.degree
+        for v in (w, u):
+            v.retired, v.end = True, now
+        info = Worker(len(self.ws), 2 * d, tuple(sorted(w.info.gpus + u.info.gpus)), self.cost.kv_capacity(2 * d),
+                      start_s=now)
+        self.prices.setdefault(2 * d, DecodePrice(self.cost, 2 * d, self.cfg.max_batch))
+        m = WorkerState(info)
+        self.ws.append(m)
+        dst = info.wid
+        dur = self.cost.transfer(max(w.used, u.used) / (2 * d), True)
+        for v in (w, u):
+            src = v.info.wid
+            for tid in v.running:  # mid-turn: resumes on the merged worker once resharded
+                t = self.tr[tid]
+                t.resume = t.pending_ready = True
+                self.start_move(t, src, dst, v.kv[tid], dur, now, count=False)
+            v.running = []
+            for tid in list(v.queue):
+                t = self.tr[tid]
+                v.queue.remove(tid)
+                t.queued_on = -1
+                if now > t.ready_at:
+                    self.seg(t, SegmentKind.QUEUE, t.ready_at, now, src, t.generated, t.generated)
+                if t.home == src and tid in v.kv:
+                    t.pending_ready = True
+                    self.start_move(t, src, dst, v.kv[tid], dur, now, count=False)
+                else:
+                    self.move_plan(t, dst)
+                    self.ready(t, now)
+            for tid in list(v.kv):  # cached KV of trajectories in tool calls
+                t = self.tr[tid]
+                if not t.migrating:
+                    self.start_move(t, src, dst, v.kv[tid], dur, now, count=False)
+            for tid in list(v.load):  # planned here with nothing resident
+                self.move_plan(self.tr[tid], dst)
+        for v in self.ws:
+            if v.running and not v.retired:
+                v.reconsider = True  # its running sequences may move to the merged worker
+                self.interrupt(v, now)
+        if self.policy.migration:
+            self.steal(m, now)
+        return True

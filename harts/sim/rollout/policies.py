@@ -36,6 +36,19 @@ home worker) and adds, each switchable:
   finish is sooner there (every worker re-examines its batch at its next iteration
   boundary). The step starts with the throughput layout for the bulk and the long tail
   ends on high-degree workers (the paper's trajectory-adaptive resource manager);
+- `makespan_moves`: (none by default) the kinds of move between workers it names
+  (`"tool"`: migration at a tool call, `"steal"`: stealing, `"live"`: live migration) are
+  each accepted only if it lowers the step's predicted makespan
+  (the largest drain estimate over all workers, with and without the move; a live move's
+  transfer counted at its destination) or the predicted finish of the worker that holds
+  the predicted-longest remaining trajectory; among destinations the lowest such makespan;
+- `drain_merge`: (off by default) once the step's tail has formed (at most `DRAIN_TAIL` of
+  the trajectories unfinished), each worker and its buddy (the other worker of its degree
+  on the aligned block of twice the degree, if twice it is usable) merge at their next
+  common iteration boundary, busy or not (the first to reach one waits for the other's):
+  their running sequences, queued turns and cached KV are resharded onto the merged worker
+  (half of each GPU's KV shard copied to its partner's GPU over NVLink) and resume there
+  without a prefill. Unlike `dynamic_mp` it does not wait for both to be idle;
 - `live_migration`: a turn is re-predicted while it runs (at 512, 1024, 2048, ... tokens:
   a turn that outlives its expected length is expected to run as long again), and a
   running sequence whose own predicted finish is much sooner on another worker (fewer
@@ -78,6 +91,11 @@ class RolloutPolicyName(StrEnum):
     HEDDLE_NO_GROUP_PREDICTOR = "heddle-no-group-predictor"
     HEDDLE_NO_LIVE_MIGRATION = "heddle-no-live-migration"
     HEDDLE_NO_DYNAMIC_MP = "heddle-no-dynamic-mp"
+    HEDDLE_MAKESPAN_MOVES = "heddle-makespan-moves"
+    HEDDLE_MAKESPAN_TOOL = "heddle-makespan-tool"
+    HEDDLE_MAKESPAN_TOOL_STEAL = "heddle-makespan-tool-steal"
+    HEDDLE_DRAIN_MERGE = "heddle-drain-merge"
+    HEDDLE_MAKESPAN_TOOL_DRAIN = "heddle-makespan-tool-drain"
 
 
 @dataclass(frozen=True)
@@ -96,6 +114,21 @@ class RolloutPolicy:
     oracle: bool = False  # the predictor reads the true remaining lengths: reference schedules only, never Heddle
     twin_layout: bool = False  # adaptive MP: the layout from simulating candidates on a twin of the step
     isolation: bool = False  # a tail pool: the predicted-longest trajectories kept on the highest-degree workers
+    # the kinds of move between workers ("tool": KV migration at a tool call, "steal": work
+    # stealing, "live": live migration) accepted on the step's predicted makespan (the latest
+    # drain estimate over all workers) with and without the move, instead of the pair's
+    # larger estimate (tool calls with a 5% margin, stealing) or the moved sequence's own
+    # predicted finish (live migration)
+    makespan_moves: frozenset[str] = frozenset()
+    # as the step's tail forms, an idle worker and its busy buddy (the other half of an
+    # aligned block of twice the degree) merge: the buddy's sequences and cached KV are
+    # resharded onto the merged worker, and the tail decodes at the higher degree
+    drain_merge: bool = False
+
+    def __post_init__(self) -> None:
+        unknown = set(self.makespan_moves) - MOVE_KINDS
+        if unknown:
+            raise ValueError(f"makespan_moves: unknown kinds of move {sorted(unknown)} (known: {sorted(MOVE_KINDS)})")
 
     @property
     def step_centric(self) -> bool:
@@ -106,6 +139,8 @@ class RolloutPolicy:
         """Reads the true lengths: a known-lengths reference schedule, not a policy."""
         return self.oracle
 
+
+MOVE_KINDS = frozenset({"tool", "steal", "live"})  # the moves `makespan_moves` may name
 
 POLICIES: Registry[RolloutPolicyName, RolloutPolicy] = Registry(
     "rollout policy", RolloutPolicyName, KeyError, duplicate_error=ValueError)
@@ -144,6 +179,17 @@ for _p in (
             live_migration=False),
     _heddle(RolloutPolicyName.HEDDLE_NO_DYNAMIC_MP, "without merging idle workers during the step",
             dynamic_mp=False),
+    _heddle(RolloutPolicyName.HEDDLE_MAKESPAN_MOVES, "every move accepted on the step's predicted makespan",
+            makespan_moves=MOVE_KINDS),
+    _heddle(RolloutPolicyName.HEDDLE_MAKESPAN_TOOL, "tool-call migration accepted on the step's predicted makespan",
+            makespan_moves=frozenset({"tool"})),
+    _heddle(RolloutPolicyName.HEDDLE_MAKESPAN_TOOL_STEAL,
+            "tool-call migration and stealing accepted on the step's predicted makespan",
+            makespan_moves=frozenset({"tool", "steal"})),
+    _heddle(RolloutPolicyName.HEDDLE_DRAIN_MERGE, "pairs of workers merge, busy or not, as the tail forms",
+            drain_merge=True),
+    _heddle(RolloutPolicyName.HEDDLE_MAKESPAN_TOOL_DRAIN, "makespan-decided tool-call migration and drain-and-merge",
+            makespan_moves=frozenset({"tool"}), drain_merge=True),
 ):
     POLICIES.register(_p.name, _p)
 del _p

@@ -1,14 +1,16 @@
 """Rollout simulator properties: conservation, KV capacity, migration continuity,
 determinism, GPU-count monotonicity of the baselines, Heddle-with-everything-off =
-cache-aware, no policy beating the makespan bounds."""
+cache-aware, no policy beating the makespan bounds, drain-and-merge's reshards losing
+nothing."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from unittest import mock
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 
 from harts.config.rollout import RolloutWorkload, rollout_preset
 from harts.sim.rollout import (
@@ -20,10 +22,12 @@ from harts.sim.rollout import (
     generate_trajectories,
     get_policy,
     known_policies,
+    migration,
     simulate_rollout,
 )
 from harts.sim.rollout.compare import critical_path_bound, tail_bound, work_bound
 from harts.sim.rollout.cost import make_rollout_cost
+from harts.sim.rollout.engine import usable_degrees
 from tests.strategies import rollout_workloads
 
 FAST = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -43,17 +47,23 @@ def _check_conservation(cfg: RolloutWorkload, res) -> None:
                 # before ran, queued or waited on, or the destination of the move before it
                 assert s.worker == (prev.to_worker if prev.kind == SegmentKind.MIGRATE else prev.worker)
                 assert s.tokens_before == s.tokens_after == prev.tokens_after  # no token lost or redone
+                # drain-and-merge: the KV resharded onto a worker merged at that moment (also while
+                # its trajectory waits on a tool, possibly once per merge of a chain)
+                reshard = res.workers[s.to_worker].start_s == s.start
                 if prev.kind == SegmentKind.TOOL:  # a KV move runs during the tool call it follows
-                    assert s.start == prev.start
+                    assert s.start == prev.start or reshard
                 elif prev.kind == SegmentKind.DECODE:  # live: a running sequence moves at an iteration boundary
-                    assert s.start == pytest.approx(prev.end, abs=1e-12) and s.turn == prev.turn
+                    # (resharded: at that boundary or, its worker waiting for its buddy's, later)
+                    assert s.turn == prev.turn
+                    assert s.start == pytest.approx(prev.end, abs=1e-12) or (reshard and s.start >= prev.end - 1e-12)
                     prev_end = s.end
                 else:
                     # a queued turn stolen by a worker with free slots: it moves once it stops
                     # queueing, or the moment its KV lands if it had not waited at all (a
                     # worker that merged as the KV arrived took it: two moves back to back)
                     assert prev.kind in (SegmentKind.QUEUE, SegmentKind.MIGRATE), prev.kind
-                    assert s.start == pytest.approx(prev.end, abs=1e-12) and s.turn == prev.turn
+                    assert s.turn == prev.turn
+                    assert s.start == pytest.approx(prev.end, abs=1e-12) or (reshard and s.start >= prev.end - 1e-12)
                     prev_end = s.end
                 continue
             assert s.start >= prev_end - 1e-9, "a trajectory's segments overlap in time"
@@ -104,11 +114,36 @@ def test_every_trajectory_runs_once_and_kv_fits(cfg):
         res = simulate_rollout(cfg, name, 8)
         _check_conservation(cfg, res)
         assert res.makespan_s >= bound * (1 - 1e-9)  # no policy beats any makespan bound
-        for w, samples in zip(res.workers, res.kv_samples, strict=True):
-            assert all(used <= w.kv_capacity_bytes * (1 + 1e-9) for _, used in samples)
-            if samples:
-                assert samples[-1][1] == pytest.approx(0.0, abs=1.0)  # everything freed at the end
+        _check_kv(res)
         _check_gpus(res, 8)
+
+
+def _check_kv(res) -> None:
+    for w, samples in zip(res.workers, res.kv_samples, strict=True):
+        assert all(used <= w.kv_capacity_bytes * (1 + 1e-9) for _, used in samples)
+        if samples:
+            assert samples[-1][1] == pytest.approx(0.0, abs=1.0)  # everything freed at the end
+
+
+@FAST
+@given(rollout_workloads())
+def test_drain_and_merge_loses_nothing_and_fits(cfg):
+    """Drain-and-merge on the lowest degree that can merge, with every trajectory counted
+    as the tail (so a drained worker merges with its buddy whenever it can, resharding
+    running sequences, queued turns and cached KV): nothing lost or run twice, each turn
+    decoded once and a resharded sequence resuming where it stopped, KV under capacity,
+    merged workers on exactly their parts' GPUs."""
+    cost = make_rollout_cost(cfg)
+    degrees = usable_degrees(cfg, cost)
+    low = [d for d in degrees if 2 * d in degrees and 8 % (2 * d) == 0]
+    assume(low)
+    cfg = dataclasses.replace(cfg, baseline_mp=low[0])
+    with mock.patch.object(migration, "DRAIN_TAIL", 1.0):
+        for name in (RolloutPolicyName.HEDDLE_DRAIN_MERGE, RolloutPolicyName.HEDDLE_MAKESPAN_TOOL_DRAIN):
+            res = simulate_rollout(cfg, dataclasses.replace(get_policy(name), adaptive_mp=False), 8)
+            _check_conservation(cfg, res)
+            _check_kv(res)
+            _check_gpus(res, 8)
 
 
 def test_tight_memory_evicts_and_recomputes_but_never_overflows():
@@ -182,7 +217,8 @@ def test_registry_names_and_errors():
                                 "heddle-no-priority", "heddle-no-preemption", "heddle-no-placement",
                                 "heddle-no-migration", "heddle-no-adaptive-mp", "heddle-anneal-layout",
                                 "heddle-no-isolation", "heddle-no-group-predictor", "heddle-no-live-migration",
-                                "heddle-no-dynamic-mp"]
+                                "heddle-no-dynamic-mp", "heddle-makespan-moves", "heddle-makespan-tool",
+                                "heddle-makespan-tool-steal", "heddle-drain-merge", "heddle-makespan-tool-drain"]
     flags = ("priority", "preempt", "placement", "migration", "adaptive_mp", "twin_layout", "isolation",
              "group_predictor", "live_migration", "dynamic_mp")
     h = get_policy("heddle")
@@ -194,6 +230,9 @@ def test_registry_names_and_errors():
         p = get_policy(name)
         assert not getattr(p, flag) and not p.oracle
         assert sum(getattr(p, f) for f in flags) == len(flags) - 1 - len(names.get(flag, []))
+    for name in known_policies()[-5:]:  # the off-by-default options: every mechanism and one or two more
+        p = get_policy(name)
+        assert all(getattr(p, f) for f in flags) and (p.makespan_moves or p.drain_merge) and not p.oracle
     with pytest.raises(KeyError, match="known: round-robin"):
         get_policy("fifo")
 

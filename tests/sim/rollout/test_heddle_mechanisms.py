@@ -262,3 +262,131 @@ def test_dynamic_mp_merges_idle_workers_for_the_long_tail():
     assert max(long_on) > 2
     assert dyn.makespan_s < 0.9 * static.makespan_s
     assert dyn.timelines[0].generated_tokens == 20_000
+
+
+def _crowd(makespan_moves: frozenset[str], long_home: int):
+    """Three MP2 workers of a dense model, every sequence put mid-turn by hand: a 60k-token
+    trajectory (30k decoded) on worker `long_home`, 32 short ones with 8k-token prompts
+    crowding worker 1, worker 2 empty."""
+    cfg = rollout_preset("tiny", model="qwen3-8b", baseline_mp=2, mp_degrees=(2,), max_context=65536)
+    specs = (TrajectorySpec(0, 0, (TurnSpec(500, 60_000, 0.0),), hint_turns=1.0),
+             *(TrajectorySpec(i, 1, (TurnSpec(8_000, 4_000, 0.0),), hint_turns=1.0) for i in range(1, 33)))
+    pol = RolloutPolicy(RolloutPolicyName.HEDDLE, Router.HOME, priority=True, migration=True, live_migration=True,
+                        makespan_moves=makespan_moves)
+    homes = [long_home] + [1] * 32
+    cost = make_rollout_cost(cfg)
+    sim = _Sim(cfg, pol, 6, specs, cost, plan=([2, 2, 2], homes))
+    for t in sim.tr:
+        done = 30_000 if t.spec.tid == 0 else 1_024
+        t.generated = done
+        t.context = t.spec.turns[0].input_tokens + done
+        t.remaining = t.spec.turns[0].action_tokens - done
+        t.home = t.assigned
+        w = sim.ws[t.home]
+        w.running.append(t.spec.tid)
+        sim.set_kv(w, t.spec.tid, cost.kv_bytes(t.context), 0.0)
+        sim.repredict(t)
+    return sim
+
+
+def test_makespan_moves_refuse_a_move_away_from_the_bottleneck():
+    """Own-finish live migration moves a short sequence off the crowded worker (it decodes
+    several times faster alone); decided on the step's predicted makespan it stays: the
+    makespan is the long trajectory's worker's, which the move does not touch. The long
+    trajectory itself, in the crowd, moves under both rules (the makespan drops)."""
+    for makespan_moves, moves_short in ((frozenset(), True), (frozenset({"live"}), False)):
+        sim = _crowd(makespan_moves, long_home=0)
+        short = sim.tr[5]
+        assert sim.longest_holder() == 0
+        assert sim.maybe_move_running(short, sim.ws[1], 0.0) == moves_short
+        if moves_short:
+            assert short.assigned == 2 and short.migrating and short.resume
+        else:
+            assert short.assigned == 1 and not short.migrating
+        sim = _crowd(makespan_moves, long_home=1)
+        before = max(sim.estimate(w) for w in sim.ws)
+        assert sim.maybe_move_running(sim.tr[0], sim.ws[1], 0.0)
+        assert sim.tr[0].assigned in (0, 2)
+        assert max(sim.estimate(w) for w in sim.ws) < before
+
+
+def test_makespan_moves_keep_the_old_rule_available():
+    assert not get_policy("heddle").makespan_moves and not get_policy("heddle").drain_merge
+    assert get_policy("heddle-makespan-moves").makespan_moves == {"tool", "steal", "live"}
+    assert get_policy("heddle-makespan-tool").makespan_moves == {"tool"}
+    with pytest.raises(ValueError, match="unknown kinds"):
+        dataclasses.replace(get_policy("heddle"), makespan_moves=frozenset({"teleport"}))
+    assert get_policy("heddle-drain-merge").drain_merge
+    assert get_policy("heddle-makespan-tool-steal").makespan_moves == {"tool", "steal"}
+    both = get_policy("heddle-makespan-tool-drain")
+    assert both.makespan_moves == {"tool"} and both.drain_merge
+
+
+def _two_workers(drain: bool):
+    cfg = rollout_preset("tiny", model="qwen3-8b", baseline_mp=2, mp_degrees=(2, 4), max_context=65536)
+    specs = (TrajectorySpec(0, 0, (TurnSpec(500, 20_000, 0.0),), hint_turns=1.0),
+             *(TrajectorySpec(i, 1, (TurnSpec(500, 300, 1.0), TurnSpec(100, 300, 0.0)), hint_turns=2.0)
+               for i in range(1, 16)))
+    pol = dataclasses.replace(get_policy("heddle-drain-merge" if drain else "heddle"), adaptive_mp=False)
+    homes = [0] + [1] * 15
+    return specs, _Sim(cfg, pol, 4, specs, make_rollout_cost(cfg), plan=([2, 2], homes)).run()
+
+
+def test_drain_merge_merges_an_idle_worker_with_its_busy_buddy():
+    """Two MP2 workers: the 20k-token trajectory alone on one, fifteen short ones on the
+    other. Dynamic MP never merges (one of the two is never idle); with drain-and-merge
+    the idle worker and the busy one become an MP4 worker once the short ones are done,
+    and the long trajectory resumes its turn there, no token lost or redone, no prefill."""
+    specs, static = _two_workers(False)
+    _, merged = _two_workers(True)
+    assert static.merges == 0
+    assert merged.merges == 1 and merged.initial_degrees == (2, 2)
+    assert merged.makespan_s < 0.8 * static.makespan_s
+    assert merged.recomputed_tokens == 0 and merged.generated_tokens == static.generated_tokens
+    segs = merged.timelines[0].segments
+    mv = [i for i, s in enumerate(segs) if s.kind == SegmentKind.MIGRATE]
+    assert len(mv) == 1
+    s, prev, nxt = segs[mv[0]], segs[mv[0] - 1], segs[mv[0] + 1]
+    assert merged.workers[s.to_worker].degree == 4 and merged.workers[s.to_worker].start_s == s.start
+    assert prev.kind == nxt.kind == SegmentKind.DECODE and prev.turn == nxt.turn == 0
+    assert prev.tokens_after == s.tokens_before == s.tokens_after == nxt.tokens_before
+    assert nxt.worker == s.to_worker and nxt.start >= s.end - 1e-12
+    assert merged.timelines[0].generated_tokens == 20_000
+
+
+def _tool_case(makespan_moves: frozenset[str]):
+    """Three MP2 workers of a dense model: a 60k-token trajectory 30k tokens in on worker 0,
+    two short trajectories with 20k-token prompts on worker 1 between turns (one of them
+    starting its tool call), worker 2 empty."""
+    cfg = rollout_preset("tiny", model="qwen3-8b", baseline_mp=2, mp_degrees=(2,), max_context=65536)
+    specs = (TrajectorySpec(0, 0, (TurnSpec(500, 60_000, 0.0),), hint_turns=1.0),
+             *(TrajectorySpec(i, 1, (TurnSpec(20_000, 2_000, 1.0), TurnSpec(100, 2_000, 0.0)), hint_turns=2.0)
+               for i in (1, 2)))
+    pol = RolloutPolicy(RolloutPolicyName.HEDDLE, Router.HOME, priority=True, migration=True, live_migration=True,
+                        makespan_moves=makespan_moves)  # (live: the running turn's decoded part is seen)
+    cost = make_rollout_cost(cfg)
+    sim = _Sim(cfg, pol, 6, specs, cost, plan=([2, 2, 2], [0, 1, 1]))
+    for t in sim.tr:
+        t.home = t.assigned
+        if t.spec.tid == 0:
+            t.generated, t.remaining = 30_000, 30_000
+            sim.ws[0].running.append(0)
+        else:
+            t.generated, t.turn, t.turn_start_generated = 2_000, 1, 2_000
+        t.context = t.spec.turns[0].input_tokens + t.generated
+        sim.set_kv(sim.ws[t.home], t.spec.tid, cost.kv_bytes(t.context), 0.0)
+        sim.repredict(t)
+    return sim
+
+
+def test_makespan_decided_tool_call_migration():
+    """At a tool-call start the pair rule moves a short trajectory off its worker to the
+    empty one (the pair's larger estimate halves); decided on the step's predicted
+    makespan it stays: the long trajectory's worker sets the makespan either way."""
+    for kinds, moves in ((frozenset(), True), (frozenset({"tool"}), False), (frozenset({"live"}), True)):
+        sim = _tool_case(kinds)
+        t = sim.tr[1]
+        before = max(sim.estimate(w) for w in sim.ws)
+        sim.maybe_migrate(t, 0.0)
+        assert (t.assigned == 2 and t.migrating) == moves, kinds
+        assert max(sim.estimate(w) for w in sim.ws) == pytest.approx(before)  # w0's, either way

@@ -28,7 +28,7 @@ from harts.config.models import get_model_config  # noqa: E402
 from harts.config.plan import PlanConfig  # noqa: E402
 from harts.plan.planners import make_plan  # noqa: E402
 from harts.plan.step import step_from_plan  # noqa: E402
-from harts.sim.executor import window_floors  # noqa: E402
+from harts.sim.executor import plan_floors  # noqa: E402
 from harts.sim.fit_executor import case_of, predict  # noqa: E402
 from harts.sim.hardware import load_hardware  # noqa: E402
 from harts.tree import build_forest, shapes  # noqa: E402
@@ -44,19 +44,18 @@ def run(model: str, hardware: str, families: list[str], seeds: list[int], budget
         for seed in seeds:
             for budget in budgets:
                 forest = build_forest(shapes.draw(family, seed, budget, vocab_size=min(32768, cfg.vocab_size)))
-                floor, consumer, per_row = window_floors(cfg, hw, budget)
+                floors = plan_floors(cfg, hw, budget)
                 configs = {
                     "l1l2": ("l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=cfg.chunk_size)),
                     "l1l2-floors": ("l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=cfg.chunk_size,
-                                                       microbatch_floor=floor, consumer_floor=consumer,
-                                                       consumer_row_cost=per_row)),
+                                                       **floors)),
                     "l1": ("l1", PlanConfig(microbatch_tokens=budget, chunk_size=cfg.chunk_size)),
                     "expanded-ffd": ("expanded-ffd", PlanConfig(microbatch_tokens=budget, chunk_size=cfg.chunk_size)),
                     "unsplit": ("l1l2", PlanConfig(microbatch_tokens=max(131072, forest.compact_tokens),
                                                    chunk_size=cfg.chunk_size)),
                 }
                 row = {"instance": f"{family}/{seed}@{budget}", "rows": forest.compact_tokens,
-                       "floors": [floor, consumer, per_row], "plans": {}}
+                       "floors": list(floors.values()), "plans": {}}
                 for name, (planner, pc) in configs.items():
                     plan = make_plan(forest, planner, pc)
                     step = step_from_plan(plan, forest, cfg.chunk_size)

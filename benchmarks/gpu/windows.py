@@ -111,22 +111,20 @@ def _trainer(kind: str, trajs, budget: int, model: str):
         return make_trainer(kind, net), None
     floors = {}
     if kind == "windows-floored":
-        floors = dict(zip(("microbatch_floor", "consumer_floor", "consumer_row_cost"), window_floors_here(cfg, budget),
-                          strict=True))
+        floors = window_floors_here(cfg, budget)
     plan = make_plan(build_forest(trajs), "l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=cfg.chunk_size,
                                                              **floors))
     # windows-resident: the producers' saved tensors left on the device (no HostOffload)
     return make_trainer("plan", net, plan, offload_producers=kind != "windows-resident"), plan
 
 
-def window_floors_here(cfg, budget: int) -> tuple[float, float, float]:
-    """`harts.sim.executor.window_floors` for this GPU's shipped profile (h200 on an H200,
+def window_floors_here(cfg, budget: int) -> dict[str, float]:
+    """`harts.sim.executor.plan_floors` for this GPU's shipped profile (h200 on an H200,
     else h100)."""
-    from harts.sim.executor import window_floors
-    from harts.sim.hardware import load_hardware
+    from harts.sim.executor import plan_floors
 
     name = torch.cuda.get_device_name() if DEVICE == "cuda" else ""
-    return window_floors(cfg, load_hardware("h200" if "H200" in name else "h100"), budget)
+    return plan_floors(cfg, "h200" if "H200" in name else "h100", budget)
 
 
 def run_case(kind: str, trajs, budget: int, args) -> dict:

@@ -105,25 +105,15 @@ def _add_make_args(p: argparse.ArgumentParser, required: bool) -> None:
 def _window_floors(spec: str, tokens: int) -> dict[str, float]:
     """PlanConfig's floors from `--window-floors MODEL,PROFILE`."""
     from harts.config.models import get_model_config
-    from harts.sim.executor import window_floors
-    from harts.sim.hardware import load_hardware
+    from harts.sim.executor import plan_floors
 
     model, sep, profile = spec.partition(",")
     if not sep or not model or not profile:
         raise UserError(f"--window-floors: give MODEL,PROFILE (e.g. tiny-h200,h100), got {spec!r}")
     try:
-        cfg = get_model_config(model.strip())
+        return plan_floors(get_model_config(model.strip()), profile.strip(), tokens)
     except (KeyError, ValueError) as err:
         raise UserError(f"--window-floors: {err}") from None
-    try:
-        hw = load_hardware(profile.strip())
-    except (FileNotFoundError, KeyError, ValueError) as err:
-        why = err.args[0] if isinstance(err, KeyError) and err.args else err
-        raise UserError(f"--window-floors: {why}") from None
-    if hw.executor is None:
-        raise UserError(f"--window-floors: hardware profile {profile.strip()!r} has no executor rates")
-    floor, consumer, per_row = window_floors(cfg, hw, tokens)
-    return {"microbatch_floor": floor, "consumer_floor": consumer, "consumer_row_cost": per_row}
 
 
 def _forest(args: argparse.Namespace):

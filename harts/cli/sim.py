@@ -185,10 +185,9 @@ class _Setup:
 
             kw["microbatch_tokens"] = preset(workload).microbatch_tokens
         if getattr(self.args, "window_floors", "off") == "auto" and self.hardware.executor is not None:
-            from harts.sim.executor import window_floors
+            from harts.sim.executor import plan_floors
 
-            floors = window_floors(self.model, self.hardware, kw["microbatch_tokens"])
-            kw.update(zip(("microbatch_floor", "consumer_floor", "consumer_row_cost"), floors, strict=True))
+            kw.update(plan_floors(self.model, self.hardware, kw["microbatch_tokens"]))
         try:
             plan = make_plan(forest, planner, PlanConfig(**kw))
         except ValueError as err:

@@ -58,6 +58,8 @@ __all__ = [
     "ExecutorRates",
     "MicrobatchFeatures",
     "microbatch_features",
+    "FLOOR_FIELDS",
+    "plan_floors",
     "step_seconds_1gpu",
     "window_floors",
 ]
@@ -304,3 +306,22 @@ def window_floors(model: ModelConfig, hardware: HardwareProfile, rows: int,
     host = r.host_s_per_launch * f.layer_ratio
     return (r.launches_per_microbatch * host / per_token, r.launches_per_consumer * host / per_token,
             r.consumer_device_s_per_producer_row / per_token)
+
+
+FLOOR_FIELDS = ("microbatch_floor", "consumer_floor", "consumer_row_cost")
+
+
+def plan_floors(model: ModelConfig, hardware: HardwareProfile | str, rows: int) -> dict[str, float]:
+    """`window_floors` as `PlanConfig` keyword arguments (`FLOOR_FIELDS`). `hardware` may be
+    a profile or its name or path (`load_hardware`); a profile that is unknown or has no
+    executor rates raises ValueError with a one-line message."""
+    if isinstance(hardware, str):
+        from harts.sim.hardware import load_hardware
+
+        try:
+            hardware = load_hardware(hardware)
+        except (OSError, KeyError, ValueError) as err:
+            raise ValueError(err.args[0] if isinstance(err, KeyError) and err.args else str(err)) from None
+    if hardware.executor is None:
+        raise ValueError(f"hardware profile {hardware.name!r} has no executor rates")
+    return dict(zip(FLOOR_FIELDS, window_floors(model, hardware, rows), strict=True))

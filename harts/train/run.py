@@ -274,19 +274,12 @@ def _plan(config: TrainConfig, trajectories: list, mc: ModelConfig, dp: int = 1,
         raise TrainError(f"unknown planner {planner!r}; known: {', '.join(known_planners())}", field="plan.planner")
     floors = {}
     if config.plan.window_floors is not None:
-        from harts.sim.executor import window_floors
-        from harts.sim.hardware import load_hardware
+        from harts.sim.executor import plan_floors
 
         try:
-            hw = load_hardware(config.plan.window_floors)
-        except (OSError, KeyError, ValueError) as err:
-            why = err.args[0] if isinstance(err, KeyError) and err.args else err
-            raise TrainError(f"`plan.window_floors`: {why}", field="plan.window_floors") from None
-        if hw.executor is None:
-            raise TrainError(f"`plan.window_floors`: hardware profile {config.plan.window_floors!r} has no "
-                             "executor rates", field="plan.window_floors")
-        floors = dict(zip(("microbatch_floor", "consumer_floor", "consumer_row_cost"),
-                          window_floors(mc, hw, config.plan.microbatch_tokens), strict=True))
+            floors = plan_floors(mc, config.plan.window_floors, config.plan.microbatch_tokens)
+        except ValueError as err:
+            raise TrainError(f"`plan.window_floors`: {err}", field="plan.window_floors") from None
     try:
         return make_plan(forest, planner, PlanConfig(microbatch_tokens=config.plan.microbatch_tokens,
                                                      chunk_size=mc.chunk_size, dp=dp, pp=pp, **floors))

@@ -72,8 +72,21 @@ def suite_rows(path: str) -> list[dict]:
     data = json.loads((ROOT / path).read_text()) if not Path(path).is_absolute() else json.loads(Path(path).read_text())
     if "rows" in data:
         return [r for r in data["rows"] if "seconds" in r]
-    return [{"instance": k, "kind": kind, "seconds": c["seconds"]}
-            for k, inst in data["instances"].items() for kind, c in inst["cases"].items() if "seconds" in c]
+    out = []
+    for k, inst in data["instances"].items():
+        for kind, c in inst["cases"].items():
+            if "seconds" not in c:
+                continue
+            if kind == "windows-floored":
+                # l1l2 with floors ran either the window plan (the same step twice: left
+                # out) or L1's windowless plan, a step of its own
+                w = inst["cases"].get("windows", {})
+                if (c["microbatches"], c["rows"]) == (w.get("microbatches"), w.get("rows")):
+                    continue
+                kind = "l1"
+            out.append({"instance": k, "kind": kind, "seconds": c["seconds"], "microbatches": c.get("microbatches"),
+                        "rows": c.get("rows")})
+    return out
 
 
 class Cases:
@@ -116,7 +129,7 @@ def report(rates, cases, calibration: set[str], new: set[str]) -> dict:
         sel = [r for r in rows if r["set"] == which]
         out["by_kind"][which] = {k: {"cases": len(e), "mean_abs_error": sum(map(abs, e)) / len(e),
                                      "max_abs_error": max(map(abs, e)), "within_10pct": sum(abs(x) <= 0.10 for x in e)}
-                                 for k in KINDS if (e := [r["error"] for r in sel if r["kind"] == k])}
+                                 for k in (*KINDS, "l1") if (e := [r["error"] for r in sel if r["kind"] == k])}
         ranks = {}
         for inst in sorted({r["instance"] for r in sel}):
             rs = {r["kind"]: r for r in sel if r["instance"] == inst}
@@ -238,7 +251,13 @@ def main(argv: list[str] | None = None) -> int:
         sources = {k: v["source"] for k, v in prof["executor"].items()}
         whats = {k: v.get("what", "") for k, v in prof["executor"].items()}
         cases, truth, calibration = Cases(args.model, prof), [], set()
-    held = [cases.case(r["instance"], r["kind"], measured_s=r["seconds"]) for f in args.measured for r in suite_rows(f)]
+    held = []
+    for f in args.measured:
+        for r in suite_rows(f):
+            held.append(cases.case(r["instance"], r["kind"], measured_s=r["seconds"]))
+            if r.get("microbatches") not in (None, held[-1].microbatches):
+                raise SystemExit(f"{f}: {r['instance']} {r['kind']} ran {r['microbatches']} microbatches, "
+                                 f"the planner gives {held[-1].microbatches} today")
     held += [c for f in args.chains for c in chain_cases(f, args.model, rates, cases.hw)]
     result = {"provenance": provenance(sys.argv if argv is None else [sys.argv[0], *argv]), "gpu": args.gpu,
               "model": args.model, "calibration_instances": sorted(calibration),

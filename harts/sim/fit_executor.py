@@ -4,7 +4,9 @@ A measured case is a step of one plan kind on one rollout forest with its measur
 seconds. The three plan kinds of the window suite (benchmarks/gpu/window_suite.py):
 - `tree`: the unsplit tree, one microbatch (the l1l2 planner at a budget above the tree);
 - `windows`: the l1l2 plan at the budget (a producer and its consumers);
-- `expanded`: the trajectories packed first-fit-decreasing at the budget.
+- `expanded`: the trajectories packed first-fit-decreasing at the budget;
+- and `l1`, the windowless split (the L1 planner at the budget: shared rows recomputed),
+  what l1l2 with microbatch floors runs where a window plan would not pay.
 
 `fit_rates` fits the named rates by least squares on log(predicted / measured) with
 scipy, the others held at the base profile's values; `fit_launches` fits the launch
@@ -57,7 +59,7 @@ def step_of(forest, kind: str, budget: int, chunk_size: int, unsplit_budget: int
     from harts.plan.step import step_from_plan
 
     planner, b = {"tree": ("l1l2", max(unsplit_budget, forest.compact_tokens)), "windows": ("l1l2", budget),
-                  "expanded": ("expanded-ffd", budget)}[kind]
+                  "expanded": ("expanded-ffd", budget), "l1": ("l1", budget)}[kind]
     plan = make_plan(forest, planner, PlanConfig(microbatch_tokens=b, chunk_size=chunk_size))
     return step_from_plan(plan, forest, chunk_size)
 

@@ -68,7 +68,7 @@ def test_a_profile_without_executor_rates_cannot_price_the_executor():
         ExecutorCostModel(MODEL, ONE, load_hardware("h200-harts"))
 
 
-@pytest.mark.parametrize("kind", ["tree", "windows", "expanded"])
+@pytest.mark.parametrize("kind", ["tree", "windows", "expanded", "l1"])
 def test_the_engine_and_the_closed_form_agree_on_one_gpu(kind):
     hw = load_hardware("h100")
     step = step_of(_forest(), kind, 4096, MODEL.chunk_size)
@@ -95,6 +95,17 @@ def test_host_bound_windows_cost_more_than_the_unsplit_tree_as_measured():
     t = {k: predict(hw.executor, case_of("g", k, step_of(forest, k, 16384, MODEL.chunk_size), MODEL, hw))
          for k in ("tree", "windows", "expanded")}
     assert t["tree"] < t["windows"] < t["expanded"]
+
+
+def test_the_l1_step_has_no_consumers_and_recomputes_shared_rows():
+    # l1: the windowless split l1l2 with floors runs where a window plan would not pay
+    forest = _forest("bushy", 4096)
+    l1, win = (step_of(forest, k, 4096, MODEL.chunk_size) for k in ("l1", "windows"))
+    hw = load_hardware("h100")
+    f1, fw = (case_of("b", k, s, MODEL, hw).features for k, s in (("l1", l1), ("windows", win)))
+    assert not any(f.consumer or f.producer for f in f1)
+    assert any(f.consumer for f in fw)
+    assert sum(f.rows for f in f1) >= sum(f.rows for f in fw) == forest.compact_tokens
 
 
 def test_more_host_time_per_launch_never_lowers_a_step():

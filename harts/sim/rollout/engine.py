@@ -49,6 +49,7 @@ from harts.sim.rollout.state import (
     TrajState,
     WorkerState,
 )
+from harts.sim.rollout.tail import TailShield
 from harts.sim.rollout.types import (
     RolloutResult,
     Segment,
@@ -83,7 +84,7 @@ def usable_degrees(cfg: RolloutWorkload, cost: RolloutCost) -> list[int]:
     return _valid_degrees(cfg, cost, sorted(set(cfg.mp_degrees) | {cfg.baseline_mp}))
 
 
-class _Sim(Migration, KVMemory):
+class _Sim(Migration, KVMemory, TailShield):
     def __init__(self, cfg: RolloutWorkload, policy: RolloutPolicy, gpus: int, specs, cost: RolloutCost,
                  plan: tuple[list[int], list[int] | None] | None = None):
         self.cfg, self.policy, self.cost = cfg, policy, cost
@@ -298,8 +299,11 @@ class _Sim(Migration, KVMemory):
         limit = cap * (1.0 - self.cfg.kv_watermark) if self.paged else cap
         new_tokens, pairs, admitted = 0.0, 0.0, []
         stall = [0.0]  # host <-> GPU copies (swap in / out) before this chunk decodes
+        shield = self.batch_cap(w, now)
         for tid in self.admit_order(w):
             t = self.tr[tid]
+            if shield < self.cfg.max_batch and len(w.running) >= shield and not t.resume and self.short_work(t):
+                continue  # tail shield: the batch stays small around a protected trajectory
             if len(w.running) >= self.cfg.max_batch and not self.preempt_for(w, t, now, stall):
                 break
             turn = t.spec.turns[t.turn]

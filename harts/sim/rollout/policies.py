@@ -55,6 +55,12 @@ home worker) and adds, each switchable:
   sequences there, or a higher degree) moves there at an iteration boundary, its KV
   copied over NVLink / InfiniBand, and resumes decoding without a prefill.
 
+- `tail_shield`: (off by default) a worker with one of the `SHIELD_K` predicted-longest
+  unfinished trajectories planned on it admits short work (predicted under a quarter of
+  the least of those trajectories' remaining tokens) only while its batch is below
+  max(`SHIELD_BATCH`, its demand - the free batch slots of the workers holding none of
+  them), so that the long trajectory decodes in a smaller batch (`harts.sim.rollout.tail`).
+
 With every switch off Heddle is `cache-aware`.
 """
 
@@ -96,6 +102,7 @@ class RolloutPolicyName(StrEnum):
     HEDDLE_MAKESPAN_TOOL_STEAL = "heddle-makespan-tool-steal"
     HEDDLE_DRAIN_MERGE = "heddle-drain-merge"
     HEDDLE_MAKESPAN_TOOL_DRAIN = "heddle-makespan-tool-drain"
+    HEDDLE_TAIL_SHIELD = "heddle-tail-shield"
 
 
 @dataclass(frozen=True)
@@ -124,6 +131,9 @@ class RolloutPolicy:
     # aligned block of twice the degree) merge: the buddy's sequences and cached KV are
     # resharded onto the merged worker, and the tail decodes at the higher degree
     drain_merge: bool = False
+    # a worker holding one of the predicted-longest trajectories caps its batch for short work
+    # while other workers have room for it (`harts.sim.rollout.tail`)
+    tail_shield: bool = False
 
     def __post_init__(self) -> None:
         unknown = set(self.makespan_moves) - MOVE_KINDS
@@ -190,6 +200,8 @@ for _p in (
             drain_merge=True),
     _heddle(RolloutPolicyName.HEDDLE_MAKESPAN_TOOL_DRAIN, "makespan-decided tool-call migration and drain-and-merge",
             makespan_moves=frozenset({"tool"}), drain_merge=True),
+    _heddle(RolloutPolicyName.HEDDLE_TAIL_SHIELD, "small batches around the predicted-longest trajectories",
+            tail_shield=True),
 ):
     POLICIES.register(_p.name, _p)
 del _p

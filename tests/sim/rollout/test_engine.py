@@ -24,6 +24,7 @@ from harts.sim.rollout import (
     known_policies,
     migration,
     simulate_rollout,
+    tail,
 )
 from harts.sim.rollout.compare import critical_path_bound, tail_bound, work_bound
 from harts.sim.rollout.cost import make_rollout_cost
@@ -146,6 +147,19 @@ def test_drain_and_merge_loses_nothing_and_fits(cfg):
             _check_gpus(res, 8)
 
 
+@FAST
+@given(rollout_workloads())
+def test_tail_shield_loses_nothing_and_fits(cfg):
+    """The tail shield protecting only the predicted-longest trajectory, with a cap of one
+    sequence and no short-work margin (so it turns work away whenever it can): nothing lost
+    or run twice, KV under capacity, workers on their GPUs."""
+    with mock.patch.multiple(tail, SHIELD_K=1, SHIELD_BATCH=1, SHIELD_RATIO=1.0):
+        res = simulate_rollout(cfg, RolloutPolicyName.HEDDLE_TAIL_SHIELD, 8)
+    _check_conservation(cfg, res)
+    _check_kv(res)
+    _check_gpus(res, 8)
+
+
 def test_tight_memory_evicts_and_recomputes_but_never_overflows():
     cfg = rollout_preset("tiny", hbm_utilization=0.4125, num_prompts=8, tool_latency_median_s=2.0)
     res = simulate_rollout(cfg, "cache-aware", 8)
@@ -218,7 +232,8 @@ def test_registry_names_and_errors():
                                 "heddle-no-migration", "heddle-no-adaptive-mp", "heddle-anneal-layout",
                                 "heddle-no-isolation", "heddle-no-group-predictor", "heddle-no-live-migration",
                                 "heddle-no-dynamic-mp", "heddle-makespan-moves", "heddle-makespan-tool",
-                                "heddle-makespan-tool-steal", "heddle-drain-merge", "heddle-makespan-tool-drain"]
+                                "heddle-makespan-tool-steal", "heddle-drain-merge", "heddle-makespan-tool-drain",
+                                "heddle-tail-shield"]
     flags = ("priority", "preempt", "placement", "migration", "adaptive_mp", "twin_layout", "isolation",
              "group_predictor", "live_migration", "dynamic_mp")
     h = get_policy("heddle")
@@ -230,9 +245,10 @@ def test_registry_names_and_errors():
         p = get_policy(name)
         assert not getattr(p, flag) and not p.oracle
         assert sum(getattr(p, f) for f in flags) == len(flags) - 1 - len(names.get(flag, []))
-    for name in known_policies()[-5:]:  # the off-by-default options: every mechanism and one or two more
+    for name in known_policies()[-6:]:  # the off-by-default options: every mechanism and one or two more
         p = get_policy(name)
-        assert all(getattr(p, f) for f in flags) and (p.makespan_moves or p.drain_merge) and not p.oracle
+        assert all(getattr(p, f) for f in flags) and not p.oracle
+        assert p.makespan_moves or p.drain_merge or p.tail_shield
     with pytest.raises(KeyError, match="known: round-robin"):
         get_policy("fifo")
 

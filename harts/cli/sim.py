@@ -60,10 +60,11 @@ def _add_common(p: argparse.ArgumentParser, sweep: bool) -> None:
     p.add_argument("--calibration", help="calibration JSON (harts sim fit) for --cost-model calibrated")
     p.add_argument("--no-recompute", action="store_true", help="keep all activations (no recomputation)")
     p.add_argument("--seed", type=int, default=0, help="planner seed")
-    p.add_argument("--window-floors", choices=("off", "auto"), default="off",
+    p.add_argument("--window-floors", choices=("off", "auto"), default="auto",
                    help="l1l2 on one pipeline stage: price each microbatch at least at its host-bound floor "
-                        "(auto: harts.sim.executor.window_floors for the model on --hardware at the budget), so "
-                        "windows are chosen only where they pay (default: off, rows alone)")
+                        "(auto, the default: harts.sim.executor.window_floors for the model on --hardware at the "
+                        "budget, where the profile has executor rates), so windows are chosen only where they "
+                        "pay; off: rows alone")
     p.add_argument("--ep-lockstep", action=argparse.BooleanOptionalAction, default=True,
                    help="run the k-th passes of an EP group together, as EP all-to-alls force (default; "
                         "--no-ep-lockstep: free-running replicas, all-to-all as bandwidth only)")

@@ -110,7 +110,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plan", default=None, metavar="FILE.json", help="with --parallel: run this saved plan (default: plan with --planner)")
     p.add_argument("--window-floors", default=None, metavar="PROFILE",
                    help="--planner l1l2: plan with the model's microbatch floors on this hardware profile (h100, "
-                        "h200 or a profile JSON), windows only where they pay (default: rows alone)")
+                        "h200 or a profile JSON), windows only where they pay; auto (default): the profile of "
+                        "the CUDA device trained on (H100, H200), rows alone elsewhere; off: rows alone")
     p.add_argument("--schedule", default="consumer-1f1b", choices=["non-overlap", "overlap-bwd-first", "consumer-1f1b"],
                    help="with --parallel pp>1: the pipeline schedule (the simulator's, lowered to the pipelining runtime)")
     p.add_argument("--checkpoint-dir", metavar="DIR", default=None,

@@ -162,12 +162,14 @@ class PlanSource:
     one process, PARALLEL_PLANNER in a distributed run) or, distributed, a saved plan `file`.
     `window_floors`: a hardware profile (h100, h200 or a profile JSON) whose microbatch
     floors for the model (`harts.sim.executor.window_floors`) l1l2 plans with, so windows
-    are chosen only where they pay; None (default): rows alone."""
+    are chosen only where they pay; "auto" (default): the shipped profile of the CUDA
+    device the run trains on (`harts.sim.hardware.profile_for_device`: H100 or H200), rows
+    alone on any other device; "off" or None: rows alone."""
 
     planner: str | None = None
     file: str | None = None
     microbatch_tokens: int = 4096
-    window_floors: str | None = None
+    window_floors: str | None = "auto"
 
     def __post_init__(self) -> None:
         _check_types(self, "plan.")

@@ -273,11 +273,16 @@ def _plan(config: TrainConfig, trajectories: list, mc: ModelConfig, dp: int = 1,
     if planner not in known_planners():
         raise TrainError(f"unknown planner {planner!r}; known: {', '.join(known_planners())}", field="plan.planner")
     floors = {}
-    if config.plan.window_floors is not None:
+    profile = None if config.plan.window_floors == "off" else config.plan.window_floors
+    if profile == "auto":
+        from harts.sim.hardware import profile_for_device
+
+        profile = profile_for_device(_device(config))
+    if profile is not None:
         from harts.sim.executor import plan_floors
 
         try:
-            floors = plan_floors(mc, config.plan.window_floors, config.plan.microbatch_tokens)
+            floors = plan_floors(mc, profile, config.plan.microbatch_tokens)
         except ValueError as err:
             raise TrainError(f"`plan.window_floors`: {err}", field="plan.window_floors") from None
     try:

@@ -151,3 +151,35 @@ def test_window_floors_plan_the_step_with_the_profiles_floors():
     with pytest.raises(TrainError, match="unknown hardware profile") as err:
         _plan(TrainConfig(mode="tree", plan=PlanSource(planner="l1l2", window_floors="nosuch")), trajs, mc)
     assert err.value.field == "plan.window_floors"
+
+
+def test_window_floors_auto_takes_the_profile_of_the_cuda_device(monkeypatch):
+    """"auto" (the default) plans with the shipped profile of the CUDA device trained on
+    (an H100: h100's floors) and with rows alone on the CPU or an unknown GPU, as "off" does."""
+    import torch
+
+    from harts.config.models import get_model_config
+    from harts.sim.hardware import profile_for_device
+    from harts.train.run import _plan
+    from harts.tree import shapes
+
+    assert PlanSource().window_floors == "auto"
+    mc = get_model_config("tiny-h200")
+    trajs = shapes.draw("bushy", 3, 8192, vocab_size=mc.vocab_size)
+
+    def plan(floors, device=None):
+        config = TrainConfig(mode="tree", plan=PlanSource(planner="l1l2", microbatch_tokens=8192, window_floors=floors),
+                             precision=Precision(device=device))
+        return [m.to_dict() for m in _plan(config, trajs, mc).microbatches]
+
+    assert profile_for_device("cpu") is None
+    rows_alone = plan("off", "cpu")
+    assert plan("auto", "cpu") == rows_alone == plan(None, "cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for name, want in (("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"), ("NVIDIA A100-SXM4-80GB", None)):
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, n=name: n)
+        assert profile_for_device("cuda") == want
+        assert plan("auto", "cuda") == (rows_alone if want is None else plan(want, "cuda"))
+    # on this instance the h100 floors drop the windows (L1's plan is the cheaper)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    assert plan("auto", "cuda") != rows_alone

@@ -163,7 +163,7 @@ class PlanSource:
     `window_floors`: a hardware profile (h100, h200 or a profile JSON) whose microbatch
     floors for the model (`harts.sim.executor.window_floors`) l1l2 plans with, so windows
     are chosen only where they pay; "auto" (default): the shipped profile of the CUDA
-    device the run trains on (`harts.sim.hardware.profile_for_device`: H100 or H200), rows
+    device the run trains on (H100 or H200: `harts.sim.hardware.profile_for_device`), rows
     alone on any other device; "off" or None: rows alone."""
 
     planner: str | None = None

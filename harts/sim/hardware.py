@@ -150,17 +150,11 @@ def load_hardware(name_or_path: str | Path = "h200") -> HardwareProfile:
         return profile_from_dict(json.load(f))
 
 
-# the shipped profiles measured on a GPU, by a substring of torch.cuda.get_device_name
+# the shipped profiles measured on a GPU, by a substring of the device's name
 _DEVICE_PROFILES = (("H200", "h200"), ("H100", "h100"))
 
 
-def profile_for_device(device: str) -> str | None:
-    """The shipped profile measured on the CUDA device `device` trains on ("h100" for an
-    H100, "h200" for an H200), or None: another GPU, or not a CUDA device."""
-    import torch
-
-    dev = torch.device(device)
-    if dev.type != "cuda" or not torch.cuda.is_available():
-        return None
-    name = torch.cuda.get_device_name(dev)
+def profile_for_device(name: str) -> str | None:
+    """The shipped profile measured on the GPU named `name` (torch.cuda.get_device_name):
+    "h100" for an H100, "h200" for an H200, None for any other device."""
     return next((profile for part, profile in _DEVICE_PROFILES if part in name), None)

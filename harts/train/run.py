@@ -217,6 +217,18 @@ def _device(config: TrainConfig) -> str:
     return config.precision.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def _device_profile(device: str) -> str | None:
+    """The shipped hardware profile of the CUDA device `device` (H100, H200), else None."""
+    import torch
+
+    from harts.sim.hardware import profile_for_device
+
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return profile_for_device(torch.cuda.get_device_name(dev))
+
+
 def _dtype(config: TrainConfig) -> Any:
     import torch
 
@@ -275,9 +287,7 @@ def _plan(config: TrainConfig, trajectories: list, mc: ModelConfig, dp: int = 1,
     floors = {}
     profile = None if config.plan.window_floors == "off" else config.plan.window_floors
     if profile == "auto":
-        from harts.sim.hardware import profile_for_device
-
-        profile = profile_for_device(_device(config))
+        profile = _device_profile(_device(config))
     if profile is not None:
         from harts.sim.executor import plan_floors
 

@@ -159,8 +159,7 @@ def test_window_floors_auto_takes_the_profile_of_the_cuda_device(monkeypatch):
     import torch
 
     from harts.config.models import get_model_config
-    from harts.sim.hardware import profile_for_device
-    from harts.train.run import _plan
+    from harts.train.run import _device_profile, _plan
     from harts.tree import shapes
 
     assert PlanSource().window_floors == "auto"
@@ -172,13 +171,13 @@ def test_window_floors_auto_takes_the_profile_of_the_cuda_device(monkeypatch):
                              precision=Precision(device=device))
         return [m.to_dict() for m in _plan(config, trajs, mc).microbatches]
 
-    assert profile_for_device("cpu") is None
+    assert _device_profile("cpu") is None
     rows_alone = plan("off", "cpu")
     assert plan("auto", "cpu") == rows_alone == plan(None, "cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     for name, want in (("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"), ("NVIDIA A100-SXM4-80GB", None)):
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, n=name: n)
-        assert profile_for_device("cuda") == want
+        assert _device_profile("cuda") == want
         assert plan("auto", "cuda") == (rows_alone if want is None else plan(want, "cuda"))
     # on this instance the h100 floors drop the windows (L1's plan is the cheaper)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")

@@ -112,6 +112,9 @@ class CalibratedPricer:
 class ActionCost:
     seconds: float
     by_kind: tuple[tuple[str, float], ...]  # op kind -> seconds, for reports and trace diffs
+    # the host's seconds issuing the action (`engine.Action.host`; then `seconds` is the
+    # device's): 0 where the model prices launches inside `seconds` (roofline)
+    host: float = 0.0
 
 
 class CostModel:

@@ -47,6 +47,11 @@ class Action:
     alloc: tuple[tuple[str, float], ...] = ()  # buffers allocated at start (held)
     free: tuple[str, ...] = ()  # buffers freed at end
     transient: float = 0.0  # workspace held only while running
+    # seconds the lane's host spends issuing the action's kernels (0: not modelled). The
+    # host issues a lane's actions in the order they start and never waits for the device,
+    # so it runs ahead through device-bound actions; an action ends at max(its start +
+    # duration, the end of its issue), with `duration` the device's time
+    host: float = 0.0
 
     @property
     def rank(self) -> Rank:
@@ -158,6 +163,7 @@ def execute(program: Program, policy: Policy | None = None) -> Trace:
     buffers: dict[tuple[Rank, str], float] = {}
     heap: list[tuple[float, int]] = []
     t = 0.0
+    issued = {lane: 0.0 for lane in lanes}  # where each lane's host has issued up to
 
     def note(rank: Rank) -> None:
         v = mem[rank]
@@ -193,14 +199,23 @@ def execute(program: Program, policy: Policy | None = None) -> Trace:
         busy[lane] = True
         a = acts[choice]
         if a.gang is None:
-            begin(choice, a.duration)
+            begin(choice, issue(choice))
             return
         members = arrived.setdefault(a.gang, [])
         members.append(choice)
         if len(members) == len(gangs[a.gang]):
-            duration = max(acts[m].duration for m in members)
+            duration = max(issue(m) for m in members)
             for m in sorted(members):
                 begin(m, duration)
+
+    def issue(i: int) -> float:
+        """The action's duration from now: its device time, or longer where its lane's
+        host is still issuing it (`Action.host`)."""
+        a = acts[i]
+        if a.host <= 0.0:
+            return a.duration
+        issued[a.lane] += a.host
+        return max(a.duration, issued[a.lane] - t)
 
     for lane in lanes:
         poll(lane)

@@ -5,10 +5,15 @@ executor is host-bound at small microbatches. Each microbatch runs the whole mod
 times (the forward under activation checkpointing, the recomputation, the backward; four
 with the global aux scope's MoE-statistics no-grad forward), some 4,000-5,500 kernel
 launches on tiny-h200, each costing the host ~40 us; when a microbatch's kernels are
-shorter than that, the device idles. So an action (a microbatch's forward or backward)
-costs
+shorter than that, the device idles. An action (a microbatch's forward or backward) has
+device seconds and host seconds; the host issues a GPU's actions in order without waiting
+for the device, so it runs ahead through device-bound actions and an action ends at
 
-    max(device seconds, host seconds)
+    max(its start + device seconds, the host's issue clock after its host seconds)
+
+(`engine.Action.host`; on one GPU the step is the recurrence of `step_seconds_1gpu`). A
+step of host-bound and device-bound actions costs less than the sum of each action's
+max(device, host), which the model charged until 2026-12-05.
 
 - device: the roofline price of the counted ops (`ops.py`, launch term left out) x
   `device_scale` (measured kernel time over roofline time on large microbatches; tree
@@ -161,17 +166,21 @@ def step_fixed_seconds(rates: ExecutorRates) -> float:
 
 
 def step_seconds_1gpu(rates: ExecutorRates, feats: Sequence[MicrobatchFeatures], optimizer_s: float) -> float:
-    """A one-GPU step in closed form: every action max(device, host), in sequence."""
-    total = optimizer_s + step_fixed_seconds(rates)
+    """A one-GPU step in closed form: the actions in sequence, each ending at max(the
+    device's end of the previous one + its device seconds, the host's issue clock after
+    its host seconds)."""
+    issued = done = 0.0  # the host's issue clock, the device's
     for f in feats:
         for phase in (Phase.FWD, Phase.BWD):
-            total += max(action_seconds(rates, phase, f))
-    return total
+            device, host = action_seconds(rates, phase, f)
+            issued += host
+            done = max(done + device, issued)
+    return optimizer_s + step_fixed_seconds(rates) + done
 
 
 class ExecutorCostModel(CostModel):
-    """Roofline op counts, priced per action as max(device, host) with the profile's
-    executor rates (module docstring)."""
+    """Roofline op counts, priced per action as device seconds and host issue seconds with
+    the profile's executor rates (module docstring)."""
 
     def __init__(self, model: ModelConfig, parallel: ParallelConfig, hardware: HardwareProfile,
                  recompute: bool = True, rates: ExecutorRates | None = None):
@@ -247,13 +256,14 @@ class ExecutorCostModel(CostModel):
         return out
 
     def _pass_uncached(self, phase: Phase, stage: int, works: tuple[MicrobatchWork, ...]) -> ActionCost:
-        # a fused pass (a consumer's backward with its producer's) runs them one after the
-        # other on one stream: each is bound by its own device or host time
-        device = total = 0.0
+        # the device's seconds and the host's issue seconds (the engine runs the host ahead
+        # of the device: `engine.Action.host`); a fused pass (a consumer's backward with its
+        # producer's) issues and runs them one after the other on one stream
+        device = host = 0.0
         for w in works:
             d, h = action_seconds(self.rates, phase, self.features(stage, w))
-            device, total = device + d, total + max(d, h)
-        return ActionCost(total, (("device", device), ("host_idle", total - device)))
+            device, host = device + d, host + h
+        return ActionCost(device, (("device", device),), host=host)
 
     def optimizer(self, stage: int) -> float:
         return super().optimizer(stage) + step_fixed_seconds(self.rates)

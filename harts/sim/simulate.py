@@ -115,6 +115,7 @@ def lower(step: StepWork, schedule: Schedule, cost: CostModel, ep_lockstep: bool
         alloc: tuple[tuple[str, float], ...] = ()
         free: tuple[str, ...] = ()
         transient = 0.0
+        host = 0.0
         mbs: tuple[int, ...] = ()
         if kind in ("SYNC", "OPT"):
             if kind == "SYNC":
@@ -141,7 +142,8 @@ def lower(step: StepWork, schedule: Schedule, cost: CostModel, ep_lockstep: bool
                     deps.append(send_of[(s - 1, "F", m)])
                 if w.producer is not None:
                     deps.append(pass_of[(s, "F", w.producer)])
-                duration = cost.forward(s, works).seconds
+                priced = cost.forward(s, works)
+                duration, host = priced.seconds, priced.host
                 transient = cost.transient_bytes(s, works, Phase.FWD)
                 held = cost.activation_bytes(s, w)
                 if m in producers:
@@ -154,7 +156,8 @@ def lower(step: StepWork, schedule: Schedule, cost: CostModel, ep_lockstep: bool
                         deps.append(send_of[(s + 1, "B", m)])
                     if m in producers:
                         deps += [pass_of[(s, "B", c)] for c in step.consumers_of(m) if c not in op.mbs]
-                duration = cost.backward(s, works).seconds
+                priced = cost.backward(s, works)
+                duration, host = priced.seconds, priced.host
                 transient = cost.transient_bytes(s, works, Phase.BWD)
                 free = tuple(f"act{m}" for m in op.mbs)
         own = sp["idx"]
@@ -162,7 +165,7 @@ def lower(step: StepWork, schedule: Schedule, cost: CostModel, ep_lockstep: bool
             Action(
                 idx=own, name=sp["name"], kind=kind, lane=sp["lane"], duration=float(duration),
                 deps=tuple(sorted({d for d in deps if d != own})), gang=gang_of.get(own), mbs=mbs,
-                alloc=alloc, free=free, transient=float(transient),
+                alloc=alloc, free=free, transient=float(transient), host=float(host),
             )
         )
     static = {(r, s): cost.static_bytes(s) for (r, s), _ in schedule.ranks}

@@ -208,9 +208,17 @@ def _sim_mb(draw, mb, replica, slot, producer, KDARound, MicrobatchWork):
 
 
 @st.composite
-def sim_programs(draw: st.DrawFn, max_actions: int = 24):
+def device_host_actions(draw: st.DrawFn, max_actions: int = 12) -> list[tuple[float, float]]:
+    """(device seconds, host seconds) of actions run in sequence on one lane."""
+    pair = st.tuples(st.floats(0.0, 5.0, allow_nan=False), st.floats(0.0, 5.0, allow_nan=False))
+    return draw(st.lists(pair, min_size=1, max_size=max_actions))
+
+
+@st.composite
+def sim_programs(draw: st.DrawFn, max_actions: int = 24, hosts: bool = False):
     """An engine Program: a random DAG over a few lanes, each lane's order consistent with
-    the dependencies (a topological order), optional two-member gangs, random buffers."""
+    the dependencies (a topological order), optional two-member gangs, random buffers;
+    with `hosts`, random host issue seconds (`Action.host`) too."""
     from harts.sim.engine import Action, Program
 
     n = draw(st.integers(1, max_actions))
@@ -244,7 +252,8 @@ def sim_programs(draw: st.DrawFn, max_actions: int = 24):
     actions = tuple(
         Action(idx=i, name=f"a{i}", kind="X", lane=lane_of[i], duration=durations[i], deps=deps[i],
                gang=gang[i], alloc=alloc[i], free=free[i],
-               transient=float(draw(st.integers(0, 10))))
+               transient=float(draw(st.integers(0, 10))),
+               host=draw(st.floats(0.0, 5.0, allow_nan=False)) if hosts else 0.0)
         for i in range(n)
     )
     order = {}

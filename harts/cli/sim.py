@@ -56,7 +56,7 @@ def _add_common(p: argparse.ArgumentParser, sweep: bool) -> None:
     p.add_argument("--hardware", default="h200", help="hardware profile: h100, h200 (measured, shipped), "
                    "h200-harts, or a JSON path (harts sim calibrate writes one)")
     p.add_argument("--cost-model", help="executor (the default where the profile has executor rates: each "
-                   "action max(device, host launch) time), roofline, or calibrated")
+                   "action's device and host launch time, the host running ahead), roofline, or calibrated")
     p.add_argument("--calibration", help="calibration JSON (harts sim fit) for --cost-model calibrated")
     p.add_argument("--no-recompute", action="store_true", help="keep all activations (no recomputation)")
     p.add_argument("--seed", type=int, default=0, help="planner seed")

@@ -195,17 +195,32 @@ class _Setup:
             raise UserError(f"planner {planner}: {err}") from None
         return plan, step_from_plan(plan, forest, self.model.chunk_size)
 
-    def simulate(self, step: Any, schedule: str) -> Any:
+    def simulate(self, step: Any, schedule: str, host_s_per_launch: float | None = None) -> Any:
+        """`host_s_per_launch`: the executor model with this host rate instead of the profile's."""
         from harts.plan.schedule import build_schedule
         from harts.sim.costs import make_cost_model
         from harts.sim.simulate import simulate_step
 
+        hw = self.hardware
+        if host_s_per_launch is not None:
+            from dataclasses import replace
+
+            hw = replace(hw, executor=hw.executor.with_values(host_s_per_launch=host_s_per_launch))
         try:
-            cost = make_cost_model(self.cost_model, self.model, self.parallel, self.hardware, **self.cost_kwargs)
+            cost = make_cost_model(self.cost_model, self.model, self.parallel, hw, **self.cost_kwargs)
             sched = build_schedule(schedule, step, self.parallel.pp)
         except (KeyError, ValueError) as err:
             raise UserError(str(err.args[0]) if isinstance(err, KeyError) else str(err)) from None
         return simulate_step(step, sched, cost, ep_lockstep=self.args.ep_lockstep)
+
+    def over_hosts(self, step: Any, schedule: str) -> list[float] | None:
+        """The step's seconds at the slowest and the fastest host measured on this GPU kind
+        (the profile's `host_machines`), where the executor model prices it and at least
+        two machines differ: the spread host speed alone puts on the prediction."""
+        hosts = sorted(set(self.hardware.host_machines))
+        if self.cost_model != "executor" or len(hosts) < 2:
+            return None
+        return sorted(self.simulate(step, schedule, h).step_seconds for h in (hosts[0], hosts[-1]))
 
 
 def _budgets(text: str) -> list[int]:
@@ -250,6 +265,9 @@ def cmd_sim(args: argparse.Namespace) -> int:
     plan, step = setup.step(source, args.planner)
     res = setup.simulate(step, args.schedule)
     out = _row(source, args.planner, plan, res)
+    spread = setup.over_hosts(step, args.schedule)
+    if spread is not None:
+        out["step_seconds_over_hosts"] = spread
     out["model"] = setup.model.name
     out["gpus"] = args.gpus
     out["hardware"] = setup.hardware.name
@@ -304,7 +322,7 @@ def human(key: str, value: Any) -> str:
         return f"{_sig3(value / 1e3)} k tok/s"
     if key.endswith("_bytes"):
         return f"{gib(value)} GiB"
-    if key.endswith("_seconds"):
+    if key.endswith("_seconds") or "_seconds_" in key:
         return f"{_sig3(value)} s"
     if key.endswith("_fraction"):
         return f"{100 * value:.1f}%"

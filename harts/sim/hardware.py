@@ -56,6 +56,10 @@ class HardwareProfile:
     sources: dict[str, str]  # field -> "measured" | "fitted" | "assumption"
     # how the executor runs a step on this GPU (harts.sim.executor); None: roofline only
     executor: ExecutorRates | None = None
+    # the host seconds per launch fitted on each machine of this GPU kind measured so far
+    # (the profile's `host_machines`): host speed is the machine's, and `harts sim`
+    # reports the step over this range beside the prediction at `executor`'s own rate
+    host_machines: tuple[float, ...] = ()
 
     def link(self, spans_nodes: bool) -> LinkRates:
         return self.inter_node if spans_nodes else self.intra_node
@@ -130,7 +134,20 @@ def profile_from_dict(data: dict[str, Any]) -> HardwareProfile:
         inter_node=link("ib"),
         sources=src,
         executor=executor_rates_from_dict(data["executor"], src) if "executor" in data else None,
+        host_machines=_host_machines(data.get("host_machines", [])),
     )
+
+
+def _host_machines(entries: list[Any]) -> tuple[float, ...]:
+    """`host_machines`: [{host_s_per_launch, fitted_to}, ...], one per measured machine."""
+    out = []
+    for e in entries:
+        if not isinstance(e, dict) or not isinstance(e.get("host_s_per_launch"), (int, float)) \
+                or not e["host_s_per_launch"] > 0 or not e.get("fitted_to"):
+            raise ValueError("hardware profile: every host_machines entry must be "
+                             "{host_s_per_launch > 0, fitted_to}")
+        out.append(float(e["host_s_per_launch"]))
+    return tuple(out)
 
 
 def known_hardware() -> list[str]:

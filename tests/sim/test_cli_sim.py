@@ -204,6 +204,7 @@ def test_window_floors_plan_as_the_library_does(capsys, tmp_path):
     common = ["--input", str(rollouts), "--model", "tiny-h200", "--gpus", "1", "--planner", "l1l2",
               "--microbatch-tokens", "8192", "--hardware", "h100", "--json"]
     off, auto = (json.loads(run(capsys, ["sim", *common, "--window-floors", w])[1]) for w in ("off", "auto"))
+    assert json.loads(run(capsys, ["sim", *common])[1])["microbatches"] == auto["microbatches"]  # the default
     floor, consumer, per_row = window_floors(cfg, load_hardware("h100"), 8192)
     plan = make_plan(build_forest(trajs), "l1l2", PlanConfig(microbatch_tokens=8192, chunk_size=cfg.chunk_size,
                                                              microbatch_floor=floor, consumer_floor=consumer,
@@ -213,3 +214,25 @@ def test_window_floors_plan_as_the_library_does(capsys, tmp_path):
         assert auto["step_seconds"] <= off["step_seconds"]
     code, out, _ = run(capsys, ["sim", *common, "--window-floors", "sometimes"])
     assert code == 2 and "--window-floors" in json.loads(out)["error"]
+
+
+def test_sim_reports_the_step_over_the_measured_hosts(capsys, tmp_path):
+    """On a profile with host rates of two or more machines (h100) `harts sim` adds the
+    step at the slowest and the fastest of them; the prediction at the profile's own rate,
+    one of them, lies between. Without them (h200) the field is absent; a malformed entry
+    is refused."""
+    from harts.sim.hardware import HARDWARE_DIR, load_hardware
+
+    common = ["sim", "--workload", "swe-treestep-1", "--model", "tiny-h200", "--gpus", "1", "--planner", "l1l2",
+              "--microbatch-tokens", "16384", "--json"]
+    h100 = json.loads(run(capsys, [*common, "--hardware", "h100"])[1])
+    lo, hi = h100["step_seconds_over_hosts"]
+    assert lo <= h100["step_seconds"] <= hi and lo < hi
+    assert load_hardware("h100").executor.host_s_per_launch in load_hardware("h100").host_machines
+    assert "step_seconds_over_hosts" not in json.loads(run(capsys, [*common, "--hardware", "h200"])[1])
+    prof = json.loads((HARDWARE_DIR / "h100.json").read_text())
+    prof["host_machines"] = [{"host_s_per_launch": -1.0, "fitted_to": "x"}]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(prof))
+    code, out, _ = run(capsys, [*common, "--hardware", str(bad)])
+    assert code != 0 and "host_machines" in out

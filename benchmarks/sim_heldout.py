@@ -20,6 +20,10 @@ calibration set's fit into a hardware profile's `executor` section (how the ship
 h100/h200 profiles were made); `--measured` adds the rows of benchmarks/gpu/sim_calibrate.py
 (their instances are held out, their calibrated profile is reported beside).
 
+A window-suite file's `windows-floored` step (l1l2 with microbatch floors) is the window
+step again where the floors kept it (left out) or L1's windowless plan (kind `l1`); a row
+whose microbatch count the planner no longer gives stops the run.
+
 `--chains FILE` (a benchmarks/gpu/chains.py file) adds its steps to the held-out set as
 "chains:<case>": trajectories longer than the budget run as chains of windows, and the
 swe-treestep-1 preset's windows, at 16-32k budgets.

@@ -185,6 +185,8 @@ class _Sim(Migration, KVMemory, TailShield, TailPools):
                 order = np.argsort(-lengths, kind="stable")
                 assign = [0] * n
                 for idx, wids in ((order[:k], list(range(m))), (order[k:], list(range(m, len(workers))))):
+                    if not len(idx):  # K at least the step's trajectories: an empty bulk
+                        continue
                     lay = [workers[w].degree for w in wids]
                     sub, _ = dp_place(lengths[idx], tools[idx], contexts[idx], lay,
                                       {d: DecodePrice(cost, d, cfg.max_batch) for d in set(lay)})

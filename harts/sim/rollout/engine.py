@@ -421,7 +421,7 @@ class _Sim(Migration, KVMemory, TailShield, TailPools):
             if t.remaining > 0:
                 check = self.policy.live_migration and t.generated - t.turn_start_generated >= t.next_check
                 if check:
-                    t.next_check *= 2
+                    t.next_check = self.pool_next_check(t, w)
                     self.repredict(t)
                 if check and self.tail_k and self.rehome_running(t, w, now):
                     continue

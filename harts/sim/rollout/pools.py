@@ -9,7 +9,8 @@ are planned on the tail pool, the rest on the bulk pool (DP placement in each). 
 trajectory enters the tail pool when it ranks among the K predicted longest unfinished
 trajectories and the pool holds fewer than K: at its next tool call (its KV moves while
 the tool runs: `Migration.rehome`) or at a re-prediction point of its running turn
-(`Migration.rehome_running`); a pool trajectory that has fallen below 1.5 K leaves at its
+(`Migration.rehome_running`; on a bulk worker every `POOL_CHECK` tokens at least, not only
+at 512, 1024, 2048, ...); a pool trajectory that has fallen below 1.5 K leaves at its
 next tool call. A tail worker with free batch slots and an empty queue takes queued bulk
 turns ranked among the K longest while the pool has room (`pool_fill`). Stealing,
 tool-call and live migration stay inside a pool, so the tail pool admits only
@@ -38,6 +39,7 @@ POOL_SIZE = 64  # without the twin: tail-pool trajectories per tail worker, K = 
 POOL_SIZES = (32, 64)  # the twin's choices of trajectories per tail worker
 POOL_WORKERS = (2, 3)  # the twin's choices of m
 POOL_RULE = 3  # m without the twin
+POOL_CHECK = 256  # with pools, a bulk sequence's running turn is re-predicted at least every this many tokens
 POOL_BULK_HALVINGS = 1  # without the twin: the bulk at the top degree / 2 ** this
 
 
@@ -104,6 +106,14 @@ class TailPools:
         if len(x) <= self.tail_k:
             return 0.0
         return float(np.partition(x, len(x) - self.tail_k)[len(x) - self.tail_k - 1])
+
+    def pool_next_check(self, t: TrajState, w: WorkerState) -> int:
+        """The running turn's next re-prediction point: twice this one (live migration), or
+        with `tail_pools` on a bulk worker `POOL_CHECK` tokens on, if sooner."""
+        nxt = 2 * t.next_check
+        if self.policy.tail_pools and POOL_CHECK and self.tail_k and not self.in_tail(w):
+            nxt = min(nxt, t.next_check + POOL_CHECK)
+        return nxt
 
     def pool_fill(self, w: WorkerState, now: float) -> None:
         """A tail worker with free batch slots and nothing queued takes queued bulk turns

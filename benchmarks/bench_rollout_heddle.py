@@ -46,9 +46,10 @@ ABLATIONS = ("heddle-no-priority", "heddle-no-preemption", "heddle-no-placement"
              "heddle-no-live-migration", "heddle-no-dynamic-mp")
 # options off in Heddle by default: moves decided on the step's predicted makespan (every kind,
 # tool-call migration only, tool-call migration and stealing), drain-and-merge of workers as
-# the tail forms, makespan-decided tool-call migration with drain-and-merge, and the tail shield
+# the tail forms, makespan-decided tool-call migration with drain-and-merge, the tail shield, and
+# predicted-tail pools (layout from the twin, or the fixed rule)
 VARIANTS = ("heddle-makespan-moves", "heddle-makespan-tool", "heddle-makespan-tool-steal", "heddle-drain-merge",
-            "heddle-makespan-tool-drain", "heddle-tail-shield")
+            "heddle-makespan-tool-drain", "heddle-tail-shield", "heddle-tail-pools", "heddle-tail-pools-rule")
 
 
 def _seeds(text: str) -> list[int]:

@@ -40,6 +40,7 @@ from harts.sim.rollout.planning import (
     prior_tool_mean,
 )
 from harts.sim.rollout.policies import RolloutPolicy, Router, get_policy
+from harts.sim.rollout.pools import TailPools, pool_layout
 from harts.sim.rollout.state import (
     FIRST_CHECK,
     NOT_PREEMPTED,
@@ -84,9 +85,9 @@ def usable_degrees(cfg: RolloutWorkload, cost: RolloutCost) -> list[int]:
     return _valid_degrees(cfg, cost, sorted(set(cfg.mp_degrees) | {cfg.baseline_mp}))
 
 
-class _Sim(Migration, KVMemory, TailShield):
+class _Sim(Migration, KVMemory, TailShield, TailPools):
     def __init__(self, cfg: RolloutWorkload, policy: RolloutPolicy, gpus: int, specs, cost: RolloutCost,
-                 plan: tuple[list[int], list[int] | None] | None = None):
+                 plan: tuple | None = None):
         self.cfg, self.policy, self.cost = cfg, policy, cost
         self.fixed_plan = plan
         self.tail_k, self.tail_degree = 0, 0  # tail pool: its size K and its workers' degree (0: none)
@@ -162,10 +163,13 @@ class _Sim(Migration, KVMemory, TailShield):
             a = greedy_place(n, lay)
             return a, estimate_makespan(a, lengths, tools, contexts, lay, pr)
 
-        k = 0
+        k = self.fixed_plan[2] if self.fixed_plan is not None and len(self.fixed_plan) > 2 else 0
         if p.adaptive_mp and self.fixed_plan is None:
             allowed = usable_degrees(cfg, cost)
-            if p.twin_layout:
+            if p.tail_pools:  # a tail pool and a bulk pool (`harts.sim.rollout.pools`)
+                layout, k = pool_layout(cfg, tuple(t.spec for t in self.tr), cost, self.gpus, allowed,
+                                        simulate_rollout, p)
+            elif p.twin_layout:
                 layout, k = choose_layout(cfg, tuple(t.spec for t in self.tr), cost, self.gpus, allowed,
                                           simulate_rollout, drain_merge=p.drain_merge)
             else:
@@ -173,7 +177,7 @@ class _Sim(Migration, KVMemory, TailShield):
                 layout = anneal_layout(self.gpus, layout, allowed, lambda lay: place(lay)[1], cfg.anneal_iterations,
                                        rng)
         workers = make_workers(layout, cost)
-        if k and p.isolation:  # a tail pool: the highest-degree workers keep the K predicted longest
+        if k and (p.isolation or p.tail_pools):  # a tail pool: the highest-degree workers keep the K predicted longest
             self.tail_k, self.tail_degree = k, workers[0].degree
         if p.router == Router.HOME:
             if self.tail_k:
@@ -181,6 +185,8 @@ class _Sim(Migration, KVMemory, TailShield):
                 order = np.argsort(-lengths, kind="stable")
                 assign = [0] * n
                 for idx, wids in ((order[:k], list(range(m))), (order[k:], list(range(m, len(workers))))):
+                    if not len(idx):  # K at least the step's trajectories: an empty bulk
+                        continue
                     lay = [workers[w].degree for w in wids]
                     sub, _ = dp_place(lengths[idx], tools[idx], contexts[idx], lay,
                                       {d: DecodePrice(cost, d, cfg.max_batch) for d in set(lay)})
@@ -415,7 +421,7 @@ class _Sim(Migration, KVMemory, TailShield):
             if t.remaining > 0:
                 check = self.policy.live_migration and t.generated - t.turn_start_generated >= t.next_check
                 if check:
-                    t.next_check *= 2
+                    t.next_check = self.pool_next_check(t, w)
                     self.repredict(t)
                 if check and self.tail_k and self.rehome_running(t, w, now):
                     continue
@@ -458,6 +464,7 @@ class _Sim(Migration, KVMemory, TailShield):
         self.start_chunk(w, now)
         if self.policy.migration and not w.queue and len(w.running) < self.cfg.max_batch:
             self.steal(w, now)
+        self.pool_fill(w, now)
         self.try_merge(w, now)
 
     # ---- dynamic model parallelism ------------------------------------------------------
@@ -556,10 +563,11 @@ class _Sim(Migration, KVMemory, TailShield):
 def simulate_rollout(cfg: RolloutWorkload, policy: str | RolloutPolicy, gpus: int,
                      specs: tuple[TrajectorySpec, ...] | None = None,
                      cost: RolloutCost | None = None,
-                     plan: tuple[list[int], list[int] | None] | None = None) -> RolloutResult:
+                     plan: tuple | None = None) -> RolloutResult:
     """One rollout phase: the step's trajectories (drawn from `cfg` unless given) on `gpus`
     GPUs under `policy` (a registered name or a `RolloutPolicy`). `plan` fixes the layout
-    of degrees and (for a policy routing to planned homes) each trajectory's worker."""
+    of degrees and (for a policy routing to planned homes) each trajectory's worker; a
+    third element K, with homes None, gives a tail-pool policy its pool's size."""
     pol = get_policy(policy) if isinstance(policy, str) else policy
     cost = cost or make_rollout_cost(cfg)
     specs = generate_trajectories(cfg) if specs is None else specs

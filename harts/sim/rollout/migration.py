@@ -236,7 +236,7 @@ class Migration:
         x = t.pred[0]
         rank = sum(1 for o in self.tr if not o.done and o.pred[0] > x)
         inside = self.in_tail(self.ws[src])
-        if rank < self.tail_k and not inside:
+        if rank < self.tail_k and not inside and self.pool_room():
             pool = [w for w in self.ws if not w.retired and self.in_tail(w)]
         elif rank >= TAIL_HYSTERESIS * self.tail_k and inside:
             pool = [w for w in self.ws if not w.retired and not self.in_tail(w)]
@@ -259,7 +259,7 @@ class Migration:
         if t.assigned != src.info.wid or t.home != src.info.wid or self.in_tail(src):
             return False
         x = t.pred[0]
-        if sum(1 for o in self.tr if not o.done and o.pred[0] > x) >= self.tail_k:
+        if sum(1 for o in self.tr if not o.done and o.pred[0] > x) >= self.tail_k or not self.pool_room():
             return False
         size = src.kv[tid]
         pool = [w for w in self.ws if not w.retired and self.in_tail(w) and w.info.kv_capacity_bytes - w.used >= size]

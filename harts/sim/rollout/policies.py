@@ -60,6 +60,11 @@ home worker) and adds, each switchable:
   the least of those trajectories' remaining tokens) only while its batch is below
   max(`SHIELD_BATCH`, its demand - the free batch slots of the workers holding none of
   them), so that the long trajectory decodes in a smaller batch (`harts.sim.rollout.tail`).
+- `tail_pools`: (off by default) a tail pool of the highest degree holding at most K of
+  the trajectories predicted longest (entering at a tool call or a re-prediction point
+  when ranked among the K and the pool has room) and a bulk pool of a lower degree for
+  the rest, the layout from a twin of the step run under the policy (`pool_twin`) or a
+  fixed rule (`harts.sim.rollout.pools`).
 
 With every switch off Heddle is `cache-aware`.
 """
@@ -103,6 +108,8 @@ class RolloutPolicyName(StrEnum):
     HEDDLE_DRAIN_MERGE = "heddle-drain-merge"
     HEDDLE_MAKESPAN_TOOL_DRAIN = "heddle-makespan-tool-drain"
     HEDDLE_TAIL_SHIELD = "heddle-tail-shield"
+    HEDDLE_TAIL_POOLS = "heddle-tail-pools"
+    HEDDLE_TAIL_POOLS_RULE = "heddle-tail-pools-rule"
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,10 @@ class RolloutPolicy:
     # a worker holding one of the predicted-longest trajectories caps its batch for short work
     # while other workers have room for it (`harts.sim.rollout.tail`)
     tail_shield: bool = False
+    # a tail pool of the highest degree holding at most K predicted-longest trajectories and
+    # a bulk pool of a lower degree (`harts.sim.rollout.pools`)
+    tail_pools: bool = False
+    pool_twin: bool = True  # the pools' layout from the twin run under this policy (else a fixed rule)
 
     def __post_init__(self) -> None:
         unknown = set(self.makespan_moves) - MOVE_KINDS
@@ -202,6 +213,10 @@ for _p in (
             makespan_moves=frozenset({"tool"}), drain_merge=True),
     _heddle(RolloutPolicyName.HEDDLE_TAIL_SHIELD, "small batches around the predicted-longest trajectories",
             tail_shield=True),
+    _heddle(RolloutPolicyName.HEDDLE_TAIL_POOLS, "a tail pool for the predicted-longest trajectories, a bulk pool",
+            tail_pools=True),
+    _heddle(RolloutPolicyName.HEDDLE_TAIL_POOLS_RULE, "tail and bulk pools in a fixed layout (3 top-degree workers of 64, the bulk at half)",
+            tail_pools=True, pool_twin=False),
 ):
     POLICIES.register(_p.name, _p)
 del _p

@@ -11,6 +11,7 @@ from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import strategies as st
 
 from harts.config.rollout import RolloutWorkload, rollout_preset
 from harts.sim.rollout import (
@@ -160,6 +161,21 @@ def test_tail_shield_loses_nothing_and_fits(cfg):
     _check_gpus(res, 8)
 
 
+@FAST
+@given(rollout_workloads(), st.integers(1, 3))
+def test_tail_pools_lose_nothing_and_fit(cfg, k):
+    """Predicted-tail pools on an MP4 tail worker for K = 1-3 trajectories and two MP2
+    bulk workers (so trajectories enter and leave the pool at tool calls and re-prediction
+    points, and the tail worker takes queued bulk turns while it has room): nothing lost or
+    run twice, KV under capacity, workers on their GPUs."""
+    assume({2, 4} <= set(usable_degrees(cfg, make_rollout_cost(cfg))))
+    pol = dataclasses.replace(get_policy(RolloutPolicyName.HEDDLE_TAIL_POOLS), adaptive_mp=False)
+    res = simulate_rollout(cfg, pol, 8, plan=([4, 2, 2], None, k))
+    _check_conservation(cfg, res)
+    _check_kv(res)
+    _check_gpus(res, 8)
+
+
 def test_tight_memory_evicts_and_recomputes_but_never_overflows():
     cfg = rollout_preset("tiny", hbm_utilization=0.4125, num_prompts=8, tool_latency_median_s=2.0)
     res = simulate_rollout(cfg, "cache-aware", 8)
@@ -233,7 +249,7 @@ def test_registry_names_and_errors():
                                 "heddle-no-isolation", "heddle-no-group-predictor", "heddle-no-live-migration",
                                 "heddle-no-dynamic-mp", "heddle-makespan-moves", "heddle-makespan-tool",
                                 "heddle-makespan-tool-steal", "heddle-drain-merge", "heddle-makespan-tool-drain",
-                                "heddle-tail-shield"]
+                                "heddle-tail-shield", "heddle-tail-pools", "heddle-tail-pools-rule"]
     flags = ("priority", "preempt", "placement", "migration", "adaptive_mp", "twin_layout", "isolation",
              "group_predictor", "live_migration", "dynamic_mp")
     h = get_policy("heddle")
@@ -245,10 +261,10 @@ def test_registry_names_and_errors():
         p = get_policy(name)
         assert not getattr(p, flag) and not p.oracle
         assert sum(getattr(p, f) for f in flags) == len(flags) - 1 - len(names.get(flag, []))
-    for name in known_policies()[-6:]:  # the off-by-default options: every mechanism and one or two more
+    for name in known_policies()[-8:]:  # the off-by-default options: every mechanism and one or two more
         p = get_policy(name)
         assert all(getattr(p, f) for f in flags) and not p.oracle
-        assert p.makespan_moves or p.drain_merge or p.tail_shield
+        assert p.makespan_moves or p.drain_merge or p.tail_shield or p.tail_pools
     with pytest.raises(KeyError, match="known: round-robin"):
         get_policy("fifo")
 

@@ -312,20 +312,29 @@ class Migration:
                         continue
                 elif self.gain(t, v, w, margin=0.0) <= 0:
                     continue
-                size = self.ws[t.home].kv.get(tid, 0.0) if t.home >= 0 else 0.0
-                if size and w.info.kv_capacity_bytes - w.used < size:
-                    continue
-                v.queue.remove(tid)
-                t.queued_on = -1
-                if now > t.ready_at:
-                    self.seg(t, SegmentKind.QUEUE, t.ready_at, now, v.info.wid, t.generated, t.generated)
-                slots -= 1
-                if size:
-                    t.pending_ready = True
-                    self.start_move(t, t.home, w.info.wid, size, self.cost.transfer(size, self.same_node(t.home, w.info.wid)), now)
-                else:
-                    self.move_plan(t, w.info.wid)
-                    self.ready(t, now)
+                if self.take_queued(t, w, now):
+                    slots -= 1
+
+    def take_queued(self, t: TrajState, w: WorkerState, now: float) -> bool:
+        """Move queued turn `t` from the worker it waits on to `w`: its KV (if resident
+        elsewhere) over NVLink / InfiniBand, after which it queues on `w`, else straight
+        onto `w`'s queue. False (nothing moved) where `w` has no room for the KV."""
+        v = self.ws[t.queued_on]
+        tid = t.spec.tid
+        size = self.ws[t.home].kv.get(tid, 0.0) if t.home >= 0 else 0.0
+        if size and w.info.kv_capacity_bytes - w.used < size:
+            return False
+        v.queue.remove(tid)
+        t.queued_on = -1
+        if now > t.ready_at:
+            self.seg(t, SegmentKind.QUEUE, t.ready_at, now, v.info.wid, t.generated, t.generated)
+        if size:
+            t.pending_ready = True
+            self.start_move(t, t.home, w.info.wid, size, self.cost.transfer(size, self.same_node(t.home, w.info.wid)), now)
+        else:
+            self.move_plan(t, w.info.wid)
+            self.ready(t, now)
+        return True
 
     def mig_done(self, t: TrajState, src: int, now: float) -> None:
         tid = t.spec.tid

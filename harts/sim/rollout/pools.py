@@ -31,7 +31,6 @@ from __future__ import annotations
 import numpy as np
 
 from harts.sim.rollout.state import TrajState, WorkerState
-from harts.sim.rollout.types import SegmentKind
 
 _MEMO: dict = {}
 
@@ -130,23 +129,4 @@ class TailPools:
         cands = sorted((t for t in cands if t.pred[0] > cut and t.assigned == t.queued_on),
                        key=lambda t: (-t.pred[0], t.spec.tid))
         for t in cands[:min(slots, room)]:
-            self.pull(t, w, now)
-
-    def pull(self, t: TrajState, w: WorkerState, now: float) -> None:
-        """Take queued turn `t` off its bulk worker's queue onto tail worker `w`."""
-        v = self.ws[t.queued_on]
-        tid = t.spec.tid
-        size = self.ws[t.home].kv.get(tid, 0.0) if t.home >= 0 else 0.0
-        if size and w.info.kv_capacity_bytes - w.used < size:
-            return
-        v.queue.remove(tid)
-        t.queued_on = -1
-        if now > t.ready_at:
-            self.seg(t, SegmentKind.QUEUE, t.ready_at, now, v.info.wid, t.generated, t.generated)
-        if size:
-            t.pending_ready = True
-            self.start_move(t, t.home, w.info.wid, size, self.cost.transfer(size, self.same_node(t.home, w.info.wid)),
-                            now)
-        else:
-            self.move_plan(t, w.info.wid)
-            self.ready(t, now)
+            self.take_queued(t, w, now)  # Migration.take_queued

@@ -76,8 +76,8 @@ def choose_layout(cfg: RolloutWorkload, specs: tuple[TrajectorySpec, ...], cost:
     drain and merge as its tail forms, as Heddle's would)."""
     key = (cfg, gpus, tuple(degrees), drain_merge, tuple(s.hint_turns for s in specs),
            tuple(s.turns[0].input_tokens for s in specs))
-    if key in _MEMO:
-        return _MEMO[key]
+    if (hit := remembered(key)) is not None:
+        return hit
     from harts.sim.rollout.planning import predict_remaining, prior_action_mean
     from harts.sim.rollout.policies import RolloutPolicy, RolloutPolicyName, Router
     from harts.sim.rollout.workload import twin_trajectories
@@ -91,13 +91,26 @@ def choose_layout(cfg: RolloutWorkload, specs: tuple[TrajectorySpec, ...], cost:
                                        cfg.turns_range[1])[0] for s in twin], dtype=float)
     pol = RolloutPolicy(RolloutPolicyName.HEDDLE, Router.HOME, priority=True, drain_merge=drain_merge,
                         description="twin scoring: predicted homes, longest predicted first")
+    cands = pool_candidates(degrees, gpus, len(specs), TWIN_TAIL_WORKERS, TWIN_TAIL_SIZES,
+                            [max(degrees) // 2] if max(degrees) // 2 in degrees else None)
+    return fastest_layout(key, cands, lambda layout, k: simulate(
+        cfg, pol, gpus, specs=twin, cost=cost, plan=(layout, pool_homes(pred, layout, k))).makespan_s)
+
+
+def fastest_layout(key: Any, cands, makespan) -> tuple[list[int], int]:
+    """The candidate (layout, K) of the shortest `makespan(layout, K)`, its degrees in
+    descending order, remembered under `key` (`remembered`)."""
     best, best_s = None, np.inf
-    for layout, k in pool_candidates(degrees, gpus, len(specs), TWIN_TAIL_WORKERS, TWIN_TAIL_SIZES,
-                                     [max(degrees) // 2] if max(degrees) // 2 in degrees else None):
-        r = simulate(cfg, pol, gpus, specs=twin, cost=cost, plan=(layout, pool_homes(pred, layout, k)))
-        if r.makespan_s < best_s:
-            best, best_s = (sorted(layout, reverse=True), k), r.makespan_s
+    for layout, k in cands:
+        s = makespan(layout, k)
+        if s < best_s:
+            best, best_s = (sorted(layout, reverse=True), k), s
     if len(_MEMO) > 256:
         _MEMO.clear()
     _MEMO[key] = best
     return best
+
+
+def remembered(key: Any) -> tuple[list[int], int] | None:
+    """A layout `fastest_layout` chose under `key`, or None."""
+    return _MEMO.get(key)

@@ -32,8 +32,6 @@ import numpy as np
 
 from harts.sim.rollout.state import TrajState, WorkerState
 
-_MEMO: dict = {}
-
 POOL_SIZE = 64  # without the twin: tail-pool trajectories per tail worker, K = m x POOL_SIZE
 POOL_SIZES = (32, 64)  # the twin's choices of trajectories per tail worker
 POOL_WORKERS = (2, 3)  # the twin's choices of m
@@ -68,24 +66,17 @@ def pool_layout(cfg, specs, cost, gpus: int, degrees: list[int], simulate, polic
         return pool_rule(degrees, gpus)
     key = (cfg, gpus, tuple(degrees), policy, POOL_WORKERS, POOL_SIZES, tuple(s.hint_turns for s in specs),
            tuple(s.turns[0].input_tokens for s in specs))
-    if key in _MEMO:
-        return _MEMO[key]
-    from harts.sim.rollout.layout import pool_candidates
+    from harts.sim.rollout.layout import fastest_layout, pool_candidates, remembered
     from harts.sim.rollout.workload import twin_trajectories
 
+    if (hit := remembered(key)) is not None:
+        return hit
     twin = twin_trajectories(cfg, specs)
     bulk = [d for d in (top // 2, top // 4) if d in degrees]
     cands = [(lay, k) for lay, k in pool_candidates(degrees, gpus, len(specs), POOL_WORKERS, POOL_SIZES, bulk)
              if k or lay[0] == top]
-    best, best_s = None, np.inf
-    for lay, k in cands:
-        r = simulate(cfg, policy, gpus, specs=twin, cost=cost, plan=(lay, None, k))
-        if r.makespan_s < best_s:
-            best, best_s = (sorted(lay, reverse=True), k), r.makespan_s
-    if len(_MEMO) > 256:
-        _MEMO.clear()
-    _MEMO[key] = best
-    return best
+    return fastest_layout(key, cands, lambda lay, k: simulate(
+        cfg, policy, gpus, specs=twin, cost=cost, plan=(lay, None, k)).makespan_s)
 
 
 class TailPools:

@@ -213,14 +213,17 @@ class _Setup:
             raise UserError(str(err.args[0]) if isinstance(err, KeyError) else str(err)) from None
         return simulate_step(step, sched, cost, ep_lockstep=self.args.ep_lockstep)
 
-    def over_hosts(self, step: Any, schedule: str) -> list[float] | None:
+    def over_hosts(self, step: Any, schedule: str, res: Any) -> list[float] | None:
         """The step's seconds at the slowest and the fastest host measured on this GPU kind
         (the profile's `host_machines`), where the executor model prices it and at least
-        two machines differ: the spread host speed alone puts on the prediction."""
+        two machines differ: the spread host speed alone puts on the prediction. `res`:
+        the step simulated at the profile's own rate (not simulated again)."""
         hosts = sorted(set(self.hardware.host_machines))
         if self.cost_model != "executor" or len(hosts) < 2:
             return None
-        return sorted(self.simulate(step, schedule, h).step_seconds for h in (hosts[0], hosts[-1]))
+        own = self.hardware.executor.host_s_per_launch
+        return sorted(res.step_seconds if h == own else self.simulate(step, schedule, h).step_seconds
+                      for h in (hosts[0], hosts[-1]))
 
 
 def _budgets(text: str) -> list[int]:
@@ -265,7 +268,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
     plan, step = setup.step(source, args.planner)
     res = setup.simulate(step, args.schedule)
     out = _row(source, args.planner, plan, res)
-    spread = setup.over_hosts(step, args.schedule)
+    spread = setup.over_hosts(step, args.schedule, res)
     if spread is not None:
         out["step_seconds_over_hosts"] = spread
     out["model"] = setup.model.name

@@ -131,6 +131,8 @@ def trace_sites(trainer, trajs, budget: int, with_stack: bool = True) -> dict:
     idle_by: Counter = Counter()
     launch_by: Counter = Counter()
     kernel_by: Counter = Counter()
+    name_n: Counter = Counter()
+    name_s: Counter = Counter()
     idle_total = 0.0
     busy_until = None
     site_cache: dict = {}
@@ -143,6 +145,8 @@ def trace_sites(trainer, trajs, budget: int, with_stack: bool = True) -> dict:
         site = site_cache[key]
         launch_by[site] += 1
         kernel_by[site] += k["dur"] / 1e6
+        name_n[k["name"][:160]] += 1
+        name_s[k["name"][:160]] += k["dur"] / 1e6
         if busy_until is not None and k["ts"] > busy_until:
             gap = (k["ts"] - busy_until) / 1e6
             idle_by[site] += gap
@@ -158,7 +162,10 @@ def trace_sites(trainer, trajs, budget: int, with_stack: bool = True) -> dict:
     return {"wall_s": wall, "kernel_span_s": span, "kernel_s": sum(kernel_by.values()), "idle_s": idle_total,
             "kernels": len(kernels), "runtime_syncs": dict(syncs),
             "idle_sites": [(s, v) for s, v in idle_by.most_common(25)],
-            "launch_sites": [(s, n, kernel_by[s]) for s, n in launch_by.most_common(40)]}
+            "launch_sites": [(s, n, kernel_by[s]) for s, n in launch_by.most_common(40)],
+            # every launching site and every kernel name: launches and device seconds
+            "kernel_sites": [(s, launch_by[s], v) for s, v in kernel_by.most_common()],
+            "kernel_names": [(s, name_n[s], v) for s, v in name_s.most_common()]}
 
 
 def host_profile(trainer, trajs, budget: int, top: int = 45) -> dict:
@@ -266,9 +273,34 @@ def main(argv: list[str]) -> int:
             trainer = None
             W._free()
             (out / "window_anatomy.json").write_text(json.dumps(result, indent=1, default=str))
+    result["windows_minus_tree"] = differences(result["cases"])
     result["seconds_total"] = time.perf_counter() - t_start
     (out / "window_anatomy.json").write_text(json.dumps(result, indent=1, default=str))
     return 0
+
+
+def differences(cases: dict, top: int = 30) -> dict:
+    """Per case with both a `windows` and a `tree` trace: device seconds and launches of the
+    window step minus the unsplit step's, by launching site and by kernel name, largest first."""
+    out = {}
+    for key, r in cases.items():
+        case, kind = key.rsplit(" ", 1)
+        other = cases.get(f"{case} tree", {})
+        if kind != "windows" or "trace" not in r or "trace" not in other:
+            continue
+        w, t = r["trace"], other["trace"]
+        entry = {"kernel_s": w["kernel_s"] - t["kernel_s"], "kernels": w["kernels"] - t["kernels"]}
+        print(f"[{case}] windows minus tree: {entry['kernel_s'] * 1e3:+.1f} ms of kernels, {entry['kernels']:+d} launches")
+        for field in ("kernel_sites", "kernel_names"):
+            a = {s: (n, v) for s, n, v in w[field]}
+            b = {s: (n, v) for s, n, v in t[field]}
+            rows = sorted(((a.get(s, (0, 0.0))[1] - b.get(s, (0, 0.0))[1], a.get(s, (0, 0))[0] - b.get(s, (0, 0))[0], s)
+                           for s in set(a) | set(b)), key=lambda x: -abs(x[0]))
+            entry[field] = [{"what": s, "device_s": d, "launches": n} for d, n, s in rows[:top]]
+            for d, n, s in rows[:15]:
+                print(f"   {field[7:]:5s} {d * 1e3:+7.2f} ms {n:+6d}  {s[:130]}", flush=True)
+        out[case] = entry
+    return out
 
 
 if __name__ == "__main__":

@@ -3,21 +3,23 @@
 Legend: C rows a microbatch computes, X context rows it reads from its producer.
 
 A tree-mode `Plan` (harts.plan.plan) places microbatches on replicas. A microbatch
-computes the rows of its pieces and owns the targets of its trajectories; a *consumer*
-also reads context rows that its *producer* computed. Execution, per replica in plan
+computes the rows of its pieces and holds its trajectories; a *consumer* also reads
+context rows that its *producer* computed. A target's loss term is computed where its
+hidden row is: in its trajectory's microbatch, or for a row that microbatch reads as
+context, in the producer that computed it (`serving_microbatch`), so every row's logits
+are formed once, as in the unsplit tree. Execution, per replica in plan
 order (replicas run one after another here: their gradients simply add, which is what a
 data-parallel all-reduce of the step-global loss computes):
 
 1. producer forward over its rows, recording through its context a `Stash`: the mixing
    inputs of every row (attention keys/values, conv inputs, KDA inputs), the KDA states
-   its rounds handed on, and its final hidden rows. No backward yet. On CUDA its other
+   its rounds handed on. No backward yet. On CUDA its other
    large saved tensors (its blocks' checkpointed inputs) wait in pinned host memory until
    its backward (`harts.exec.offload.HostOffload`; `PlanLayout(offload_producers=...)`).
 2. each consumer: forward over its own rows, with every mixing op extended by the
    context rows' stashed inputs (detached leaves shared by all consumers of the window),
-   KDA trees starting from the producer's chunk-aligned states; loss over its targets
-   (the hidden rows of context rows come from the stash); backward, which accumulates
-   into the leaves' `.grad`.
+   KDA trees starting from the producer's chunk-aligned states; loss over the targets it
+   serves; backward, which accumulates into the leaves' `.grad`.
 3. after the window's last consumer: one producer backward, feeding its own loss and the
    accumulated leaf gradients through the producer graph.
 
@@ -220,6 +222,32 @@ class _WindowRun:
             producer = self.producer_of.get(producer)
 
 
+def serving_microbatch(targets, tree_mbs: Sequence, computed: dict[int, np.ndarray],
+                       mbs: dict) -> np.ndarray:
+    """For every target of `targets` (`RolloutForest.targets`), the id of the tree-mode
+    microbatch that computes its loss term: the microbatch holding its trajectory where that
+    one computes the target's hidden row, else the nearest producer up its chain of
+    windows that computes it (-1 for targets of no tree-mode microbatch). Every target's
+    loss term is a summand over the step's global denominators, so which microbatch adds it
+    does not change the step; serving it where its row is computed forms each row's logits
+    once, where the trajectories' own microbatches would each form them again for the
+    shared rows they read from a producer."""
+    served = np.full(targets.row.size, -1, np.int64)
+    for m in tree_mbs:
+        idx = np.flatnonzero(np.isin(targets.traj, np.asarray(m.trajectories, np.int64)))
+        here = np.isin(targets.row[idx], computed[m.id])
+        served[idx[here]] = m.id
+        rest, p = idx[~here], m.producer
+        while rest.size:
+            if p is None:
+                raise ValueError(f"microbatch {m.id}: no producer up its chain computes the rows of "
+                                 f"targets of trajectory {int(targets.traj[rest[0]])}")
+            at_p = np.isin(targets.row[rest], computed[p])
+            served[rest[at_p]] = p
+            rest, p = rest[~at_p], mbs[p].producer
+    return served
+
+
 def order_from_schedule(schedule: Schedule) -> list[int]:
     """The microbatch ids in the order a pipeline schedule runs their forwards on its first
     stage, replica after replica (one device runs whole microbatches: every stage's layers
@@ -327,7 +355,12 @@ class PlanLayout(LayoutBase):
         # the plan's KDA call plans, made once per plan (the simulator prices the same ones)
         kda = plan_kda_calls_of(plan, forest, B)
         schedules = {i: plan_replay_schedule(lay, forest, kda[i]) for i, lay in layouts.items()}
-        owned = {m.id: np.isin(targets.traj, np.asarray(m.trajectories, np.int64)) for m in tree_mbs}
+        # each target is served by the microbatch whose computation of its hidden row the
+        # target's trajectory uses (the row weights' rule: its own microbatch where that
+        # computes the row, else the nearest producer up its chain that does), so a row's
+        # logits are formed once however many microbatches' trajectories read it
+        served = serving_microbatch(targets, tree_mbs, computed, mbs)
+        owned = {m.id: served == m.id for m in tree_mbs}
         # what each producer's stash keeps: the rows it computed that a microbatch below it
         # reads (in a chain of windows each row is read from the nearest producer up the
         # reader's chain that computed it, as the row weights above count it)
@@ -375,7 +408,8 @@ class PlanLayout(LayoutBase):
                               kernels=self.kernels, kernel_record=self.kernel_record)
             if model.config.num_kda_layers:
                 ctx.prepare_kda(model.config.conv_window)
-            # targets of owned trajectories; rows -> index into [computed hidden | context hidden]
+            # the targets it serves; rows -> index into [computed hidden | context hidden] (a
+            # served target's row is computed here, so the context part stays empty)
             sel = owned[m.id]
             t_rows = targets.row[sel]
             in_comp = np.isin(t_rows, comp)

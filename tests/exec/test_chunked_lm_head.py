@@ -107,3 +107,38 @@ def test_chunk_rows_rule():
     assert lm_head_chunk_rows(131072, 163840, 1 << 27) == 819
     with pytest.raises(ValueError, match="lm_head_chunk_elements"):
         PolicyLossConfig(lm_head_chunk_elements=0).validate()
+
+
+@pytest.mark.parametrize("host_pairs", [False, True])
+def test_chunked_with_shared_rows_and_labels_equals_reference(host_pairs):
+    """Targets as a tree gives them: many per row, mostly with the row's one next token, a
+    few rows with several labels (forks). The label logit is formed once per (row, label)
+    pair (pairs from `TargetTable.to` on the host, or from the targets on the device);
+    log-probs, losses and both gradients equal the reference's in float64."""
+    hidden, weight, _ = _problem(N=1)
+    g = torch.Generator().manual_seed(5)
+    T, V = hidden.shape[0], weight.shape[0]
+    rows = torch.randint(0, T, (400,), generator=g)
+    nxt = torch.randint(0, V, (T,), generator=g)
+    labels = torch.where(torch.rand(400, generator=g) < 0.85, nxt[rows], torch.randint(0, V, (400,), generator=g))
+    rng = np.random.default_rng(5)
+    table = TargetTable(row=rows, label=labels, traj=torch.from_numpy(rng.integers(0, 3, 400)),
+                        position=torch.arange(400), weight=torch.from_numpy((rng.random(400) < 0.8) * 1.0),
+                        advantage=torch.from_numpy(rng.normal(size=400)),
+                        old_logprob=torch.from_numpy(-np.log(V) + 0.2 * rng.normal(size=400)))
+    if host_pairs:
+        table = table.to("cpu")
+        assert table.pair_row is not None and table.pair_row.numel() < 400
+    den = loss_denominators([150.0, 120.0, 100.0])
+    outs = {}
+    for name, elements in (("ref", None), ("chunked", 7 * V)):
+        cfg = PolicyLossConfig(entropy_coef=0.05, lm_head_chunk_elements=elements)
+        hidden.grad = weight.grad = None
+        out = policy_loss(hidden, weight, table, den, cfg)
+        out.loss.backward()
+        outs[name] = (out, hidden.grad.clone(), weight.grad.clone())
+    (r, rh, rw), (c, ch, cw) = outs["ref"], outs["chunked"]
+    assert_close("logprob", c.logprob_N, r.logprob_N, 1e-12)
+    assert_close("loss", c.loss, r.loss, 1e-12)
+    assert_close("d hidden", ch, rh, 1e-12)
+    assert_close("d lm_head", cw, rw, 1e-12)

@@ -160,3 +160,16 @@ def test_unique_rows_equals_numpy_unique(rows):
     assert np.array_equal(got_u, want_u) and np.array_equal(got_i, want_i.reshape(-1))
     if a.size:
         assert np.array_equal(got_u[got_i], a)
+
+
+@given(st.lists(st.tuples(st.integers(0, 12), st.integers(0, 9)), max_size=200))
+def test_unique_pairs_index_every_target(pairs):
+    """`unique_pairs`: each distinct (row index, label) once, and every target's pair is its own."""
+    from harts.exec.loss import unique_pairs
+
+    inv = np.asarray([p[0] for p in pairs], dtype=np.int64)
+    lab = np.asarray([p[1] for p in pairs], dtype=np.int64)
+    row_P, lab_P, pair_N = unique_pairs(inv, lab)
+    assert row_P.dtype == lab_P.dtype == pair_N.dtype == np.int64
+    assert len(set(zip(row_P.tolist(), lab_P.tolist(), strict=True))) == row_P.size == len(set(pairs))
+    assert np.array_equal(row_P[pair_N], inv) and np.array_equal(lab_P[pair_N], lab)

@@ -198,7 +198,7 @@ class PipelineStageModule(nn.Module):
             x_TD = self.norm(x_TD, ctx)
         pad = x_TD.new_zeros(step.padded_rows - x_TD.shape[0], x_TD.shape[1])
         out_PD = torch.cat([x_TD, pad]) if pad.shape[0] else x_TD.clone()
-        return step.after_forward(mb, x_TD, out_PD), aux
+        return step.after_forward(mb, out_PD), aux
 
 
 def apply_pp(model: HybridModel, pp: dist.ProcessGroup | object, num_stages: int | None = None, *,
@@ -283,8 +283,6 @@ class _InjectStashGrads(torch.autograd.Function):
 def _stash_tensors(stash: Stash) -> list[Tensor]:
     ts = [t for group in stash.inputs.values() for t in group]
     ts += [t for t in stash.kda_states.values() if t is not None]
-    if stash.hidden is not None:
-        ts.append(stash.hidden)
     return [t for t in ts if t.requires_grad]
 
 
@@ -305,7 +303,6 @@ class StageMB:
     rows: int
     table: object
     expanded_tokens: int
-    loss_hidden: object
 
 
 class StageStep:
@@ -338,13 +335,11 @@ class StageStep:
         if mb.is_producer:
             mb.ctx.start_recording()
 
-    def after_forward(self, mb: StageMB, x_TD: Tensor, out_PD: Tensor) -> Tensor:
+    def after_forward(self, mb: StageMB, out_PD: Tensor) -> Tensor:
         if not mb.is_producer:
             return out_PD
         stash = mb.ctx.record
-        # on a stage without the head, the stage output stands in for the hidden rows (no
-        # consumer reads them there, so their leaf never gets a gradient)
-        stash.keep(stash.needs, x_TD)
+        stash.keep(stash.needs)
         self.stash[mb.mb] = stash
         if self.module.spec.is_last or not torch.is_grad_enabled():
             return out_PD  # the last stage injects into the loss

@@ -139,7 +139,7 @@ class PipelineTrainer(PlanTrainer):
         for i, mb_id in enumerate(order):
             producer, ctx, mb = items[mb_id]
             mbs.append(StageMB(i, mb_id, producer, mb_id in producers, ctx, mb.ids_T, int(mb.ids_T.numel()),
-                                mb.table, mb.expanded_tokens, mb.loss_hidden))
+                                mb.table, mb.expanded_tokens))
         padded = max(m.rows for m in mbs)
         step = StageStep(module, mbs, padded)
         den = step_denominators(trajectories)
@@ -162,9 +162,7 @@ class PipelineTrainer(PlanTrainer):
         def loss_fn(output, target):  # noqa: ANN001
             h_PD, aux = output
             mb = step.mbs[int(target.reshape(-1)[0])]
-            h_TD = h_PD[: mb.rows]
-            hidden = h_TD if mb.loss_hidden is None else mb.loss_hidden(h_TD)
-            pl = policy_loss(hidden, module.lm_head.weight, mb.table, den, self.loss_config)
+            pl = policy_loss(h_PD[: mb.rows], module.lm_head.weight, mb.table, den, self.loss_config)
             loss, terms = loss_terms(pl, aux.reshape(()),
                                      None if step.stats is not None else mb.expanded_tokens / total_tokens)
             sums[:] += terms.cpu().numpy()

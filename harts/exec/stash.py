@@ -36,7 +36,6 @@ class StashNeeds:
     attention: np.ndarray  # context rows: every consumer row attends its ancestors
     conv: np.ndarray  # the W-1 rows above each consumer root
     kda: np.ndarray  # rows replayed by consumer KDA sequences
-    hidden: np.ndarray  # context rows whose logits serve consumer targets
     states: list[tuple[int, int]]  # (global row at depth a-1, a): S(a) at consumer starts
 
     @classmethod
@@ -46,7 +45,7 @@ class StashNeeds:
             return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
 
         states = sorted({s for n in needs for s in n.states})
-        return cls(cat("attention"), cat("conv"), cat("kda"), cat("hidden"), states)
+        return cls(cat("attention"), cat("conv"), cat("kda"), states)
 
     def split(self, rows: np.ndarray) -> tuple[StashNeeds, StashNeeds]:
         """(these needs on the given rows, the rest): in a chain of windows, what the
@@ -59,11 +58,11 @@ class StashNeeds:
             return [(r, a) for r, a in self.states if bool(np.isin(r, rows)) == inside]
 
         return tuple(StashNeeds(part(self.attention, inside), part(self.conv, inside), part(self.kda, inside),
-                                part(self.hidden, inside), states(inside)) for inside in (True, False))
+                                states(inside)) for inside in (True, False))
 
     @property
     def empty(self) -> bool:
-        return not (self.attention.size or self.conv.size or self.kda.size or self.hidden.size or self.states)
+        return not (self.attention.size or self.conv.size or self.kda.size or self.states)
 
     @classmethod
     def chain(cls, needs: Sequence[StashNeeds]) -> StashNeeds:
@@ -76,7 +75,7 @@ class StashNeeds:
         def cat(name: str) -> np.ndarray:
             return np.concatenate([getattr(n, name) for n in needs])
 
-        return cls(cat("attention"), cat("conv"), cat("kda"), cat("hidden"), [s for n in needs for s in n.states])
+        return cls(cat("attention"), cat("conv"), cat("kda"), [s for n in needs for s in n.states])
 
 
 def locate(kept: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -118,8 +117,8 @@ class Stash:
     and the states its KDA rounds hand on. `keep(needs)` then cuts that down to what the
     consumers read — attention keys/values of context rows, conv inputs of the W-1 rows
     above each consumer root, KDA inputs of replayed rows, the K x V states at consumer
-    starts, hidden rows serving consumer targets — and nothing more: with activation
-    recomputation this is all the producer retains until its backward.
+    starts — and nothing more: with activation recomputation this is all the producer
+    retains until its backward.
     `leaves()` gives the consumers detached leaf copies (shared by all consumers, so their
     backward passes accumulate into `.grad`); `producer_backward_pairs()` pairs each kept
     tensor with that gradient for the producer's single backward.
@@ -142,7 +141,7 @@ class Stash:
             if device is None:
                 raise ValueError("a stash cut as it records needs the device of its index tensors")
             self._device = torch.device(device)
-            for cat in ("attention", "conv", "kda", "hidden"):
+            for cat in ("attention", "conv", "kda"):
                 self._cut(cat, getattr(needs, cat))
         self.inputs: dict[tuple[int, str], tuple[Tensor, ...]] = {}
         self.input_rows: dict[str, np.ndarray] = {}  # category -> global rows kept
@@ -152,8 +151,6 @@ class Stash:
         # per round: which of its full chunk-state list the recorded `handed` states are
         # (None: all of them)
         self.chunk_state_index: list[np.ndarray | None] = []
-        self.hidden: Tensor | None = None
-        self.hidden_rows = computed_rows
         self._handed: dict[int, list[Tensor]] = {}
         self._leaves: dict = {}
 
@@ -217,7 +214,7 @@ class Stash:
         if self.needs is None or layer not in self.kda_states:
             self._handed[layer] = handed
 
-    def keep(self, needs: StashNeeds, hidden: Tensor) -> None:
+    def keep(self, needs: StashNeeds) -> None:
         """Keep only what consumers read (called once, after the producer's forward)."""
         if self.needs is None:
             for key, ts in self.inputs.items():
@@ -229,8 +226,6 @@ class Stash:
             states = [self._state_at(layer, row, a) for row, a in self.state_keys]
             self.kda_states[layer] = torch.stack(states) if states else None  # type: ignore[assignment]
         self._handed = {}
-        (self.hidden,) = self._cut("hidden", needs.hidden, hidden.device)(hidden)
-        self.hidden_rows = needs.hidden
 
     def _state_at(self, layer: int, global_row: int, position: int) -> Tensor:
         i = int(np.searchsorted(self.rows, global_row))
@@ -259,18 +254,14 @@ class Stash:
             for layer, st in self.kda_states.items():
                 if st is not None:
                     self._leaves[("kda", layer)] = _leaf(st)
-            if self.hidden is not None:
-                self._leaves[("hidden",)] = _leaf(self.hidden)
         view = Stash(self.rows)
         view.schedule = self.schedule
         view.local_rows = self.local_rows
         view.chunk_state_index = self.chunk_state_index
         view.input_rows = self.input_rows
         view.state_keys = self.state_keys
-        view.hidden_rows = self.hidden_rows
         view.inputs = {key: self._leaves[("in", key)] for key in self.inputs}
         view.kda_states = {layer: self._leaves.get(("kda", layer)) for layer in self.kda_states}
-        view.hidden = self._leaves.get(("hidden",))
         return view
 
     def producer_backward_pairs(self) -> tuple[list[Tensor], list[Tensor]]:
@@ -285,17 +276,11 @@ class Stash:
             if leaf is not None and leaf.grad is not None:
                 outs.append(st)
                 grads.append(leaf.grad)
-        leaf = self._leaves.get(("hidden",))
-        if leaf is not None and leaf.grad is not None:
-            outs.append(self.hidden)
-            grads.append(leaf.grad)
         return outs, grads
 
     def retained_bytes(self) -> int:
         tensors = [t for ts in self.inputs.values() for t in ts]
         tensors += [t for t in self.kda_states.values() if t is not None]
-        if self.hidden is not None:
-            tensors.append(self.hidden)
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -318,9 +303,9 @@ class ChainStash:
     """What a piece of a chain of windows reads: the leaf views (`Stash.leaves`) of every
     producer up its chain, nearest first, each holding only the rows its own producer
     computed. Its rows are theirs one after another (`StashNeeds.chain` gives the same
-    order ahead of the run); inputs and hidden rows are joined when read, a state comes
-    from the stash that keeps it. No row is copied into another piece's stash: the reader's
-    gradients accumulate on the leaves of the piece that computed each row."""
+    order ahead of the run); inputs are joined when read, a state comes from the stash that
+    keeps it. No row is copied into another piece's stash: the reader's gradients
+    accumulate on the leaves of the piece that computed each row."""
 
     def __init__(self, parts: Sequence[Stash]):
         if not parts:
@@ -330,16 +315,10 @@ class ChainStash:
         self.input_rows = {cat: np.concatenate([p.input_rows.get(cat, np.zeros(0, np.int64)) for p in self.parts])
                            for cat in cats}
         self.inputs = _ChainInputs(self.parts)
-        self.hidden_rows = np.concatenate([p.hidden_rows for p in self.parts])
         self._state_of: dict[tuple[int, int], Stash] = {}
         for p in self.parts:
             for key in p.state_keys:
                 self._state_of.setdefault(key, p)
-
-    @property
-    def hidden(self) -> Tensor | None:
-        hs = [p.hidden for p in self.parts if p.hidden is not None]
-        return torch.cat(hs) if len(hs) > 1 else (hs[0] if hs else None)
 
     def state_at(self, layer: int, global_row: int, position: int) -> Tensor:
         stash = self._state_of.get((global_row, position))

@@ -127,9 +127,6 @@ class Microbatch:
     table: TargetTable  # its targets, `traj` indexing the step's trajectories
     expanded_tokens: int  # tokens these trajectories hold when expanded
     info: dict = field(default_factory=dict)  # layout statistics (tree mode: rounds, replay)
-    # the hidden rows its targets read, from the model's output rows: a window consumer
-    # appends the context rows its producer stashed; None: the output rows themselves
-    loss_hidden: Callable[[torch.Tensor], torch.Tensor] | None = None
     # a window producer: the layout takes its forward's output and loss (None in the
     # statistics pass) instead of the runner running its backward, and runs that backward
     # itself after the window's last consumer
@@ -377,8 +374,7 @@ class StepRunner:
                 set_moe_global(mb.ctx, stats)
             with mb.saved_tensor_hooks() if mb.saved_tensor_hooks is not None else nullcontext():
                 out = model(mb.ids_T, mb.ctx)
-                hidden_TD = out.hidden_TD if mb.loss_hidden is None else mb.loss_hidden(out.hidden_TD)
-                pl = policy_loss(hidden_TD, model.lm_head_weight, mb.table, den, self.loss_config)
+                pl = policy_loss(out.hidden_TD, model.lm_head_weight, mb.table, den, self.loss_config)
             # "microbatch" scope: the aux loss weighs by the microbatch's share of the step's
             # (expanded) tokens; "global": already its exact part of the step's aux loss
             loss, terms = loss_terms(pl, out.aux_loss, None if stats is not None else mb.expanded_tokens / total_tokens)

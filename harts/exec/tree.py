@@ -62,8 +62,7 @@ from harts.exec.tree_layout import (
 from harts.tree.forest import RolloutForest
 
 
-def consumer_needs(layout: LocalLayout, schedule: KDASchedule, target_rows: np.ndarray,
-                   conv_window: int) -> StashNeeds:
+def consumer_needs(layout: LocalLayout, schedule: KDASchedule, conv_window: int) -> StashNeeds:
     """The producer rows a consumer with this layout and KDA schedule reads."""
     ctx = ~layout.computed
     roots = np.flatnonzero(layout.computed & (layout.parent >= 0) & ctx[np.maximum(layout.parent, 0)])
@@ -82,7 +81,6 @@ def consumer_needs(layout: LocalLayout, schedule: KDASchedule, target_rows: np.n
         attention=rows[ctx],
         conv=rows[np.asarray(sorted(conv), np.int64)],
         kda=rows[kda],
-        hidden=np.unique(np.intersect1d(target_rows, rows[ctx])),
         states=[(int(rows[row]), a) for a, row in schedule.external],
     )
 

@@ -26,8 +26,9 @@ exactly once.
 
 Sharing windows (tree mode). A *producer* microbatch computes a shared prefix once for
 *consumer* microbatches: a consumer names its `producer` and lists as `context` the
-producer pieces it reads (KV, KDA boundary states, conv windows and hidden rows of those
-rows). Producer and consumers run on the same replica: the producer's forward runs first,
+producer pieces it reads (KV, KDA boundary states and conv windows of those rows; the
+executor computes the loss term of a target on such a row in the producer that computed
+it). Producer and consumers run on the same replica: the producer's forward runs first,
 each consumer runs forward and backward (accumulating gradients into the producer's
 outputs), and the producer's backward runs right after its last consumer's backward. The
 window lasts from the producer to its last consumer; windows on a replica do not cross.

@@ -187,12 +187,12 @@ def test_a_recording_context_keeps_exactly_the_states_its_consumers_read(trajs, 
     wanted = sorted(data.draw(st.sets(st.sampled_from(candidates), max_size=5))) if candidates else []
     ins = [x.requires_grad_() for x in _inputs(forest.num_rows, torch.float64, 1)]
     empty = np.zeros(0, np.int64)
-    needs = StashNeeds(empty, empty, empty, empty, wanted)
+    needs = StashNeeds(empty, empty, empty, wanted)
     kept = []
     for record_states in (None, wanted):
         ctx = TreeContext(forest, chunk_size=chunk, record=True, record_states=record_states)
         o = ctx.kda(0, *ins, K**-0.5)
-        ctx.record.keep(needs, o.new_zeros(ctx.num_rows, 1))
+        ctx.record.keep(needs)
         kept.append((ctx, o, ctx.record.kda_states[0]))
     (all_ctx, o_all, s_all), (some_ctx, o_some, s_some) = kept
     assert all(index is None for index in all_ctx.chunk_state_index)
@@ -226,7 +226,7 @@ def test_a_recording_context_keeps_exactly_the_states_its_consumers_read(trajs, 
         ctx = TreeContext(forest, chunk_size=chunk, record=True, record_states=wanted)
         o = ctx.kda(0, *ins, K**-0.5)
         with pytest.raises(ValueError, match="not requested"):
-            ctx.record.keep(StashNeeds(empty, empty, empty, empty, missing[:1]), o.new_zeros(ctx.num_rows, 1))
+            ctx.record.keep(StashNeeds(empty, empty, empty, missing[:1]))
 
 
 @settings(max_examples=15)

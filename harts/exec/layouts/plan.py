@@ -65,9 +65,8 @@ from harts.exec.layouts.base import LayoutBase
 from harts.exec.layouts.packed import PackedLayout
 from harts.exec.layouts.tree import target_table
 from harts.exec.offload import HostOffload
-from harts.exec.ops.gather import RowGather
 from harts.exec.ops.record import KernelRecord
-from harts.exec.stash import Stash, StashNeeds, chain_view, locate
+from harts.exec.stash import Stash, StashNeeds, chain_view
 from harts.exec.step import Microbatch
 from harts.exec.transfer import to_device
 from harts.exec.tree import TreeContext, consumer_needs
@@ -146,7 +145,7 @@ class _WindowRun:
         def hook(out, loss):
             w = self.open[producer]
             w.stash = ctx.record
-            w.stash.keep(w.needs, out.hidden_TD)
+            w.stash.keep(w.needs)
             w.loss = loss
             w.stats.retained_bytes = w.stash.retained_bytes()
             if w.offload is not None:
@@ -376,7 +375,7 @@ class PlanLayout(LayoutBase):
         for m in tree_mbs:
             if m.producer is None:
                 continue
-            rest = consumer_needs(layouts[m.id], schedules[m.id], targets.row[owned[m.id]], model.config.conv_window)
+            rest = consumer_needs(layouts[m.id], schedules[m.id], model.config.conv_window)
             for p in chain_of(m.id):
                 if p not in parts:
                     raise ValueError(f"microbatch {m.id} names producer {p}, which has no consumers")
@@ -408,29 +407,15 @@ class PlanLayout(LayoutBase):
                               kernels=self.kernels, kernel_record=self.kernel_record)
             if model.config.num_kda_layers:
                 ctx.prepare_kda(model.config.conv_window)
-            # the targets it serves; rows -> index into [computed hidden | context hidden] (a
-            # served target's row is computed here, so the context part stays empty)
+            # the targets it serves, each by the index of its row among the computed rows
+            # (the model's output rows): a served target's row is computed here
             sel = owned[m.id]
             t_rows = targets.row[sel]
-            in_comp = np.isin(t_rows, comp)
-            hidden_index = np.empty(t_rows.size, np.int64)
-            hidden_index[in_comp] = np.searchsorted(comp, t_rows[in_comp])
-            extra_rows = np.unique(t_rows[~in_comp])
-            hidden_index[~in_comp] = comp.size + np.searchsorted(extra_rows, t_rows[~in_comp])
+            hidden_index = np.searchsorted(comp, t_rows)
+            if t_rows.size and (hidden_index.max() >= comp.size or not np.array_equal(comp[hidden_index], t_rows)):
+                raise ValueError(f"microbatch {m.id} serves targets on rows it does not compute "
+                                 "(serving_microbatch serves every target where its row is computed)")
             table = target_table(targets, select=sel, row=hidden_index).to(device, dtype)
-            loss_hidden = None
-            if extra_rows.size:
-                if m.producer is None:
-                    raise ValueError(f"microbatch {m.id} has targets on rows it neither computes nor reads")
-                kept = StashNeeds.chain([needs[p] for p in chain_of(m.id)]).hidden
-                found, at = locate(kept, extra_rows)
-                if not found.all():
-                    raise ValueError(f"microbatch {m.id} has targets on rows no producer up its chain keeps")
-                pick = RowGather(at, kept.size, device)
-
-                def loss_hidden(h, ctx=ctx, pick=pick):
-                    return torch.cat([h, *pick(ctx.stash.hidden)])
-
             keep_forward = run.keep_forward(m.id, ctx) if is_producer else None
             saved_tensor_hooks = None
             if is_producer and (self.offload_producers if self.offload_producers is not None
@@ -443,7 +428,7 @@ class PlanLayout(LayoutBase):
                     ("consumer" if m.producer is not None else "standalone")}
             run.items.append((m.id, m.producer, ctx, Microbatch(
                 list(m.trajectories), ids_T, ctx, table, int(round(weights[m.id].sum())), info,
-                loss_hidden=loss_hidden, keep_forward=keep_forward, saved_tensor_hooks=saved_tensor_hooks)))
+                keep_forward=keep_forward, saved_tensor_hooks=saved_tensor_hooks)))
         return run
 
     def _plan_forest(self, trajectories: Sequence[Trajectory]) -> RolloutForest:

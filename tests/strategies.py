@@ -717,12 +717,18 @@ def row_placements(draw):
     import numpy as np
 
     L = draw(st.integers(1, 24))
-    perm = draw(st.permutations(list(range(L))))
     n_own = draw(st.integers(0, L))
     n_src = draw(st.integers(0, L - n_own))
-    own_at, src_at = perm[:n_own], perm[n_own:n_own + n_src]
-    num_src = n_src + draw(st.integers(0, 6))  # source rows never read
-    src_rows = draw(st.permutations(list(range(num_src))))[:n_src]
+    if draw(st.booleans()):  # a consumer's usual layout: every stashed row in order, then its own
+        n_src = L - n_own
+        src_at, own_at = list(range(n_src)), list(range(n_src, L))
+        num_src = n_src + draw(st.sampled_from((0, 0, 2)))
+        src_rows = list(range(n_src))
+    else:
+        perm = draw(st.permutations(list(range(L))))
+        own_at, src_at = perm[:n_own], perm[n_own:n_own + n_src]
+        num_src = n_src + draw(st.integers(0, 6))  # source rows never read
+        src_rows = draw(st.permutations(list(range(num_src))))[:n_src]
     return L, np.array(own_at, np.int64), np.array(src_at, np.int64), np.array(src_rows, np.int64), num_src
 
 

@@ -114,12 +114,19 @@ class RowPlace:
     consumer's local rows: its producer's stashed rows of its context rows, its own
     computed rows, zeros for context rows the stash does not keep for this input).
 
-    The positions are distinct, so the forward is index copies and the backward two
-    gathers (a source row never read gets a zero gradient): no scatter-add, no atomics,
-    deterministic. Before, the consumer built the same rows as
-    `cat([cat([src, zero_row])[pick], own])[inverse]`, whose two advanced-indexing
-    backwards each zero-fill and scatter-add (sort-based) into a full-size gradient.
-    Several tensors placed by the same positions share one autograd node."""
+    The forward joins [the placed source rows | the own rows (| one zero row)] with one
+    `cat` and, unless that already is the layout (a consumer whose context rows all come
+    before its computed rows, as its root path's do on a chain or under one shared prompt),
+    puts the rows in place with one row gather; the backward gathers the output's gradient
+    back into that order and splits it (views where the sources are taken whole). Every
+    row is copied, never summed, so values and gradients are the indexing's bit for bit;
+    no scatter-add, no atomics. Before, the rows went in by `index_copy_`, whose
+    element-wise kernel took 14.7 ms of an H100 window step on grpo/2@16384
+    (benchmarks/results/windows/2026-12-06-744bbd7-window-anatomy-grpo2-h100.json); and
+    before that, `cat([cat([src, zero_row])[pick], own])[inverse]`, whose two
+    advanced-indexing backwards each zero-filled and scatter-added (sort-based) into a
+    full-size gradient. Several tensors placed by the same positions share one autograd
+    node."""
 
     def __init__(self, num_rows: int, own_at: np.ndarray, src_at: np.ndarray, src_rows: np.ndarray,
                  num_src: int, device):
@@ -134,19 +141,31 @@ class RowPlace:
         if src_rows.size and (src_rows.min() < 0 or src_rows.max() >= num_src or np.unique(src_rows).size != src_rows.size):
             raise ValueError(f"source rows must be distinct and in [0, {num_src})")
         self.num_rows, self.num_own, self.num_src = int(num_rows), int(own_at.size), int(num_src)
+        n_src = int(src_at.size)
         self.full = placed.size == num_rows  # no zero rows to fill
-        self.own_at = to_device(own_at, device)
-        self.src_at = to_device(src_at, device)
-        self.src_rows = to_device(src_rows, device)
-        # the source's gradient as a gather of the output's: where each source row went
-        # (-> clamp to 0 and zero after for rows never read), or a copy where few are read
-        where = np.full(num_src, -1, dtype=np.int64)
-        where[src_rows] = src_at
-        unread = np.flatnonzero(where < 0)
-        self.src_mostly = 2 * src_rows.size >= num_src
-        if self.src_mostly:
-            self.src_from = to_device(np.maximum(where, 0), device)
-            self.src_unread = to_device(unread, device) if unread.size else None
+        # the joined rows: [src rows src_rows | own rows | a zero row where not full]
+        self.src_whole = n_src == num_src and bool((src_rows == np.arange(num_src)).all())
+        self.src_pick = None if self.src_whole else to_device(src_rows, device)
+        perm = np.full(num_rows, n_src + own_at.size, dtype=np.int64)  # unplaced: the zero row
+        perm[src_at] = np.arange(n_src)
+        perm[own_at] = n_src + np.arange(own_at.size)
+        self.in_place = self.full and bool((perm == np.arange(num_rows)).all())
+        self.perm = None if self.in_place else to_device(perm, device)
+        # the gradient of the joined rows: each one's position in the output
+        self.back = None if self.in_place else to_device(np.concatenate([src_at, own_at]), device)
+        self.n_placed_src = n_src
+        # the source's gradient from its placed rows' (in src_rows order): a gather from
+        # [placed | zero row], rows never read taking the zero row, where most are read;
+        # else a copy into zeros
+        self.src_mostly = 2 * n_src >= num_src
+        if not self.src_whole:
+            if self.src_mostly:
+                where = np.full(num_src, n_src, dtype=np.int64)
+                where[src_rows] = np.arange(n_src)
+                self.src_from = to_device(where, device)
+                self.src_unread = bool((where == n_src).any())
+            else:
+                self.src_rows = to_device(src_rows, device)
 
     def __call__(self, src: tuple[Tensor, ...], own: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
         if len(src) != len(own):
@@ -158,18 +177,27 @@ class RowPlace:
         return _RowPlaceFn.apply(self, len(src), *src, *own)
 
     def forward(self, s: Tensor, o: Tensor) -> Tensor:
-        shape = (self.num_rows, *o.shape[1:])
-        out = o.new_empty(shape) if self.full else o.new_zeros(shape)
-        out.index_copy_(0, self.own_at, o)
-        out.index_copy_(0, self.src_at, s.index_select(0, self.src_rows))
-        return out
+        parts = [s if self.src_pick is None else s[self.src_pick], o]
+        if not self.full:
+            parts.append(o.new_zeros((1, *o.shape[1:])))
+        joined = torch.cat(parts)
+        return joined if self.in_place else joined[self.perm]
 
-    def backward_src(self, g: Tensor) -> Tensor:
+    def backward(self, g: Tensor, need_src: bool, need_own: bool) -> tuple[Tensor | None, Tensor | None]:
+        """(gradient of the source, of the own rows) from the output's."""
+        joined = g if self.in_place else g[self.back]
+        n = self.n_placed_src
+        g_own = joined[n:n + self.num_own] if need_own else None
+        if not need_src:
+            return None, g_own
+        placed = joined[:n]
+        if self.src_whole:
+            return placed, g_own
         if self.src_mostly:
-            out = g.index_select(0, self.src_from)
-            return out if self.src_unread is None else out.index_fill_(0, self.src_unread, 0)
+            padded = torch.cat([placed, placed.new_zeros((1, *placed.shape[1:]))]) if self.src_unread else placed
+            return padded[self.src_from], g_own
         out = g.new_zeros((self.num_src, *g.shape[1:]))
-        return out.index_copy_(0, self.src_rows, g.index_select(0, self.src_at))
+        return out.index_copy_(0, self.src_rows, placed), g_own
 
 
 class _RowPlaceFn(torch.autograd.Function):
@@ -183,9 +211,14 @@ class _RowPlaceFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads: Tensor):
         place, n = ctx.place, ctx.n
-        gs = [None if g is None else g.contiguous() for g in grads]
-        src = [place.backward_src(g) if need and g is not None else None
-               for need, g in zip(ctx.needs[:n], gs, strict=True)]
-        own = [g.index_select(0, place.own_at) if need and g is not None else None
-               for need, g in zip(ctx.needs[n:], gs, strict=True)]
+        src, own = [], []
+        for i, g in enumerate(grads):
+            need_src, need_own = ctx.needs[i], ctx.needs[n + i]
+            if g is None or not (need_src or need_own):
+                src.append(None)
+                own.append(None)
+                continue
+            a, b = place.backward(g.contiguous(), need_src, need_own)
+            src.append(a)
+            own.append(b)
         return (None, None, *src, *own)

@@ -121,10 +121,12 @@ def loss_terms(pl: PolicyLossOutput, aux: torch.Tensor, share: float | None) -> 
 class Microbatch:
     """One microbatch as the step runner sees it, whatever the layout."""
 
-    members: list[int]  # step-level trajectory indices whose targets it owns
+    members: list[int]  # step-level trajectory indices it holds
     ids_T: torch.Tensor  # token id of each row it executes
     ctx: object  # the MixingContext over those rows
-    table: TargetTable  # its targets, `traj` indexing the step's trajectories
+    # the targets whose loss terms it computes, `traj` indexing the step's trajectories:
+    # its members' (a window plan serves a target on a row a producer computed there)
+    table: TargetTable
     expanded_tokens: int  # tokens these trajectories hold when expanded
     info: dict = field(default_factory=dict)  # layout statistics (tree mode: rounds, replay)
     # a window producer: the layout takes its forward's output and loss (None in the

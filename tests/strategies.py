@@ -850,3 +850,15 @@ def long_chain_forests(draw: st.DrawFn, budget: int, max_forks: int = 3):
     forks = draw(st.lists(st.tuples(st.integers(1, trunk - 1), st.integers(1, budget)), min_size=1,
                           max_size=max_forks))
     return long_chain_trajectories(trunk, forks, seed=draw(st.integers(0, 2**16)))
+
+
+# Shape-family instances (harts.tree.shapes): a family, a seed and a small budget.
+
+
+@st.composite
+def shape_instances(draw, budgets=(1024, 2048)):
+    """(family, seed, budget) of `harts.tree.shapes.draw`."""
+    from harts.tree import shapes
+
+    return (draw(st.sampled_from(sorted(shapes.FAMILIES))), draw(st.integers(0, 10_000)),
+            draw(st.sampled_from(list(budgets))))

@@ -5,8 +5,8 @@
 For generated presets (structure only) planned by `l1l2` at a budget where trees exceed a
 microbatch, for every sharing window: producer rows, consumers, and the producer state
 retained until its backward, in bytes for the Tiny model in bf16 (KDA states fp32) —
-`retained`: what harts.exec.window keeps, which is what consumers read (KV and hidden
-rows of the context rows, conv inputs of the W-1 rows above each consumer root, KDA
+`retained`: what harts.exec.window keeps, which is what consumers read (KV of the
+context rows, conv inputs of the W-1 rows above each consumer root, KDA
 inputs of replayed rows and one K x V state per head per consumer start and KDA layer),
 next to `all inputs`: every producer row's mixing inputs plus every chunk state its
 rounds hand on (what a stash that keeps everything would hold; our first version did).
@@ -42,7 +42,6 @@ def per_row_bytes(cfg) -> dict[str, int]:
         "attention": mla * BYTES * cfg.num_mla_layers,
         "conv": conv * BYTES * cfg.num_kda_layers,
         "kda_inputs": kda_inputs * BYTES * cfg.num_kda_layers,
-        "hidden": cfg.d_model * BYTES,
         "kda_state": H * K * V * 4 * cfg.num_kda_layers,  # states stay fp32
     }
 
@@ -82,9 +81,9 @@ def study(name: str, budget: int, model: str) -> dict:
             roots += len(sch.external) + sum(1 for r in sch.rounds for i in r.init_round.tolist() if i == -1)
             replay_rows += sch.replay_tokens
         n_ctx = len(ctx_union)
-        held = prod_rows.size * (per["attention"] + per["conv"] + per["kda_inputs"] + per["hidden"])
+        held = prod_rows.size * (per["attention"] + per["conv"] + per["kda_inputs"])
         held += states_handed[p] * per["kda_state"]
-        needed = (n_ctx * (per["attention"] + per["hidden"]) + roots * (W - 1) * per["conv"]
+        needed = (n_ctx * per["attention"] + roots * (W - 1) * per["conv"]
                   + replay_rows * per["kda_inputs"] + roots * per["kda_state"])
         windows.append({"producer": p, "consumers": len(cs), "producer_rows": int(prod_rows.size),
                         "context_rows": n_ctx, "all_inputs_bytes": int(held), "retained_bytes": int(needed)})

@@ -279,9 +279,25 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+# kinds of kernel by name pattern, first match wins (the last: everything else)
+KINDS = (("memory copies", ("memcpy",)), ("grouped GEMMs", ("groupproblemshape",)),
+         ("dense GEMMs", ("nvjet", "gemm", "cutlass")),
+         ("attention", ("fmha", "flash", "attn", "sdpa", "cudnn")),
+         ("KDA", ("kda", "chunk_", "wy_", "dhu", "fwd_h", "solve_tril", "kkt", "gated_delta", "recompute_w_u")),
+         ("row indexing", ("index", "gather", "scatter")), ("reductions", ("reduce",)),
+         ("elementwise and cat", ("elementwise", "cat")), ("optimizer", ("adam", "multi_tensor", "foreach")),
+         ("conv", ("conv",)), ("norms", ("norm",)))
+
+
+def kernel_kind(name: str) -> str:
+    n = name.lower()
+    return next((kind for kind, keys in KINDS if any(k in n for k in keys)), "other")
+
+
 def differences(cases: dict, top: int = 30) -> dict:
     """Per case with both a `windows` and a `tree` trace: device seconds and launches of the
-    window step minus the unsplit step's, by launching site and by kernel name, largest first."""
+    window step minus the unsplit step's, by launching site, by kernel name and by kind of
+    kernel (`kernel_kind`), largest first."""
     out = {}
     for key, r in cases.items():
         case, kind = key.rsplit(" ", 1)
@@ -299,6 +315,16 @@ def differences(cases: dict, top: int = 30) -> dict:
             entry[field] = [{"what": s, "device_s": d, "launches": n} for d, n, s in rows[:top]]
             for d, n, s in rows[:15]:
                 print(f"   {field[7:]:5s} {d * 1e3:+7.2f} ms {n:+6d}  {s[:130]}", flush=True)
+        kinds: dict[str, list] = {}
+        for sign, side in ((1, w), (-1, t)):
+            for name, n, v in side["kernel_names"]:
+                k = kinds.setdefault(kernel_kind(name), [0.0, 0])
+                k[0] += sign * v
+                k[1] += sign * n
+        entry["kernel_kinds"] = [{"what": k, "device_s": v[0], "launches": v[1]}
+                                 for k, v in sorted(kinds.items(), key=lambda kv: -abs(kv[1][0]))]
+        for r in entry["kernel_kinds"]:
+            print(f"   kind  {r['device_s'] * 1e3:+7.2f} ms {r['launches']:+6d}  {r['what']}", flush=True)
         out[case] = entry
     return out
 

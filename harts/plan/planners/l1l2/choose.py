@@ -1,7 +1,9 @@
 """Slot count and cells, the planner's first stage: (S, m) is chosen to minimise the
 step's critical path sum_s max_r load(s, r). S rises from the compact-token lower bound,
 never past L1's slot count (so `l1l2` never uses more slots than `l1`), and the search
-stops at a near-ideal critical path or after two slot counts that work.
+stops at a near-ideal critical path or after two slot counts that work. Without a
+pipeline one slot fewer than the bound is tried too (a producer is a microbatch of its
+own) and kept where its critical path is no longer.
 
 With a pipeline (pp > 1) S starts at `PlanConfig.target_microbatches` (at least that many
 microbatches per replica, so 1F1B can fill its stages); only when no plan with that many
@@ -43,6 +45,15 @@ def choose_cells(ctx: Context, state: State) -> State:
     if best is None:
         searched = range(ctx.lower, ctx.l1_slots + 1)
         best = search_slots(ctx.idx, ctx.solver, config, searched, ctx.ideal)
+        if config.pp <= 1 and ctx.lower > 1:
+            # a window's producer is a microbatch beside its cell's slots, so the slots may
+            # hold one compact-token budget less than the step: one slot fewer than the
+            # bound, kept where its critical path is no longer (one microbatch fewer, whose
+            # launches and weight passes every microbatch pays)
+            fewer = search_slots(ctx.idx, ctx.solver, config, range(ctx.lower - 1, ctx.lower), ctx.ideal)
+            if fewer is not None and (best is None or fewer[0] <= best[0] * (1 + 1e-9)):
+                best = fewer
+            searched = range(ctx.lower - 1, ctx.l1_slots + 1)
     if best is None:
         return dataclasses.replace(state, searched=searched, best=None, refine=False)
     refine = config.pp <= 1 and best[0] > ctx.ideal * (1 + GOOD_ENOUGH)

@@ -255,20 +255,25 @@ def main(argv: list[str] | None = None) -> int:
         sources = {k: v["source"] for k, v in prof["executor"].items()}
         whats = {k: v.get("what", "") for k, v in prof["executor"].items()}
         cases, truth, calibration = Cases(args.model, prof), [], set()
-    held = []
+    held, stale = [], []
     for f in args.measured:
         for r in suite_rows(f):
-            held.append(cases.case(r["instance"], r["kind"], measured_s=r["seconds"]))
-            if r.get("microbatches") not in (None, held[-1].microbatches):
-                raise SystemExit(f"{f}: {r['instance']} {r['kind']} ran {r['microbatches']} microbatches, "
-                                 f"the planner gives {held[-1].microbatches} today")
+            case = cases.case(r["instance"], r["kind"], measured_s=r["seconds"])
+            if r.get("microbatches") not in (None, case.microbatches):
+                # the planner's plan for it changed since: the measurement is of another plan
+                stale.append({"file": f, "instance": r["instance"], "kind": r["kind"],
+                              "measured_microbatches": r["microbatches"], "planned_microbatches": case.microbatches})
+                print(f"skipped {r['instance']} {r['kind']} of {f}: it ran {r['microbatches']} microbatches, "
+                      f"the planner gives {case.microbatches} today", flush=True)
+                continue
+            held.append(case)
     held += [c for f in args.chains for c in chain_cases(f, args.model, rates, cases.hw)]
     result = {"provenance": provenance(sys.argv if argv is None else [sys.argv[0], *argv]), "gpu": args.gpu,
               "model": args.model, "calibration_instances": sorted(calibration),
               "sources": {"suite": [] if args.profile else [args.rows] if args.rows else SUITE[args.gpu],
                           "measured": args.measured, "chains": args.chains, "launches": args.rows or ANATOMY,
                           "profile": args.profile or f"{args.gpu} (fitted here)"},
-              "fit": notes, "rates": executor_rates_to_dict(rates, sources, whats),
+              "fit": notes, "rates": executor_rates_to_dict(rates, sources, whats), "skipped_plan_changed": stale,
               **report(rates, truth + held, calibration, {c.name for c in held})}
     for which in ("new", "held-out", "calibration"):
         if not result["ranking"][which]:

@@ -69,10 +69,21 @@ def unique_pairs(inverse_N: np.ndarray, label_N: np.ndarray) -> tuple[np.ndarray
     label_N = np.asarray(label_N, dtype=np.int64).reshape(-1)
     if inverse_N.size == 0:
         return inverse_N.copy(), label_N.copy(), inverse_N.copy()
-    key = inverse_N * (int(label_N.max()) + 1) + label_N
-    keys_P, pair_N = np.unique(key, return_inverse=True)
+    # one label per row first (one of its targets' labels), in linear time; then the few
+    # targets whose label differs from their row's (forks) as pairs of their own, sorted
+    U = int(inverse_N.max()) + 1
+    row_label = np.zeros(U, dtype=np.int64)
+    row_label[inverse_N] = label_N
+    present = np.zeros(U, dtype=bool)
+    present[inverse_N] = True
+    rows = np.flatnonzero(present)  # every row index when they come from `unique_rows`
+    rank = np.cumsum(present, dtype=np.int64) - 1
+    other = np.flatnonzero(label_N != row_label[inverse_N])
+    pair_N = rank[inverse_N]
     width = int(label_N.max()) + 1
-    return keys_P // width, keys_P % width, pair_N.reshape(-1).astype(np.int64)
+    keys, at = np.unique(inverse_N[other] * width + label_N[other], return_inverse=True)
+    pair_N[other] = rows.size + at.reshape(-1)
+    return (np.concatenate([rows, keys // width]), np.concatenate([row_label[rows], keys % width]), pair_N)
 
 
 @dataclass(frozen=True)

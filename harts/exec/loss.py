@@ -164,10 +164,10 @@ class _ChunkedLogSumExpEntropy(torch.autograd.Function):
         for a in range(0, U, chunk_rows):
             z = (hidden_UD[a:a + chunk_rows] @ weight_VD.T).to(work)
             lse = torch.logsumexp(z, dim=-1)
-            p = torch.exp(z - lse[:, None])
+            pz = (z - lse[:, None]).exp_().mul_(z)  # p * z, one [rows, V] buffer
             lse_U[a:a + chunk_rows] = lse
-            ent_U[a:a + chunk_rows] = lse - (p * z).sum(-1)
-            del z, p
+            ent_U[a:a + chunk_rows] = lse - pz.sum(-1)
+            del z, pz
         ctx.save_for_backward(hidden_UD, weight_VD, lse_U, ent_U)
         ctx.chunk_rows = chunk_rows
         return lse_U, ent_U
@@ -181,15 +181,20 @@ class _ChunkedLogSumExpEntropy(torch.autograd.Function):
         d_w = torch.zeros(weight_VD.shape, dtype=lse_U.dtype, device=weight_VD.device) if need_w else None
         for a in range(0, hidden_UD.shape[0], n):
             h = hidden_UD[a:a + n]
-            z = (h @ weight_VD.T).to(lse_U.dtype)
-            logp = z - lse_U[a:a + n, None]
+            # in place where a buffer is done with: each [rows, V] pass over the vocabulary
+            # is what this loop's time is made of (the same values as out of place)
+            logp = (h @ weight_VD.T).to(lse_U.dtype).sub_(lse_U[a:a + n, None])
             p = torch.exp(logp)
-            dz = torch.zeros_like(z)
+            dent = None
+            if g_ent is not None:  # p (log p + H) g_ent
+                dent = logp.add_(ent_U[a:a + n, None]).mul_(p).mul_(g_ent[a:a + n, None])
             if g_lse is not None:
-                dz += p * g_lse[a:a + n, None]
-            if g_ent is not None:
-                dz -= p * (logp + ent_U[a:a + n, None]) * g_ent[a:a + n, None]
-            del z, logp, p
+                dz = p.mul_(g_lse[a:a + n, None])
+                if dent is not None:
+                    dz.sub_(dent)
+            else:
+                dz = dent.neg_() if dent is not None else torch.zeros_like(p)
+            del logp, p, dent
             dz = dz.to(hidden_UD.dtype)
             if need_h:
                 d_h[a:a + n] = dz @ weight_VD

@@ -221,29 +221,34 @@ class _WindowRun:
             producer = self.producer_of.get(producer)
 
 
+def computing_microbatch(rows: np.ndarray, m, computed: dict[int, np.ndarray], mbs: dict) -> np.ndarray:
+    """For `rows` on the paths of tree-mode microbatch `m`'s trajectories, the id of the
+    microbatch whose computation of each row they use: `m` where it computes the row, else
+    the nearest producer up its chain of windows that does."""
+    out = np.full(rows.size, -1, np.int64)
+    rest, p = np.arange(rows.size), m.id
+    while rest.size:
+        if p is None:
+            raise ValueError(f"microbatch {m.id}: no producer up its chain computes rows of its trajectories")
+        here = np.isin(rows[rest], computed[p])
+        out[rest[here]] = p
+        rest, p = rest[~here], mbs[p].producer
+    return out
+
+
 def serving_microbatch(targets, tree_mbs: Sequence, computed: dict[int, np.ndarray],
                        mbs: dict) -> np.ndarray:
     """For every target of `targets` (`RolloutForest.targets`), the id of the tree-mode
-    microbatch that computes its loss term: the microbatch holding its trajectory where that
-    one computes the target's hidden row, else the nearest producer up its chain of
-    windows that computes it (-1 for targets of no tree-mode microbatch). Every target's
-    loss term is a summand over the step's global denominators, so which microbatch adds it
-    does not change the step; serving it where its row is computed forms each row's logits
-    once, where the trajectories' own microbatches would each form them again for the
-    shared rows they read from a producer."""
+    microbatch that computes its loss term: the one whose computation of the target's
+    hidden row its trajectory uses (`computing_microbatch`; -1 for targets of no tree-mode
+    microbatch). Every target's loss term is a summand over the step's global
+    denominators, so which microbatch adds it does not change the step; serving it where
+    its row is computed forms each row's logits once, where the trajectories' own
+    microbatches would each form them again for the shared rows they read from a producer."""
     served = np.full(targets.row.size, -1, np.int64)
     for m in tree_mbs:
         idx = np.flatnonzero(np.isin(targets.traj, np.asarray(m.trajectories, np.int64)))
-        here = np.isin(targets.row[idx], computed[m.id])
-        served[idx[here]] = m.id
-        rest, p = idx[~here], m.producer
-        while rest.size:
-            if p is None:
-                raise ValueError(f"microbatch {m.id}: no producer up its chain computes the rows of "
-                                 f"targets of trajectory {int(targets.traj[rest[0]])}")
-            at_p = np.isin(targets.row[rest], computed[p])
-            served[rest[at_p]] = p
-            rest, p = rest[~at_p], mbs[p].producer
+        served[idx] = computing_microbatch(targets.row[idx], m, computed, mbs)
     return served
 
 
@@ -337,17 +342,9 @@ class PlanLayout(LayoutBase):
         for m in tree_mbs:
             for t in m.trajectories:
                 path = rows_of[off[t] : off[t + 1]]
-                here = np.isin(path, computed[m.id])
-                pos = np.searchsorted(computed[m.id], path[here])
-                np.add.at(weights[m.id], pos, 1.0)
-                rest, p = path[~here], m.producer
-                while rest.size:  # up the chain of producers: each row's computation
-                    if p is None:
-                        raise ValueError(f"microbatch {m.id}: no producer up its chain computes rows of "
-                                         f"trajectory {t}")
-                    at_p = np.isin(rest, computed[p])
-                    np.add.at(weights[p], np.searchsorted(computed[p], rest[at_p]), 1.0)
-                    rest, p = rest[~at_p], mbs[p].producer
+                at = computing_microbatch(path, m, computed, mbs)
+                for p in np.unique(at).tolist():
+                    np.add.at(weights[p], np.searchsorted(computed[p], path[at == p]), 1.0)
         B = model.config.chunk_size
         layouts = {m.id: LocalLayout.of_rows(forest, computed[m.id], piece_rows(forest, m.context))
                    for m in tree_mbs}
@@ -355,9 +352,8 @@ class PlanLayout(LayoutBase):
         kda = plan_kda_calls_of(plan, forest, B)
         schedules = {i: plan_replay_schedule(lay, forest, kda[i]) for i, lay in layouts.items()}
         # each target is served by the microbatch whose computation of its hidden row the
-        # target's trajectory uses (the row weights' rule: its own microbatch where that
-        # computes the row, else the nearest producer up its chain that does), so a row's
-        # logits are formed once however many microbatches' trajectories read it
+        # target's trajectory uses (as the row weights count), so a row's logits are formed
+        # once however many microbatches' trajectories read it
         served = serving_microbatch(targets, tree_mbs, computed, mbs)
         owned = {m.id: served == m.id for m in tree_mbs}
         # what each producer's stash keeps: the rows it computed that a microbatch below it

@@ -10,19 +10,9 @@ import pytest
 import torch
 
 from harts.exec.ops.gather import RowPlace
+from tests.exec.test_window_fast import _reference
 
 pytestmark = pytest.mark.cuda
-
-
-def _reference(L, own_at, src_at, src_rows, src, own):
-    rest = np.setdiff1d(np.arange(L), np.concatenate([own_at, src_at]))
-    pick = np.concatenate([src_rows, np.full(rest.size, src.shape[0])])
-    order = np.concatenate([src_at, rest, own_at])
-    inverse = np.empty(L, np.int64)
-    inverse[order] = np.arange(L)
-    padded = torch.cat([src, src.new_zeros(1, *src.shape[1:])])
-    dev = src.device
-    return torch.cat([padded[torch.as_tensor(pick, device=dev)], own])[torch.as_tensor(inverse, device=dev)]
 
 
 def _layout(form, rng, L=12000, n_ctx=3000):

@@ -47,19 +47,24 @@ def _problem(T=37, D=6, V=53, N=60, seed=0):
     return hidden, weight, table
 
 
+def _reference_and_chunked(hidden, weight, table, den, chunk_elements, **config):
+    """(output, d hidden, d lm_head) of the reference LM head and of the chunked one."""
+    outs = []
+    for elements in (None, chunk_elements):
+        cfg = PolicyLossConfig(lm_head_chunk_elements=elements, **config)
+        hidden.grad = weight.grad = None
+        out = policy_loss(hidden, weight, table, den, cfg)
+        out.loss.backward()
+        outs.append((out, hidden.grad.clone(), weight.grad.clone()))
+    return outs
+
+
 @pytest.mark.parametrize("chunk_rows", [1, 5, 16, 1000])
 def test_chunked_equals_reference_float64(chunk_rows):
     hidden, weight, table = _problem()
     den = loss_denominators([20.0, 15.0, 13.0])
-    outs = {}
-    for name, elements in (("ref", None), ("chunked", chunk_rows * 53)):
-        cfg = PolicyLossConfig(kl_coef=0.1, entropy_coef=0.05, agg_mode="seq-mean-token-mean",
-                               lm_head_chunk_elements=elements)
-        hidden.grad = weight.grad = None
-        out = policy_loss(hidden, weight, table, den, cfg)
-        out.loss.backward()
-        outs[name] = (out, hidden.grad.clone(), weight.grad.clone())
-    (r, rh, rw), (c, ch, cw) = outs["ref"], outs["chunked"]
+    (r, rh, rw), (c, ch, cw) = _reference_and_chunked(hidden, weight, table, den, chunk_rows * 53, kl_coef=0.1,
+                                                      entropy_coef=0.05, agg_mode="seq-mean-token-mean")
     assert_close("logprob", c.logprob_N, r.logprob_N, 1e-12)
     assert_close("entropy", c.entropy_N, r.entropy_N, 1e-12)
     for key in ("loss", "pg_loss", "kl", "entropy"):
@@ -130,14 +135,7 @@ def test_chunked_with_shared_rows_and_labels_equals_reference(host_pairs):
         table = table.to("cpu")
         assert table.pair_row is not None and table.pair_row.numel() < 400
     den = loss_denominators([150.0, 120.0, 100.0])
-    outs = {}
-    for name, elements in (("ref", None), ("chunked", 7 * V)):
-        cfg = PolicyLossConfig(entropy_coef=0.05, lm_head_chunk_elements=elements)
-        hidden.grad = weight.grad = None
-        out = policy_loss(hidden, weight, table, den, cfg)
-        out.loss.backward()
-        outs[name] = (out, hidden.grad.clone(), weight.grad.clone())
-    (r, rh, rw), (c, ch, cw) = outs["ref"], outs["chunked"]
+    (r, rh, rw), (c, ch, cw) = _reference_and_chunked(hidden, weight, table, den, 7 * V, entropy_coef=0.05)
     assert_close("logprob", c.logprob_N, r.logprob_N, 1e-12)
     assert_close("loss", c.loss, r.loss, 1e-12)
     assert_close("d hidden", ch, rh, 1e-12)

@@ -40,7 +40,8 @@ def _reference(L, own_at, src_at, src_rows, src, own):
     inverse = np.empty(L, np.int64)
     inverse[order] = np.arange(L)
     padded = torch.cat([src, src.new_zeros(1, *src.shape[1:])])
-    return torch.cat([padded[torch.as_tensor(pick)], own])[torch.as_tensor(inverse)]
+    dev = src.device
+    return torch.cat([padded[torch.as_tensor(pick, device=dev)], own])[torch.as_tensor(inverse, device=dev)]
 
 
 @settings(max_examples=60)

@@ -29,7 +29,6 @@ from harts.exec.ops.attention.tree import FastTreeAttention, graph_kernels, spli
 from harts.exec.ops.attention.varlen import (
     flash_varlen,
     path_attention,
-    reference_varlen,
     segments_of,
 )
 from harts.tree import build_forest
@@ -63,9 +62,22 @@ def _run(fn, q, k, v, do, dtype):
     return [o.detach(), *torch.autograd.grad(o, ins, do.to(dtype))]
 
 
-def _reference(seg, q, k, v, do):
-    return _run(lambda a, b, c: path_attention(a, b, c, SCALE, seg, kernel=reference_varlen), q, k, v, do,
-                torch.float64)
+def _reference(par, q_local, q, k, v, do):
+    """Dense float64 attention of the query rows `q_local` (all rows if None) over their
+    ancestors-or-self, the mask read from the parent array alone (no segments, no gathered
+    key paths: one [H, queries, rows] score tensor)."""
+    R = par.size
+    end = np.arange(R)
+    for i in range(R - 1, -1, -1):  # DFS order: a row's subtree ends where its last descendant's does
+        if par[i] >= 0:
+            end[par[i]] = max(end[par[i]], end[i])
+    rows = np.arange(R) if q_local is None else np.asarray(q_local)
+    j = np.arange(R)
+    allowed = torch.as_tensor((j[None, :] <= rows[:, None]) & (rows[:, None] <= end[None, :]), device="cuda")
+    return _run(lambda a, b, c: F.scaled_dot_product_attention(a.transpose(0, 1), b.transpose(0, 1),
+                                                               c.transpose(0, 1), attn_mask=allowed,
+                                                               scale=SCALE).transpose(0, 1),
+                q, k, v, do, torch.float64)
 
 
 def _assert_all(got, want, tol):
@@ -97,7 +109,7 @@ def test_varlen_flash_path_attention_matches_float64(queries):
     seg = segments_of(par, q_local)
     q, k, v, do = _qkv(R if q_local is None else q_local.size, R)
     got = _run(lambda a, b, c: path_attention(a, b, c, SCALE, seg, kernel=flash_varlen), q, k, v, do, torch.bfloat16)
-    _assert_all(got, _reference(seg, q, k, v, do), TOL_BF16)
+    _assert_all(got, _reference(par, q_local, q, k, v, do), TOL_BF16)
 
 
 @pytest.mark.parametrize(("variant", "queries"), [("dense", "all"), ("dense", "subset"), ("dense-strided", "all"),
@@ -113,7 +125,7 @@ def test_cudnn_split_attention_matches_float64(variant, queries):
     kern = cudnn_kernel(QK, VD, variant)  # self-checked against the float64 reference on creation
     q, k, v, do = _qkv(R if q_local is None else q_local.size, R)
     got = _run(lambda a, b, c: split_attention(a, b, c, SCALE, sp, kernel=kern), q, k, v, do, torch.bfloat16)
-    _assert_all(got, _reference(seg, q, k, v, do), TOL_BF16)
+    _assert_all(got, _reference(par, q_local, q, k, v, do), TOL_BF16)
 
 
 def test_deterministic_graph_split_reruns_bit_identically():
@@ -135,7 +147,7 @@ def test_bottom_right_graph_path_matches_float64():
     q, k, v, do = _qkv(par.size, par.size)
     got = _run(lambda a, b, c: path_attention(a, b, c, SCALE, seg, kernel=cudnn_graph.varlen_fn(br)), q, k, v, do,
                torch.bfloat16)
-    _assert_all(got, _reference(seg, q, k, v, do), TOL_BF16)
+    _assert_all(got, _reference(par, None, q, k, v, do), TOL_BF16)
 
 
 @pytest.mark.parametrize("kernels", ["default", "dense", "nondet", "det"])
@@ -188,10 +200,9 @@ def test_backend_tree_attention_matches_float64():
     # what the tree step runs (FastTreeAttention's pick for bf16 at these dims)
     par = forked_parents()
     R = par.size
-    seg = segments_of(par)
     f = generate(preset("swe-treestep-1")).forest()
     end = torch.as_tensor(np.minimum(f.row_end[:R], R - 1), device="cuda")
     att = FastTreeAttention(torch.arange(R, device="cuda"), end, parent_L=par)
     q, k, v, do = _qkv(R, R)
     got = _run(lambda a, b, c: att(a, b, c, SCALE), q, k, v, do, torch.bfloat16)
-    _assert_all(got, _reference(seg, q, k, v, do), TOL_BF16)
+    _assert_all(got, _reference(par, None, q, k, v, do), TOL_BF16)

@@ -49,11 +49,14 @@ load metrics a producer's cost is split: `forward_fraction` of it lands in its o
 the rest in its last consumer's slot (see `harts.plan.metrics`).
 
 Budget. `microbatch_tokens` bounds activation memory in token units:
-`executed_tokens + producer_retention * (executed rows of the innermost open window's
-producer)` for every microbatch (0 outside windows; in a chain the outer producers'
-stashes are not charged, `memory_tokens`).
+`executed_tokens + producer_retention * (rows of the innermost open window's producer
+that its consumers read)` for every microbatch (0 outside windows; in a chain the outer
+producers' stashes are not charged, `memory_tokens`).
 `producer_retention` (default 0.35, see `DEFAULT_PRODUCER_RETENTION`) is the memory a
-retained producer row costs relative to a row being computed.
+retained producer row costs relative to a row being computed. A producer row no consumer
+reads (a producer may own trajectories of its own) keeps no stash, and its saved tensors
+wait in host memory with the rest of the producer's (on CUDA, `harts.exec.offload`), so
+it is not charged.
 
 Cost. `Microbatch.cost` is the load of the microbatch under `Plan.cost_model` (a
 `harts.config.costs` load-model spec): `microbatch_overhead + sum of segment costs of its pieces`
@@ -245,8 +248,10 @@ class Plan:
     def memory_tokens(self) -> list[float]:
         """Activation memory (token units) each microbatch needs, retained windows included.
 
-        A microbatch inside windows pays `producer_retention` x the executed rows of the
-        innermost open window's producer. With one-level windows (windows disjoint) that is
+        A microbatch inside windows pays `producer_retention` x the rows of the innermost
+        open window's producer that its consumers read (`read_rows`: what the producer
+        keeps for them; the producer's other rows wait in host memory on CUDA). With
+        one-level windows (windows disjoint) that is
         the only open window. Inside a chain of windows the outer producers' saved tensors
         wait in host memory (on CUDA, `harts.exec.offload`), and their stashes, which the
         running microbatch reads (`harts.exec.stash.ChainStash`), are not charged: each
@@ -261,9 +266,28 @@ class Plan:
                 if mb.replica == prod.replica and prod.order < mb.order <= end:
                     if mb.id not in inner or inner[mb.id][0] < prod.order:
                         inner[mb.id] = (prod.order, p)
+        read = {p: self.read_rows(p) for p in {p for _, p in inner.values()}}
         for m, (_, p) in inner.items():
-            mem[m] += self.producer_retention * self.microbatches[p].executed_tokens
+            mem[m] += self.producer_retention * read[p]
         return mem
+
+    def read_rows(self, producer: int) -> int:
+        """How many of the rows `producer` computes its consumers read as context (each
+        row once, however many read it)."""
+        spans: dict[int, list[tuple[int, int]]] = {}
+        for m in self.microbatches:
+            if m.producer == producer:
+                for pc in m.context:
+                    spans.setdefault(pc.node, []).append((pc.start, pc.end))
+        total = 0
+        for pc in self.microbatches[producer].pieces:
+            reach = -1
+            for a, e in sorted(spans.get(pc.node, ())):
+                a, e = max(a, pc.start, reach), min(e, pc.end)
+                if e > a:
+                    total += e - a
+                    reach = e
+        return total
 
     # ---- validation -------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ its KDA schedules from the same ones (`harts.exec.tree_layout.plan_replay_schedu
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 import weakref
@@ -197,11 +198,14 @@ def step_from_plan(plan: Plan, forest: RolloutForest, chunk_size: int = 64) -> S
     traj_len = forest.traj_length
     kda = plan_kda_calls_of(plan, forest, chunk_size)
     works = []
+    producers = {mb.producer for mb in plan.microbatches if mb.producer is not None}
     for mb in plan.microbatches:
         if plan.mode == PlanMode.EXPANDED and not mb.pieces:
             w = expanded_microbatch(mb.id, mb.replica, traj_len[list(mb.trajectories)].tolist(), chunk_size,
                                     slot=mb.slot, order=mb.order)
         else:
             w = tree_microbatch_work(mb, forest, chunk_size, kda[mb.id])
+        if mb.id in producers:
+            w = dataclasses.replace(w, read_rows=plan.read_rows(mb.id))
         works.append(w)
     return StepWork(tuple(works), plan.dp, expanded_tokens=int(forest.expanded_tokens), label=plan.planner)

@@ -52,6 +52,7 @@ class MicrobatchWork:
     order: int = 0
     expanded_tokens: int = 0
     logit_rows: int | None = None  # rows through the LM head; None = tokens
+    read_rows: int | None = None  # a producer: its rows its consumers read; None = tokens
 
     def __post_init__(self) -> None:
         if self.tokens < 0 or self.attn_pairs_causal < 0 or self.attn_pairs_tree < 0:

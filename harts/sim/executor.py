@@ -21,8 +21,8 @@ max(device, host), which the model charged until 2026-12-05.
   `attention_causal_scale`, `kda_scale`, fitted to the kernel time of each category) x
   `1 + half_efficiency_rows / rows` (small GEMMs and kernels run below their large-size
   efficiency), plus the window terms: a consumer gathers and accumulates its producer's
-  stash (`consumer_device_s_per_producer_row` x its producer's rows, in a chain of windows
-  too: `bind`), a producer's saved tensors
+  stash (`consumer_device_s_per_producer_row` x the producer's rows its consumers read, in a
+  chain of windows too: `bind`), a producer's saved tensors
   go to host memory and back (`offload_bytes_per_producer_row` / `offload_bytes_per_s`);
 - host: launches of the microbatch x `host_s_per_launch`, with the launches counted as
   `launches_per_microbatch` + `launches_per_extra_kda_round` per KDA round past the first
@@ -95,7 +95,7 @@ class MicrobatchFeatures:
     rows: int
     kda_rounds: int
     consumer: bool
-    producer_rows: int  # a consumer: its producer's rows; else 0
+    producer_rows: int  # a consumer: its producer's rows that consumers read; else 0
     producer: bool
     layer_ratio: float = 1.0  # the stage's layers over the profile's reference_layers
     forward_passes: float = 1.0  # full-model forwards in the forward action (`statistics_forwards`)
@@ -194,7 +194,7 @@ class ExecutorCostModel(CostModel):
         self.rates = rates
         self._layers = [lay.num_kda + lay.num_mla + lay.num_gdn + lay.num_gated_attention
                         for lay in (st.layers for st in self.stages)]
-        self._rows: dict[int, int] = {}  # each microbatch's rows, by id (a consumer reads its producer's)
+        self._rows: dict[int, int] = {}  # rows a consumer pays for, by its producer's id
         self._producers: set[int] = set()
 
     def bind(self, step: StepWork) -> ExecutorCostModel:
@@ -204,7 +204,9 @@ class ExecutorCostModel(CostModel):
         # benchmarks/results/chains/2026-12-05-c6623d0-chains-h100.json 19-29% high, the
         # producer's rows alone 0-2% on the three plain chains (the rate is fitted on
         # one-level windows, where the two are the same)
-        self._rows = {w.mb: w.tokens for w in step.microbatches}
+        # (a producer's rows its consumers read: rows a producer computes for trajectories
+        # of its own are no stash to gather)
+        self._rows = {w.mb: w.tokens if w.read_rows is None else w.read_rows for w in step.microbatches}
         self._producers = set(step.producers)
         self._pass.cache_clear()
         return self

@@ -13,14 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harts.plan.planners import PlanConfig, make_plan
-from harts.plan.planners.l1l2 import CellSolver
+from harts.plan.planners.l1l2 import CellSolver, pipeline
 from harts.tree.workload import generate, preset
 from tests.strategies import plan_forests, tight_plan_configs
 
 
 def _plans(forest, config, monkeypatch):
-    """(chosen for memory, chosen for level slots) plans of `forest` under `config`."""
-    by_memory = make_plan(forest, "l1l2", config)
+    """(chosen for memory, chosen for level slots) plans of `forest` under `config`, as the
+    cells are filled (no consumer taken into its producer afterwards, which raises a
+    producer's rows toward the budget in either: tests/plan/test_l1l2_absorb.py)."""
     init = CellSolver.__init__
 
     def levelling(self, idx, cfg):
@@ -28,6 +29,8 @@ def _plans(forest, config, monkeypatch):
         self.sequential = False
 
     with monkeypatch.context() as m:
+        m.setattr(pipeline, "absorb_consumers", lambda mbs, cfg: mbs)
+        by_memory = make_plan(forest, "l1l2", config)
         m.setattr(CellSolver, "__init__", levelling)
         by_load = make_plan(forest, "l1l2", config)
     return by_memory, by_load

@@ -246,48 +246,18 @@ class Plan:
         return last
 
     def memory_tokens(self) -> list[float]:
-        """Activation memory (token units) each microbatch needs, retained windows included.
+        """Activation memory (token units) each microbatch needs, retained windows included
+        (`harts.plan.memory.memory_tokens`)."""
+        from harts.plan.memory import memory_tokens
 
-        A microbatch inside windows pays `producer_retention` x the rows of the innermost
-        open window's producer that its consumers read (`read_rows`: what the producer
-        keeps for them; the producer's other rows wait in host memory on CUDA). With
-        one-level windows (windows disjoint) that is
-        the only open window. Inside a chain of windows the outer producers' saved tensors
-        wait in host memory (on CUDA, `harts.exec.offload`), and their stashes, which the
-        running microbatch reads (`harts.exec.stash.ChainStash`), are not charged: each
-        holds about its own rows' attention keys/values, linear in the chain's depth, not a
-        bound this rule gives (docs/ARCHITECTURE.md, "Chains of windows")."""
-        mem = [float(mb.executed_tokens) for mb in self.microbatches]
-        last = self.window_last()
-        inner: dict[int, tuple[int, int]] = {}  # mb -> (producer order, producer id)
-        for p, end in last.items():
-            prod = self.microbatches[p]
-            for mb in self.microbatches:
-                if mb.replica == prod.replica and prod.order < mb.order <= end:
-                    if mb.id not in inner or inner[mb.id][0] < prod.order:
-                        inner[mb.id] = (prod.order, p)
-        read = {p: self.read_rows(p) for p in {p for _, p in inner.values()}}
-        for m, (_, p) in inner.items():
-            mem[m] += self.producer_retention * read[p]
-        return mem
+        return memory_tokens(self)
 
     def read_rows(self, producer: int) -> int:
-        """How many of the rows `producer` computes its consumers read as context (each
-        row once, however many read it)."""
-        spans: dict[int, list[tuple[int, int]]] = {}
-        for m in self.microbatches:
-            if m.producer == producer:
-                for pc in m.context:
-                    spans.setdefault(pc.node, []).append((pc.start, pc.end))
-        total = 0
-        for pc in self.microbatches[producer].pieces:
-            reach = -1
-            for a, e in sorted(spans.get(pc.node, ())):
-                a, e = max(a, pc.start, reach), min(e, pc.end)
-                if e > a:
-                    total += e - a
-                    reach = e
-        return total
+        """How many of the rows `producer` computes its consumers read as context
+        (`harts.plan.memory.read_rows`)."""
+        from harts.plan.memory import read_rows
+
+        return read_rows(self, producer)
 
     # ---- validation -------------------------------------------------------------------
 

@@ -23,7 +23,9 @@ max(device, host), which the model charged until 2026-12-05.
   efficiency), plus the window terms: a consumer gathers and accumulates its producer's
   stash (`consumer_device_s_per_producer_row` x the producer's rows its consumers read, in a
   chain of windows too: `bind`), a producer's saved tensors
-  go to host memory and back (`offload_bytes_per_producer_row` / `offload_bytes_per_s`);
+  go to host memory and back (`offload_bytes_per_producer_row` / `offload_bytes_per_s` each
+  way, on a copy stream beside the forward's and the backward's kernels: the longer of the
+  two counts);
 - host: launches of the microbatch x `host_s_per_launch`, with the launches counted as
   `launches_per_microbatch` + `launches_per_extra_kda_round` per KDA round past the first
   + `launches_per_consumer` for a consumer (stash assembly, state handoff)
@@ -150,12 +152,14 @@ def action_seconds(rates: ExecutorRates, phase: Phase, f: MicrobatchFeatures) ->
     """(device, host) seconds of one microbatch's forward or backward action."""
     eff = rates.device_scale * efficiency_factor(rates, f.rows)
     host = launches(rates, f) * rates.host_s_per_launch
+    # a producer's saved tensors go to host memory during its forward and come back during
+    # its backward, on a copy stream of their own (harts.exec.offload): each way overlaps
+    # that action's kernels, so it costs only where it is the longer of the two
+    copy = f.rows * rates.offload_bytes_per_producer_row / rates.offload_bytes_per_s if f.producer else 0.0
     if phase == Phase.FWD:
-        device = f.forward_passes * scaled_seconds(rates, f.fwd_s, f.fwd_parts) * eff + f.comm_fwd_s
-        if f.producer:
-            device += f.rows * rates.offload_bytes_per_producer_row / rates.offload_bytes_per_s
+        device = max(f.forward_passes * scaled_seconds(rates, f.fwd_s, f.fwd_parts) * eff, copy) + f.comm_fwd_s
         return device, host * rates.forward_host_share
-    device = scaled_seconds(rates, f.bwd_s, f.bwd_parts) * eff + f.comm_bwd_s
+    device = max(scaled_seconds(rates, f.bwd_s, f.bwd_parts) * eff, copy) + f.comm_bwd_s
     if f.consumer:
         device += f.producer_rows * rates.consumer_device_s_per_producer_row
     return device, host * (1.0 - rates.forward_host_share)

@@ -20,8 +20,8 @@ from tests.strategies import plan_forests, tight_plan_configs
 
 def _plans(forest, config, monkeypatch):
     """(chosen for memory, chosen for level slots) plans of `forest` under `config`, as the
-    cells are filled (no consumer taken into its producer afterwards, which raises a
-    producer's rows toward the budget in either: tests/plan/test_l1l2_absorb.py)."""
+    cells are filled (no window repacked with its producer taking items whole afterwards,
+    which raises a producer's rows toward the budget in either: tests/plan/test_l1l2_absorb.py)."""
     init = CellSolver.__init__
 
     def levelling(self, idx, cfg):
@@ -29,7 +29,7 @@ def _plans(forest, config, monkeypatch):
         self.sequential = False
 
     with monkeypatch.context() as m:
-        m.setattr(pipeline, "absorb_consumers", lambda mbs, cfg: mbs)
+        m.setattr(pipeline, "take_into_producers", lambda cells, cfg: (cells, 0))
         by_memory = make_plan(forest, "l1l2", config)
         m.setattr(CellSolver, "__init__", levelling)
         by_load = make_plan(forest, "l1l2", config)

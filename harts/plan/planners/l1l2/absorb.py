@@ -1,85 +1,103 @@
-"""A window's smallest consumers taken into its producer, one microbatch fewer each.
+"""Windows repacked into fewer slots, the producer computing some items whole.
 
 A cell's producer holds its trunk and shaved prefixes, often far less than the budget,
 and a cell's slots are filled to the budget less `producer_retention` x the producer's
 rows, so a window plan often has one microbatch more than the forest's compact rows
-need. A consumer whose rows fit beside the producer's (producer rows + consumer rows <=
-budget) can run inside the producer instead: the producer computes its rows and owns its
-trajectories. Every row is still computed once (a consumer's rows are its own, and no
-other consumer reads them), the other consumers read the same context, and the memory
-rule (`Plan.memory_tokens`) charges them only for the producer rows they read, so none
-of them is charged more. What it buys: one microbatch's launches, weight reads and
-gradient accumulation per consumer taken in. What it costs: the producer's forward and
-backward hold more rows, and on CUDA more of its saved tensors wait in host memory
-(`harts.exec.offload`, copies on a stream of their own).
+need. The producer can also compute items whole and own their trajectories: no consumer
+reads those rows, so the memory rule (`Plan.memory_tokens`, which charges consumers for
+the producer rows they read) charges nobody for them, and on CUDA the producer's saved
+tensors for them wait in host memory with the rest of its own (`harts.exec.offload`,
+copies on a stream of their own). `take_into_producers` repacks each window's items into
+as few slots as fit: first-fit decreasing by rows into k - 1, k - 2, ... consumer slots of
+`budget - producer_retention x producer rows` each, an item that fits no slot taken whole
+by the producer while the producer stays within the budget (or first one slot's items
+taken whole, the smallest slot first, and the rest packed so). Every row is still computed
+once and the shaved prefixes stay where they were; what it buys is one microbatch's
+launches, weight reads and gradient accumulation per slot saved; what it costs is a
+producer whose forward and backward hold more rows.
 
 Applied without a pipeline and on one replica (`PlanConfig.dp == pp == 1`), where the
 slots run one after another and fewer of them only shortens the step; with several
-replicas or stages the slots line up across them and one replica's fewer microbatches
-would leave the others' slots alone. Smallest consumers first, while one fits."""
+replicas or stages the slots line up across them, and one replica's fewer microbatches
+would leave the others' slots alone."""
 
 from __future__ import annotations
 
-from harts.plan.planners.common import PlanConfig, TreeMB
+from harts.plan.planners.common import PlanConfig
+from harts.plan.planners.l1l2.cell import Cell, Item
 
 
-def absorb_consumers(mbs: list[TreeMB], config: PlanConfig) -> list[TreeMB]:
-    """`mbs` (one replica's window microbatches as `to_microbatches` places them, producers
-    named by position) with each window's smallest consumers merged into its producer
-    while producer rows + consumer rows <= budget; orders and slots renumbered. Returns
-    `mbs` itself when nothing fits."""
+def take_into_producers(cells: list[list[Cell]], config: PlanConfig) -> tuple[list[list[Cell]], int]:
+    """`cells` with each window repacked into as few slots as fit (`repack`), and the
+    number of slots saved; the cells themselves when nothing fits (cells are shared
+    between candidates and never changed: a repacked cell is a new one)."""
     if config.dp != 1 or config.pp != 1:
-        return mbs
-    budget = config.microbatch_tokens
-    gone: set[int] = set()
-    for p, prod in enumerate(mbs):
-        cons = sorted((i for i, m in enumerate(mbs) if m.producer == p), key=lambda i: (mbs[i].tokens, i))
-        for c in cons:
-            if prod.tokens + mbs[c].tokens > budget or not _merge(prod, mbs[c]):
-                break
-            gone.add(c)
-    if not gone:
-        return mbs
-    keep = [i for i in range(len(mbs)) if i not in gone]
-    where = {old: new for new, old in enumerate(keep)}
-    out = [mbs[i] for i in keep]
-    for m in out:
-        if m.producer is not None:
-            m.producer = where[m.producer]
-    has_consumers = {m.producer for m in out if m.producer is not None}
-    # orders in the old order; a slot per non-producer microbatch; a producer takes the slot
-    # of the microbatch right after it (its first consumer)
-    ranked = sorted(range(len(out)), key=lambda i: (out[i].replica, out[i].order))
-    for order, i in enumerate(ranked):
-        out[i].order = order
-    slot = 0
-    for i in ranked:
-        if i in has_consumers:
-            continue
-        out[i].slot = slot
-        slot += 1
-    for k, i in enumerate(ranked):
-        if i in has_consumers:
-            nxt = ranked[k + 1] if k + 1 < len(ranked) else None
-            out[i].slot = out[nxt].slot if nxt is not None else max(slot - 1, 0)
-    return out
+        return cells, 0
+    out, saved = [], 0
+    for row in cells:
+        new_row = []
+        for c in row:
+            r = repack(c, config.microbatch_tokens, config.producer_retention)
+            if r is not None:
+                saved += c.k - r.k
+                c = r
+            new_row.append(c)
+        out.append(new_row)
+    return (out, saved) if saved else (cells, 0)
 
 
-def _merge(prod: TreeMB, cons: TreeMB) -> bool:
-    """Consumer `cons`'s rows and trajectories into `prod`; False (nothing changed) where a
-    node's rows would not form one interval (a consumer row not continuing the producer's)."""
-    for v, (a, e) in cons.rows.items():
-        if v in prod.rows:
-            pa, pe = prod.rows[v]
-            if pe != a and e != pa:
-                return False
-    for v, (a, e) in cons.rows.items():
-        if v in prod.rows:
-            pa, pe = prod.rows[v]
-            prod.rows[v] = (min(a, pa), max(e, pe))
+def repack(c: Cell, budget: int, rho: float) -> Cell | None:
+    """Cell `c` on the fewest slots (< c.k) its items fit, or None: each consumer slot
+    holds at most `budget - rho x (trunk + every shaved prefix)` rows, the producer
+    `budget` rows with the items it takes whole; every slot keeps an item and at least one
+    reads the producer (which otherwise would not run before its consumers)."""
+    items = [it for b in c.bins for it in b]
+    shaved = sum(it.shaved_tokens for it in items)
+    if c.k < 2 or not (c.trunk or shaved):
+        return None
+    room = budget - rho * (c.trunk_tokens + shaved)
+    producer_room = budget - c.trunk_tokens - shaved
+    # what the producer takes first: nothing (first fit decides), or one slot's items whole
+    # (the smallest slots first: the whole consumer run inside the producer)
+    firsts = [[]] + [c.bins[b] for b in sorted(range(c.k), key=lambda b: (c.bin_tokens(b), b))]
+    best = None
+    for k in range(c.k - 1, 0, -1):
+        packed = next((p for first in firsts if (p := _pack(items, k, room, producer_room, first)) is not None),
+                      None)
+        if packed is None:
+            break
+        bins, taken = packed
+        trial = Cell(k=k, trees=list(c.trees), trunk=list(c.trunk), trunk_cost=c.trunk_cost,
+                     trunk_tokens=c.trunk_tokens, bins=bins, hanging=set(c.hanging), taken=taken)
+        if not any(trial.reads_producer(b) for b in range(k)):
+            break
+        best = trial
+    return best
+
+
+def _pack(items: list[Item], k: int, room: float, producer_room: int,
+          first: list[Item]) -> tuple[list[list[Item]], list[Item]] | None:
+    """The items of `first` taken whole into the producer's `producer_room` rows, then
+    first-fit decreasing of the rest (their rows left after shaving) into k slots of `room`
+    rows, the ones that fit none taken whole too; None if one fits neither, `first` does
+    not fit the producer or a slot stays empty."""
+    taken = list(first)
+    producer_room -= sum(it.left_tokens for it in first)
+    if producer_room < 0:
+        return None
+    bins: list[list[Item]] = [[] for _ in range(k)]
+    load = [0] * k
+    rest = [it for it in items if all(it is not t for t in taken)]
+    for it in sorted(rest, key=lambda x: (-x.left_tokens, x.root)):
+        j = next((j for j in range(k) if load[j] + it.left_tokens <= room), None)
+        if j is not None:
+            bins[j].append(it)
+            load[j] += it.left_tokens
+        elif it.left_tokens <= producer_room:
+            taken.append(it)
+            producer_room -= it.left_tokens
         else:
-            prod.rows[v] = (a, e)
-    prod.trajs.extend(cons.trajs)
-    prod.tokens += cons.tokens
-    prod.cost += cons.cost
-    return True
+            return None
+    if not all(bins):
+        return None
+    return bins, taken

@@ -1,6 +1,6 @@
 """The planner's units of work: an `Item` (a subtree in one microbatch, minus a DFS prefix
 shaved into its window's producer) and a `Cell` (one replica's run of k consecutive slots,
-its items per slot and its producer). Cells are built and re-cut by `CellSolver`; once
+its items per slot and its producer, which may also compute some items whole). Cells are built and re-cut by `CellSolver`; once
 solved a cell is never changed (stages copy it), so cells may be shared between candidate
 plans and memoised by identity."""
 
@@ -44,6 +44,10 @@ class Cell:
     trunk_tokens: int = 0
     bins: list[list[Item]] = field(default_factory=list)
     hanging: set[int] = field(default_factory=set)  # item roots whose parent is a trunk node
+    # items the producer computes whole, owning their trajectories (no consumer reads
+    # them: not in `p_tokens`, the rows consumers are charged for); set only as a plan is
+    # finished (`absorb.take_into_producers`)
+    taken: list[Item] = field(default_factory=list)
 
     def p_cost(self) -> float:
         return self.trunk_cost + sum(it.shaved_cost for b in self.bins for it in b)

@@ -1,5 +1,5 @@
-"""Cells to microbatches: per cell, its producer (trunk nodes and every item's shaved
-prefix) placed just before its first consumer, then each slot's consumer (its items' rows,
+"""Cells to microbatches: per cell, its producer (trunk nodes, every item's shaved
+prefix and the items it takes whole) placed just before its first consumer, then each slot's consumer (its items' rows,
 reading the producer's rows as context). Order per cell: slots that do not read the
 producer, the producer, its first consumer, the other slots, the last consumer; the
 producer's backward follows the last consumer (the executor's window)."""
@@ -27,6 +27,10 @@ def to_microbatches(idx: ForestIndex, cells: list[list[Cell]]) -> list[TreeMB]:
                 for v in c.trunk:
                     prod.add_node(idx, v)
                     prod.trajs.extend(idx.ends_here[v])
+                for it in c.taken:  # computed whole by the producer, its trajectories its own
+                    for v in range(it.root, idx.sub_end[it.root] + 1):
+                        prod.add_node(idx, v)
+                    prod.trajs.extend(idx.trajs_in_subtree(it.root))
             for b in range(c.k):
                 if not c.bins[b]:
                     continue

@@ -18,7 +18,7 @@ from harts.plan.planners.common import (
     pipelined_critical_path,
 )
 from harts.plan.planners.l1 import place
-from harts.plan.planners.l1l2.absorb import absorb_consumers
+from harts.plan.planners.l1l2.absorb import take_into_producers
 from harts.plan.planners.l1l2.anneal import anneal_windows
 from harts.plan.planners.l1l2.cells import fewest_microbatches
 from harts.plan.planners.l1l2.choose import choose_cells
@@ -96,15 +96,15 @@ def finish(ctx: Context, state: State) -> Plan:
                                  or config.consumer_row_cost > 0)
     if best is None or (not floors and (l1_floor or not floor_met) and l1_crit < best.crit * (1 - 1e-9)):
         return finalize_tree(idx, l1_mbs, config, PlannerName.L1L2.value, {"chosen": "l1", **pipe})
-    cell_mbs = to_microbatches(idx, best.cells)
-    mbs = absorb_consumers(cell_mbs, config)
+    cells, saved = take_into_producers(best.cells, config)
+    mbs = to_microbatches(idx, cells)
     producers = {m.producer for m in mbs if m.producer is not None}
     info = {
         "slots_considered": [state.searched.start, state.searched.stop - 1],
         "cells_per_replica": best.groups,
         "producers": len(producers),
         "producer_tokens": sum(mbs[p].tokens for p in producers),
-        "consumers_absorbed": len(cell_mbs) - len(mbs),
+        "slots_saved": saved,
         **pipe,
     }
     windowed = finalize_tree(idx, mbs, config, PlannerName.L1L2.value, info)

@@ -31,8 +31,10 @@ The stages (`pipeline.STAGES`, in this order):
 
 Every stage after the first keeps trees, slot counts and every-row-once, and takes a
 change only when the critical path is no longer (and, for 3-6, the slot balance higher).
-`pipeline.finish` lets L1's own plan compete on the same measure, so l1l2 never
-compresses worse than l1 nor uses more slots. KDA replay is not counted: shaved prefixes
+`pipeline.finish` repacks each window into as few slots as fit, its producer computing
+items whole (`absorb.take_into_producers`, one replica without a pipeline), and lets L1's
+own plan compete on the same measure, so l1l2 never compresses worse than l1 nor uses
+more slots. KDA replay is not counted: shaved prefixes
 end on the chunk grid.
 """
 

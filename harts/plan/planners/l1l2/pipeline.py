@@ -94,9 +94,12 @@ def finish(ctx: Context, state: State) -> Plan:
     floor_met = best is not None and target > ctx.lower and fewest_microbatches(best.cells) >= target
     floors = config.pp == 1 and (config.microbatch_floor > 0 or config.consumer_floor > 0
                                  or config.consumer_row_cost > 0)
-    if best is None or (not floors and (l1_floor or not floor_met) and l1_crit < best.crit * (1 - 1e-9)):
+    cells, saved = take_into_producers(best.cells, config) if best is not None else (None, 0)
+    # (repacked only without a pipeline on one replica, where the path is the slots' sum:
+    # each slot saved takes one microbatch's overhead off it)
+    crit = None if best is None else best.crit - saved * config.cost_model.microbatch_overhead
+    if best is None or (not floors and (l1_floor or not floor_met) and l1_crit < crit * (1 - 1e-9)):
         return finalize_tree(idx, l1_mbs, config, PlannerName.L1L2.value, {"chosen": "l1", **pipe})
-    cells, saved = take_into_producers(best.cells, config)
     mbs = to_microbatches(idx, cells)
     producers = {m.producer for m in mbs if m.producer is not None}
     info = {

@@ -1,8 +1,8 @@
 """The planner's units of work: an `Item` (a subtree in one microbatch, minus a DFS prefix
 shaved into its window's producer) and a `Cell` (one replica's run of k consecutive slots,
-its items per slot and its producer, which may also compute some items whole). Cells are built and re-cut by `CellSolver`; once
-solved a cell is never changed (stages copy it), so cells may be shared between candidate
-plans and memoised by identity."""
+its items per slot and its producer, which may also compute some items whole). Cells
+are built and re-cut by `CellSolver`; once solved a cell is never changed (stages copy
+it), so cells may be shared between candidate plans and memoised by identity."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """Cells to microbatches: per cell, its producer (trunk nodes, every item's shaved
-prefix and the items it takes whole) placed just before its first consumer, then each slot's consumer (its items' rows,
-reading the producer's rows as context). Order per cell: slots that do not read the
-producer, the producer, its first consumer, the other slots, the last consumer; the
-producer's backward follows the last consumer (the executor's window)."""
+prefix and the items it takes whole) placed just before its first consumer, then each
+slot's consumer (its items' rows, reading the producer's rows as context). Order per
+cell: slots that do not read the producer, the producer, its first consumer, the other
+slots, the last consumer; the producer's backward follows the last consumer (the
+executor's window)."""
 
 from __future__ import annotations
 

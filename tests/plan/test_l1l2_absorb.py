@@ -26,7 +26,7 @@ from harts.tree import build_forest, shapes
 from harts.verify.equivalence import compare_steps
 from tests.exec.test_window import _check, _config
 from tests.exec.test_window_chains import TOL32
-from tests.strategies import plan_forests, tight_plan_configs
+from tests.strategies import plan_forests, shape_instances, tight_plan_configs
 
 
 def _both(forest, config):
@@ -128,3 +128,17 @@ def test_absorbed_window_step_in_float32():
     model, got = _run(PlanTrainer, cfg, trajs, plan, dtype=torch.float32)
     rep = compare_steps(ref, ref_model, got, model)
     assert rep["rms_rel_logprob_err"] <= TOL32 and rep["rms_rel_grad_err"] <= TOL32, rep
+
+
+@settings(max_examples=6, deadline=None)
+@given(shape_instances(budgets=(256, 384)))
+def test_drawn_shape_steps_equal_the_expanded_step(instance):
+    """Drawn shape instances at budgets of a few hundred rows, repacked or not (the test
+    asserts nothing about whether they were): the window step equals the expanded one."""
+    family, seed, budget = instance
+    cfg = _config(8)
+    trajs = shapes.draw(family, seed, budget, vocab_size=cfg.vocab_size)
+    plan = make_plan(build_forest(trajs), "l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=8))
+    ref_model, ref = _run(ExpandedTrainer, cfg, trajs)
+    model, got = _run(PlanTrainer, cfg, trajs, plan)
+    _check(ref, ref_model, got, model)

@@ -45,7 +45,7 @@ def row(instance: str, model, hw, forest, budget: int) -> dict:
                                                 chunk_size=chunk))
     config = PlanConfig(microbatch_tokens=budget, chunk_size=chunk)
     repacked = make_plan(forest, "l1l2", config)
-    with mock.patch.object(pipeline, "take_into_producers", lambda cells, cfg: (cells, 0)):
+    with mock.patch.object(pipeline, "take_into_producers", lambda cells, cfg, solver=None: (cells, 0)):
         cells = make_plan(forest, "l1l2", config)
     tree_s = price(tree, "tree")
     out = {"instance": instance, "rows": int(forest.compact_tokens), "bound": math.ceil(forest.compact_tokens / budget),

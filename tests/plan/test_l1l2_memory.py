@@ -29,7 +29,7 @@ def _plans(forest, config, monkeypatch):
         self.sequential = False
 
     with monkeypatch.context() as m:
-        m.setattr(pipeline, "take_into_producers", lambda cells, cfg: (cells, 0))
+        m.setattr(pipeline, "take_into_producers", lambda cells, cfg, solver=None: (cells, 0))
         by_memory = make_plan(forest, "l1l2", config)
         m.setattr(CellSolver, "__init__", levelling)
         by_load = make_plan(forest, "l1l2", config)

@@ -16,38 +16,64 @@ once and the shaved prefixes stay where they were; what it buys is one microbatc
 launches, weight reads and gradient accumulation per slot saved; what it costs is a
 producer whose forward and backward hold more rows.
 
-Applied without a pipeline and on one replica (`PlanConfig.dp == pp == 1`), where the
-slots run one after another and fewer of them only shortens the step; with several
-replicas or stages the slots line up across them, and one replica's fewer microbatches
-would leave the others' slots alone."""
+Without a pipeline (`PlanConfig.pp == 1`). On one replica the slots run one after
+another and fewer of them only shortens the step. With several replicas the slots line up
+across them (a slot's collectives run together), so a replica's slot saved is only a
+slot saved when every replica saves one: each replica saves as many as the one that saves
+fewest, and the repack is kept only where the critical path (the sum over slots of the
+heaviest replica's load) is shorter.
+"""
 
 from __future__ import annotations
 
 from harts.plan.planners.common import PlanConfig
 from harts.plan.planners.l1l2.cell import Cell, Item
+from harts.plan.planners.l1l2.measure import critical_path
+from harts.plan.planners.l1l2.solver import CellSolver
 
 
-def take_into_producers(cells: list[list[Cell]], config: PlanConfig) -> tuple[list[list[Cell]], int]:
-    """`cells` with each window repacked into as few slots as fit (`repack`), and the
-    number of slots saved; the cells themselves when nothing fits (cells are shared
-    between candidates and never changed: a repacked cell is a new one)."""
-    if config.dp != 1 or config.pp != 1:
+def take_into_producers(cells: list[list[Cell]], config: PlanConfig,
+                        solver: CellSolver | None = None) -> tuple[list[list[Cell]], int]:
+    """`cells` with windows repacked into fewer slots (`repack`), and the number of slots
+    saved per replica; the cells themselves when nothing is saved (cells are shared
+    between candidates and never changed: a repacked cell is a new one). With several
+    replicas, `solver` prices the critical path before and after."""
+    if config.pp != 1:
         return cells, 0
-    out, saved = [], 0
-    for row in cells:
-        new_row = []
-        for c in row:
-            r = repack(c, config.microbatch_tokens, config.producer_retention)
+    budget, rho = config.microbatch_tokens, config.producer_retention
+    if len(cells) == 1:
+        out, saved = [], 0
+        for c in cells[0]:
+            r = repack(c, budget, rho)
             if r is not None:
                 saved += c.k - r.k
                 c = r
+            out.append(c)
+        return ([out], saved) if saved else (cells, 0)
+    # several replicas: each saves what the replica saving fewest saves
+    can = [sum(c.k - r.k for c in row if (r := repack(c, budget, rho)) is not None) for row in cells]
+    saved = min(can)
+    if saved == 0 or solver is None:
+        return cells, 0
+    out = []
+    for row in cells:
+        need, new_row = saved, []
+        for c in row:
+            r = repack(c, budget, rho, fewest=c.k - need) if need else None
+            if r is not None:
+                need -= c.k - r.k
+                c = r
             new_row.append(c)
+        if need:
+            return cells, 0
         out.append(new_row)
-    return (out, saved) if saved else (cells, 0)
+    if critical_path(out, solver, 1) >= critical_path(cells, solver, 1) * (1 - 1e-9):
+        return cells, 0
+    return out, saved
 
 
-def repack(c: Cell, budget: int, rho: float) -> Cell | None:
-    """Cell `c` on the fewest slots (< c.k) its items fit, or None: each consumer slot
+def repack(c: Cell, budget: int, rho: float, fewest: int = 1) -> Cell | None:
+    """Cell `c` on the fewest slots (< c.k, >= `fewest`) its items fit, or None: each consumer slot
     holds at most `budget - rho x (trunk + every shaved prefix)` rows, the producer
     `budget` rows with the items it takes whole; every slot keeps an item and at least one
     reads the producer (which otherwise would not run before its consumers)."""
@@ -61,7 +87,7 @@ def repack(c: Cell, budget: int, rho: float) -> Cell | None:
     # (the smallest slots first: the whole consumer run inside the producer)
     firsts = [[]] + [c.bins[b] for b in sorted(range(c.k), key=lambda b: (c.bin_tokens(b), b))]
     best = None
-    for k in range(c.k - 1, 0, -1):
+    for k in range(c.k - 1, max(fewest, 1) - 1, -1):
         packed = next((p for first in firsts if (p := _pack(items, k, room, producer_room, first)) is not None),
                       None)
         if packed is None:

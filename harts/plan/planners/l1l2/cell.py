@@ -50,7 +50,8 @@ class Cell:
     taken: list[Item] = field(default_factory=list)
 
     def p_cost(self) -> float:
-        return self.trunk_cost + sum(it.shaved_cost for b in self.bins for it in b)
+        return (self.trunk_cost + sum(it.shaved_cost for b in self.bins for it in b)
+                + sum(it.cost for it in self.taken))
 
     def p_tokens(self) -> int:
         return self.trunk_tokens + sum(it.shaved_tokens for b in self.bins for it in b)

@@ -22,6 +22,7 @@ from harts.plan.planners.l1l2.absorb import take_into_producers
 from harts.plan.planners.l1l2.anneal import anneal_windows
 from harts.plan.planners.l1l2.cells import fewest_microbatches
 from harts.plan.planners.l1l2.choose import choose_cells
+from harts.plan.planners.l1l2.measure import critical_path
 from harts.plan.planners.l1l2.merge import merge_single_trees
 from harts.plan.planners.l1l2.microbatches import to_microbatches
 from harts.plan.planners.l1l2.recut import recut_windows
@@ -94,10 +95,10 @@ def finish(ctx: Context, state: State) -> Plan:
     floor_met = best is not None and target > ctx.lower and fewest_microbatches(best.cells) >= target
     floors = config.pp == 1 and (config.microbatch_floor > 0 or config.consumer_floor > 0
                                  or config.consumer_row_cost > 0)
-    cells, saved = take_into_producers(best.cells, config) if best is not None else (None, 0)
-    # (repacked only without a pipeline on one replica, where the path is the slots' sum:
-    # each slot saved takes one microbatch's overhead off it)
-    crit = None if best is None else best.crit - saved * config.cost_model.microbatch_overhead
+    cells, saved = take_into_producers(best.cells, config, ctx.solver) if best is not None else (None, 0)
+    # (repacked only without a pipeline: the path is the slots' sum of the heaviest
+    # replica's loads)
+    crit = None if best is None else critical_path(cells, ctx.solver, 1) if saved else best.crit
     if best is None or (not floors and (l1_floor or not floor_met) and l1_crit < crit * (1 - 1e-9)):
         return finalize_tree(idx, l1_mbs, config, PlannerName.L1L2.value, {"chosen": "l1", **pipe})
     mbs = to_microbatches(idx, cells)

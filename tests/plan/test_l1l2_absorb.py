@@ -1,6 +1,6 @@
-"""l1l2 on one replica without a pipeline repacks each window into fewer slots, its
-producer taking items whole (`harts.plan.planners.l1l2.absorb`): against the same plan
-without that pass, a valid plan with that many microbatches fewer, the same rows computed
+"""l1l2 without a pipeline repacks windows into fewer slots, the producer taking items
+whole (`harts.plan.planners.l1l2.absorb`; on several replicas each saves as many slots):
+against the same plan without that pass, a valid plan with that many microbatches fewer, the same rows computed
 (every row once where it was), a total load lower by their overheads, every microbatch
 within the budget under the memory rule, which charges only the producer rows consumers
 read. Steps of such plans equal the expanded step in float64 and float32
@@ -30,7 +30,7 @@ from tests.strategies import plan_forests, shape_instances, tight_plan_configs
 
 
 def _both(forest, config):
-    """(plan, the same plan without consumers taken into producers)."""
+    """(plan, the same plan without the repack)."""
     plan = make_plan(forest, "l1l2", config)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(pipeline, "take_into_producers", lambda cells, cfg, solver=None: (cells, 0))
@@ -44,10 +44,6 @@ LOSS = PolicyLossConfig()  # drawn shapes carry no reference log-probs
 def _run(cls, cfg, trajs, *args, dtype=torch.float64):
     model = build_model(cfg, seed=3, dtype=dtype)
     return model, cls(model, *args, loss=LOSS).forward_backward(trajs, 1 << 20)
-
-
-def _rows(plan):
-    return sorted((m.executed_tokens, m.cost) for m in plan.microbatches)
 
 
 @settings(max_examples=30, deadline=None)

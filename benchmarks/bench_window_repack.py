@@ -57,7 +57,7 @@ def row(instance: str, model, hw, forest, budget: int) -> dict:
                      "read_rows": [plan.read_rows(p) for p in prods],
                      "max_memory_tokens": max(plan.memory_tokens()),
                      "step_s": (s := price(plan, "windows")), "over_unsplit": s / tree_s}
-    out["slots_saved"] = repacked.info.get("slots_saved", 0)
+    out["microbatches_saved"] = repacked.info.get("microbatches_saved", 0)
     return out
 
 

@@ -17,7 +17,9 @@ launches, weight reads and gradient accumulation per slot saved; what it costs i
 producer whose forward and backward hold more rows.
 
 Without a pipeline (`PlanConfig.pp == 1`). On one replica the slots run one after
-another and fewer of them only shortens the step. With several replicas the slots line up
+another and fewer of them only shortens the step; there a cell of several trees is also
+tried as one cell per tree (`split_trees`), kept where it makes fewer microbatches and
+its summed path is no longer. With several replicas the slots line up
 across them (a slot's collectives run together), so a replica's slot saved is only a
 slot saved when every replica saves one: each replica saves as many as the one that saves
 fewest, and the repack is kept only where the critical path (the sum over slots of the
@@ -34,8 +36,8 @@ from harts.plan.planners.l1l2.solver import CellSolver
 
 def take_into_producers(cells: list[list[Cell]], config: PlanConfig,
                         solver: CellSolver | None = None) -> tuple[list[list[Cell]], int]:
-    """`cells` with windows repacked into fewer slots (`repack`), and the number of slots
-    saved per replica; the cells themselves when nothing is saved (cells are shared
+    """`cells` with windows repacked into fewer slots (`repack`), and the number of
+    microbatches saved per replica; the cells themselves when nothing is saved (cells are shared
     between candidates and never changed: a repacked cell is a new one). With several
     replicas, `solver` prices the critical path before and after."""
     if config.pp != 1:
@@ -45,10 +47,15 @@ def take_into_producers(cells: list[list[Cell]], config: PlanConfig,
         out, saved = [], 0
         for c in cells[0]:
             r = repack(c, budget, rho)
-            if r is not None:
-                saved += c.k - r.k
-                c = r
-            out.append(c)
+            best = [c if r is None else r]
+            if solver is not None and (parts := split_trees(c, solver, budget, rho)) is not None:
+                # fewer microbatches, and no longer a path (the load model may price no
+                # microbatch overhead)
+                if (microbatches(parts) < microbatches(best)
+                        and _path(parts, solver) <= _path(best, solver) * (1 + 1e-9)):
+                    best = parts
+            saved += microbatches([c]) - microbatches(best)
+            out.extend(best)
         return ([out], saved) if saved else (cells, 0)
     # several replicas: each saves what the replica saving fewest saves
     can = [sum(c.k - r.k for c in row if (r := repack(c, budget, rho)) is not None) for row in cells]
@@ -70,6 +77,34 @@ def take_into_producers(cells: list[list[Cell]], config: PlanConfig,
     if critical_path(out, solver, 1) >= critical_path(cells, solver, 1) * (1 - 1e-9):
         return cells, 0
     return out, saved
+
+
+def split_trees(c: Cell, solver: CellSolver, budget: int, rho: float) -> list[Cell] | None:
+    """A cell of several trees as one cell per tree, each on the fewest slots the solver
+    fits it in and repacked, or None (one tree, or a tree that fits no cell of at most
+    c.k slots). One window under several trees' shared rows makes one producer hold them
+    all, and the consumers' room is the budget less `rho` x all of them; on one replica,
+    where the cells' paths add up, a window per tree may take fewer slots."""
+    if len(c.trees) < 2:
+        return None
+    parts = []
+    for t in c.trees:
+        cell = next((x for k in range(1, c.k + 1) if (x := solver.solved(k, [t])) is not None), None)
+        if cell is None:
+            return None
+        parts.append(repack(cell, budget, rho) or cell)
+    return parts
+
+
+def microbatches(cells: list[Cell]) -> int:
+    """The microbatches `cells` make: one per non-empty slot, and a producer per cell whose
+    slots read one (`microbatches.to_microbatches`)."""
+    return sum(sum(1 for b in c.bins if b) + any(c.reads_producer(b) for b in range(c.k)) for c in cells)
+
+
+def _path(cells: list[Cell], solver: CellSolver) -> float:
+    """One replica's critical path over `cells` without a pipeline: its slots' loads summed."""
+    return sum(sum(solver.loads(c)) for c in cells)
 
 
 def repack(c: Cell, budget: int, rho: float, fewest: int = 1) -> Cell | None:

@@ -108,7 +108,7 @@ def finish(ctx: Context, state: State) -> Plan:
         "cells_per_replica": best.groups,
         "producers": len(producers),
         "producer_tokens": sum(mbs[p].tokens for p in producers),
-        "slots_saved": saved,
+        "microbatches_saved": saved,
         **pipe,
     }
     windowed = finalize_tree(idx, mbs, config, PlannerName.L1L2.value, info)

@@ -19,11 +19,11 @@ producer whose forward and backward hold more rows.
 Without a pipeline (`PlanConfig.pp == 1`). On one replica the slots run one after
 another and fewer of them only shortens the step; there a cell of several trees is also
 tried as one cell per tree (`split_trees`), kept where it makes fewer microbatches and
-its summed path is no longer. With several replicas the slots line up
-across them (a slot's collectives run together), so a replica's slot saved is only a
-slot saved when every replica saves one: each replica saves as many as the one that saves
-fewest, and the repack is kept only where the critical path (the sum over slots of the
-heaviest replica's load) is shorter.
+its summed path is no longer. With several replicas the slots line up across them (a
+slot's collectives run together), so a replica's slot saved is only a slot saved when
+every replica saves one: each replica saves as many as the one that saves fewest, kept
+where the critical path (the sum over slots of the heaviest replica's load) is no
+longer.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from harts.plan.planners.l1l2.solver import CellSolver
 def take_into_producers(cells: list[list[Cell]], config: PlanConfig,
                         solver: CellSolver | None = None) -> tuple[list[list[Cell]], int]:
     """`cells` with windows repacked into fewer slots (`repack`), and the number of
-    microbatches saved per replica; the cells themselves when nothing is saved (cells are shared
-    between candidates and never changed: a repacked cell is a new one). With several
-    replicas, `solver` prices the critical path before and after."""
+    microbatches saved per replica; the cells themselves when nothing is saved (cells
+    are shared between candidates and never changed: a repacked cell is a new one).
+    `solver` prices the paths compared (without it, only `repack` on one replica)."""
     if config.pp != 1:
         return cells, 0
     budget, rho = config.microbatch_tokens, config.producer_retention
@@ -74,7 +74,8 @@ def take_into_producers(cells: list[list[Cell]], config: PlanConfig,
         if need:
             return cells, 0
         out.append(new_row)
-    if critical_path(out, solver, 1) >= critical_path(cells, solver, 1) * (1 - 1e-9):
+    # fewer microbatches on no longer a path (the load model may price no overhead)
+    if critical_path(out, solver, 1) > critical_path(cells, solver, 1) * (1 + 1e-9):
         return cells, 0
     return out, saved
 

@@ -52,22 +52,24 @@ def take_into_producers(cells: list[list[Cell]], config: PlanConfig,
                 # fewer microbatches, and no longer a path (the load model may price no
                 # microbatch overhead)
                 if (microbatches(parts) < microbatches(best)
-                        and _path(parts, solver) <= _path(best, solver) * (1 + 1e-9)):
+                        and critical_path([parts], solver) <= critical_path([best], solver) * (1 + 1e-9)):
                     best = parts
             saved += microbatches([c]) - microbatches(best)
             out.extend(best)
         return ([out], saved) if saved else (cells, 0)
     # several replicas: each saves what the replica saving fewest saves
-    can = [sum(c.k - r.k for c in row if (r := repack(c, budget, rho)) is not None) for row in cells]
-    saved = min(can)
+    full = [[repack(c, budget, rho) for c in row] for row in cells]
+    saved = min(sum(c.k - r.k for c, r in zip(row, rs, strict=True) if r is not None)
+                for row, rs in zip(cells, full, strict=True))
     if saved == 0 or solver is None:
         return cells, 0
     out = []
-    for row in cells:
+    for row, rs in zip(cells, full, strict=True):
         need, new_row = saved, []
-        for c in row:
-            r = repack(c, budget, rho, fewest=c.k - need) if need else None
-            if r is not None:
+        for c, r in zip(row, rs, strict=True):
+            if r is not None and need and c.k - r.k > need:
+                r = repack(c, budget, rho, fewest=c.k - need)  # fewer slots than needed saved
+            if r is not None and need:
                 need -= c.k - r.k
                 c = r
             new_row.append(c)
@@ -101,11 +103,6 @@ def microbatches(cells: list[Cell]) -> int:
     """The microbatches `cells` make: one per non-empty slot, and a producer per cell whose
     slots read one (`microbatches.to_microbatches`)."""
     return sum(sum(1 for b in c.bins if b) + any(c.reads_producer(b) for b in range(c.k)) for c in cells)
-
-
-def _path(cells: list[Cell], solver: CellSolver) -> float:
-    """One replica's critical path over `cells` without a pipeline: its slots' loads summed."""
-    return sum(sum(solver.loads(c)) for c in cells)
 
 
 def repack(c: Cell, budget: int, rho: float, fewest: int = 1) -> Cell | None:

@@ -29,7 +29,8 @@ def inverse(targets: torch.Tensor, T: int, BT: int) -> tuple[torch.Tensor, torch
     targets[p] = t are order[ptr[t]:ptr[t+1]], ascending (a stable sort by target);
     targets < 0 are left out; tile_pairs is the most positions any row of a BT-row tile
     has (a kernel's trip count). On targets' device, no host sync."""
-    targets = targets.reshape(-1).to(torch.int64)
+    # int32 keys (T < 2**31): a radix sort makes one pass per key byte, half of int64's
+    targets = targets.reshape(-1).to(torch.int32 if T < torch.iinfo(torch.int32).max else torch.int64)
     dev = targets.device
     key = torch.where(targets >= 0, targets, T)  # left-out positions sort after every row
     skey, order = torch.sort(key, stable=True)

@@ -26,7 +26,8 @@ def experts_grouped(x_TD: Tensor, top_i_Tk: Tensor, top_w_Tk: Tensor, w_gate_EFD
     """
     T, k = top_i_Tk.shape
     E = w_gate_EFD.shape[0]
-    flat_e = top_i_Tk.reshape(-1)
+    # the narrowest integer keys: a radix sort makes one pass per key byte (int16: 2, int64: 8)
+    flat_e = top_i_Tk.reshape(-1).to(torch.int16 if E <= torch.iinfo(torch.int16).max else torch.int32)
     sorted_e, order = torch.sort(flat_e, stable=True)
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(order.numel(), device=order.device)

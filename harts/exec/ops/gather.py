@@ -28,9 +28,17 @@ from harts.exec.transfer import to_device
 
 
 class RowGather:
-    """x[index] for tensors of `num_rows` rows; `index` is a host int array."""
+    """x[index] for tensors of `num_rows` rows; `index` is a host int array.
 
-    def __init__(self, index: np.ndarray, num_rows: int, device):
+    The backward sums each source row's gradients over its occurrences in `index`. Where a
+    row occurs more than once (a KDA round's replayed rows: a fork's last partial chunk is
+    read again by every sequence below it, so up to one occurrence per sequence) that is
+    one fixed-order gather-add (`segment_sum.gather_add`: fp32 sums, one launch) on CUDA
+    or where `gather_add` asks for it, rather than an `index_add_` per occurrence level
+    (two launches per level, per tensor, per layer and pass: the launches a step pays per
+    sequence); float64 keeps the levels (the gather-add sums in fp32)."""
+
+    def __init__(self, index: np.ndarray, num_rows: int, device, gather_add: bool | None = None):
         index = np.asarray(index, dtype=np.int64)
         if index.size and (index.min() < 0 or index.max() >= num_rows):
             raise ValueError(f"gather index out of range [0, {num_rows})")
@@ -68,6 +76,14 @@ class RowGather:
         else:
             self.first = (to_device(levels[0][0], device), to_device(levels[0][1], device)) if levels else None
         self.more = [(to_device(p, device), to_device(r, device)) for p, r in levels[1:]]
+        if gather_add is None:
+            gather_add = torch.device(device).type == "cuda"
+        self.inverse = None  # (ptr, order, tile_pairs) on the device, for the gather-add
+        if gather_add and len(levels) > 1:
+            from harts.exec.ops import segment_sum
+
+            self.inverse = tuple(to_device(a, device)
+                                 for a in segment_sum.inverse_host(index, self.num_rows, segment_sum.BT))
 
     def __call__(self, *xs: Tensor) -> tuple[Tensor, ...]:
         for x in xs:
@@ -79,6 +95,10 @@ class RowGather:
         return _RowGatherFn.apply(self, *xs)
 
     def backward(self, g: Tensor) -> Tensor:
+        if self.inverse is not None and g.dtype != torch.float64:
+            from harts.exec.ops import segment_sum
+
+            return segment_sum.gather_add(None, g, self.inverse, rows=self.num_rows)
         shape = (self.num_rows, *g.shape[1:])
         if self.covers_all:
             out = g.index_select(0, self.first[0])

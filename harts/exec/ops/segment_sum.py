@@ -19,6 +19,7 @@ the kernel against it under TRITON_INTERPRET=1.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -39,6 +40,18 @@ def inverse(targets: torch.Tensor, T: int, BT: int) -> tuple[torch.Tensor, torch
     tiles = triton.cdiv(T, BT)
     tile_pairs = torch.nn.functional.pad(count, (0, tiles * BT - T)).view(tiles, BT).amax(dim=1).contiguous()
     return ptr.contiguous(), order.to(torch.int32).contiguous(), tile_pairs
+
+
+def inverse_host(targets: np.ndarray, T: int, BT: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`inverse` of a host index whose entries all lie in [0, T), built on the host (numpy:
+    a layout's index known when the step is prepared), as int32 arrays."""
+    targets = np.asarray(targets, dtype=np.int64).reshape(-1)
+    order = np.argsort(targets, kind="stable")
+    ptr = np.searchsorted(targets[order], np.arange(T + 1), side="left")
+    count = np.diff(ptr)
+    tiles = -(-T // BT)
+    tile_pairs = np.pad(count, (0, tiles * BT - T)).reshape(tiles, BT).max(axis=1) if T else count
+    return ptr.astype(np.int32), order.astype(np.int32), tile_pairs.astype(np.int32)
 
 
 @triton.jit

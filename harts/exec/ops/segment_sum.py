@@ -35,7 +35,7 @@ def inverse(targets: torch.Tensor, T: int, BT: int) -> tuple[torch.Tensor, torch
     dev = targets.device
     key = torch.where(targets >= 0, targets, T)  # left-out positions sort after every row
     skey, order = torch.sort(key, stable=True)
-    ptr = torch.searchsorted(skey, torch.arange(T + 1, device=dev, dtype=skey.dtype)).to(torch.int32)
+    ptr = torch.searchsorted(skey, torch.arange(T + 1, device=dev, dtype=skey.dtype), out_int32=True)
     count = ptr[1:] - ptr[:-1]
     tiles = triton.cdiv(T, BT)
     tile_pairs = torch.nn.functional.pad(count, (0, tiles * BT - T)).view(tiles, BT).amax(dim=1).contiguous()

@@ -34,7 +34,7 @@ def experts_grouped(x_TD: Tensor, top_i_Tk: Tensor, top_w_Tk: Tensor, w_gate_EFD
     # end of each expert's run; searchsorted rather than bincount(...).cumsum(), whose
     # CUDA kernel reads the largest id on the host (a stream sync per MoE layer)
     offs = torch.searchsorted(sorted_e, torch.arange(E, device=flat_e.device, dtype=sorted_e.dtype),
-                              right=True).to(torch.int32)
+                              right=True, out_int32=True)
     x_ND = _GatherSlots.apply(x_TD, order, inverse, k)
     gate_NF = mm(x_ND, w_gate_EFD.transpose(-2, -1), offs=offs)
     up_NF = mm(x_ND, w_up_EFD.transpose(-2, -1), offs=offs)

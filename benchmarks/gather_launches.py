@@ -43,9 +43,10 @@ def count(kind: str, family: str, seed: int, budget: int) -> dict:
     plain = G.RowGather.backward
 
     def backward(self, g):
-        first = 1 if self.covers_all else 2 if self.mostly else (3 if self.first is not None else 1)
-        tally["levels"] += first + 2 * len(self.more)
-        tally["gather_add"] += 1 if self.more else first
+        host_first, host_more = self._levels_host
+        first = 1 if self.covers_all else 2 if self.mostly else (3 if host_first is not None else 1)
+        tally["levels"] += first + 2 * len(host_more)
+        tally["gather_add"] += 1 if host_more else first
         tally["backwards"] += 1
         return plain(self, g)
 

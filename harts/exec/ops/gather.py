@@ -66,24 +66,37 @@ class RowGather:
         # tree step's out-gather backward, 3.8 ms of fill and index_copy_ in
         # benchmarks/results/profile/2026-11-29-334d11c-opsites.json)
         self.mostly = bool(levels) and not self.covers_all and 2 * levels[0][0].size >= num_rows
+        if gather_add is None:
+            gather_add = torch.device(device).type == "cuda"
         if self.covers_all or self.mostly:  # its gradient starts as a gather
             inverse = np.zeros(num_rows, dtype=np.int64)
             inverse[levels[0][1]] = levels[0][0]
             missing = np.ones(num_rows, dtype=bool)
             missing[levels[0][1]] = False
-            self.first = (to_device(inverse, device), to_device(np.flatnonzero(missing), device)
-                          if self.mostly else None)
+            first = (inverse, np.flatnonzero(missing) if self.mostly else None)
         else:
-            self.first = (to_device(levels[0][0], device), to_device(levels[0][1], device)) if levels else None
-        self.more = [(to_device(p, device), to_device(r, device)) for p, r in levels[1:]]
-        if gather_add is None:
-            gather_add = torch.device(device).type == "cuda"
+            first = (levels[0][0], levels[0][1]) if levels else None
+        self._device = device
+        self._levels_host = (first, levels[1:])
+        self.first = self.more = None  # the occurrence levels on the device (`_levels`)
         self.inverse = None  # (ptr, order, tile_pairs) on the device, for the gather-add
         if gather_add and len(levels) > 1:
             from harts.exec.ops import segment_sum
 
             self.inverse = tuple(to_device(a, device)
                                  for a in segment_sum.inverse_host(index, self.num_rows, segment_sum.BT))
+        else:
+            self._levels()
+
+    def _levels(self) -> None:
+        """The occurrence levels' index arrays copied to the device (once; a gather-add
+        gather needs them only for a float64 gradient)."""
+        if self.more is not None:
+            return
+        first, more = self._levels_host
+        dev = self._device
+        self.first = None if first is None else tuple(None if a is None else to_device(a, dev) for a in first)
+        self.more = [(to_device(p, dev), to_device(r, dev)) for p, r in more]
 
     def __call__(self, *xs: Tensor) -> tuple[Tensor, ...]:
         for x in xs:
@@ -99,6 +112,7 @@ class RowGather:
             from harts.exec.ops import segment_sum
 
             return segment_sum.gather_add(None, g, self.inverse, rows=self.num_rows)
+        self._levels()
         shape = (self.num_rows, *g.shape[1:])
         if self.covers_all:
             out = g.index_select(0, self.first[0])

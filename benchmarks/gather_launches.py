@@ -4,13 +4,13 @@ one gather-add, over the shape families (CPU, counted, no GPU).
     python benchmarks/gather_launches.py [--families fanout,grpo,...] [--seeds 2] [--budget 4096]
         [--kinds tree,windows] [--json FILE]
 
-A `RowGather` (harts/exec/ops/gather.py) whose index reads a row more than once (a KDA
-round's replayed rows: the last partial chunk of a fork is read again by every sequence
-below it) has a backward that sums each row's gradients over its occurrences. By
-occurrence levels that is the first level's gather (1 launch if every row occurs, 2 if most
-do, else a zero-fill, a gather and a copy: 3) and a gather and an `index_add_` per further
-level; as one fixed-order gather-add (`segment_sum.gather_add`, the CUDA path) it is one
-launch. For each `harts.tree.shapes` instance (`family/seed@budget`), the step's gather
+A `RowGather` (harts/exec/ops/gather.py) has a backward that sums each source row's
+gradients over its occurrences in its index (a KDA round's replayed rows: the last partial
+chunk of a fork is read again by every sequence below it). By occurrence levels that is
+the first level's gather (1 launch if every row occurs, 2 if most do, else a zero-fill, a
+gather and a copy: 3) and a gather and an `index_add_` per further level; on the CUDA path
+(one fixed-order gather-add, `segment_sum.gather_add`, or the one gather where every row
+occurs once) it is one launch. For each `harts.tree.shapes` instance (`family/seed@budget`), the step's gather
 backwards are counted both ways while one step of a small model with tiny-h200's layers
 (8 layers, three KDA per MLA, chunk 64; small widths: the counts depend on the layout, not
 the widths) runs on the CPU: `tree` the unsplit step, `windows` the l1l2 plan at the
@@ -46,7 +46,7 @@ def count(kind: str, family: str, seed: int, budget: int) -> dict:
         host_first, host_more = self._levels_host
         first = 1 if self.covers_all else 2 if self.mostly else (3 if host_first is not None else 1)
         tally["levels"] += first + 2 * len(host_more)
-        tally["gather_add"] += 1 if host_more else first
+        tally["gather_add"] += 1
         tally["backwards"] += 1
         return plain(self, g)
 

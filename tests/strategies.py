@@ -709,15 +709,20 @@ def segment_scatters(draw):
 
 @st.composite
 def repeated_gathers(draw):
-    """(source rows, a gather index into them with repeats: some rows read many times, as a
-    KDA round reads a fork's last partial chunk once per sequence below it, feature shape)."""
+    """(source rows, a gather index into them, feature shape): mostly with repeats, some rows
+    read many times, as a KDA round reads a fork's last partial chunk once per sequence
+    below it; else no row read twice (some left out, or every row once)."""
     import numpy as np
 
     n = draw(st.integers(1, 30))
-    plain = draw(st.lists(st.integers(0, n - 1), min_size=0, max_size=40))
-    hot = draw(st.lists(st.integers(0, n - 1), min_size=0, max_size=3, unique=True))
-    reps = draw(st.integers(2, 40))
-    index = plain + [r for r in hot for _ in range(reps)]
+    if draw(st.integers(0, 3)) == 0:
+        index = list(range(n)) if draw(st.booleans()) else \
+            draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n))
+    else:
+        plain = draw(st.lists(st.integers(0, n - 1), min_size=0, max_size=40))
+        hot = draw(st.lists(st.integers(0, n - 1), min_size=0, max_size=3, unique=True))
+        reps = draw(st.integers(2, 40))
+        index = plain + [r for r in hot for _ in range(reps)]
     perm = draw(st.permutations(range(len(index))))
     feat = draw(st.sampled_from([(3,), (2, 5), (300,)]))
     return n, np.array([index[i] for i in perm], dtype=np.int64), feat

@@ -30,13 +30,16 @@ from harts.exec.transfer import to_device
 class RowGather:
     """x[index] for tensors of `num_rows` rows; `index` is a host int array.
 
-    The backward sums each source row's gradients over its occurrences in `index`. Where a
-    row occurs more than once (a KDA round's replayed rows: a fork's last partial chunk is
-    read again by every sequence below it, so up to one occurrence per sequence) that is
-    one fixed-order gather-add (`segment_sum.gather_add`: fp32 sums, one launch) on CUDA
-    or where `gather_add` asks for it, rather than an `index_add_` per occurrence level
-    (two launches per level, per tensor, per layer and pass: the launches a step pays per
-    sequence); float64 keeps the levels (the gather-add sums in fp32)."""
+    The backward sums each source row's gradients over its occurrences in `index`. On CUDA
+    (or where `gather_add` asks for it) that is one fixed-order gather-add
+    (`segment_sum.gather_add`: fp32 sums, one launch) unless every row occurs exactly once
+    in some order (one gather by the inverse permutation, also one launch). By occurrence
+    levels it would be a zero-fill, a gather and a copy for a gather that leaves rows out,
+    and a gather and an `index_add_` per further level: a row occurs once per sequence
+    below a fork where a KDA round reads the fork's last partial chunk again, so those
+    levels were the launches a step paid per sequence, per tensor, layer and pass. A row
+    read once is copied exactly either way; float64 keeps the levels (the gather-add sums
+    in fp32)."""
 
     def __init__(self, index: np.ndarray, num_rows: int, device, gather_add: bool | None = None):
         index = np.asarray(index, dtype=np.int64)
@@ -80,7 +83,7 @@ class RowGather:
         self._levels_host = (first, levels[1:])
         self.first = self.more = None  # the occurrence levels on the device (`_levels`)
         self.inverse = None  # (ptr, order, tile_pairs) on the device, for the gather-add
-        if gather_add and len(levels) > 1:
+        if gather_add and levels and not (self.covers_all and len(levels) == 1):
             from harts.exec.ops import segment_sum
 
             self.inverse = tuple(to_device(a, device)

@@ -9,6 +9,7 @@ from tests.exec.gpu import interpret_triton  # noqa: E402
 
 interpret_triton()
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import assume, given, settings  # noqa: E402
@@ -59,16 +60,20 @@ def test_gather_add_rejects_an_inverse_of_another_size():
         segment_sum.gather_add(torch.zeros(3, 2), torch.zeros(3, 2), inv)
 
 
-@settings(max_examples=10, deadline=None)
-@given(trajs=trajectory_sets(max_groups=2, max_per_group=4, max_len=16))
-def test_split_attention_backward_through_gathers_equals_index_add(trajs):
+@settings(max_examples=20, deadline=None)
+@given(trajs=trajectory_sets(max_groups=2, max_per_group=4, max_len=16), key_only=st.integers(0, 12))
+def test_split_attention_backward_through_gathers_equals_index_add(trajs, key_only):
+    """Every row a query, or (key_only > 0) the first rows keys only, as a window consumer's
+    stashed context rows are."""
     f = build_forest(trajs)
-    sp = split_segments(segments_of(f.row_parent, None), True)
-    assume(sp.has_ancestors)  # the path under test
     L = f.num_rows
+    queries = None if not key_only else np.arange(min(key_only, L - 1), L)
+    sp = split_segments(segments_of(f.row_parent, queries), queries is None)
+    assume(sp.has_ancestors)  # the path under test
+    C = L if queries is None else queries.size
     g = torch.Generator().manual_seed(L)
-    q, k = (torch.randn(L, 2, 8, generator=g) for _ in range(2))
-    v, do = (torch.randn(L, 2, 4, generator=g) for _ in range(2))
+    q, do = torch.randn(C, 2, 8, generator=g), torch.randn(C, 2, 4, generator=g)
+    k, v = torch.randn(L, 2, 8, generator=g), torch.randn(L, 2, 4, generator=g)
     out = {}
     for fast in (False, True):
         idx = {**device_index(sp, q.device), "gather_add": fast}

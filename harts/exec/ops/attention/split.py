@@ -439,12 +439,17 @@ def split_backward(do, q, k, v, o, lse, scale, sp: SplitSegments, kernel: Varlen
         dqA, dkA, dvA = kernA.bwd(do.index_select(0, qa), qA, kA, vA, o.index_select(0, qa),
                                    lse.index_select(0, qa), auxA, sp.cu_qa, sp.cu_ka, sp.max_qa, sp.max_ka,
                                    False, scale)
-        if own is None and idx.get("gather_add", q.is_cuda) and q.dtype != torch.float64:
+        if idx.get("gather_add", q.is_cuda) and q.dtype != torch.float64:
             # the ancestors' shares summed onto their rows by gathers (fixed order, bf16
-            # read as it is; `segment_sum`), not by index_add_ on float32 copies
+            # read as it is; `segment_sum`), not by index_add_ on float32 copies. Where some
+            # key rows are not queries (a window consumer's stashed context), the own
+            # rows' shares are first placed on the key rows (each own row once: exact)
             from harts.exec.ops import segment_sum
 
             inv_q, inv_k = _inverses(idx, q.shape[0], k.shape[0])
+            if own is not None:
+                dkB = dkB.new_zeros(k.shape).index_copy_(0, own, dkB)
+                dvB = dvB.new_zeros(v.shape).index_copy_(0, own, dvB)
             return (segment_sum.gather_add(dqB, dqA, inv_q, dtype=q.dtype),
                     segment_sum.gather_add(dkB, dkA, inv_k, dtype=k.dtype),
                     segment_sum.gather_add(dvB, dvA, inv_k, dtype=v.dtype))

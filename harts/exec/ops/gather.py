@@ -8,12 +8,16 @@ source-sized tensors. On the H200 that was 48 ms of the 1.43 s swe-treestep-1 tr
 (`IndexBackward0`: fill, index_put, add;
 benchmarks/results/profile/2026-11-29-eda63d2-opsites.json).
 
-`RowGather` is built once per layout from the host index: the positions where each source
-row first occurs (a gather by their inverse when every source row occurs or at least half
-of them do, the others zeroed after; otherwise one `index_copy_` into zeros) and, for rows
-that occur more than once (replayed rows), one `index_add_` per further occurrence level,
-each level's rows distinct. No atomics collide, so the result is deterministic, and a
-row's gradient is summed in the order of its occurrences, as the sort-based scatter does.
+`RowGather` is built once per layout from the host index. On CUDA its backward is one
+launch: a gather by the inverse permutation where every source row occurs once, else one
+fixed-order gather-add (`segment_sum.gather_add`: each source row's occurrences summed in
+fp32 in ascending order, rounded once; its inverse built on the host). Elsewhere (and for
+float64) it runs by occurrence levels: the positions where each source row first occurs
+(a gather by their inverse when every source row occurs or at least half of them do, the
+others zeroed after; otherwise one `index_copy_` into zeros) and, for rows that occur more
+than once (replayed rows), one `index_add_` per further occurrence level, each level's
+rows distinct. No atomics collide either way, so the result is deterministic, and a row's
+gradient is summed in the order of its occurrences, as the sort-based scatter does.
 Several tensors gathered by the same index share one autograd node; an identity index
 (every row once, in order) returns its inputs.
 """

@@ -9,14 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harts.config.models import get_model_config
 from harts.exec.model.model import build_model
 from harts.exec.offload import HostOffload
 from harts.exec.window import PlanTrainer
-from harts.plan.planners import PlanConfig, make_plan
-from harts.tree import build_forest
-from harts.tree.workload import generate_trajectories
-from tests.exec.test_window_fast import LOSS, _grads
+from tests.exec.test_window_fast import LOSS, _grads, _setup
 
 pytestmark = pytest.mark.cuda
 
@@ -49,23 +45,12 @@ def test_offloaded_chain_gives_the_same_gradients(unpack_twice):
         assert torch.equal(a, b)
 
 
-def _setup():
-    """A window plan at the chunk size fla's KDA kernels take on a GPU (32 or 64)."""
-    trajs = generate_trajectories("tiny-treestep", seed=1)
-    forest = build_forest(trajs)
-    budget = max(int(forest.traj_length.max()) + 5, forest.compact_tokens // 3)
-    plan = make_plan(forest, "l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=64))
-    assert plan.consumers(), "the budget must force a sharing window"
-    cfg = get_model_config("tiny-cpu").replace(chunk_size=64, aux_scope="global")
-    return trajs, plan, cfg
-
-
 def test_window_step_with_offloaded_producers_equals_the_step_without(monkeypatch):
     import harts.exec.offload as offload
 
     # this model's activations are small: move every saved tensor of 1 KiB or more
     monkeypatch.setattr(offload, "DEFAULT_MIN_BYTES", 1 << 10)
-    trajs, plan, cfg = _setup()
+    trajs, plan, cfg = _setup(chunk_size=64)
     runs = {}
     for moved in (False, True):
         model = build_model(cfg, seed=3, dtype=torch.float32, device="cuda", recompute=True)

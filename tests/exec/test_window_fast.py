@@ -77,13 +77,14 @@ def test_row_place_refuses_overlapping_or_out_of_range_positions():
         RowPlace(4, np.array([0]), np.array([1, 2]), np.array([0, 0]), 2, "cpu")
 
 
-def _setup():
+def _setup(chunk_size: int = 8):
+    """A window plan over tiny-treestep; fla's KDA kernels on a GPU take chunk 32 or 64."""
     trajs = generate_trajectories("tiny-treestep", seed=1)
     forest = build_forest(trajs)
     budget = max(int(forest.traj_length.max()) + 5, forest.compact_tokens // 3)
-    plan = make_plan(forest, "l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=8))
+    plan = make_plan(forest, "l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=chunk_size))
     assert plan.consumers(), "the budget must force a sharing window"
-    cfg = get_model_config("tiny-cpu").replace(chunk_size=8, aux_scope="global")
+    cfg = get_model_config("tiny-cpu").replace(chunk_size=chunk_size, aux_scope="global")
     return trajs, plan, cfg
 
 

@@ -25,6 +25,7 @@ DIR/worker-<i>.log.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -121,6 +122,7 @@ def run_set(args: argparse.Namespace) -> dict:
                               "peak_bytes": int(torch.cuda.max_memory_allocated()) if cuda else 0, "loss": res.losses["loss"],
                               "microbatches": len(res.microbatches), "budget": budget}
         del trainer, net, prepared, res
+        gc.collect()  # what an earlier mode left in a cycle is not this mode's peak
         if cuda:
             torch.cuda.empty_cache()
     return out

@@ -141,6 +141,32 @@ def test_a_step_leaves_no_window_state_behind():
     assert trainer.windows and all(w.retained_bytes > 0 for w in trainer.windows)
 
 
+def test_a_dropped_window_step_is_freed_without_the_garbage_collector():
+    """The prepared microbatches of a window step (their contexts' device index arrays,
+    tables and token ids) go when the step is dropped, by reference counting: no producer
+    hook holds its run in a cycle that only a garbage collection would break (which a
+    training loop would meet as memory held into the next step)."""
+    import gc
+    import weakref
+
+    trajs, plan, cfg = _setup()
+    model = build_model(cfg, seed=3, dtype=torch.float32)
+    trainer = PlanTrainer(model, plan, loss=LOSS)
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        prepared = trainer.prepare(trajs, 1 << 20)
+        assert any(mb.keep_forward is not None for mb in prepared.microbatches)
+        trainer.step(trajs, 1 << 20, prepared=prepared)
+        run, ctx = weakref.ref(prepared.microbatches), weakref.ref(prepared.microbatches.items[0][2])
+        del prepared
+        assert run() is None and ctx() is None
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def test_stash_leaf_gradients_hold_only_their_own_rows():
     """Before the producer's backward, every stashed leaf's accumulated gradient owns a
     storage of exactly its size: no slice of a consumer's wider gradient (a conv input's over

@@ -54,6 +54,7 @@ copy is then an independent computation weighted by its own trajectories.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -141,8 +142,14 @@ class _WindowRun:
 
     def keep_forward(self, producer: int, ctx: TreeContext):
         """A producer's `Microbatch.keep_forward`: its stash cut to what its consumers read,
-        its loss kept for its backward after the last of them."""
+        its loss kept for its backward after the last of them. The hook holds the run
+        weakly: the run holds the microbatch holding the hook, and a cycle would keep the
+        run's device tensors (contexts, index arrays, tables) alive until a garbage
+        collection, not until the run is dropped."""
+        run = weakref.ref(self)
+
         def hook(out, loss):
+            self = run()
             w = self.open[producer]
             w.stash = ctx.record
             w.stash.keep(w.needs)
@@ -382,6 +389,7 @@ class PlanLayout(LayoutBase):
         needs = {p: StashNeeds.union(ps) for p, ps in parts.items()}
         run = _WindowRun(self, {p: sorted(cs, key=lambda c: (mbs[c].replica, mbs[c].order))
                                 for p, cs in consumers.items()})
+        run_ref = weakref.ref(run)
         for m in (mbs[i] for i in self.execution_order):
             if m.id not in computed:  # an expanded plan's packed microbatch
                 (packed,) = self._packed.microbatches(trajectories, [list(m.trajectories)])
@@ -416,8 +424,8 @@ class PlanLayout(LayoutBase):
             saved_tensor_hooks = None
             if is_producer and (self.offload_producers if self.offload_producers is not None
                                 else device.type == "cuda"):
-                def saved_tensor_hooks(run=run, producer=m.id):
-                    return run.offload(producer)
+                def saved_tensor_hooks(run=run_ref, producer=m.id):  # the run held weakly, as keep_forward does
+                    return run().offload(producer)
             ids_T = to_device(forest.token_ids[comp], device)
             info = {"kda_rounds": ctx.kda_rounds, "replay_tokens": ctx.replay_tokens,
                     "context_rows": int(ctx_rows.size), "role": "producer" if is_producer else

@@ -46,10 +46,13 @@ ABLATIONS = ("heddle-no-priority", "heddle-no-preemption", "heddle-no-placement"
              "heddle-no-live-migration", "heddle-no-dynamic-mp")
 # options off in Heddle by default: moves decided on the step's predicted makespan (every kind,
 # tool-call migration only, tool-call migration and stealing), drain-and-merge of workers as
-# the tail forms, makespan-decided tool-call migration with drain-and-merge, the tail shield, and
-# predicted-tail pools (layout from the twin, or the fixed rule)
+# the tail forms, makespan-decided tool-call migration with drain-and-merge, the tail shield,
+# predicted-tail pools (layout from the twin, or the fixed rule), the posterior length
+# predictor, and homes by count with makespan-decided tool-call migration and no preemption
+# (with and without the posterior predictor)
 VARIANTS = ("heddle-makespan-moves", "heddle-makespan-tool", "heddle-makespan-tool-steal", "heddle-drain-merge",
-            "heddle-makespan-tool-drain", "heddle-tail-shield", "heddle-tail-pools", "heddle-tail-pools-rule")
+            "heddle-makespan-tool-drain", "heddle-tail-shield", "heddle-tail-pools", "heddle-tail-pools-rule",
+            "heddle-posterior", "heddle-count-homes", "heddle-count-homes-posterior")
 
 
 def _seeds(text: str) -> list[int]:

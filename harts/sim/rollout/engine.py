@@ -41,6 +41,7 @@ from harts.sim.rollout.planning import (
 )
 from harts.sim.rollout.policies import RolloutPolicy, Router, get_policy
 from harts.sim.rollout.pools import TailPools, pool_layout
+from harts.sim.rollout.posterior import PosteriorPredictor
 from harts.sim.rollout.state import (
     FIRST_CHECK,
     NOT_PREEMPTED,
@@ -101,6 +102,9 @@ class _Sim(Migration, KVMemory, TailShield, TailPools):
         self.members: dict[int, list[int]] = {}
         for i, s in enumerate(specs):
             self.members.setdefault(s.group, []).append(i)
+        self.post = PosteriorPredictor(cfg, tuple(specs)) if policy.posterior and not policy.oracle else None
+        self.group_post: dict[int, tuple[int, tuple[float, float]]] = {}  # group -> (event stamp, posterior of g)
+        self.seq = 0
         t0 = time.perf_counter()
         self.workers = self._plan()
         self.plan_seconds = time.perf_counter() - t0
@@ -145,6 +149,10 @@ class _Sim(Migration, KVMemory, TailShield, TailPools):
         n = len(self.tr)
         if p.oracle:
             preds = [(float(t.spec.generated_tokens), float(len(t.spec.turns))) for t in self.tr]
+        elif self.post is not None:
+            g0 = (0.0, cfg.action_group_sigma ** 2)
+            preds = [self.post.remaining(t.spec.tid, 0, 0, cfg.max_context - t.spec.turns[0].input_tokens, g0)
+                     for t in self.tr]
         else:
             preds = [predict_remaining(t.spec, 0, 0, self.action_prior,
                                        cfg.max_context - t.spec.turns[0].input_tokens, cfg.turns_range[1])
@@ -251,6 +259,10 @@ class _Sim(Migration, KVMemory, TailShield, TailPools):
             x = max(sum(u.action_tokens for u in rest) - elapsed, 1.0)
             tool = sum(u.tool_latency_s for u in rest)
             return x, tool, expected_context(t.context, nxt, x, self.cfg.max_context)
+        if self.post is not None:
+            x, turns = self.post.remaining(t.spec.tid, t.turn, elapsed, self.cfg.max_context - t.context - nxt,
+                                           self.group_scale(t.spec.group))
+            return x, max(turns - 1.0, 0.0) * self.tool_prior, expected_context(t.context, nxt, x, self.cfg.max_context)
         prior = self.group_prior(t.spec.group) if p.group_predictor else self.action_prior
         if p.live_migration:
             x, turns = predict_remaining(t.spec, t.turn, t.turn_start_generated, prior,
@@ -263,6 +275,15 @@ class _Sim(Migration, KVMemory, TailShield, TailPools):
             if running:
                 x = max(x - elapsed, 1.0)
         return x, max(turns - 1.0, 0.0) * self.tool_prior, expected_context(t.context, nxt, x, self.cfg.max_context)
+
+    def group_scale(self, g: int) -> tuple[float, float]:
+        """The posterior's estimate of group `g`'s log scale (its members' turns), once per event."""
+        hit = self.group_post.get(g)
+        if hit is None or hit[0] != self.seq:
+            running = {j: self.tr[j].generated - self.tr[j].turn_start_generated for j in self.members[g]
+                       if not self.tr[j].done and self.tr[j].remaining > 0}
+            hit = self.group_post[g] = (self.seq, self.post.group_scale(self.members[g], running))
+        return hit[1]
 
     def repredict(self, t: TrajState) -> None:
         t.pred = self.predicted(t)
@@ -432,6 +453,9 @@ class _Sim(Migration, KVMemory, TailShield, TailPools):
             turn = t.spec.turns[t.turn]
             g = t.spec.group
             self.group_tokens[g] += t.generated - t.turn_start_generated
+            if self.post is not None:
+                self.post.observe(tid, t.generated - t.turn_start_generated)
+                self.group_post.pop(g, None)
             self.group_turns[g] += 1
             t.turn += 1
             t.turn_start_generated = t.generated
@@ -444,10 +468,10 @@ class _Sim(Migration, KVMemory, TailShield, TailPools):
                     self.load_drop(t, self.ws[t.assigned])
                 continue
             self.repredict(t)  # progressive: re-predicted after every turn
-            if self.policy.group_predictor:  # and so is every waiting member of its group
+            if self.policy.group_predictor or self.post is not None:  # and so is every waiting member of its group
                 for o in self.members[g]:
                     m = self.tr[o]
-                    if o != tid and not m.done and not m.remaining:
+                    if o != tid and not m.done and (not m.remaining or self.post is not None):
                         self.repredict(m)
             w.lru[tid] = now
             self.seg(t, SegmentKind.TOOL, now, now + turn.tool_latency_s, w.info.wid, t.generated, t.generated)

@@ -66,6 +66,17 @@ home worker) and adds, each switchable:
   the rest, the layout from a twin of the step run under the policy (`pool_twin`) or a
   fixed rule (`harts.sim.rollout.pools`).
 
+- `posterior`: (off by default) remaining lengths from the workload's own length model
+  given the turns seen so far (a prompt group's and the trajectory's), running turns
+  counted as censored at their elapsed tokens, and the turn count's posterior given the
+  hint (`harts.sim.rollout.posterior`), instead of the hint x the observed per-turn mean.
+
+`heddle-count-homes` combines options for a start where the predictor cannot yet rank
+the tail: makespan-decided tool-call migration, homes least-loaded by count in trajectory
+order (a prompt's samples are numbered together, so each prompt group is spread over the
+workers) instead of DP placement on the start-of-step predictions, and priority without
+its preemption.
+
 With every switch off Heddle is `cache-aware`.
 """
 
@@ -110,6 +121,9 @@ class RolloutPolicyName(StrEnum):
     HEDDLE_TAIL_SHIELD = "heddle-tail-shield"
     HEDDLE_TAIL_POOLS = "heddle-tail-pools"
     HEDDLE_TAIL_POOLS_RULE = "heddle-tail-pools-rule"
+    HEDDLE_POSTERIOR = "heddle-posterior"
+    HEDDLE_COUNT_HOMES = "heddle-count-homes"
+    HEDDLE_COUNT_HOMES_POSTERIOR = "heddle-count-homes-posterior"
 
 
 @dataclass(frozen=True)
@@ -145,6 +159,10 @@ class RolloutPolicy:
     # a bulk pool of a lower degree (`harts.sim.rollout.pools`)
     tail_pools: bool = False
     pool_twin: bool = True  # the pools' layout from the twin run under this policy (else a fixed rule)
+    # remaining lengths from the workload's length model given the turns seen so far, running
+    # turns censored at their elapsed tokens (`harts.sim.rollout.posterior`), instead of the
+    # hint x the observed per-turn mean
+    posterior: bool = False
 
     def __post_init__(self) -> None:
         unknown = set(self.makespan_moves) - MOVE_KINDS
@@ -217,6 +235,14 @@ for _p in (
             tail_pools=True),
     _heddle(RolloutPolicyName.HEDDLE_TAIL_POOLS_RULE, "tail and bulk pools in a fixed layout (3 top-degree workers of 64, the bulk at half)",
             tail_pools=True, pool_twin=False),
+    _heddle(RolloutPolicyName.HEDDLE_POSTERIOR, "the posterior length predictor (censored running turns)",
+            posterior=True),
+    _heddle(RolloutPolicyName.HEDDLE_COUNT_HOMES,
+            "makespan-decided tool-call migration, homes by count, priority without preemption",
+            makespan_moves=frozenset({"tool"}), placement=False, preempt=False),
+    _heddle(RolloutPolicyName.HEDDLE_COUNT_HOMES_POSTERIOR,
+            "heddle-count-homes with the posterior length predictor",
+            makespan_moves=frozenset({"tool"}), placement=False, preempt=False, posterior=True),
 ):
     POLICIES.register(_p.name, _p)
 del _p

@@ -249,7 +249,8 @@ def test_registry_names_and_errors():
                                 "heddle-no-isolation", "heddle-no-group-predictor", "heddle-no-live-migration",
                                 "heddle-no-dynamic-mp", "heddle-makespan-moves", "heddle-makespan-tool",
                                 "heddle-makespan-tool-steal", "heddle-drain-merge", "heddle-makespan-tool-drain",
-                                "heddle-tail-shield", "heddle-tail-pools", "heddle-tail-pools-rule"]
+                                "heddle-tail-shield", "heddle-tail-pools", "heddle-tail-pools-rule",
+                                "heddle-posterior", "heddle-count-homes", "heddle-count-homes-posterior"]
     flags = ("priority", "preempt", "placement", "migration", "adaptive_mp", "twin_layout", "isolation",
              "group_predictor", "live_migration", "dynamic_mp")
     h = get_policy("heddle")
@@ -261,10 +262,14 @@ def test_registry_names_and_errors():
         p = get_policy(name)
         assert not getattr(p, flag) and not p.oracle
         assert sum(getattr(p, f) for f in flags) == len(flags) - 1 - len(names.get(flag, []))
-    for name in known_policies()[-8:]:  # the off-by-default options: every mechanism and one or two more
+    for name in known_policies()[-9:-2]:  # the off-by-default options: every mechanism and one or two more
         p = get_policy(name)
         assert all(getattr(p, f) for f in flags) and not p.oracle
-        assert p.makespan_moves or p.drain_merge or p.tail_shield or p.tail_pools
+        assert p.makespan_moves or p.drain_merge or p.tail_shield or p.tail_pools or p.posterior
+    for name in known_policies()[-2:]:  # homes by count, no preemption, makespan-decided tool-call migration
+        p = get_policy(name)
+        assert all(getattr(p, f) for f in flags if f not in ("placement", "preempt")) and not p.oracle
+        assert not (p.placement or p.preempt) and p.makespan_moves == {"tool"}
     with pytest.raises(KeyError, match="known: round-robin"):
         get_policy("fifo")
 

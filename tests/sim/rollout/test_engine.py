@@ -262,7 +262,7 @@ def test_registry_names_and_errors():
         p = get_policy(name)
         assert not getattr(p, flag) and not p.oracle
         assert sum(getattr(p, f) for f in flags) == len(flags) - 1 - len(names.get(flag, []))
-    for name in known_policies()[-9:-2]:  # the off-by-default options: every mechanism and one or two more
+    for name in known_policies()[-11:-2]:  # the off-by-default options: every mechanism and one or two more
         p = get_policy(name)
         assert all(getattr(p, f) for f in flags) and not p.oracle
         assert p.makespan_moves or p.drain_merge or p.tail_shield or p.tail_pools or p.posterior

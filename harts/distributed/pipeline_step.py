@@ -30,7 +30,7 @@ from harts.exec.loss import PolicyLossConfig, policy_loss
 from harts.exec.model.moe import MoEGlobalStats
 from harts.exec.step import LOSS_TERMS, loss_terms, scale_gradients, step_denominators
 from harts.exec.window import PlanTrainer
-from harts.plan.plan import Plan, PlanMode
+from harts.plan.plan import Plan
 from harts.plan.schedule import PassOp, Schedule, ScheduleName, build_schedule
 from harts.plan.step import step_from_plan
 from harts.tree import Trajectory, build_forest
@@ -75,8 +75,10 @@ def executed_schedule(result: PipelineStepResult, group: dist.ProcessGroup | Non
 
 
 class PipelineTrainer(PlanTrainer):
-    """Runs a tree-mode `Plan` on one replica's pipeline, one stage per rank of the mesh's
-    "pp" group, in the order of the simulator's schedule `schedule` (a `ScheduleName`).
+    """Runs a `Plan` on one replica's pipeline, one stage per rank of the mesh's "pp"
+    group, in the order of the simulator's schedule `schedule` (a `ScheduleName`): a
+    tree-mode plan's microbatches and windows, or an expanded plan's packed microbatches
+    (and the chains of windows its trajectories longer than the budget run as).
 
     `pm` is `harts.distributed.parallelize.parallelize`'s result on a mesh with pp > 1: its
     model is this rank's stage, FSDP-sharded over "dp" when dp > 1 (FSDP2 then reduces the
@@ -97,8 +99,6 @@ class PipelineTrainer(PlanTrainer):
         module, mesh = pm.model, pm.mesh
         if not isinstance(module, PipelineStageModule):
             raise ValueError("a pipeline trainer runs a pipeline stage: parallelize on a mesh with pp > 1")
-        if plan.mode != PlanMode.TREE:
-            raise ValueError("pipeline execution runs tree-mode plans")
         dp = mesh.parallel.dp
         if plan.dp != dp:
             raise LaunchError(f"the plan was made for dp={plan.dp}; the mesh has dp={dp}")
@@ -138,8 +138,9 @@ class PipelineTrainer(PlanTrainer):
         mbs = []
         for i, mb_id in enumerate(order):
             producer, ctx, mb = items[mb_id]
-            mbs.append(StageMB(i, mb_id, producer, mb_id in producers, ctx, mb.ids_T, int(mb.ids_T.numel()),
-                                mb.table, mb.expanded_tokens))
+            # an expanded plan's packed microbatch has no tree context: its own (packed) one
+            mbs.append(StageMB(i, mb_id, producer, mb_id in producers, mb.ctx if ctx is None else ctx, mb.ids_T,
+                               int(mb.ids_T.numel()), mb.table, mb.expanded_tokens))
         padded = max(m.rows for m in mbs)
         step = StageStep(module, mbs, padded)
         den = step_denominators(trajectories)

@@ -30,14 +30,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_window_repack import family_args, instances, unsplit_plan  # noqa: E402
+
 from harts.bench.provenance import provenance  # noqa: E402
 from harts.config.models import get_model_config  # noqa: E402
 from harts.config.plan import PlanConfig  # noqa: E402
 from harts.plan.planners import make_plan  # noqa: E402
 from harts.plan.step import step_from_plan  # noqa: E402
-from harts.sim.fit_executor import UNSPLIT_BUDGET, case_of, predict  # noqa: E402
+from harts.sim.fit_executor import case_of, predict  # noqa: E402
 from harts.sim.hardware import load_hardware  # noqa: E402
-from harts.tree import build_forest, shapes  # noqa: E402
 
 LAUNCH_COUNTS = ("launches_per_microbatch", "launches_per_extra_kda_round", "launches_per_consumer",
                  "launches_per_sequence")
@@ -45,14 +46,9 @@ LAUNCH_COUNTS = ("launches_per_microbatch", "launches_per_extra_kda_round", "lau
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--hardware", default="h100")
-    ap.add_argument("--model", default="tiny-h200")
-    ap.add_argument("--families", default=",".join(shapes.FAMILIES))
-    ap.add_argument("--seeds", default="1,2,3")
-    ap.add_argument("--budgets", default="8192,16384,32768")
+    family_args(ap, seeds="1,2,3")
     ap.add_argument("--launch-scales", default="1,0.75,0.5,0.25")
     ap.add_argument("--host-scales", default="1,1.3")
-    ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     model, hw = get_model_config(args.model), load_hardware(args.hardware)
     base = hw.executor
@@ -61,23 +57,17 @@ def main(argv: list[str] | None = None) -> int:
     rates = {s: base.with_values(host_s_per_launch=base.host_s_per_launch * s[1],
                                  **{n: getattr(base, n) * s[0] for n in LAUNCH_COUNTS}) for s in settings}
     rows = []
-    for fam in args.families.split(","):
-        for budget in (int(b) for b in args.budgets.split(",")):
-            for seed in (int(s) for s in args.seeds.split(",")):
-                inst = f"{fam}/{seed}@{budget}"
-                forest = build_forest(shapes.draw(fam, seed, budget, vocab_size=model.vocab_size))
-                chunk = model.chunk_size
-                tree = make_plan(forest, "l1l2", PlanConfig(microbatch_tokens=max(UNSPLIT_BUDGET, forest.compact_tokens),
-                                                            chunk_size=chunk))
-                plan = make_plan(forest, "l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=chunk))
-                cases = {k: case_of(inst, k, step_from_plan(p, forest, chunk), model, hw)
-                         for k, p in (("tree", tree), ("windows", plan))}
-                ratios = {f"{ls:g}x launches, {hs:g}x host": predict(rates[(ls, hs)], cases["windows"])
-                          / predict(rates[(ls, hs)], cases["tree"]) for ls, hs in settings}
-                rows.append({"instance": inst, "family": fam, "budget": budget, "rows": int(forest.compact_tokens),
-                             "microbatches": len(plan.microbatches), "window_over_unsplit": ratios})
-                print(f"{inst:22s} mbs {len(plan.microbatches):2d}  " +
-                      "  ".join(f"{v:.3f}" for v in ratios.values()), flush=True)
+    chunk = model.chunk_size
+    for inst, fam, budget, forest in instances(args, model):
+        plan = make_plan(forest, "l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=chunk))
+        cases = {k: case_of(inst, k, step_from_plan(p, forest, chunk), model, hw)
+                 for k, p in (("tree", unsplit_plan(forest, chunk)), ("windows", plan))}
+        ratios = {f"{ls:g}x launches, {hs:g}x host": predict(rates[(ls, hs)], cases["windows"])
+                  / predict(rates[(ls, hs)], cases["tree"]) for ls, hs in settings}
+        rows.append({"instance": inst, "family": fam, "budget": budget, "rows": int(forest.compact_tokens),
+                     "microbatches": len(plan.microbatches), "window_over_unsplit": ratios})
+        print(f"{inst:22s} mbs {len(plan.microbatches):2d}  " + "  ".join(f"{v:.3f}" for v in ratios.values()),
+              flush=True)
     keys = list(rows[0]["window_over_unsplit"]) if rows else []
     print("\nsimulated window / unsplit, mean (max), per family and budget:")
     print(f"{'family@budget':18s} " + " | ".join(keys))

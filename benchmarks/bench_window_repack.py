@@ -35,14 +35,39 @@ from harts.sim.hardware import load_hardware  # noqa: E402
 from harts.tree import build_forest, shapes  # noqa: E402
 
 
+def family_args(ap: argparse.ArgumentParser, seeds: str = "1,2,3,4,5") -> None:
+    """The instance-suite arguments: hardware, model, families x budgets x seeds, --json."""
+    ap.add_argument("--hardware", default="h100")
+    ap.add_argument("--model", default="tiny-h200")
+    ap.add_argument("--families", default=",".join(shapes.FAMILIES))
+    ap.add_argument("--seeds", default=seeds)
+    ap.add_argument("--budgets", default="8192,16384,32768")
+    ap.add_argument("--json", default=None)
+
+
+def instances(args: argparse.Namespace, model):
+    """(name family/seed@budget, family, budget, forest) of every instance, family by
+    family, budget by budget, seed by seed."""
+    for fam in args.families.split(","):
+        for budget in (int(b) for b in args.budgets.split(",")):
+            for seed in (int(s) for s in args.seeds.split(",")):
+                trajs = shapes.draw(fam, seed, budget, vocab_size=model.vocab_size)
+                yield f"{fam}/{seed}@{budget}", fam, budget, build_forest(trajs)
+
+
+def unsplit_plan(forest, chunk: int):
+    """The instance's rows as one microbatch (the unsplit tree the window plans are priced against)."""
+    return make_plan(forest, "l1l2", PlanConfig(microbatch_tokens=max(UNSPLIT_BUDGET, forest.compact_tokens),
+                                                chunk_size=chunk))
+
+
 def row(instance: str, model, hw, forest, budget: int) -> dict:
     chunk = model.chunk_size
 
     def price(plan, kind):
         return predict(hw.executor, case_of(instance, kind, step_from_plan(plan, forest, chunk), model, hw))
 
-    tree = make_plan(forest, "l1l2", PlanConfig(microbatch_tokens=max(UNSPLIT_BUDGET, forest.compact_tokens),
-                                                chunk_size=chunk))
+    tree = unsplit_plan(forest, chunk)
     config = PlanConfig(microbatch_tokens=budget, chunk_size=chunk)
     repacked = make_plan(forest, "l1l2", config)
     with mock.patch.object(pipeline, "take_into_producers", lambda cells, cfg, solver=None: (cells, 0)):
@@ -63,25 +88,16 @@ def row(instance: str, model, hw, forest, budget: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--hardware", default="h100")
-    ap.add_argument("--model", default="tiny-h200")
-    ap.add_argument("--families", default=",".join(shapes.FAMILIES))
-    ap.add_argument("--seeds", default="1,2,3,4,5")
-    ap.add_argument("--budgets", default="8192,16384,32768")
-    ap.add_argument("--json", default=None)
+    family_args(ap)
     args = ap.parse_args(argv)
     model, hw = get_model_config(args.model), load_hardware(args.hardware)
     rows = []
-    for fam in args.families.split(","):
-        for budget in (int(b) for b in args.budgets.split(",")):
-            for seed in (int(s) for s in args.seeds.split(",")):
-                inst = f"{fam}/{seed}@{budget}"
-                forest = build_forest(shapes.draw(fam, seed, budget, vocab_size=model.vocab_size))
-                rows.append(row(inst, model, hw, forest, budget))
-                r = rows[-1]
-                print(f"{inst:22s} bound {r['bound']:2d}  microbatches {r['cells']['microbatches']:2d} -> "
-                      f"{r['repacked']['microbatches']:2d}  window/unsplit (sim) {r['cells']['over_unsplit']:.3f} -> "
-                      f"{r['repacked']['over_unsplit']:.3f}", flush=True)
+    for inst, _fam, budget, forest in instances(args, model):
+        rows.append(row(inst, model, hw, forest, budget))
+        r = rows[-1]
+        print(f"{inst:22s} bound {r['bound']:2d}  microbatches {r['cells']['microbatches']:2d} -> "
+              f"{r['repacked']['microbatches']:2d}  window/unsplit (sim) {r['cells']['over_unsplit']:.3f} -> "
+              f"{r['repacked']['over_unsplit']:.3f}", flush=True)
     over = {k: sum(r[k]["microbatches"] > r["bound"] for r in rows) for k in ("cells", "repacked")}
     print(f"instances over the bound: {over['cells']} -> {over['repacked']} of {len(rows)}")
     if args.json:

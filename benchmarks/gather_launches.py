@@ -29,10 +29,20 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 
+def narrow_tiny_h200(**overrides):
+    """tiny-h200's layers (8, three KDA per MLA, MoE with a shared expert) at small widths
+    and 8 experts: a CPU-sized model whose layouts, launches and plans are tiny-h200's."""
+    from harts.config.models import get_model_config
+
+    return get_model_config("tiny-h200").replace(
+        d_model=64, kda_num_heads=2, kda_head_dim=16, kda_head_v_dim=16, mla_num_heads=2, kv_lora_rank=16,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, dense_ffn_dim=64, num_experts=8, top_k=2,
+        expert_ffn_dim=16, vocab_size=512, **overrides)
+
+
 def count(kind: str, family: str, seed: int, budget: int) -> dict:
     import torch
 
-    from harts.config.models import get_model_config
     from harts.exec.factory import make_trainer
     from harts.exec.model.model import build_model
     from harts.exec.ops import gather as G
@@ -50,10 +60,7 @@ def count(kind: str, family: str, seed: int, budget: int) -> dict:
         tally["backwards"] += 1
         return plain(self, g)
 
-    cfg = get_model_config("tiny-h200").replace(
-        d_model=64, kda_num_heads=2, kda_head_dim=16, kda_head_v_dim=16, mla_num_heads=2, kv_lora_rank=16,
-        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, dense_ffn_dim=64, num_experts=8, top_k=2,
-        expert_ffn_dim=16, vocab_size=512)
+    cfg = narrow_tiny_h200()
     trajs = shapes.draw(family, seed, budget, vocab_size=cfg.vocab_size)
     forest = build_forest(trajs)
     net = build_model(cfg, seed=0, dtype=torch.float32, recompute=True)

@@ -25,6 +25,8 @@ import json
 import sys
 from pathlib import Path
 
+from gather_launches import narrow_tiny_h200  # the same small model (benchmarks/gather_launches.py)
+
 
 def _grads(net) -> list:
     return [p.grad.detach().double().clone() for p in net.parameters() if p.grad is not None]
@@ -39,16 +41,12 @@ def _rel(a: list, b: list) -> float:
 def measure(family: str, seed: int, budget: int) -> dict:
     import torch
 
-    from harts.config.models import get_model_config
     from harts.exec.factory import make_trainer
     from harts.exec.model.model import build_model
     from harts.plan.planners import PlanConfig, make_plan
     from harts.tree import build_forest, shapes
 
-    cfg = get_model_config("tiny-h200").replace(
-        d_model=64, kda_num_heads=2, kda_head_dim=16, kda_head_v_dim=16, mla_num_heads=2, kv_lora_rank=16,
-        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, dense_ffn_dim=64, num_experts=8, top_k=2,
-        expert_ffn_dim=16, vocab_size=512, chunk_size=16, aux_scope="global")
+    cfg = narrow_tiny_h200(chunk_size=16, aux_scope="global")
     trajs = shapes.draw(family, seed, budget, vocab_size=cfg.vocab_size)
     forest = build_forest(trajs)
     plan = make_plan(forest, "l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=cfg.chunk_size))

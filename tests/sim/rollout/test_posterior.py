@@ -16,7 +16,12 @@ from harts.config.rollout import rollout_preset
 from harts.sim.rollout import TrajectorySpec, TurnSpec, get_policy, simulate_rollout
 from harts.sim.rollout.cost import make_rollout_cost
 from harts.sim.rollout.engine import _Sim
-from harts.sim.rollout.posterior import PosteriorPredictor, truncated_log_mean, truncated_mean, turn_posteriors
+from harts.sim.rollout.posterior import (
+    PosteriorPredictor,
+    truncated_log_mean,
+    truncated_mean,
+    turn_posteriors,
+)
 from tests.sim.rollout.test_engine import FAST, _check_conservation, _check_gpus, _check_kv
 from tests.strategies import rollout_workloads
 

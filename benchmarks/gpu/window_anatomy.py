@@ -19,6 +19,10 @@ trainers), after one warm-up step, one prepared step each:
   to the innermost `harts` frame of the host code that launched that kernel, and so are
   launches. The sum of gaps is the device idle time of the step.
 
+With `--host`, only the host instead: cProfile over one prepared step (own and cumulative
+time by function, the top `--host-top` of each in the JSON, the whole profile in
+DIR/<case>_<kind>.pstats for `python -m pstats`) and the step's wall without a profiler.
+
 Writes DIR/window_anatomy.json with provenance; prints the largest idle and launch sites.
 """
 
@@ -168,9 +172,10 @@ def trace_sites(trainer, trajs, budget: int, with_stack: bool = True) -> dict:
             "kernel_names": [(s, name_n[s], v) for s, v in name_s.most_common()]}
 
 
-def host_profile(trainer, trajs, budget: int, top: int = 45) -> dict:
+def host_profile(trainer, trajs, budget: int, top: int = 45, dump: Path | None = None) -> dict:
     """cProfile over one prepared step: the host's time by function (own time and
-    cumulative), and the step's wall time without any profiler (median of 2)."""
+    cumulative), and the step's wall time without any profiler (median of 2). `dump`: a
+    file the whole profile is written to (`pstats`, callers and callees included)."""
     import cProfile
     import pstats
 
@@ -191,6 +196,8 @@ def host_profile(trainer, trajs, budget: int, top: int = 45) -> dict:
     W._sync()
     prof.disable()
     wall = time.perf_counter() - t0
+    if dump is not None:
+        prof.dump_stats(dump)
     st = pstats.Stats(prof)
 
     def name(fn):
@@ -218,6 +225,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--unsplit-budget", type=int, default=131072)
     ap.add_argument("--no-autotune", action="store_true")
     ap.add_argument("--host", action="store_true", help="only the host profile (cProfile) and plain wall times")
+    ap.add_argument("--host-top", type=int, default=45, help="functions listed per ordering in the JSON (--host)")
     ap.add_argument("--time-limit", type=float, default=540.0)
     ap.add_argument("--out", default=".")
     args = ap.parse_args(argv)
@@ -245,7 +253,8 @@ def main(argv: list[str]) -> int:
                 trainer.step(trajs, b)
                 W._sync()
                 if args.host:
-                    h = host_profile(trainer, trajs, b)
+                    dump = out / (key.replace("/", "_").replace("@", "_").replace(" ", "_") + ".pstats")
+                    h = host_profile(trainer, trajs, b, top=args.host_top, dump=dump)
                     result["cases"][key] = {"host": h}
                     print(f"[{key}] wall {h['wall_s']:.3f}s (cProfile {h['cprofile_wall_s']:.3f}s)", flush=True)
                     for n, nc, tt, ct in h["by_own"][:25]:

@@ -139,7 +139,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--bench-args", default="--schemes treestep --baseline packed --steps 2",
                     help="arguments for harts bench (one string)")
     ap.add_argument("--write-only", action="store_true", help="write the checkpoints, run no benchmark")
-    ap.add_argument("--no-autotune", action="store_true", help="each Triton kernel's first config (noautotune.py)")
+    ap.add_argument("--no-autotune", action="store_true", help="each Triton kernel's first config that fits (noautotune.py)")
     ap.add_argument("--keep", action="store_true", help="keep each checkpoint directory after its benchmark")
     ap.add_argument("--dump-configs", action="store_true",
                     help=f"write the cut configs from this transformers into {CONFIGS} and stop")

@@ -1,14 +1,15 @@
-"""Run a `harts` command with each Triton kernel's first autotune config (no tuning: saves
-minutes on correctness runs, as the suites' `--no-autotune` does).
+"""Run a `harts` command with each Triton autotuner's first config that fits the GPU (no
+tuning: saves minutes on correctness runs, as the suites' `--no-autotune` does;
+`common.no_autotune`).
 
     python3 benchmarks/gpu/noautotune.py verify --dtype bfloat16 --device cuda ...
 """
 
 import sys
 
-import triton.runtime.autotuner as autotuner
+from common import no_autotune
 
-autotuner.Autotuner._bench = lambda self, *a, **kw: [0.0, 0.0, 0.0]
+no_autotune()
 
 from harts.cli.main import main  # noqa: E402
 

@@ -72,9 +72,9 @@ def run_set(args: argparse.Namespace) -> dict:
     from harts.tree.io import load_jsonl
 
     if args.no_autotune and not _PATCHED:
-        import triton.runtime.autotuner as autotuner
+        from common import no_autotune
 
-        autotuner.Autotuner._bench = lambda self, *a, **kw: [0.0, 0.0, 0.0]
+        no_autotune()
         _PATCHED.append(True)
     trajs = load_jsonl(args.input)
     cfg = get_model_config(args.model)

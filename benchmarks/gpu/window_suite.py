@@ -61,16 +61,16 @@ def main(argv: list[str]) -> int:
                          "(harts.sim.executor.window_floors), windows only where they pay")
     ap.add_argument("--fidelity", action="store_true")
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--no-autotune", action="store_true", help="each Triton kernel's first config")
+    ap.add_argument("--no-autotune", action="store_true", help="each Triton kernel's first config that fits")
     ap.add_argument("--time-limit", type=float, default=540.0, help="start no new case past this many seconds")
     ap.add_argument("--device", default="cuda", help="cuda; cpu runs float32 (a smoke run of the script)")
     ap.add_argument("--out", default=".")
     args = ap.parse_args(argv)
     W.DEVICE = args.device
     if args.no_autotune:
-        import triton.runtime.autotuner as autotuner
+        from common import no_autotune
 
-        autotuner.Autotuner._bench = lambda self, *a, **kw: [0.0, 0.0, 0.0]
+        no_autotune()
     from harts.config.models import get_model_config
 
     vocab = min(W.VOCAB, get_model_config(args.model).vocab_size)
@@ -119,7 +119,9 @@ def main(argv: list[str]) -> int:
                         fid = W.fidelity_case(trajs, budget, args)
                         inst["fidelity"] = fid
                     except Exception as err:  # noqa: BLE001
-                        inst["fidelity"] = {"error": f"{type(err).__name__}: {err}"}
+                        inst["fidelity"] = {"error": f"{type(err).__name__}: {err}",
+                                            "trace": traceback.format_exc()[-3000:]}
+                        print(f"[{key}] fidelity ERROR {type(err).__name__}: {err}", flush=True)
                         W._free()
                 if args.profile and seed == args.seeds[0] and budget == middle:
                     try:

@@ -178,6 +178,16 @@ class CostModel:
     def producer_extra_bytes(self, stage: int, work: MicrobatchWork) -> float:
         return self.stages[stage].producer_extra_bytes_per_token() * work.tokens
 
+    def producer_held_bytes(self, stage: int, work: MicrobatchWork, consumers: int) -> float:
+        """What a window producer holds on the device from its forward to its backward.
+        Without a pipeline the executor moves a producer's saved tensors to host memory
+        while its consumers run (`harts.exec.offload`, its default on a GPU), so the
+        producer holds its stash (`StageCounter.stash_bytes`); a pipeline stage keeps its
+        activations and gradient accumulators on the device."""
+        if self.parallel.pp == 1:
+            return self.stages[stage].stash_bytes(work, consumers)
+        return self.activation_bytes(stage, work) + self.producer_extra_bytes(stage, work)
+
     def transient_bytes(self, stage: int, works: Sequence[MicrobatchWork], phase: Phase = Phase.FWD) -> float:
         return self.stages[stage].transient_bytes(works, phase)
 

@@ -8,9 +8,11 @@ a difference between them is a difference in prices, never in what was counted.
 Conventions (stated once, used everywhere): activations and weights are bf16 (2 bytes);
 gradients accumulate in fp32 (a backward GEMM reads the bf16 weight and reads + writes the
 fp32 gradient: 10 bytes per parameter); the backward of a GEMM does twice its forward FLOPs;
-the optimizer is Adam with fp32 master weights and moments sharded over the DP group
-(ZeRO-1). A fused action (a consumer backward that also runs its producer's backward) reads
-each weight once for both: that is the physical saving of the fusion.
+the optimizer's time is priced as Adam with fp32 master weights and moments sharded over
+the DP group (ZeRO-1); its memory as the executor holds it (`static_bytes`: weights,
+gradients and moments in bf16, sharded by FSDP2). A fused action (a consumer backward that
+also runs its producer's backward) reads each weight once for both: that is the physical
+saving of the fusion.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from harts.config.loss import DEFAULT_LM_HEAD_CHUNK_ELEMENTS
 from harts.config.models import ModelConfig
 from harts.config.parallel import ParallelConfig
 from harts.config.param_counts import (
@@ -318,12 +321,21 @@ class StageCounter:
         return float(dense), float(experts)
 
     def static_bytes(self) -> float:
-        """bf16 weights + fp32 gradients + Adam state (fp32 master, m, v) sharded over DP."""
+        """What the executor holds for the whole step: the weights, their gradients and
+        AdamW's two moments, all in the weights' dtype (bf16: the executor trains a model in
+        its own dtype with `torch.optim.AdamW`, no float32 master copy; `harts.exec.step`),
+        sharded by FSDP2 over DP (the routed experts over dp / ep, each rank holding 1 / ep
+        of them), and with dp > 1 the stage's weights gathered whole for the step as well
+        (`fully_shard(..., reshard_after_forward=False)`, `harts.distributed.parallelize`).
+        Measured on one H100 (tiny-h200, 1.31B parameters): 9.81 GiB allocated before the
+        step's activations, against 9.73 GiB by this rule (docs/BENCHMARKS.md, "The
+        simulator's memory against measured peaks")."""
         dense, experts = self.stage_params()
         local_experts = experts / self.par.ep
         expert_dp = self.par.dp // self.par.ep
-        per_param = BF16 + FP32
-        return (dense + local_experts) * per_param + 3 * FP32 * (dense / self.par.dp + local_experts / expert_dp)
+        sharded = 4 * BF16 * (dense / self.par.dp + local_experts / expert_dp)
+        gathered = BF16 * (dense + local_experts) if self.par.dp > 1 else 0.0
+        return sharded + gathered
 
     def _layer_activation_bytes(self) -> dict[str, float]:
         """Saved-for-backward bytes per row of one layer of each kind (no recomputation)."""
@@ -388,17 +400,39 @@ class StageCounter:
         gdn = m.gdn_num_v_heads * m.gdn_head_k_dim * m.gdn_head_v_dim * FP32 / m.chunk_size
         return float(lay.num_mla * mla + lay.num_kda * kda + lay.num_gated_attention * gattn + lay.num_gdn * gdn)
 
+    def stash_bytes(self, work: MicrobatchWork, consumers: int) -> float:
+        """A window producer's stash with its gradients, once its consumers' backwards have
+        run (`harts.exec.stash`): per row its consumers read (`work.read_rows`), the keys
+        and values of every full-attention layer as the layer hands them to attention (bf16;
+        MLA's per-head keys with the shared RoPE part repeated, gated attention's repeated
+        to the query heads); per consumer, one K x V state of every linear-attention layer
+        (fp32) where the consumer starts. Each has a gradient of its own size, which the
+        consumers' backwards accumulate in place. The conv inputs and replayed KDA inputs a
+        stash also keeps (a few rows per consumer) are left out."""
+        m, lay = self.m, self.layers
+        read = work.tokens if work.read_rows is None else work.read_rows
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        kv = (lay.num_mla * m.mla_num_heads * (qk + m.v_head_dim)
+              + lay.num_gated_attention * m.attn_num_heads * 2 * m.attn_head_dim) * BF16
+        states = (lay.num_kda * m.kda_num_heads * m.kda_head_dim * m.kda_head_v_dim
+                  + lay.num_gdn * m.gdn_num_v_heads * m.gdn_head_k_dim * m.gdn_head_v_dim) * FP32
+        return 2.0 * (read * kv + consumers * states)
+
     def transient_bytes(self, works: Sequence[MicrobatchWork], phase: Phase = Phase.FWD) -> float:
-        """Workspace live only during a pass: MoE dispatch buffers, one logits chunk, and in a
-        recomputing backward one layer's activations."""
+        """Workspace live only during a pass: the blocks' (MoE dispatch buffers, and in a
+        recomputing backward one layer's activations) or the LM head's, whichever is larger.
+        The executor runs the chunked LM head after the blocks in the forward and before
+        them in the backward, so its workspace (three float32 [chunk, vocab] tensors of at
+        most `DEFAULT_LM_HEAD_CHUNK_ELEMENTS` logits, `harts.exec.loss`) and a block's are
+        never live together: tiny-h200's measured peaks follow the larger, not the sum
+        (docs/BENCHMARKS.md, "The simulator's memory against measured peaks")."""
         m, lay = self.m, self.layers
         n = float(sum(w.tokens for w in works))
-        out = n * self.recompute_working_bytes_per_token() if phase == Phase.BWD else 0.0
+        blocks = n * self.recompute_working_bytes_per_token() if phase == Phase.BWD else 0.0
         if lay.num_moe:
-            out += 2 * n * m.top_k * (m.d_model + 2 * m.expert_ffn_dim) * BF16
-        if lay.has_lm_head:
-            out += min(n, 8192.0) * m.vocab_size * FP32
-        return out
+            blocks += 2 * n * m.top_k * (m.d_model + 2 * m.expert_ffn_dim) * BF16
+        head = 3 * FP32 * min(float(DEFAULT_LM_HEAD_CHUNK_ELEMENTS), n * m.vocab_size) if lay.has_lm_head else 0.0
+        return max(blocks, head)
 
     def step_ops(self) -> list[OpCall]:
         """Gradient sync (reduce-scatter fp32 gradients, all-gather bf16 weights) and Adam."""

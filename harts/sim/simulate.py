@@ -145,9 +145,8 @@ def lower(step: StepWork, schedule: Schedule, cost: CostModel, ep_lockstep: bool
                 priced = cost.forward(s, works)
                 duration, host = priced.seconds, priced.host
                 transient = cost.transient_bytes(s, works, Phase.FWD)
-                held = cost.activation_bytes(s, w)
-                if m in producers:
-                    held += cost.producer_extra_bytes(s, w)
+                held = (cost.producer_held_bytes(s, w, len(step.consumers_of(m))) if m in producers
+                        else cost.activation_bytes(s, w))
                 alloc = ((f"act{m}", held),)
             else:
                 for m in op.mbs:

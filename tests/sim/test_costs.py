@@ -105,10 +105,38 @@ def test_static_memory_accounts_every_parameter_once():
     dense = sum(cost.stages[s].stage_params()[0] for s in range(2))
     experts = sum(cost.stages[s].stage_params()[1] for s in range(2))
     assert dense + experts == parameter_counts(TINY).total
-    # bf16 weights + fp32 grads of the local shard + Adam sharded over DP
+    # bf16 weights, gradients and both AdamW moments sharded by FSDP2 over DP (the 1/4 of
+    # the experts a rank holds under ep=4 over dp/ep = 1), and the stage's weights gathered
+    # whole for the step
     s0_dense, s0_exp = cost.stages[0].stage_params()
-    want = (s0_dense + s0_exp / 4) * 6 + 12 * (s0_dense / 4 + s0_exp / 4)
+    want = 8 * (s0_dense / 4 + s0_exp / 4) + 2 * (s0_dense + s0_exp / 4)
     assert cost.static_bytes(0) == pytest.approx(want)
+    one = make_cost_model("roofline", TINY, ParallelConfig(), HW)
+    assert one.static_bytes(0) == pytest.approx(8 * parameter_counts(TINY).total)
+
+
+def test_static_memory_is_what_the_executors_step_holds():
+    """One update step of the executor in bf16 on the CPU: its weights, gradients and
+    optimizer state are the simulator's static bytes of one GPU, byte for byte."""
+    import torch
+
+    from harts.exec.factory import make_trainer
+    from harts.exec.model.model import build_model
+    from harts.tree import shapes
+
+    cfg = get_model_config("tiny-cpu")
+    torch.manual_seed(0)
+    model = build_model(cfg).to(torch.bfloat16)
+    trajs = shapes.draw("grpo", 0, 256, vocab_size=cfg.vocab_size)
+    trainer = make_trainer("tree", model)
+    trainer.step(trajs, 4096)
+    params = list(model.parameters())
+    held = sum(p.numel() * p.element_size() for p in params)
+    held += sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
+    held += sum(t.numel() * t.element_size() for st in trainer.optimizer.state.values()
+                for t in st.values() if torch.is_tensor(t) and t.dim() > 0)
+    cost = make_cost_model("roofline", cfg, ParallelConfig(), HW)
+    assert held == cost.static_bytes(0)
 
 
 def test_all_to_all_only_with_expert_parallelism():

@@ -103,7 +103,9 @@ def test_producer_memory_is_retained_until_its_backward():
     par = ParallelConfig()
     res = simulate(step, "consumer-1f1b", TINY, par, HW)
     cost = make_cost_model("roofline", TINY, par, HW)
-    held = cost.activation_bytes(0, p) + cost.producer_extra_bytes(0, p)
+    # one stage: the producer's saved tensors wait in host memory, its stash stays
+    held = cost.producer_held_bytes(0, p, 3)
+    assert held == cost.stages[0].stash_bytes(p, 3) < cost.activation_bytes(0, p)
     ev = {e.name.split(":")[1]: e for e in res.trace.events}
     assert list(ev) [:8] == ["F0", "F1", "B1", "F2", "B2", "F3", "B3+B0", "grad-sync"]
     timeline = res.trace.memory_timeline[(0, 0)]
@@ -113,6 +115,13 @@ def test_producer_memory_is_retained_until_its_backward():
     assert after_b1[0] == pytest.approx(static + held)
     assert max(v for t, v in timeline if ev["F0"].end <= t <= ev["B3+B0"].start) >= static + held
     assert res.trace.memory_timeline[(0, 0)][-1][1] == pytest.approx(static)
+
+
+def test_a_pipeline_stages_producer_keeps_its_activations():
+    p = MicrobatchWork(mb=0, replica=0, tokens=8000, kda_rounds=(KDARound(8000, 125),),
+                       attn_pairs_causal=8000 * 8001 // 2, slot=0, order=0)
+    cost = make_cost_model("roofline", TINY, ParallelConfig(pp=2), HW)
+    assert cost.producer_held_bytes(0, p, 3) == cost.activation_bytes(0, p) + cost.producer_extra_bytes(0, p)
 
 
 def test_lower_checks_layout():

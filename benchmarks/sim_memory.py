@@ -1,0 +1,125 @@
+"""The simulator's peak memory against measured peaks (no GPU).
+
+    python benchmarks/sim_memory.py --gpu h100 \
+        --suite benchmarks/results/windows/2026-12-06-f183e91-window-suite-h100-seed5.json \
+        --chains benchmarks/results/chains/2026-12-05-805d091-chains-h100.json [--json OUT]
+
+Every step of the given files (`--suite`: benchmarks/gpu/window_suite.py files, each
+instance's unsplit tree, l1l2 window plan and packed expanded step; `--chains`:
+benchmarks/gpu/chains.py files) is planned again as the GPU ran it (`fit_executor.step_of`:
+the same planner and budget; a step whose plan no longer has the measured microbatch count
+is left out and listed) and simulated on one GPU of `--gpu`'s profile. Reported per step:
+the simulated peak (`SimResult.peak_memory_bytes`) against the measured peak of allocated
+memory (`peak_bytes`: weights, gradients and optimizer state included), and the part above
+the weights and optimizer state (`activation_peak_bytes` against the simulated peak less
+its static bytes). Per plan kind: mean and largest absolute error of the peak, and how
+many are within 5% and 10%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from harts.bench.provenance import provenance  # noqa: E402
+from harts.config.models import get_model_config  # noqa: E402
+from harts.config.parallel import ParallelConfig  # noqa: E402
+from harts.sim.fit_executor import step_of  # noqa: E402
+from harts.sim.hardware import load_hardware  # noqa: E402
+from harts.sim.simulate import simulate  # noqa: E402
+from harts.tree import build_forest, shapes  # noqa: E402
+
+GIB = 2**30
+
+
+def suite_steps(path: str, vocab: int):
+    """(name, kind, budget, trajectories, measured case) of a window-suite file."""
+    data = json.loads(Path(path).read_text())
+    for name, inst in data["instances"].items():
+        fam, rest = name.split("/")
+        seed, budget = (int(x) for x in rest.split("@"))
+        trajs = shapes.draw(fam, seed, budget, vocab_size=vocab)
+        for kind in ("tree", "windows", "expanded"):
+            case = inst.get("cases", {}).get(kind)
+            if case and "peak_bytes" in case:
+                yield name, kind, budget, trajs, case
+
+
+def chain_steps(path: str):
+    """(name, kind, budget, trajectories, measured case) of a benchmarks/gpu/chains.py file."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+    import chains  # benchmarks/gpu/chains.py: the cases' trajectories
+
+    data = json.loads(Path(path).read_text())
+    for key, case in data["cases"].items():
+        if "peak_bytes" not in case:
+            continue
+        name = key.split()[0]
+        trajs, _ = chains.instance(name)
+        yield f"chains:{name}", case["kind"], int(case["budget"]), trajs, case
+
+
+def row(name: str, kind: str, budget: int, trajs, case: dict, model, hw) -> dict:
+    forest = build_forest(trajs)
+    step = step_of(forest, kind, budget, model.chunk_size, unsplit_budget=max(budget, 131072))
+    out = {"step": name, "kind": kind, "budget": budget, "microbatches": len(step.microbatches),
+           "measured_microbatches": case.get("microbatches")}
+    if case.get("microbatches") is not None and case["microbatches"] != len(step.microbatches):
+        out["skipped"] = "plan changed"
+        return out
+    res = simulate(step, "non-overlap", model, ParallelConfig(), hw, cost_model="executor")
+    from harts.sim.executor import ExecutorCostModel
+
+    static = ExecutorCostModel(model, ParallelConfig(), hw).static_bytes(0)
+    out.update(simulated_peak_bytes=res.peak_memory_bytes, measured_peak_bytes=case["peak_bytes"],
+               simulated_static_bytes=static, measured_base_bytes=case.get("base_bytes"),
+               simulated_activation_bytes=res.peak_memory_bytes - static,
+               measured_activation_bytes=case.get("activation_peak_bytes"),
+               error=res.peak_memory_bytes / case["peak_bytes"] - 1)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gpu", choices=("h100", "h200"), default="h100")
+    ap.add_argument("--model", default="tiny-h200")
+    ap.add_argument("--suite", action="append", default=[], help="a window_suite.py file (repeatable)")
+    ap.add_argument("--chains", action="append", default=[], help="a chains.py file (repeatable)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    model, hw = get_model_config(args.model), load_hardware(args.gpu)
+    vocab = min(32768, model.vocab_size)  # benchmarks/gpu/windows.py's VOCAB
+    steps = [s for f in args.suite for s in suite_steps(f, vocab)] + [s for f in args.chains for s in chain_steps(f)]
+    rows = []
+    for name, kind, budget, trajs, case in steps:
+        r = row(name, kind, budget, trajs, case, model, hw)
+        rows.append(r)
+        if "skipped" in r:
+            print(f"{name:22s} {kind:8s} skipped: {r['skipped']}", flush=True)
+            continue
+        act = r["measured_activation_bytes"]
+        print(f"{name:22s} {kind:8s} mbs {r['microbatches']:3d}  peak sim {r['simulated_peak_bytes'] / GIB:6.2f} "
+              f"measured {r['measured_peak_bytes'] / GIB:6.2f} GiB ({r['error']:+6.1%})  above static: sim "
+              f"{r['simulated_activation_bytes'] / GIB:6.2f} measured {act / GIB if act else float('nan'):6.2f}",
+              flush=True)
+    summary = {}
+    for kind in sorted({r["kind"] for r in rows}):
+        errs = [abs(r["error"]) for r in rows if r["kind"] == kind and "error" in r]
+        if errs:
+            summary[kind] = {"steps": len(errs), "mean_abs_error": sum(errs) / len(errs), "max_abs_error": max(errs),
+                             "within_5pct": sum(e <= 0.05 for e in errs), "within_10pct": sum(e <= 0.10 for e in errs)}
+            s = summary[kind]
+            print(f"{kind:8s} steps {s['steps']:2d}  mean |err| {s['mean_abs_error']:5.1%}  max {s['max_abs_error']:5.1%}  "
+                  f"within 5% {s['within_5pct']}/{s['steps']}  within 10% {s['within_10pct']}/{s['steps']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"provenance": provenance(sys.argv), "gpu": args.gpu, "model": args.model,
+                                               "summary": summary, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -207,5 +207,7 @@ def step_from_plan(plan: Plan, forest: RolloutForest, chunk_size: int = 64) -> S
             w = tree_microbatch_work(mb, forest, chunk_size, kda[mb.id])
         if mb.id in producers:
             w = dataclasses.replace(w, read_rows=plan.read_rows(mb.id))
+        if mb.context:
+            w = dataclasses.replace(w, context_rows=sum(int(p.end - p.start) for p in mb.context))
         works.append(w)
     return StepWork(tuple(works), plan.dp, expanded_tokens=int(forest.expanded_tokens), label=plan.planner)

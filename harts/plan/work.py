@@ -53,9 +53,10 @@ class MicrobatchWork:
     expanded_tokens: int = 0
     logit_rows: int | None = None  # rows through the LM head; None = tokens
     read_rows: int | None = None  # a producer: its rows its consumers read; None = tokens
+    context_rows: int = 0  # a consumer: the rows it reads from its producers' stashes
 
     def __post_init__(self) -> None:
-        if self.tokens < 0 or self.attn_pairs_causal < 0 or self.attn_pairs_tree < 0:
+        if self.tokens < 0 or self.attn_pairs_causal < 0 or self.attn_pairs_tree < 0 or self.context_rows < 0:
             raise ValueError(f"microbatch {self.mb}: negative work")
         if self.producer == self.mb:
             raise ValueError(f"microbatch {self.mb} cannot be its own producer")

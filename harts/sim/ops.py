@@ -400,6 +400,15 @@ class StageCounter:
         gdn = m.gdn_num_v_heads * m.gdn_head_k_dim * m.gdn_head_v_dim * FP32 / m.chunk_size
         return float(lay.num_mla * mla + lay.num_kda * kda + lay.num_gated_attention * gattn + lay.num_gdn * gdn)
 
+    def _attention_kv_bytes_per_row(self) -> float:
+        """Keys and values of one row in the widest full-attention layer of the stage, as the
+        layer hands them to attention (bf16; MLA's per-head keys with the RoPE part repeated,
+        gated attention's repeated to the query heads); 0 without such layers."""
+        m, lay = self.m, self.layers
+        mla = m.mla_num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) if lay.num_mla else 0
+        gattn = m.attn_num_heads * 2 * m.attn_head_dim if lay.num_gated_attention else 0
+        return float(max(mla, gattn) * BF16)
+
     def stash_bytes(self, work: MicrobatchWork, consumers: int) -> float:
         """A window producer's stash with its gradients, once its consumers' backwards have
         run (`harts.exec.stash`): per row its consumers read (`work.read_rows`), the keys
@@ -429,6 +438,12 @@ class StageCounter:
         m, lay = self.m, self.layers
         n = float(sum(w.tokens for w in works))
         blocks = n * self.recompute_working_bytes_per_token() if phase == Phase.BWD else 0.0
+        # a consumer's attention layer over its context rows: the layer's keys and values
+        # over [context | own] rows and the context's gathered for the ancestors' part; in
+        # the backward also their gradients, the zero-filled full-size gradients the own
+        # rows' shares are placed on, and the gather-add's outputs (`split_backward`)
+        context = float(sum(w.context_rows for w in works))
+        blocks += (5 if phase == Phase.BWD else 2) * context * self._attention_kv_bytes_per_row()
         if lay.num_moe:
             blocks += 2 * n * m.top_k * (m.d_model + 2 * m.expert_ffn_dim) * BF16
         head = 3 * FP32 * min(float(DEFAULT_LM_HEAD_CHUNK_ELEMENTS), n * m.vocab_size) if lay.has_lm_head else 0.0

@@ -31,6 +31,9 @@ def test_totals_match_the_plan(forest, planner):
         assert (w.mb, w.replica, w.slot, w.order, w.producer) == (mb.id, mb.replica, mb.slot, mb.order, mb.producer)
         assert w.kda_tokens >= w.tokens
         assert all(r.tokens > 0 and r.max_chunks >= 1 for r in w.kda_rounds)
+        # a consumer reads its context rows from its producers' stashes
+        assert w.context_rows == sum(p.end - p.start for p in mb.context)
+        assert (w.context_rows > 0) == (mb.producer is not None)
     if planner == "expanded-ffd":
         lengths = forest.traj_length
         for mb, w in zip(plan.microbatches, step.microbatches, strict=True):

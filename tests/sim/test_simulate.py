@@ -117,6 +117,23 @@ def test_producer_memory_is_retained_until_its_backward():
     assert res.trace.memory_timeline[(0, 0)][-1][1] == pytest.approx(static)
 
 
+def test_a_consumers_workspace_grows_with_the_context_it_reads():
+    """Per context row, each attention layer's keys and values over [context | own] rows
+    and the context's gathered: 2 copies in the forward, 5 with their gradients in the
+    backward (where the blocks' workspace, not the LM head's, sets the transient)."""
+    import dataclasses
+
+    cost = make_cost_model("roofline", TINY, ParallelConfig(), HW)
+    own = MicrobatchWork(mb=1, replica=0, tokens=60000, kda_rounds=(KDARound(60000, 938),),
+                         attn_pairs_causal=60000 * 60001 // 2, producer=0, slot=0, order=1)
+    reading = dataclasses.replace(own, context_rows=7000)
+    m = TINY
+    kv = m.mla_num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) * 2
+    for phase, copies in ((Phase.FWD, 2), (Phase.BWD, 5)):
+        grown = cost.transient_bytes(0, [reading], phase) - cost.transient_bytes(0, [own], phase)
+        assert grown == pytest.approx(copies * 7000 * kv)
+
+
 def test_a_pipeline_stages_producer_keeps_its_activations():
     p = MicrobatchWork(mb=0, replica=0, tokens=8000, kda_rounds=(KDARound(8000, 125),),
                        attn_pairs_causal=8000 * 8001 // 2, slot=0, order=0)

@@ -112,9 +112,14 @@ def _wait_for(proc: subprocess.Popen, ready, timeout: float = 300.0) -> list[str
 
 
 def _harts(args: list[str], cwd: Path) -> subprocess.Popen:
+    """`python -m harts ARGS` with SIGINT at its default disposition, as a foreground command
+    starts: an ignored SIGINT is inherited across exec (a shell starts its background jobs
+    so, and a test run started in the background passes it on), and a process started with
+    it ignored rightly ignores Ctrl-C."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen([sys.executable, "-m", "harts", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def test_sigint_to_a_running_harts_train(rollouts, tmp_path):

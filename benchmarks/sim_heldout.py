@@ -89,7 +89,8 @@ def suite_rows(path: str) -> list[dict]:
                     continue
                 kind = "l1"
             out.append({"instance": k, "kind": kind, "seconds": c["seconds"], "microbatches": c.get("microbatches"),
-                        "rows": c.get("rows")})
+                        "rows": c.get("rows"), "budget": c.get("budget"),
+                        **{m: c[m] for m in ("peak_bytes", "base_bytes", "activation_peak_bytes") if m in c}})
     return out
 
 

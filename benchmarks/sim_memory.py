@@ -5,15 +5,16 @@
         --chains benchmarks/results/chains/2026-12-05-805d091-chains-h100.json [--json OUT]
 
 Every step of the given files (`--suite`: benchmarks/gpu/window_suite.py files, each
-instance's unsplit tree, l1l2 window plan and packed expanded step; `--chains`:
-benchmarks/gpu/chains.py files) is planned again as the GPU ran it (`fit_executor.step_of`:
-the same planner and budget; a step whose plan no longer has the measured microbatch count
-is left out and listed) and simulated on one GPU of `--gpu`'s profile. Reported per step:
-the simulated peak (`SimResult.peak_memory_bytes`) against the measured peak of allocated
-memory (`peak_bytes`: weights, gradients and optimizer state included), and the part above
-the weights and optimizer state (`activation_peak_bytes` against the simulated peak less
-its static bytes). Per plan kind: mean and largest absolute error of the peak, and how
-many are within 5% and 10%.
+instance's unsplit tree, l1l2 window plan and packed expanded step, read by
+benchmarks/sim_heldout.py's `suite_rows`; `--chains`: benchmarks/gpu/chains.py files, their
+rollouts rebuilt by chains.py's `instance`) is planned again as the GPU ran it
+(`fit_executor.step_of`: the same planner and budget; a step whose plan no longer has the
+measured microbatch count is left out and listed) and simulated on one GPU of `--gpu`'s
+profile. Reported per step: the simulated peak (`SimResult.peak_memory_bytes`) against the
+measured peak of allocated memory (`peak_bytes`: weights, gradients and optimizer state
+included), and the part above the weights and optimizer state (`activation_peak_bytes`
+against the simulated peak less its static bytes). Per plan kind: mean and largest
+absolute error of the peak, and how many are within 5% and 10%.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.sim_heldout import suite_rows  # noqa: E402
 from harts.bench.provenance import provenance  # noqa: E402
 from harts.config.models import get_model_config  # noqa: E402
 from harts.config.parallel import ParallelConfig  # noqa: E402
+from harts.sim.executor import ExecutorCostModel  # noqa: E402
 from harts.sim.fit_executor import step_of  # noqa: E402
 from harts.sim.hardware import load_hardware  # noqa: E402
 from harts.sim.simulate import simulate  # noqa: E402
@@ -37,34 +40,32 @@ GIB = 2**30
 
 
 def suite_steps(path: str, vocab: int):
-    """(name, kind, budget, trajectories, measured case) of a window-suite file."""
-    data = json.loads(Path(path).read_text())
-    for name, inst in data["instances"].items():
-        fam, rest = name.split("/")
-        seed, budget = (int(x) for x in rest.split("@"))
-        trajs = shapes.draw(fam, seed, budget, vocab_size=vocab)
-        for kind in ("tree", "windows", "expanded"):
-            case = inst.get("cases", {}).get(kind)
-            if case and "peak_bytes" in case:
-                yield name, kind, budget, trajs, case
+    """(name, kind, budget, rollouts key, measured row) of a window-suite file."""
+    for r in suite_rows(path):
+        if "peak_bytes" in r:
+            fam, rest = r["instance"].split("/")
+            seed, budget = (int(x) for x in rest.split("@"))
+            yield r["instance"], r["kind"], budget, ("shapes", fam, seed, budget, vocab), r
 
 
 def chain_steps(path: str):
-    """(name, kind, budget, trajectories, measured case) of a benchmarks/gpu/chains.py file."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
-    import chains  # benchmarks/gpu/chains.py: the cases' trajectories
-
-    data = json.loads(Path(path).read_text())
-    for key, case in data["cases"].items():
-        if "peak_bytes" not in case:
-            continue
-        name = key.split()[0]
-        trajs, _ = chains.instance(name)
-        yield f"chains:{name}", case["kind"], int(case["budget"]), trajs, case
+    """(name, kind, budget, rollouts key, measured case) of a benchmarks/gpu/chains.py file."""
+    for key, case in json.loads(Path(path).read_text())["cases"].items():
+        if "peak_bytes" in case:
+            name = key.split()[0]
+            yield f"chains:{name}", case["kind"], int(case["budget"]), ("chains", name), case
 
 
-def row(name: str, kind: str, budget: int, trajs, case: dict, model, hw) -> dict:
-    forest = build_forest(trajs)
+def rollouts(key: tuple):
+    if key[0] == "chains":
+        from benchmarks.gpu.chains import instance
+
+        return instance(key[1])[0]
+    _, fam, seed, budget, vocab = key
+    return shapes.draw(fam, seed, budget, vocab_size=vocab)
+
+
+def row(name: str, kind: str, budget: int, forest, case: dict, model, hw, static: float) -> dict:
     step = step_of(forest, kind, budget, model.chunk_size, unsplit_budget=max(budget, 131072))
     out = {"step": name, "kind": kind, "budget": budget, "microbatches": len(step.microbatches),
            "measured_microbatches": case.get("microbatches")}
@@ -72,9 +73,6 @@ def row(name: str, kind: str, budget: int, trajs, case: dict, model, hw) -> dict
         out["skipped"] = "plan changed"
         return out
     res = simulate(step, "non-overlap", model, ParallelConfig(), hw, cost_model="executor")
-    from harts.sim.executor import ExecutorCostModel
-
-    static = ExecutorCostModel(model, ParallelConfig(), hw).static_bytes(0)
     out.update(simulated_peak_bytes=res.peak_memory_bytes, measured_peak_bytes=case["peak_bytes"],
                simulated_static_bytes=static, measured_base_bytes=case.get("base_bytes"),
                simulated_activation_bytes=res.peak_memory_bytes - static,
@@ -92,11 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     model, hw = get_model_config(args.model), load_hardware(args.gpu)
+    static = ExecutorCostModel(model, ParallelConfig(), hw).static_bytes(0)
     vocab = min(32768, model.vocab_size)  # benchmarks/gpu/windows.py's VOCAB
     steps = [s for f in args.suite for s in suite_steps(f, vocab)] + [s for f in args.chains for s in chain_steps(f)]
+    forests: dict[tuple, object] = {}
     rows = []
-    for name, kind, budget, trajs, case in steps:
-        r = row(name, kind, budget, trajs, case, model, hw)
+    for name, kind, budget, key, case in steps:
+        if key not in forests:
+            forests[key] = build_forest(rollouts(key))
+        r = row(name, kind, budget, forests[key], case, model, hw, static)
         rows.append(r)
         if "skipped" in r:
             print(f"{name:22s} {kind:8s} skipped: {r['skipped']}", flush=True)

@@ -400,29 +400,27 @@ class StageCounter:
         gdn = m.gdn_num_v_heads * m.gdn_head_k_dim * m.gdn_head_v_dim * FP32 / m.chunk_size
         return float(lay.num_mla * mla + lay.num_kda * kda + lay.num_gated_attention * gattn + lay.num_gdn * gdn)
 
-    def _attention_kv_bytes_per_row(self) -> float:
-        """Keys and values of one row in the widest full-attention layer of the stage, as the
-        layer hands them to attention (bf16; MLA's per-head keys with the RoPE part repeated,
-        gated attention's repeated to the query heads); 0 without such layers."""
-        m, lay = self.m, self.layers
-        mla = m.mla_num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) if lay.num_mla else 0
-        gattn = m.attn_num_heads * 2 * m.attn_head_dim if lay.num_gated_attention else 0
-        return float(max(mla, gattn) * BF16)
+    def _attention_kv_bytes_per_row(self) -> tuple[float, float]:
+        """Keys and values of one row in one MLA layer and in one gated-attention layer, as
+        the layer hands them to attention (bf16; MLA's per-head keys with the RoPE part
+        repeated, gated attention's repeated to the query heads)."""
+        m = self.m
+        mla = m.mla_num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) * BF16
+        gattn = m.attn_num_heads * 2 * m.attn_head_dim * BF16
+        return float(mla), float(gattn)
 
     def stash_bytes(self, work: MicrobatchWork, consumers: int) -> float:
         """A window producer's stash with its gradients, once its consumers' backwards have
         run (`harts.exec.stash`): per row its consumers read (`work.read_rows`), the keys
-        and values of every full-attention layer as the layer hands them to attention (bf16;
-        MLA's per-head keys with the shared RoPE part repeated, gated attention's repeated
-        to the query heads); per consumer, one K x V state of every linear-attention layer
+        and values of every full-attention layer (`_attention_kv_bytes_per_row`); per
+        consumer, one K x V state of every linear-attention layer
         (fp32) where the consumer starts. Each has a gradient of its own size, which the
         consumers' backwards accumulate in place. The conv inputs and replayed KDA inputs a
         stash also keeps (a few rows per consumer) are left out."""
         m, lay = self.m, self.layers
         read = work.tokens if work.read_rows is None else work.read_rows
-        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-        kv = (lay.num_mla * m.mla_num_heads * (qk + m.v_head_dim)
-              + lay.num_gated_attention * m.attn_num_heads * 2 * m.attn_head_dim) * BF16
+        mla, gattn = self._attention_kv_bytes_per_row()
+        kv = lay.num_mla * mla + lay.num_gated_attention * gattn
         states = (lay.num_kda * m.kda_num_heads * m.kda_head_dim * m.kda_head_v_dim
                   + lay.num_gdn * m.gdn_num_v_heads * m.gdn_head_k_dim * m.gdn_head_v_dim) * FP32
         return 2.0 * (read * kv + consumers * states)
@@ -443,7 +441,9 @@ class StageCounter:
         # the backward also their gradients, the zero-filled full-size gradients the own
         # rows' shares are placed on, and the gather-add's outputs (`split_backward`)
         context = float(sum(w.context_rows for w in works))
-        blocks += (5 if phase == Phase.BWD else 2) * context * self._attention_kv_bytes_per_row()
+        mla, gattn = self._attention_kv_bytes_per_row()
+        widest = max(mla if lay.num_mla else 0.0, gattn if lay.num_gated_attention else 0.0)
+        blocks += (5 if phase == Phase.BWD else 2) * context * widest
         if lay.num_moe:
             blocks += 2 * n * m.top_k * (m.d_model + 2 * m.expert_ffn_dim) * BF16
         head = 3 * FP32 * min(float(DEFAULT_LM_HEAD_CHUNK_ELEMENTS), n * m.vocab_size) if lay.has_lm_head else 0.0

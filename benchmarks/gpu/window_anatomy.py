@@ -17,7 +17,9 @@ trainers), after one warm-up step, one prepared step each:
   is larger than `plain`'s, the attribution is what it is for). The device's kernels in time
   order; a gap before a kernel (the device idle, no kernel of the step running) is charged
   to the innermost `harts` frame of the host code that launched that kernel, and so are
-  launches. The sum of gaps is the device idle time of the step.
+  launches. The sum of gaps is the device idle time of the step. `launch_ops`: the same
+  kernels by kind (`launch_kind`: memsets and fills, copies and casts apart), by the
+  innermost profiled op around their launch and by the autograd node whose backward ran it.
 
 With `--host`, only the host instead: cProfile over one prepared step (own and cumulative
 time by function, the top `--host-top` of each in the JSON, the whole profile in
@@ -102,24 +104,10 @@ def trace_sites(trainer, trajs, budget: int, with_stack: bool = True) -> dict:
     kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     launches = {e["args"]["correlation"]: e for e in events
                 if e.get("ph") == "X" and e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
-    pys = defaultdict(list)
-    for e in events:
-        if e.get("ph") == "X" and e.get("cat") == "python_function":
-            pys[e["tid"]].append(e)
-    # per host thread: python frames sorted by start, for "which frames enclose time t"
-    index = {}
-    for tid, evs in pys.items():
-        evs.sort(key=lambda e: (e["ts"], -e["dur"]))
-        index[tid] = ([e["ts"] for e in evs], evs)
+    index = _by_thread(events, "python_function")
 
     def frames_at(tid, ts) -> list[str]:
-        if tid not in index:
-            return []
-        starts, evs = index[tid]
-        hi = bisect.bisect_right(starts, ts)
-        enclosing = [e for e in evs[max(0, hi - 4000):hi] if e["ts"] + e["dur"] >= ts]
-        enclosing.sort(key=lambda e: -e["ts"])  # innermost first
-        return [e["name"] for e in enclosing]
+        return [e["name"] for e in _enclosing(index, tid, ts)]
 
     def norm(name: str) -> str:
         # "…/harts/exec/tree.py(345): _kda_rounds" -> "harts/exec/tree.py:345 _kda_rounds"
@@ -169,7 +157,76 @@ def trace_sites(trainer, trajs, budget: int, with_stack: bool = True) -> dict:
             "launch_sites": [(s, n, kernel_by[s]) for s, n in launch_by.most_common(40)],
             # every launching site and every kernel name: launches and device seconds
             "kernel_sites": [(s, launch_by[s], v) for s, v in kernel_by.most_common()],
-            "kernel_names": [(s, name_n[s], v) for s, v in name_s.most_common()]}
+            "kernel_names": [(s, name_n[s], v) for s, v in name_s.most_common()],
+            "launch_ops": op_sources(events)}
+
+
+def _by_thread(events: list[dict], cat: str) -> dict:
+    """Per host thread, the complete events of category `cat` sorted by start (for
+    `_enclosing`)."""
+    per = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == cat:
+            per[e["tid"]].append(e)
+    index = {}
+    for tid, evs in per.items():
+        evs.sort(key=lambda e: (e["ts"], -e["dur"]))
+        index[tid] = ([e["ts"] for e in evs], evs)
+    return index
+
+
+def _enclosing(index: dict, tid, ts) -> list[dict]:
+    """The events of `index` on thread `tid` running at time `ts`, innermost first."""
+    if tid not in index:
+        return []
+    starts, evs = index[tid]
+    hi = bisect.bisect_right(starts, ts)
+    enclosing = [e for e in evs[max(0, hi - 4000):hi] if e["ts"] + e["dur"] >= ts]
+    enclosing.sort(key=lambda e: -e["ts"])
+    return enclosing
+
+
+AUTOGRAD_NODE = "autograd::engine::evaluate_function: "
+
+
+def launch_kind(name: str) -> str:
+    """What a device activity does, finer than `kernel_kind` where launches are cheap to
+    remove: memsets and fills (zero-initialised buffers), dtype conversions and device
+    copies, then `kernel_kind`."""
+    n = name.lower()
+    if n.startswith("memset") or "fillfunctor" in n:
+        return "memset or fill"
+    if "copy_kernel" in n or "memcpy dtod" in n:
+        return "copy or cast"
+    return kernel_kind(name)
+
+
+def op_sources(events: list[dict], top: int | None = None) -> list[tuple[str, str, str, int, float]]:
+    """Device activities of a chrome trace by what launched them: (kind (`launch_kind`),
+    the innermost profiled op around the launch on the host, the autograd node whose
+    backward that op ran in ("forward" outside any), launches, device seconds), most
+    launched first (the `top` most, or all). A kernel whose launch the trace does not hold
+    is "unattributed"."""
+    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("ph") == "X" and e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    ops = _by_thread(events, "cpu_op")
+    n_by: Counter = Counter()
+    s_by: Counter = Counter()
+    cache: dict = {}
+    for k in kernels:
+        lz = launches.get(k.get("args", {}).get("correlation"))
+        where = (lz["tid"], lz["ts"]) if lz is not None else None
+        if where not in cache:
+            around = _enclosing(ops, *where) if where is not None else []
+            inner = next((e["name"] for e in around if not e["name"].startswith(AUTOGRAD_NODE)), None)
+            node = next((e["name"][len(AUTOGRAD_NODE):] for e in around if e["name"].startswith(AUTOGRAD_NODE)),
+                        "forward")
+            cache[where] = (inner or "unattributed", node if where is not None else "unattributed")
+        key = (launch_kind(k["name"]), *cache[where])
+        n_by[key] += 1
+        s_by[key] += k["dur"] / 1e6
+    return [(*key, n, s_by[key]) for key, n in n_by.most_common(top)]
 
 
 def host_profile(trainer, trajs, budget: int, top: int = 45, dump: Path | None = None) -> dict:
@@ -276,6 +333,8 @@ def main(argv: list[str]) -> int:
                     print(f"   idle {v * 1e3:7.1f} ms  {s[:150]}", flush=True)
                 for s, n in r["syncs"]["sites"][:6]:
                     print(f"   sync {n:5d}  {s[:150]}", flush=True)
+                for kind_, op, node, n, v in t["launch_ops"][:12]:
+                    print(f"   launches {n:5d} {v * 1e3:7.2f} ms  {kind_}: {op[:60]} ({node[:50]})", flush=True)
             except Exception as err:  # noqa: BLE001 - record and go on
                 result["cases"][key] = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()[-3000:]}
                 print(f"[{key}] ERROR {type(err).__name__}: {err}", flush=True)
@@ -324,6 +383,15 @@ def differences(cases: dict, top: int = 30) -> dict:
             entry[field] = [{"what": s, "device_s": d, "launches": n} for d, n, s in rows[:top]]
             for d, n, s in rows[:15]:
                 print(f"   {field[7:]:5s} {d * 1e3:+7.2f} ms {n:+6d}  {s[:130]}", flush=True)
+        if "launch_ops" in w and "launch_ops" in t:
+            ops: dict[tuple, list] = {}
+            for sign, side in ((1, w), (-1, t)):
+                for kind_, op, node, n, v in side["launch_ops"]:
+                    o = ops.setdefault((kind_, op, node), [0.0, 0])
+                    o[0] += sign * v
+                    o[1] += sign * n
+            entry["launch_ops"] = [{"what": f"{k[0]}: {k[1]} ({k[2]})", "device_s": v[0], "launches": v[1]}
+                                   for k, v in sorted(ops.items(), key=lambda kv: -abs(kv[1][1]))[:top]]
         kinds: dict[str, list] = {}
         for sign, side in ((1, w), (-1, t)):
             for name, n, v in side["kernel_names"]:

@@ -74,6 +74,33 @@ def test_planned_with_search_valid_and_repeatable(forest_config):
     assert a.balance_p5 >= b.balance_p5 - 1e-12
 
 
+def test_a_search_that_finishes_on_more_slots_is_not_taken():
+    """A layout the search prefers on its own slot count can repack into more slots than
+    the one it started from (`pipeline.finish`'s `take_into_producers`): here the search
+    formed a two-consumer window that keeps 3 slots where the default plan finishes on 2.
+    The search is judged on the finished layouts (`anneal.finished_no_worse`)."""
+    from harts.tree.forest import RolloutForest
+
+    forest = RolloutForest(
+        node_parent=np.array([-1, 0, 1, 1, 0, 4, 4, -1, 7, 8, 8, 7, 11, 11, -1, 14, 15, 15, 14, 18, 18, -1, 21, 22,
+                              22, 21, 25, 25]),
+        node_start=np.array([0, 1297, 1400, 1400, 1297, 1544, 1544, 0, 2367, 2931, 2931, 2367, 3014, 3014, 0,
+                             2625, 2811, 2811, 2625, 2886, 2886, 0, 2275, 2398, 2398, 2275, 2450, 2450]),
+        node_end=np.array([1297, 1400, 1535, 1565, 1544, 1736, 1733, 2367, 2931, 3126, 3085, 3014, 3308, 3119,
+                           2625, 2811, 2944, 2984, 2886, 3002, 2966, 2275, 2398, 2527, 2478, 2450, 3022, 2687]),
+        node_group=np.repeat(np.arange(4), 7), groups=("g0", "g1", "g2", "g3"),
+        traj_ids=tuple(f"g{g}/l{i}" for g in range(4) for i in range(4)),
+        traj_node=np.array([2, 3, 5, 6, 9, 10, 12, 13, 16, 17, 19, 20, 23, 24, 26, 27]))
+    config = PlanConfig(dp=2, microbatch_tokens=3574, producer_retention=1.0, seed=0, chunk_size=1,
+                        search_evaluations=25)
+    plan = make_plan(forest, "l1l2", config)
+    plan.validate(forest, cost_model=config.cost_model)
+    base = make_plan(forest, "l1l2", dataclasses.replace(config, search_evaluations=0))
+    a, b = compute_metrics(plan, forest), compute_metrics(base, forest)
+    assert a.slots == b.slots == 2 and a.executed_tokens == b.executed_tokens
+    assert a.slot_balance >= b.slot_balance - 1e-12
+
+
 @settings(max_examples=10, deadline=None)
 @given(forest_and_config)
 def test_window_ranges_shared_by_recut_copies_are_exact(forest_config):

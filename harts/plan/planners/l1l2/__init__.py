@@ -27,7 +27,8 @@ The stages (`pipeline.STAGES`, in this order):
 5. `swap.swap_cells_trees` (off ideal): single trees swapped between cells, scored by
    the re-cut's LP (`columns`).
 6. `anneal.anneal_windows` (off ideal, opt-in by `PlanConfig.search_evaluations`):
-   cells re-formed by a seeded simulated annealing.
+   cells re-formed by a seeded simulated annealing, kept only where the layout still wins
+   once both are repacked as `finish` repacks them.
 
 Every stage after the first keeps trees, slot counts and every-row-once, and takes a
 change only when the critical path is no longer (and, for 3-6, the slot balance higher).

@@ -4,7 +4,8 @@ simulated annealing swaps or moves a tree between two cells or re-splits two cel
 into one or two new cells on the slots they free (`propose`), each neighbour scored by the
 joint re-cut's LP (`Columns.score`, path capped); the best few layouts are re-cut
 (`recut`) and the best kept when its path is no longer, its balance higher and its 5th
-percentile no lower (`search_windows`). Deterministic for a seed."""
+percentile no lower (`search_windows`), and again once repacked as the plan will run
+(`finished_no_worse`). Deterministic for a seed."""
 
 from __future__ import annotations
 
@@ -34,14 +35,34 @@ SA_REALISE = 3
 
 
 def anneal_windows(ctx: Context, state: State) -> State:
-    """Stage: when `state.refine` and `search_evaluations` > 0, `search_windows`."""
+    """Stage: when `state.refine` and `search_evaluations` > 0, `search_windows`, kept
+    only where it still wins once both layouts are finished (`finished_no_worse`)."""
     config = ctx.config
     if not state.refine or config.search_evaluations <= 0:
         return state
     cells = search_windows(state.best.cells, ctx.solver, config.search_evaluations, config.seed,
                            pin_miss=ctx.pin_miss)
+    if cells is state.best.cells or not finished_no_worse(cells, state.best.cells, ctx):
+        return state
     return dataclasses.replace(state, best=dataclasses.replace(
         state.best, crit=critical_path(cells, ctx.solver), cells=cells))
+
+
+def finished_no_worse(cells: list[list[Cell]], before: list[list[Cell]], ctx: Context) -> bool:
+    """Whether `cells` is no worse than `before` as the plan will run: both repacked as
+    `pipeline.finish` repacks them (`absorb.take_into_producers`), `cells` saving as many
+    slots, on no longer a critical path, at a slot balance no lower and a 5th percentile
+    of per-slot balances no lower. The search compares layouts before that repacking,
+    where two layouts of one slot count may repack to different counts."""
+    from harts.plan.planners.l1l2.absorb import take_into_producers
+
+    solver = ctx.solver
+    (a, saved_a), (b, saved_b) = (take_into_producers(x, ctx.config, solver) for x in (cells, before))
+    if saved_a != saved_b or critical_path(a, solver) > critical_path(b, solver) * (1 + 1e-12):
+        return False
+    bal_a, bal_b = (slot_balances([[x for c in row for x in solver.loads(c)] for row in x]) for x in (a, b))
+    return (sum(bal_a) / len(bal_a) >= sum(bal_b) / len(bal_b) - 1e-12
+            and np.percentile(bal_a, 5) >= np.percentile(bal_b, 5) - 1e-12)
 
 
 def place_on(S: int, freed: list[int], new: list[Cell], rng: random.Random) -> list[int] | None:

@@ -69,8 +69,18 @@ class NormKernel(StrEnum):
     REFERENCE = "reference"  # one elementwise op at a time (harts.exec.ops.norm.naive)
 
 
+class Compile(StrEnum):
+    """Which torch.compile backend runs the model's compiled regions (`harts.exec.compiled`:
+    the MoE layer's routing and load-balance statistics, `harts.exec.model.moe.route_and_balance`,
+    and the KDA forget gate, `harts.exec.model.kda.kda_gate`)."""
+
+    OFF = "off"  # eager
+    INDUCTOR = "inductor"  # fused generated kernels: fewer launches per layer
+    AOT_EAGER = "aot_eager"  # traced and run as aten ops, nothing generated (checks the tracing)
+
+
 _CHOICES = {"tree_attention": TreeAttention, "baseline_attention": BaselineAttention, "conv": ConvKernel,
-            "norm": NormKernel}
+            "norm": NormKernel, "compile": Compile}
 
 
 def parse_ints(text: str, count: int, name: str) -> tuple[int, ...]:
@@ -92,6 +102,7 @@ class KernelConfig:
     baseline_attention: BaselineAttention = BaselineAttention.CUDNN
     conv: ConvKernel = ConvKernel.AUTO
     norm: NormKernel = NormKernel.AUTO
+    compile: Compile = Compile.OFF
     force_reference: bool = False
     # the fused conv backward's tiles (BD, BT_g, NSUB, warps_g, BT_dx, warps_dx); None: the
     # measured default (`harts.exec.ops.conv.triton`)
@@ -173,7 +184,8 @@ class KernelConfig:
         if env.FORCE_REFERENCE in settings:
             kwargs["force_reference"] = settings[env.FORCE_REFERENCE] not in ("0", "false", "False")
         for var, field in ((env.TREE_ATTENTION, "tree_attention"), (env.BASELINE_ATTENTION, "baseline_attention"),
-                           (env.CONV, "conv"), (env.NORM, "norm"), (env.FWD_H, "kda_fwd_h")):
+                           (env.CONV, "conv"), (env.NORM, "norm"), (env.FWD_H, "kda_fwd_h"),
+                           (env.COMPILE, "compile")):
             if var in settings:
                 kwargs[field] = settings[var]
         if env.CONV_BWD_TILES in settings:
@@ -182,7 +194,7 @@ class KernelConfig:
             config = cls(**kwargs)
         except ValueError as err:
             var = {"tree_attention": env.TREE_ATTENTION, "baseline_attention": env.BASELINE_ATTENTION,
-                   "conv": env.CONV, "norm": env.NORM, "kda_fwd_h": env.FWD_H}
+                   "conv": env.CONV, "norm": env.NORM, "kda_fwd_h": env.FWD_H, "compile": env.COMPILE}
             field = str(err).split("=", 1)[0]
             raise ValueError(f"{var.get(field, field)}: {err}") from None
         return config.replace(**overrides) if overrides else config

@@ -41,7 +41,7 @@ def clean_env(monkeypatch):
     ("tree_attention", "grpah"), ("baseline_attention", "cudnn-graph"), ("conv", "fused"),
     ("kda_fwd_h", "16,4"), ("kda_fwd_h", "a,b,c"), ("conv_bwd_tiles", (1, 2, 3)), ("conv_bwd_tiles", "1,2,3,4,5,0"),
     ("force_reference", "yes"), ("cudnn_split_min_rows_per_segment", -1), ("graph_backward_max_rows", 1.5),
-    ("kda_fwd_h_programs_per_sm", 0),
+    ("kda_fwd_h_programs_per_sm", 0), ("compile", "max-autotune"),
 ])
 def test_unknown_or_malformed_values_raise_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -67,10 +67,12 @@ def test_from_env_reads_the_variables_once_when_built(clean_env):
     clean_env.setenv(env.CONV, "reference")
     clean_env.setenv(env.CONV_BWD_TILES, "128,32,8,8,32,4")
     clean_env.setenv(env.FWD_H, "fla")
+    clean_env.setenv(env.COMPILE, "inductor")
     clean_env.setenv(env.FORCE_REFERENCE, "1")
     k = KernelConfig.from_env()
     assert k == KernelConfig(tree_attention="varlen", baseline_attention="graph", conv="reference",
-                             conv_bwd_tiles=(128, 32, 8, 8, 32, 4), kda_fwd_h="fla", force_reference=True)
+                             conv_bwd_tiles=(128, 32, 8, 8, 32, 4), kda_fwd_h="fla", compile="inductor",
+                             force_reference=True)
     assert KernelConfig.from_env(tree_attention="flex").tree_attention == "flex"  # overrides on top
     clean_env.setenv(env.FORCE_REFERENCE, "0")
     assert not KernelConfig.from_env().force_reference
@@ -78,7 +80,8 @@ def test_from_env_reads_the_variables_once_when_built(clean_env):
 
 
 @pytest.mark.parametrize("var, value", [(env.TREE_ATTENTION, "grpah"), (env.BASELINE_ATTENTION, "cudnn-graph"),
-                                        (env.CONV, "fused"), (env.FWD_H, "16"), (env.CONV_BWD_TILES, "1,2")])
+                                        (env.CONV, "fused"), (env.FWD_H, "16"), (env.CONV_BWD_TILES, "1,2"),
+                                        (env.COMPILE, "eager")])
 def test_from_env_names_the_variable_of_a_bad_value(clean_env, var, value):
     clean_env.setenv(var, value)
     with pytest.raises(ValueError, match=var):

@@ -63,16 +63,34 @@ class KDAMixer(nn.Module):
         H, K, V = self.num_heads, self.head_k, self.head_v
         beta_TH = torch.sigmoid(self.b_proj(x_TD))
         o_THV = kda_mixing(ctx, self.layer, self.q_proj(x_TD), self.k_proj(x_TD), self.v_proj(x_TD),
-                           (self.q_conv, self.k_conv, self.v_conv), self.f_proj[0](x_TD), self.forget_gate,
-                           beta_TH, K**-0.5)
+                           (self.q_conv, self.k_conv, self.v_conv), self.f_proj[0](x_TD),
+                           self._gate(getattr(ctx, "kernels", None)), beta_TH, K**-0.5)
         o_THV = self.o_norm(o_THV, self.g_proj(x_TD).view(T, H, V), ctx)
         return self.o_proj(o_THV.reshape(T, H * V))
 
     def forget_gate(self, f_TR: Tensor) -> Tensor:
         """g_THK = -exp(A_log) * softplus(f_proj's second half (f_TR) + dt_bias), per row."""
-        T, H, K = f_TR.shape[0], self.num_heads, self.head_k
-        f_THK = self.f_proj[1](f_TR).view(T, H, K) + self.dt_bias.view(H, K)
-        return -torch.exp(self.A_log).view(H, 1) * F.softplus(f_THK)
+        return kda_gate(self.f_proj[1](f_TR), self.dt_bias, self.A_log, self.num_heads, self.head_k)
+
+    def _gate(self, kernels) -> Callable[[Tensor], Tensor]:
+        """`forget_gate`, its elementwise part (`kda_gate`) under torch.compile where
+        `kernels.compile` asks for it (a region of `harts.exec.compiled`) and no parameter
+        is a distributed tensor."""
+        backend = str(getattr(kernels, "compile", "off"))
+        params = (self.f_proj[1].weight, self.dt_bias, self.A_log)
+        if backend == "off" or any(type(p) not in (torch.Tensor, nn.Parameter) for p in params):
+            return self.forget_gate
+        from harts.exec.compiled import compiled
+
+        gate = compiled(kda_gate, backend)
+        return lambda f_TR: gate(self.f_proj[1](f_TR), self.dt_bias, self.A_log, self.num_heads, self.head_k)
+
+
+def kda_gate(proj_TX: Tensor, dt_bias: Tensor, A_log: Tensor, H: int, K: int) -> Tensor:
+    """g_THK = -exp(A_log) * softplus(proj + dt_bias) per row and head, from the gate's
+    second low-rank projection's output proj_TX ([T, H K])."""
+    f_THK = proj_TX.view(proj_TX.shape[0], H, K) + dt_bias.view(H, K)
+    return -torch.exp(A_log).view(H, 1) * F.softplus(f_THK)
 
 
 def kda_mixing(ctx: MixingContext, layer: int, q_TD: Tensor, k_TD: Tensor, v_TD: Tensor,

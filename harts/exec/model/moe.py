@@ -130,21 +130,17 @@ class MoE(nn.Module):
 
     def route(self, x_TD: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(probs_TE for the aux loss, top_i_Tk expert ids, top_w_Tk renormalised weights)."""
-        if self.router_float32 and x_TD.dtype.itemsize < 4:
-            logits_TE = F.linear(x_TD.float(), self.router.weight.float())
-        else:
-            logits_TE = self.router(x_TD)
-        if self.router_kind == "softmax":
-            scores_TE = torch.softmax(logits_TE, dim=-1)
-            probs_TE = scores_TE
-        else:
-            scores_TE = torch.sigmoid(logits_TE)
-            probs_TE = scores_TE / scores_TE.sum(-1, keepdim=True)
+        scores_TE, probs_TE = router_scores(self._logits(x_TD), self.router_kind == "softmax")
         if not self._plain_topk:
             return (probs_TE, *self._select(scores_TE))
-        top_s_Tk, top_i_Tk = torch.topk(scores_TE, self.top_k, dim=-1)
-        top_w_Tk = top_s_Tk / top_s_Tk.sum(-1, keepdim=True)
-        return probs_TE, top_i_Tk, top_w_Tk
+        return (probs_TE, *top_k_renormalised(scores_TE, self.top_k))
+
+    def _logits(self, x_TD: Tensor) -> Tensor:
+        """logits_TE: the router (the module, with whatever hooks it carries), or its weight
+        in float32 where `router_float32` and x is narrower."""
+        if self.router_float32 and x_TD.dtype.itemsize < 4:
+            return F.linear(x_TD.float(), self.router.weight.float())
+        return self.router(x_TD)
 
     def _select(self, scores_TE: Tensor) -> tuple[Tensor, Tensor]:
         """(top_i_Tk, top_w_Tk) as transformers' KimiLinearTopkRouter / DeepSeek-V3 compute
@@ -168,21 +164,21 @@ class MoE(nn.Module):
 
     def forward(self, x_TD: Tensor, ctx: MixingContext) -> tuple[Tensor, Tensor, Tensor]:
         """(y_TD, aux loss scalar, load_E)."""
-        T = x_TD.shape[0]
         E, k = self.num_experts, self.top_k
-        probs_TE, top_i_Tk, top_w_Tk = self.route(x_TD)
-
         w_T = ctx.row_weight.to(device=x_TD.device, dtype=x_TD.dtype)
-        with torch.no_grad():
-            selected_TE = torch.zeros(T, E, dtype=x_TD.dtype, device=x_TD.device)
-            selected_TE.scatter_(1, top_i_Tk, 1.0)
-            load_E = (w_T[:, None] * selected_TE).sum(0)
         global_f = getattr(ctx, "moe_global_f", None)
+        if self._plain_topk and global_f is None:
+            # the routing and this microbatch's statistics as one function of tensors, the
+            # region `KernelConfig.compile` compiles
+            logits_TE = self._logits(x_TD)
+            route = _route_and_balance(getattr(ctx, "kernels", None), logits_TE, w_T)
+            top_i_Tk, top_w_Tk, aux, load_E = route(logits_TE, w_T, k, self.router_kind == "softmax",
+                                                    self.aux_loss_coef * E)
+            return self._finish(x_TD, top_i_Tk, top_w_Tk, aux, load_E, ctx)
+        probs_TE, top_i_Tk, top_w_Tk = self.route(x_TD)
+        load_E = expert_load(top_i_Tk, w_T, E)
         if global_f is None:
-            total_w = w_T.sum()
-            f_E = load_E / (k * total_w)
-            P_E = (w_T[:, None] * probs_TE).sum(0) / total_w
-            aux = self.aux_loss_coef * E * (f_E * P_E).sum()
+            aux = microbatch_aux(load_E, probs_TE, w_T, k, self.aux_loss_coef * E)
         else:
             if self.moe_index >= len(global_f):
                 raise ValueError(
@@ -192,7 +188,12 @@ class MoE(nn.Module):
             # this microbatch's part of the step's P_i: its rows over the step's total weight
             P_E = (w_T[:, None] * probs_TE).sum(0) / ctx.moe_total_weight
             aux = self.aux_loss_coef * E * (f_E * P_E).sum()
+        return self._finish(x_TD, top_i_Tk, top_w_Tk, aux, load_E, ctx)
 
+    def _finish(self, x_TD: Tensor, top_i_Tk: Tensor, top_w_Tk: Tensor, aux: Tensor, load_E: Tensor,
+                ctx: MixingContext) -> tuple[Tensor, Tensor, Tensor]:
+        """The experts and shared experts from the routing: (y_TD, aux, load_E)."""
+        T = x_TD.shape[0]
         if self.capacity_factor is not None:
             if not getattr(ctx, "allows_token_dropping", False):
                 raise ConfigError(
@@ -222,3 +223,58 @@ class MoE(nn.Module):
 
         return experts(x_TD, top_i_Tk, top_w_Tk, self.w_gate, self.w_up, self.w_down,
                        kernels=getattr(ctx, "kernels", DEFAULT_KERNELS), record=getattr(ctx, "kernel_record", None))
+
+
+def router_scores(logits_TE: Tensor, softmax: bool) -> tuple[Tensor, Tensor]:
+    """(scores_TE the top-k picks by, probs_TE the aux loss reads): softmax of the router
+    logits (both), or their sigmoid and its row-normalised form."""
+    if softmax:
+        scores_TE = torch.softmax(logits_TE, dim=-1)
+        return scores_TE, scores_TE
+    scores_TE = torch.sigmoid(logits_TE)
+    return scores_TE, scores_TE / scores_TE.sum(-1, keepdim=True)
+
+
+def top_k_renormalised(scores_TE: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """(top_i_Tk, top_w_Tk): the k highest scores' experts and the scores renormalised to
+    sum to one."""
+    top_s_Tk, top_i_Tk = torch.topk(scores_TE, k, dim=-1)
+    return top_i_Tk, top_s_Tk / top_s_Tk.sum(-1, keepdim=True)
+
+
+def expert_load(top_i_Tk: Tensor, w_T: Tensor, num_experts: int) -> Tensor:
+    """load_E = sum_r w_r 1[i in topk(r)] (no gradient), in w_T's dtype."""
+    with torch.no_grad():
+        selected_TE = torch.zeros(top_i_Tk.shape[0], num_experts, dtype=w_T.dtype, device=w_T.device)
+        selected_TE.scatter_(1, top_i_Tk, 1.0)
+        return (w_T[:, None] * selected_TE).sum(0)
+
+
+def microbatch_aux(load_E: Tensor, probs_TE: Tensor, w_T: Tensor, k: int, scale: float) -> Tensor:
+    """The aux loss over this microbatch's statistics: scale x sum_i f_i P_i (scale = coef x E)."""
+    total_w = w_T.sum()
+    f_E = load_E / (k * total_w)
+    P_E = (w_T[:, None] * probs_TE).sum(0) / total_w
+    return scale * (f_E * P_E).sum()
+
+
+def route_and_balance(logits_TE: Tensor, w_T: Tensor, k: int, softmax: bool,
+                      aux_scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(top_i_Tk, top_w_Tk, aux, load_E) of a plain top-k router with per-microbatch
+    statistics from its logits: `MoE.route` past the router and the statistics as one
+    function of tensors, the region `KernelConfig.compile` runs under torch.compile."""
+    scores_TE, probs_TE = router_scores(logits_TE, softmax)
+    top_i_Tk, top_w_Tk = top_k_renormalised(scores_TE, k)
+    load_E = expert_load(top_i_Tk, w_T, scores_TE.shape[1])
+    return top_i_Tk, top_w_Tk, microbatch_aux(load_E, probs_TE, w_T, k, aux_scale), load_E
+
+
+def _route_and_balance(kernels, *inputs: Tensor):
+    """`route_and_balance` as `kernels.compile` asks (eager where it is off, where there is
+    no config, or where an input is a distributed tensor)."""
+    backend = str(getattr(kernels, "compile", "off"))
+    if backend == "off" or any(type(t) is not torch.Tensor for t in inputs):
+        return route_and_balance
+    from harts.exec.compiled import compiled
+
+    return compiled(route_and_balance, backend)

@@ -5,7 +5,7 @@
 #
 # A SUITE is a suite name, optionally followed by its own arguments in the same (quoted)
 # word: "step --schemes treestep --steps 3". Suites: step baselines attention kda conv fidelity
-# op_profile calib moe windows window_anatomy window_suite chains sim_calibrate checkpoints revisions (benchmarks/gpu/<name>.py), and tests (the GPU correctness
+# op_profile calib moe windows window_anatomy window_suite compile_ab chains sim_calibrate checkpoints revisions (benchmarks/gpu/<name>.py), and tests (the GPU correctness
 # tests: python3 -m pytest -q -m cuda tests/cuda). Each writes under $OUT/<name>/ (default
 # /tmp/out) and runs under `timeout` (TIMEOUT_<name> seconds, else the default below).
 #
@@ -22,7 +22,7 @@ fi
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 declare -A LIMIT=([step]=420 [baselines]=560 [attention]=150 [kda]=200 [conv]=100 [fidelity]=90 [op_profile]=200 [calib]=150
-                  [moe]=60 [windows]=540 [window_anatomy]=560 [window_suite]=560 [chains]=480 [sim_calibrate]=560 [checkpoints]=560 [revisions]=540 [tests]=540)
+                  [moe]=60 [windows]=540 [window_anatomy]=560 [window_suite]=560 [compile_ab]=560 [chains]=480 [sim_calibrate]=560 [checkpoints]=560 [revisions]=540 [tests]=540)
 [ $# -gt 0 ] || { echo "usage: $0 SUITE... (${!LIMIT[*]})" >&2; exit 2; }
 rc=0
 for spec in "$@"; do

@@ -97,7 +97,9 @@ def provenance(argv: list[str]) -> dict:
     }
 
 
-def _trainer(kind: str, trajs, budget: int, model: str):
+def _trainer(kind: str, trajs, budget: int, model: str, kernels=None):
+    """(trainer, plan or None) of `kind` on a fresh `model` (bf16 on CUDA, float32 on the
+    CPU); `kernels`: a `KernelConfig` (None: the environment's)."""
     from harts.config.models import get_model_config
     from harts.exec.factory import make_trainer
     from harts.exec.model.model import build_model
@@ -108,14 +110,14 @@ def _trainer(kind: str, trajs, budget: int, model: str):
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     net = build_model(cfg, seed=0, dtype=dtype, device=DEVICE, recompute=True)
     if kind in ("expanded", "tree"):
-        return make_trainer(kind, net), None
+        return make_trainer(kind, net, kernels=kernels), None
     floors = {}
     if kind == "windows-floored":
         floors = window_floors_here(cfg, budget)
     plan = make_plan(build_forest(trajs), "l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=cfg.chunk_size,
                                                              **floors))
     # windows-resident: the producers' saved tensors left on the device (no HostOffload)
-    return make_trainer("plan", net, plan, offload_producers=kind != "windows-resident"), plan
+    return make_trainer("plan", net, plan, offload_producers=kind != "windows-resident", kernels=kernels), plan
 
 
 def window_floors_here(cfg, budget: int) -> dict[str, float]:

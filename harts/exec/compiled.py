@@ -1,11 +1,12 @@
 """The model's regions under torch.compile (`harts.config.kernels.KernelConfig.compile`):
 the MoE layer's routing and load-balance statistics (`harts.exec.model.moe.route_and_balance`,
-plain top-k routers with per-microbatch statistics) and the KDA forget gate
-(`harts.exec.model.kda.kda_gate`). Each is a chain of small elementwise ops and
-reductions around a matmul, one kernel launch each when eager; compiled, they fuse into a
-few (on the CPU the routing's forward and backward go from 47 aten ops to 20 generated
-kernels, the matmuls and the top-k). The layers call the same functions eager where the
-setting is off, and where a weight is a distributed tensor.
+plain top-k routers with per-microbatch statistics), the KDA forget gate
+(`harts.exec.model.kda.kda_gate`), the SwiGLU product (`harts.exec.model.layers.swiglu_product`)
+and the gated norm's gate (`layers.sigmoid_gated`). Each is a chain of small elementwise
+ops and reductions after a matmul or a norm, one kernel launch each when eager; compiled,
+they fuse into a few (on the CPU the routing's forward and backward go from 47 aten ops
+to 20 generated kernels, the matmuls and the top-k). The layers call the same functions
+eager where the setting is off, and where an input is a distributed tensor (`region`).
 
 A region is a module-level function of tensors (and constants), so a microbatch's context
 objects never reach the tracer. It is compiled once per backend with dynamic shapes: one
@@ -19,6 +20,7 @@ import functools
 from collections.abc import Callable
 
 import torch
+from torch import nn
 
 
 @functools.cache
@@ -26,3 +28,14 @@ def compiled(fn: Callable, backend: str) -> Callable:
     """`fn` under torch.compile with `backend`, dynamic shapes; one compiled function per
     (fn, backend) for the process."""
     return torch.compile(fn, dynamic=True, backend=backend)
+
+
+def region(fn: Callable, kernels, *tensors: torch.Tensor) -> Callable:
+    """`fn` as `kernels.compile` asks: compiled (`compiled`), or `fn` itself where it is
+    off, where there is no config, or where one of `tensors` (what the call passes, or the
+    weights behind it) is not a plain tensor or parameter (a DTensor under tensor
+    parallelism)."""
+    backend = str(getattr(kernels, "compile", "off"))
+    if backend == "off" or any(type(t) not in (torch.Tensor, nn.Parameter) for t in tensors):
+        return fn
+    return compiled(fn, backend)

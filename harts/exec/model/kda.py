@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from harts.config.models import ModelConfig
+from harts.exec.compiled import region
 from harts.exec.model.context import MixingContext
 from harts.exec.model.layers import GatedRMSNorm, l2_norm_of
 
@@ -74,15 +75,10 @@ class KDAMixer(nn.Module):
 
     def _gate(self, kernels) -> Callable[[Tensor], Tensor]:
         """`forget_gate`, its elementwise part (`kda_gate`) under torch.compile where
-        `kernels.compile` asks for it (a region of `harts.exec.compiled`) and no parameter
-        is a distributed tensor."""
-        backend = str(getattr(kernels, "compile", "off"))
-        params = (self.f_proj[1].weight, self.dt_bias, self.A_log)
-        if backend == "off" or any(type(p) not in (torch.Tensor, nn.Parameter) for p in params):
+        `kernels.compile` asks for it (`harts.exec.compiled.region`)."""
+        gate = region(kda_gate, kernels, self.f_proj[1].weight, self.dt_bias, self.A_log)
+        if gate is kda_gate:
             return self.forget_gate
-        from harts.exec.compiled import compiled
-
-        gate = compiled(kda_gate, backend)
         return lambda f_TR: gate(self.f_proj[1](f_TR), self.dt_bias, self.A_log, self.num_heads, self.head_k)
 
 

@@ -16,11 +16,12 @@ from torch import Tensor, nn
 from harts.config.kernels import KernelConfig
 from harts.exec import backend
 from harts.exec.backend import DEFAULT_KERNELS
+from harts.exec.compiled import region
 from harts.exec.ops.norm.naive import l2_norm, offset_rms_norm, rms_norm
 from harts.exec.ops.record import KernelRecord
 
 __all__ = ["GatedRMSNorm", "OffsetRMSNorm", "RMSNorm", "SiLUGatedRMSNorm", "SwiGLU", "apply_rope", "l2_norm",
-           "l2_norm_of", "norm_kernels", "offset_rms_norm", "rms_norm"]
+           "l2_norm_of", "norm_kernels", "offset_rms_norm", "rms_norm", "sigmoid_gated", "swiglu_product"]
 
 
 def norm_kernels(ctx: object) -> tuple[KernelConfig, KernelRecord | None]:
@@ -55,8 +56,8 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, x: Tensor, gate: Tensor, ctx: object = None) -> Tensor:
         kernels, record = norm_kernels(ctx)
-        return backend.rms_norm(x, self.weight, self.eps, self.float32, kernels=kernels,
-                                record=record) * torch.sigmoid(gate)
+        normed = backend.rms_norm(x, self.weight, self.eps, self.float32, kernels=kernels, record=record)
+        return region(sigmoid_gated, kernels, normed, gate)(normed, gate)
 
 
 class SwiGLU(nn.Module):
@@ -66,8 +67,20 @@ class SwiGLU(nn.Module):
         self.up_proj = nn.Linear(d_model, ffn_dim, bias=False)
         self.down_proj = nn.Linear(ffn_dim, d_model, bias=False)
 
-    def forward(self, x_TD: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x_TD)) * self.up_proj(x_TD))
+    def forward(self, x_TD: Tensor, ctx: object = None) -> Tensor:
+        """down(silu(gate(x)) * up(x)); the product on the context's kernels (`swiglu_product`)."""
+        g_TF, u_TF = self.gate_proj(x_TD), self.up_proj(x_TD)
+        return self.down_proj(region(swiglu_product, getattr(ctx, "kernels", None), g_TF, u_TF)(g_TF, u_TF))
+
+
+def swiglu_product(g: Tensor, u: Tensor) -> Tensor:
+    """silu(g) * u (a compiled region, `harts.exec.compiled`)."""
+    return F.silu(g) * u
+
+
+def sigmoid_gated(x: Tensor, gate: Tensor) -> Tensor:
+    """x * sigmoid(gate) (a compiled region, `harts.exec.compiled`)."""
+    return x * torch.sigmoid(gate)
 
 
 def apply_rope(x_THR: Tensor, position_ids_T: Tensor, theta: float) -> Tensor:

@@ -75,7 +75,7 @@ class Block(nn.Module):
         x_TD = x_TD + self.mixer(self.attn_norm(x_TD, ctx), ctx)
         h_TD = self.ffn_norm(x_TD, ctx)
         if self.ffn_kind == FFNKind.DENSE:
-            return x_TD + self.ffn(h_TD), None, None
+            return x_TD + self.ffn(h_TD, ctx), None, None
         y_TD, aux, load_E = self.ffn(h_TD, ctx)
         return x_TD + y_TD, aux, load_E
 

@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from harts.config.models import ConfigError, ModelConfig
+from harts.exec.compiled import region
 from harts.exec.model.context import MixingContext
 from harts.exec.model.layers import SwiGLU
 
@@ -171,7 +172,7 @@ class MoE(nn.Module):
             # the routing and this microbatch's statistics as one function of tensors, the
             # region `KernelConfig.compile` compiles
             logits_TE = self._logits(x_TD)
-            route = _route_and_balance(getattr(ctx, "kernels", None), logits_TE, w_T)
+            route = region(route_and_balance, getattr(ctx, "kernels", None), logits_TE, w_T)
             top_i_Tk, top_w_Tk, aux, load_E = route(logits_TE, w_T, k, self.router_kind == "softmax",
                                                     self.aux_loss_coef * E)
             return self._finish(x_TD, top_i_Tk, top_w_Tk, aux, load_E, ctx)
@@ -204,7 +205,7 @@ class MoE(nn.Module):
 
         y_TD = self._experts(x_TD, top_i_Tk, top_w_Tk, ctx)
         if self.shared is not None:
-            shared_TD = self.shared(x_TD)
+            shared_TD = self.shared(x_TD, ctx)
             if self.shared_gate is not None:
                 shared_TD = torch.sigmoid(self.shared_gate(x_TD)) * shared_TD
             y_TD = y_TD + shared_TD
@@ -268,13 +269,3 @@ def route_and_balance(logits_TE: Tensor, w_T: Tensor, k: int, softmax: bool,
     load_E = expert_load(top_i_Tk, w_T, scores_TE.shape[1])
     return top_i_Tk, top_w_Tk, microbatch_aux(load_E, probs_TE, w_T, k, aux_scale), load_E
 
-
-def _route_and_balance(kernels, *inputs: Tensor):
-    """`route_and_balance` as `kernels.compile` asks (eager where it is off, where there is
-    no config, or where an input is a distributed tensor)."""
-    backend = str(getattr(kernels, "compile", "off"))
-    if backend == "off" or any(type(t) is not torch.Tensor for t in inputs):
-        return route_and_balance
-    from harts.exec.compiled import compiled
-
-    return compiled(route_and_balance, backend)

@@ -1,5 +1,5 @@
 """The compiled regions (`KernelConfig.compile`: the MoE routing and statistics, the KDA
-forget gate) against the eager layers: outputs, aux loss, loads and every gradient, over
+forget gate, the SwiGLU product, the gated norm's gate) against the eager layers: outputs, aux loss, loads and every gradient, over
 row counts that change from call to call (the regions have dynamic shapes), in float64
 and float32, and a whole window-plan step. The backend here is `aot_eager` (traced and run as aten ops, no code
 generated, so no compiler is needed); inductor's generated kernels are the GPU's, timed
@@ -89,6 +89,29 @@ def test_compiled_forget_gate_is_the_eager_gate(dtype, tol):
             assert float((a - b).norm()) <= tol * max(1.0, float(b.norm())), T
 
 
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_compiled_swiglu_and_gated_norm_are_the_eager_layers(dtype, tol):
+    from harts.exec.model.layers import GatedRMSNorm, SwiGLU
+
+    torch.manual_seed(0)
+    ffn, norm = SwiGLU(16, 24).to(dtype), GatedRMSNorm(8, 1e-6).to(dtype)
+    with torch.no_grad():
+        norm.weight.normal_(1.0, 0.3)
+    for T in (5, 19, 11):
+        x = torch.randn(T, 16, dtype=dtype, requires_grad=True)
+        h = torch.randn(T, 3, 8, dtype=dtype, requires_grad=True)
+        g = torch.randn(T, 3, 8, dtype=dtype, requires_grad=True)
+        out = {}
+        for name, kernels in (("eager", KernelConfig()), ("compiled", COMPILED)):
+            ctx = RowsContext(torch.ones(T, dtype=dtype), kernels)
+            y, z = ffn(x, ctx), norm(h, g, ctx)
+            loss = (y * y.detach().sin()).sum() + (z * z.detach().cos()).sum()
+            out[name] = [y.detach(), z.detach(), *torch.autograd.grad(loss, [x, h, g, *ffn.parameters(),
+                                                                             norm.weight])]
+        for a, b in zip(out["compiled"], out["eager"], strict=True):
+            assert float((a - b).norm()) <= tol * max(1.0, float(b.norm())), T
+
+
 def test_routers_the_region_does_not_take_stay_eager(make_config):
     # grouped top-k with a score bias (DeepSeek-V3 / Kimi routing): MoE._select, not compiled
     moe = _moe(make_config, torch.float64, router="sigmoid", router_score_bias=True, router_groups=2,
@@ -122,7 +145,8 @@ def test_a_window_step_with_compiled_routing_is_the_eager_step(monkeypatch):
         steps[name] = (result, [p.grad for p in model.parameters()])
     # every MoE and KDA layer of every microbatch's passes took its compiled region, and
     # only the compiled step did
-    assert set(asked) == {("route_and_balance", "aot_eager"), ("kda_gate", "aot_eager")}
+    assert set(asked) == {(name, "aot_eager") for name in ("route_and_balance", "kda_gate", "swiglu_product",
+                                                            "sigmoid_gated")}
     n = len(plan.microbatches)
     assert sum(a[0] == "route_and_balance" for a in asked) >= n * sum(k == "moe" for k in cfg.ffn_kinds)
     assert sum(a[0] == "kda_gate" for a in asked) >= n * cfg.layer_kinds.count("kda")

@@ -1,9 +1,10 @@
 """The compiled regions (`KernelConfig.compile`: the MoE routing and statistics, the KDA
-forget gate, the SwiGLU product, the gated norm's gate) against the eager layers: outputs, aux loss, loads and every gradient, over
-row counts that change from call to call (the regions have dynamic shapes), in float64
-and float32, and a whole window-plan step. The backend here is `aot_eager` (traced and run as aten ops, no code
-generated, so no compiler is needed); inductor's generated kernels are the GPU's, timed
-by the benchmarks."""
+forget gate, the SwiGLU product, the gated norm's gate) against the eager layers:
+outputs, aux loss, loads and every gradient, over row counts that change from call to
+call (the regions have dynamic shapes), in float64 and float32, and a whole window-plan
+step. The backend here is `aot_eager` (traced and run as aten ops, no code generated, so
+no compiler is needed); inductor's generated kernels are the GPU's, timed by
+benchmarks/gpu/compile_ab.py."""
 
 from __future__ import annotations
 

@@ -18,6 +18,43 @@ from harts.exec.ops.conv.triton import short_conv_fused, window_inverse  # noqa:
 from harts.testing import assert_close  # noqa: E402
 from tests.strategies import conv_windows  # noqa: E402
 
+# float32 sums are accurate to a few units of rounding of the sum of their terms' magnitudes,
+# not of their result: a bias gradient of four terms of ~0.5 that cancel to 1e-4 carries a
+# relative error of ~1e-4 in any float32 order (the reference's own was 5e-5 on such a
+# draw). The fused kernel is held to TOL x that magnitude, element by element, against the
+# reference in float64.
+TOL = 1e-5
+SILU_SLOPE = 1.1  # |d silu(z) / dz| <= 1.1 for every z
+
+
+def _check_against_float64(fused, x, w, b, dy, window, bias, act):
+    """The fused kernel's float32 (y, dx, dw, db) against the reference in float64: each
+    element within TOL x the magnitude of the terms its sum adds (`_magnitudes`)."""
+    leaves = [t.double().requires_grad_() for t in (x, w, b)]
+    y = short_conv(leaves[0], leaves[1], leaves[2] if bias else None, window_TW=window, activation=act)
+    y.backward(dy.double())
+    want = [y.detach(), leaves[0].grad, leaves[1].grad] + ([leaves[2].grad] if bias else [])
+    for name, got, ref, scale in zip(("y", "dx", "dw", "db"), fused, want, _magnitudes(x, w, b, dy, window, act),
+                                     strict=False):
+        err = (got.double() - ref).abs()
+        worst = float((err - TOL * scale).max())
+        assert worst <= 0.0, (name, float(err.max()), float(scale.max()))
+
+
+def _magnitudes(x, w, b, dy, window, act):
+    """Per element of y, dx, dw and db: the sum of the magnitudes of the terms it adds
+    (the activation's slope bounded by SILU_SLOPE), in float64."""
+    slope = SILU_SLOPE if act == "silu" else 1.0
+    x, w, b, dy = (t.double().abs() for t in (x, w, b, dy))
+    ok = window >= 0
+    xw = torch.where(ok[..., None], x[window.clamp(min=0)], 0.0)  # [n, W, D]
+    y = slope * ((xw * w.T[None]).sum(1) + b)
+    dw = slope * (dy[:, None, :] * xw).sum(0).T  # [D, W]
+    db = slope * dy.sum(0)
+    dx = torch.zeros_like(x)
+    dx.index_add_(0, window[ok], slope * (dy[:, None, :] * w.T[None]).expand(-1, window.shape[1], -1)[ok])
+    return y, dx, dw, db
+
 
 @settings(max_examples=25, deadline=None)
 @given(window=conv_windows(), D=st.integers(1, 40), bias=st.booleans(), act=st.sampled_from(["silu", None]),
@@ -27,14 +64,11 @@ def test_fused_conv_matches_reference(window, D, bias, act, seed):
     g = torch.Generator().manual_seed(seed)
     x, dy = torch.randn(T, D, generator=g), torch.randn(T, D, generator=g)
     w, b = torch.randn(D, W, generator=g), torch.randn(D, generator=g)
-    out = {}
-    for name, fn in (("ref", short_conv), ("fused", short_conv_fused)):
-        leaves = [t.clone().requires_grad_() for t in (x, w, b)]
-        y = fn(leaves[0], leaves[1], leaves[2] if bias else None, window_TW=window, activation=act)
-        y.backward(dy)
-        out[name] = [y.detach(), leaves[0].grad, leaves[1].grad] + ([leaves[2].grad] if bias else [])
-    for name, got, want in zip(("y", "dx", "dw", "db"), out["fused"], out["ref"], strict=False):
-        assert_close(name, got, want, 1e-5)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    y = short_conv_fused(leaves[0], leaves[1], leaves[2] if bias else None, window_TW=window, activation=act)
+    y.backward(dy)
+    fused = [y.detach(), leaves[0].grad, leaves[1].grad] + ([leaves[2].grad] if bias else [])
+    _check_against_float64(fused, x, w, b, dy, window, bias, act)
 
 
 @settings(max_examples=40, deadline=None)
@@ -113,16 +147,14 @@ def test_fused_conv_writes_any_order_of_its_rows(window, D, bias, data, seed):
     g = torch.Generator().manual_seed(seed)
     x, dy = torch.randn(T, D, generator=g), torch.randn(index.numel(), D, generator=g)
     w, b = torch.randn(D, W, generator=g), torch.randn(D, generator=g)
-    y_all = short_conv_fused(x, w, b if bias else None, window_TW=window)
-    out = {}
-    for name, fn in (("ref", short_conv), ("fused", short_conv_fused)):
-        leaves = [t.clone().requires_grad_() for t in (x, w, b)]
-        y = fn(leaves[0], leaves[1], leaves[2] if bias else None, window_TW=window[index], activation="silu")
-        y.backward(dy)
-        out[name] = [y.detach(), leaves[0].grad, leaves[1].grad] + ([leaves[2].grad] if bias else [])
-    assert torch.equal(out["fused"][0], y_all[index])
-    for name, got, want in zip(("y", "dx", "dw", "db"), out["fused"], out["ref"], strict=False):
-        assert_close(name, got, want, 1e-5)
+    y_all = short_conv_fused(x, w, b if bias else None, window_TW=window, activation="silu")
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    y = short_conv_fused(leaves[0], leaves[1], leaves[2] if bias else None, window_TW=window[index],
+                         activation="silu")
+    y.backward(dy)
+    fused = [y.detach(), leaves[0].grad, leaves[1].grad] + ([leaves[2].grad] if bias else [])
+    assert torch.equal(fused[0], y_all[index])
+    _check_against_float64(fused, x, w, b, dy, window[index], bias, "silu")
     ptr = window_inverse(window[index], 4, T)[0]
     assert ptr.numel() == T + 1 and int(ptr[-1]) == int((window[index] >= 0).sum())
 

@@ -34,7 +34,8 @@ def _check_against_float64(fused, x, w, b, dy, window, bias, act):
     y = short_conv(leaves[0], leaves[1], leaves[2] if bias else None, window_TW=window, activation=act)
     y.backward(dy.double())
     want = [y.detach(), leaves[0].grad, leaves[1].grad] + ([leaves[2].grad] if bias else [])
-    for name, got, ref, scale in zip(("y", "dx", "dw", "db"), fused, want, _magnitudes(x, w, b, dy, window, act),
+    for name, got, ref, scale in zip(("y", "dx", "dw", "db"), fused, want,
+                                     _magnitudes(x, w, b if bias else torch.zeros_like(b), dy, window, act),
                                      strict=False):
         err = (got.double() - ref).abs()
         worst = float((err - TOL * scale).max())

@@ -75,7 +75,6 @@ def run(kind: str, trajs, budget: int, kernels, args) -> dict:
 def main(argv: list[str]) -> int:
     from harts.config.kernels import KernelConfig
     from harts.config.models import get_model_config
-    from harts.tree import shapes
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny-h200")
@@ -101,29 +100,23 @@ def main(argv: list[str]) -> int:
     result = {"provenance": W.provenance([sys.argv[0], *argv]), "model": args.model, "backend": args.backend,
               "kernels": base.to_dict(), "cases": {}, "skipped": []}
     t_start = time.perf_counter()
-    for case in args.cases.split(","):
-        family, rest = case.split("/")
-        seed, budget = (int(x) for x in rest.split("@"))
-        trajs = shapes.draw(family, seed, budget, vocab_size=vocab)
-        for kind in args.kinds.split(","):
-            key = f"{case} {kind}"
-            if time.perf_counter() - t_start > args.time_limit:
-                result["skipped"].append(key)
-                continue
-            b = args.unsplit_budget if kind == "tree" else budget
-            eager = run(kind, trajs, b, base, args)
-            comp = run(kind, trajs, b, base.replace(compile=args.backend), args)
-            r = {"eager": eager, "compiled": comp, "wall_ratio": comp["seconds"] / eager["seconds"],
-                 "launch_ratio": (comp["launches"] / eager["launches"]) if eager["launches"] else None,
-                 "loss_rel_diff": abs(comp["loss"] - eager["loss"]) / max(abs(eager["loss"]), 1e-30),
-                 "grad_norm_rel_diff": abs(comp["grad_norm"] - eager["grad_norm"]) / max(eager["grad_norm"], 1e-30)}
-            result["cases"][key] = r
-            lr = f"{r['launch_ratio']:.3f}" if r["launch_ratio"] is not None else "-"
-            print(f"[{key}] wall {eager['seconds']:.3f}s -> {comp['seconds']:.3f}s ({r['wall_ratio']:.3f}x), "
-                  f"launches {eager['launches']} -> {comp['launches']} ({lr}), first step "
-                  f"{eager['first_step_s']:.1f}s -> {comp['first_step_s']:.1f}s, loss rel diff "
-                  f"{r['loss_rel_diff']:.1e}", flush=True)
-            (out / "compile_ab.json").write_text(json.dumps(result, indent=1, default=str))
+    for key, kind, trajs, b in W.case_runs(args.cases, args.kinds, vocab, args.unsplit_budget):
+        if time.perf_counter() - t_start > args.time_limit:
+            result["skipped"].append(key)
+            continue
+        eager = run(kind, trajs, b, base, args)
+        comp = run(kind, trajs, b, base.replace(compile=args.backend), args)
+        r = {"eager": eager, "compiled": comp, "wall_ratio": comp["seconds"] / eager["seconds"],
+             "launch_ratio": (comp["launches"] / eager["launches"]) if eager["launches"] else None,
+             "loss_rel_diff": abs(comp["loss"] - eager["loss"]) / max(abs(eager["loss"]), 1e-30),
+             "grad_norm_rel_diff": abs(comp["grad_norm"] - eager["grad_norm"]) / max(eager["grad_norm"], 1e-30)}
+        result["cases"][key] = r
+        lr = f"{r['launch_ratio']:.3f}" if r["launch_ratio"] is not None else "-"
+        print(f"[{key}] wall {eager['seconds']:.3f}s -> {comp['seconds']:.3f}s ({r['wall_ratio']:.3f}x), "
+              f"launches {eager['launches']} -> {comp['launches']} ({lr}), first step "
+              f"{eager['first_step_s']:.1f}s -> {comp['first_step_s']:.1f}s, loss rel diff "
+              f"{r['loss_rel_diff']:.1e}", flush=True)
+        (out / "compile_ab.json").write_text(json.dumps(result, indent=1, default=str))
     result["seconds_total"] = time.perf_counter() - t_start
     (out / "compile_ab.json").write_text(json.dumps(result, indent=1, default=str))
     return 0

@@ -273,7 +273,6 @@ def host_profile(trainer, trajs, budget: int, top: int = 45, dump: Path | None =
 
 def main(argv: list[str]) -> int:
     from harts.config.models import get_model_config
-    from harts.tree import shapes
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny-h200")
@@ -295,52 +294,46 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     result = {"provenance": W.provenance([sys.argv[0], *argv]), "model": args.model, "cases": {}, "skipped": []}
     t_start = time.perf_counter()
-    for case in args.cases.split(","):
-        family, rest = case.split("/")
-        seed, budget = (int(x) for x in rest.split("@"))
-        trajs = shapes.draw(family, seed, budget, vocab_size=vocab)
-        for kind in args.kinds.split(","):
-            key = f"{case} {kind}"
-            if time.perf_counter() - t_start > args.time_limit:
-                result["skipped"].append(key)
+    for key, kind, trajs, b in W.case_runs(args.cases, args.kinds, vocab, args.unsplit_budget):
+        if time.perf_counter() - t_start > args.time_limit:
+            result["skipped"].append(key)
+            continue
+        try:
+            trainer, _ = W._trainer(kind, trajs, b, args.model)
+            trainer.step(trajs, b)
+            W._sync()
+            if args.host:
+                dump = out / (key.replace("/", "_").replace("@", "_").replace(" ", "_") + ".pstats")
+                h = host_profile(trainer, trajs, b, top=args.host_top, dump=dump)
+                result["cases"][key] = {"host": h}
+                print(f"[{key}] wall {h['wall_s']:.3f}s (cProfile {h['cprofile_wall_s']:.3f}s)", flush=True)
+                for n, nc, tt, ct in h["by_own"][:25]:
+                    print(f"   own {tt * 1e3:7.1f} ms cum {ct * 1e3:7.1f} ms calls {nc:6d}  {n[:110]}", flush=True)
+                trainer = None
+                W._free()
+                (out / "window_anatomy.json").write_text(json.dumps(result, indent=1, default=str))
                 continue
-            b = args.unsplit_budget if kind == "tree" else budget
-            try:
-                trainer, _ = W._trainer(kind, trajs, b, args.model)
-                trainer.step(trajs, b)
-                W._sync()
-                if args.host:
-                    dump = out / (key.replace("/", "_").replace("@", "_").replace(" ", "_") + ".pstats")
-                    h = host_profile(trainer, trajs, b, top=args.host_top, dump=dump)
-                    result["cases"][key] = {"host": h}
-                    print(f"[{key}] wall {h['wall_s']:.3f}s (cProfile {h['cprofile_wall_s']:.3f}s)", flush=True)
-                    for n, nc, tt, ct in h["by_own"][:25]:
-                        print(f"   own {tt * 1e3:7.1f} ms cum {ct * 1e3:7.1f} ms calls {nc:6d}  {n[:110]}", flush=True)
-                    trainer = None
-                    W._free()
-                    (out / "window_anatomy.json").write_text(json.dumps(result, indent=1, default=str))
-                    continue
-                plain = trace_sites(trainer, trajs, b, with_stack=False)
-                r = {"plain": {k: plain[k] for k in ("wall_s", "kernel_span_s", "kernel_s", "idle_s", "kernels",
-                                                     "runtime_syncs")},
-                     "syncs": sync_sites(trainer, trajs, b), "trace": trace_sites(trainer, trajs, b)}
-                result["cases"][key] = r
-                t = r["trace"]
-                print(f"[{key}] wall {plain['wall_s']:.3f}s kernels {plain['kernel_s']:.3f}s idle {plain['idle_s']:.3f}s "
-                      f"launches {plain['kernels']} syncs {r['syncs']['total']} {plain['runtime_syncs']}; with stacks: "
-                      f"wall {t['wall_s']:.3f}s idle {t['idle_s']:.3f}s", flush=True)
-                for s, v in t["idle_sites"][:8]:
-                    print(f"   idle {v * 1e3:7.1f} ms  {s[:150]}", flush=True)
-                for s, n in r["syncs"]["sites"][:6]:
-                    print(f"   sync {n:5d}  {s[:150]}", flush=True)
-                for kind_, op, node, n, v in t["launch_ops"][:12]:
-                    print(f"   launches {n:5d} {v * 1e3:7.2f} ms  {kind_}: {op[:60]} ({node[:50]})", flush=True)
-            except Exception as err:  # noqa: BLE001 - record and go on
-                result["cases"][key] = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()[-3000:]}
-                print(f"[{key}] ERROR {type(err).__name__}: {err}", flush=True)
-            trainer = None
-            W._free()
-            (out / "window_anatomy.json").write_text(json.dumps(result, indent=1, default=str))
+            plain = trace_sites(trainer, trajs, b, with_stack=False)
+            r = {"plain": {k: plain[k] for k in ("wall_s", "kernel_span_s", "kernel_s", "idle_s", "kernels",
+                                                 "runtime_syncs")},
+                 "syncs": sync_sites(trainer, trajs, b), "trace": trace_sites(trainer, trajs, b)}
+            result["cases"][key] = r
+            t = r["trace"]
+            print(f"[{key}] wall {plain['wall_s']:.3f}s kernels {plain['kernel_s']:.3f}s idle {plain['idle_s']:.3f}s "
+                  f"launches {plain['kernels']} syncs {r['syncs']['total']} {plain['runtime_syncs']}; with stacks: "
+                  f"wall {t['wall_s']:.3f}s idle {t['idle_s']:.3f}s", flush=True)
+            for s, v in t["idle_sites"][:8]:
+                print(f"   idle {v * 1e3:7.1f} ms  {s[:150]}", flush=True)
+            for s, n in r["syncs"]["sites"][:6]:
+                print(f"   sync {n:5d}  {s[:150]}", flush=True)
+            for kind_, op, node, n, v in t["launch_ops"][:12]:
+                print(f"   launches {n:5d} {v * 1e3:7.2f} ms  {kind_}: {op[:60]} ({node[:50]})", flush=True)
+        except Exception as err:  # noqa: BLE001 - record and go on
+            result["cases"][key] = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()[-3000:]}
+            print(f"[{key}] ERROR {type(err).__name__}: {err}", flush=True)
+        trainer = None
+        W._free()
+        (out / "window_anatomy.json").write_text(json.dumps(result, indent=1, default=str))
     result["windows_minus_tree"] = differences(result["cases"])
     result["seconds_total"] = time.perf_counter() - t_start
     (out / "window_anatomy.json").write_text(json.dumps(result, indent=1, default=str))

@@ -120,6 +120,20 @@ def _trainer(kind: str, trajs, budget: int, model: str, kernels=None):
     return make_trainer("plan", net, plan, offload_producers=kind != "windows-resident", kernels=kernels), plan
 
 
+def case_runs(cases: str, kinds: str, vocab: int, unsplit_budget: int):
+    """(key "family/seed@budget kind", kind, trajectories, budget) for every case of `cases`
+    ("family/seed@budget,...", drawn by `harts.tree.shapes.draw` once per case) and kind of
+    `kinds` ("windows,tree,..."; a `tree` runs the same rows unsplit at `unsplit_budget`)."""
+    from harts.tree import shapes
+
+    for case in cases.split(","):
+        family, rest = case.split("/")
+        seed, budget = (int(x) for x in rest.split("@"))
+        trajs = shapes.draw(family, seed, budget, vocab_size=vocab)
+        for kind in kinds.split(","):
+            yield f"{case} {kind}", kind, trajs, unsplit_budget if kind == "tree" else budget
+
+
 def window_floors_here(cfg, budget: int) -> dict[str, float]:
     """`harts.sim.executor.plan_floors` for this GPU's shipped profile (h200 on an H200,
     else h100)."""

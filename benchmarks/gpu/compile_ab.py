@@ -55,14 +55,7 @@ def run(kind: str, trajs, budget: int, kernels, args) -> dict:
     first_s = time.perf_counter() - t0
     if W.DEVICE == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(args.steps):
-        prepared = trainer.prepare(trajs, budget)
-        W._sync()
-        t0 = time.perf_counter()
-        trainer.step(trajs, budget, prepared=prepared)
-        W._sync()
-        times.append(time.perf_counter() - t0)
+    times, _ = W.prepared_steps(trainer, trajs, budget, args.steps)
     out = {"compile": str(kernels.compile), "first_step_s": first_s, "seconds": statistics.median(times),
            "all_seconds": times, "peak_bytes": int(W._mem("max_memory_allocated")),
            "launches": launches(trainer, trajs, budget), "loss": first.losses["loss"],
@@ -83,16 +76,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--backend", default="inductor", choices=("inductor", "aot_eager"))
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--unsplit-budget", type=int, default=131072)
-    ap.add_argument("--no-autotune", action="store_true", help="each Triton kernel's first config that fits")
-    ap.add_argument("--time-limit", type=float, default=540.0, help="start no new case past this many seconds")
-    ap.add_argument("--device", default="cuda", help="cuda; cpu runs float32 (a smoke run of the script)")
-    ap.add_argument("--out", default=".")
+    W.add_run_args(ap)
     args = ap.parse_args(argv)
-    W.DEVICE = args.device
-    if args.no_autotune:
-        from common import no_autotune
-
-        no_autotune()
+    W.start_run(args)
     base = KernelConfig.from_env(compile="off")
     vocab = min(W.VOCAB, get_model_config(args.model).vocab_size)
     out = Path(args.out)

@@ -236,14 +236,7 @@ def host_profile(trainer, trajs, budget: int, top: int = 45, dump: Path | None =
     import cProfile
     import pstats
 
-    walls = []
-    for _ in range(2):
-        prepared = trainer.prepare(trajs, budget)
-        W._sync()
-        t0 = time.perf_counter()
-        trainer.step(trajs, budget, prepared=prepared)
-        W._sync()
-        walls.append(time.perf_counter() - t0)
+    walls, _ = W.prepared_steps(trainer, trajs, budget, 2)
     prepared = trainer.prepare(trajs, budget)
     W._sync()
     prof = cProfile.Profile()

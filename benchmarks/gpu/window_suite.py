@@ -61,16 +61,9 @@ def main(argv: list[str]) -> int:
                          "(harts.sim.executor.window_floors), windows only where they pay")
     ap.add_argument("--fidelity", action="store_true")
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--no-autotune", action="store_true", help="each Triton kernel's first config that fits")
-    ap.add_argument("--time-limit", type=float, default=540.0, help="start no new case past this many seconds")
-    ap.add_argument("--device", default="cuda", help="cuda; cpu runs float32 (a smoke run of the script)")
-    ap.add_argument("--out", default=".")
+    W.add_run_args(ap)
     args = ap.parse_args(argv)
-    W.DEVICE = args.device
-    if args.no_autotune:
-        from common import no_autotune
-
-        no_autotune()
+    W.start_run(args)
     from harts.config.models import get_model_config
 
     vocab = min(W.VOCAB, get_model_config(args.model).vocab_size)

@@ -143,6 +143,39 @@ def window_floors_here(cfg, budget: int) -> dict[str, float]:
     return plan_floors(cfg, "h200" if "H200" in name else "h100", budget)
 
 
+def add_run_args(ap: argparse.ArgumentParser) -> None:
+    """--no-autotune, --time-limit, --device, --out: what a per-case window script takes
+    (`start_run` applies them)."""
+    ap.add_argument("--no-autotune", action="store_true", help="each Triton kernel's first config that fits")
+    ap.add_argument("--time-limit", type=float, default=540.0, help="start no new case past this many seconds")
+    ap.add_argument("--device", default="cuda", help="cuda; cpu runs float32 (a smoke run of the script)")
+    ap.add_argument("--out", default=".")
+
+
+def start_run(args: argparse.Namespace) -> None:
+    """The device the cases run on, and the first-config-that-fits autotuning if asked."""
+    global DEVICE
+    DEVICE = args.device
+    if args.no_autotune:
+        from common import no_autotune
+
+        no_autotune()
+
+
+def prepared_steps(trainer, trajs, budget: int, n: int) -> tuple[list[float], object]:
+    """Wall seconds of `n` update steps, each prepared before its timed region (the data
+    side off the clock) and timed between device synchronisations; and the last result."""
+    times, res = [], None
+    for _ in range(n):
+        prepared = trainer.prepare(trajs, budget)
+        _sync()
+        t0 = time.perf_counter()
+        res = trainer.step(trajs, budget, prepared=prepared)
+        _sync()
+        times.append(time.perf_counter() - t0)
+    return times, res
+
+
 def run_case(kind: str, trajs, budget: int, args) -> dict:
     trainer, plan = _trainer(kind, trajs, budget, args.model)
     for _ in range(args.warmup):
@@ -151,14 +184,7 @@ def run_case(kind: str, trajs, budget: int, args) -> dict:
     base = _mem("memory_allocated")
     if DEVICE == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(args.steps):
-        prepared = trainer.prepare(trajs, budget)
-        _sync()
-        t0 = time.perf_counter()
-        res = trainer.step(trajs, budget, prepared=prepared)
-        _sync()
-        times.append(time.perf_counter() - t0)
+    times, res = prepared_steps(trainer, trajs, budget, args.steps)
     peak = _mem("max_memory_allocated")
     t0 = time.perf_counter()
     trainer.step(trajs, budget)
@@ -180,7 +206,7 @@ def run_case(kind: str, trajs, budget: int, args) -> dict:
                           for w in trainer.windows]
         out["producer_retention"] = plan.producer_retention
         out["peak_retained_bytes"] = trainer.peak_retained_bytes
-    del trainer, res, prepared  # a prepared window run holds the trainer (its hooks): free it here
+    del trainer, res  # a window run's result holds the trainer's layout: free both here
     _free()
     return out
 

@@ -108,7 +108,7 @@ def experts(x_TD: Tensor, top_i_Tk: Tensor, top_w_Tk: Tensor, w_gate_EFD: Tensor
     """`harts.exec.ops.moe.experts_loop`'s contract, on the implementation `moe_impl` picks."""
     impl = moe_impl(x_TD.device, x_TD.dtype, kernels)
     report(record, "moe", impl)
-    return MOE.run(impl)(x_TD, top_i_Tk, top_w_Tk, w_gate_EFD, w_up_EFD, w_down_EDF)
+    return MOE.run(impl)(x_TD, top_i_Tk, top_w_Tk, w_gate_EFD, w_up_EFD, w_down_EDF, kernels=kernels)
 
 
 def norm_impl(device: torch.device, dtype: torch.dtype, kernels: KernelConfig = DEFAULT_KERNELS) -> Impl:

@@ -1,8 +1,9 @@
 """The model's regions under torch.compile (`harts.config.kernels.KernelConfig.compile`):
 the MoE layer's routing and load-balance statistics (`harts.exec.model.moe.route_and_balance`,
 plain top-k routers with per-microbatch statistics), the KDA forget gate
-(`harts.exec.model.kda.kda_gate`), the SwiGLU product (`harts.exec.model.layers.swiglu_product`)
-and the gated norm's gate (`layers.sigmoid_gated`). Each is a chain of small elementwise
+(`harts.exec.model.kda.kda_gate`), the SwiGLU product (`harts.exec.model.layers.swiglu_product`),
+the gated norm's gate (`layers.sigmoid_gated`) and the routed experts' weighted SwiGLU
+product (`harts.exec.ops.moe.grouped.expert_hidden`). Each is a chain of small elementwise
 ops and reductions after a matmul or a norm, one kernel launch each when eager; compiled,
 they fuse into a few (on the CPU the routing's forward and backward go from 47 aten ops
 to 20 generated kernels, the matmuls and the top-k). The layers call the same functions

@@ -156,3 +156,26 @@ def test_a_window_step_with_compiled_routing_is_the_eager_step(monkeypatch):
         assert abs(ra.losses[k] - rb.losses[k]) <= 1e-12 * max(1.0, abs(rb.losses[k])), k
     for a, b in zip(ga, gb, strict=True):
         assert float((a - b).norm()) <= 1e-12 * max(1.0, float(b.norm()))
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_compiled_expert_hidden_is_the_eager_product(dtype, tol):
+    # the grouped experts' weighted SwiGLU product (`expert_hidden`), through the whole
+    # grouped path (float64 products from the reference grouped product)
+    from harts.exec.ops.moe import grouped_mm_reference
+    from harts.exec.ops.moe.grouped import experts_grouped
+
+    E, k, D, F_ = 5, 2, 16, 8
+    for T in (7, 30, 13):
+        gen = torch.Generator().manual_seed(T)
+        x = torch.randn(T, D, generator=gen, dtype=dtype)
+        top_s, top_i = torch.topk(torch.randn(T, E, generator=gen, dtype=dtype).softmax(-1), k, dim=-1)
+        top_w = top_s / top_s.sum(-1, keepdim=True)
+        ws = [torch.randn(*s, generator=gen, dtype=dtype) * 0.3 for s in ((E, F_, D), (E, F_, D), (E, D, F_))]
+        out = {}
+        for name, kernels in (("eager", KernelConfig()), ("compiled", COMPILED)):
+            leaves = [t.detach().clone().requires_grad_() for t in (x, top_w, *ws)]
+            y = experts_grouped(leaves[0], top_i, leaves[1], *leaves[2:], mm=grouped_mm_reference, kernels=kernels)
+            out[name] = [y.detach(), *torch.autograd.grad((y * y.detach().sin()).sum(), leaves)]
+        for a, b in zip(out["compiled"], out["eager"], strict=True):
+            assert float((a - b).norm()) <= tol * max(1.0, float(b.norm())), T

@@ -10,9 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from harts.exec.compiled import region
+
 
 def experts_grouped(x_TD: Tensor, top_i_Tk: Tensor, top_w_Tk: Tensor, w_gate_EFD: Tensor,
-                    w_up_EFD: Tensor, w_down_EDF: Tensor, mm=F.grouped_mm) -> Tensor:
+                    w_up_EFD: Tensor, w_down_EDF: Tensor, mm=F.grouped_mm, kernels=None) -> Tensor:
     """The same function as `experts_loop` with three grouped matrix products.
 
     The T*k (row, expert) assignments are sorted by expert, so expert e's rows are one
@@ -22,7 +24,9 @@ def experts_grouped(x_TD: Tensor, top_i_Tk: Tensor, top_w_Tk: Tensor, w_gate_EFD
     (a view [T, k, D] reduced over k), so the result is deterministic. Hand-written rather
     than a library MoE layer because routing statistics, occurrence weights and the
     reference loop must stay in this module; torch supplies the kernels. `mm` is the
-    grouped product (`grouped_mm_reference` runs the same bookkeeping in float64).
+    grouped product (`grouped_mm_reference` runs the same bookkeeping in float64); the
+    weighted SwiGLU product between the products is a compiled region where `kernels`
+    asks (`expert_hidden`, `harts.exec.compiled`).
     """
     T, k = top_i_Tk.shape
     E = w_gate_EFD.shape[0]
@@ -40,9 +44,17 @@ def experts_grouped(x_TD: Tensor, top_i_Tk: Tensor, top_w_Tk: Tensor, w_gate_EFD
     up_NF = mm(x_ND, w_up_EFD.transpose(-2, -1), offs=offs)
     # the routing weight scales the F-wide hidden before the down projection (the same
     # function: the projection is linear), a third of the elements of the D-wide output
-    h_NF = F.silu(gate_NF) * up_NF * top_w_Tk.reshape(-1)[order, None].to(up_NF.dtype)
+    hidden = region(expert_hidden, kernels, gate_NF, up_NF, top_w_Tk)
+    h_NF = hidden(gate_NF, up_NF, top_w_Tk.reshape(-1), order)
     y_ND = mm(h_NF, w_down_EDF.transpose(-2, -1), offs=offs)
     return _GatherSlots.apply(y_ND, inverse, order, 1).view(T, k, -1).sum(1)
+
+
+def expert_hidden(gate_NF: Tensor, up_NF: Tensor, w_N: Tensor, order_N: Tensor) -> Tensor:
+    """silu(gate) * up * w[order]: the expert hidden rows weighted by their routing weight
+    (slot order: w_N per (row, expert) slot, `order_N` the slots sorted by expert; a
+    compiled region, `harts.exec.compiled`)."""
+    return F.silu(gate_NF) * up_NF * w_N[order_N, None].to(up_NF.dtype)
 
 
 class _GatherSlots(torch.autograd.Function):

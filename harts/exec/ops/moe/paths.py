@@ -24,11 +24,16 @@ def grouped_mm_available() -> bool:
     return hasattr(F, "grouped_mm")
 
 
-def run_grouped(x_TD, top_i_Tk, top_w_Tk, w_gate_EFD, w_up_EFD, w_down_EDF):
+def run_grouped(x_TD, top_i_Tk, top_w_Tk, w_gate_EFD, w_up_EFD, w_down_EDF, kernels=None):
     from harts.exec.ops.moe.grouped import experts_grouped
 
-    return experts_grouped(x_TD, top_i_Tk, top_w_Tk, w_gate_EFD, w_up_EFD, w_down_EDF)
+    return experts_grouped(x_TD, top_i_Tk, top_w_Tk, w_gate_EFD, w_up_EFD, w_down_EDF, kernels=kernels)
 
 
-MOE = OpRegistry("moe", experts_loop)
+def run_loop(x_TD, top_i_Tk, top_w_Tk, w_gate_EFD, w_up_EFD, w_down_EDF, kernels=None):
+    """The reference loop (`kernels` has no setting it reads)."""
+    return experts_loop(x_TD, top_i_Tk, top_w_Tk, w_gate_EFD, w_up_EFD, w_down_EDF)
+
+
+MOE = OpRegistry("moe", run_loop)
 MOE.register(FastPath(Impl.GROUPED, run_grouped, dtypes=(torch.bfloat16,), installed=grouped_mm_available))

@@ -4,7 +4,8 @@
         [--backend inductor] [--steps 3] [--no-autotune] [--device cuda] [--model tiny-h200] --out DIR
 
 Per case (`family/seed@budget`, drawn by `harts.tree.shapes.draw`) and kind (`windows`: the
-l1l2 plan at the budget; `tree`: the same rows unsplit, budget 131072; `expanded`: the
+l1l2 plan at the budget; `windows-resident`: the same plan with the producers' saved
+tensors left on the device; `tree`: the same rows unsplit, budget 131072; `expanded`: the
 expanded baseline at the budget), each on a fresh model from the same seed
 (benchmarks/gpu/windows.py's trainers), first eager and then with `--backend`: the first
 step timed on its own (it compiles), then the median of `--steps` prepared steps, the
@@ -24,6 +25,7 @@ import json
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -90,8 +92,14 @@ def main(argv: list[str]) -> int:
         if time.perf_counter() - t_start > args.time_limit:
             result["skipped"].append(key)
             continue
-        eager = run(kind, trajs, b, base, args)
-        comp = run(kind, trajs, b, base.replace(compile=args.backend), args)
+        try:
+            eager = run(kind, trajs, b, base, args)
+            comp = run(kind, trajs, b, base.replace(compile=args.backend), args)
+        except Exception as exc:  # a case that fails is recorded; the others still run
+            result["cases"][key] = {"error": "".join(traceback.format_exception(exc))[-4000:]}
+            print(f"[{key}] failed: {exc!r}", flush=True)
+            W._free()
+            continue
         r = {"eager": eager, "compiled": comp, "wall_ratio": comp["seconds"] / eager["seconds"],
              "launch_ratio": (comp["launches"] / eager["launches"]) if eager["launches"] else None,
              "loss_rel_diff": abs(comp["loss"] - eager["loss"]) / max(abs(eager["loss"]), 1e-30),
@@ -100,7 +108,8 @@ def main(argv: list[str]) -> int:
         lr = f"{r['launch_ratio']:.3f}" if r["launch_ratio"] is not None else "-"
         print(f"[{key}] wall {eager['seconds']:.3f}s -> {comp['seconds']:.3f}s ({r['wall_ratio']:.3f}x), "
               f"launches {eager['launches']} -> {comp['launches']} ({lr}), first step "
-              f"{eager['first_step_s']:.1f}s -> {comp['first_step_s']:.1f}s, loss rel diff "
+              f"{eager['first_step_s']:.1f}s -> {comp['first_step_s']:.1f}s, peak "
+              f"{eager['peak_bytes'] / 2**30:.2f} -> {comp['peak_bytes'] / 2**30:.2f} GiB, loss rel diff "
               f"{r['loss_rel_diff']:.1e}", flush=True)
         (out / "compile_ab.json").write_text(json.dumps(result, indent=1, default=str))
     result["seconds_total"] = time.perf_counter() - t_start

@@ -170,11 +170,13 @@ def progress(items: Iterable[T], total: int | None, label: str, enabled: bool = 
 
 TREE_ATTENTION_CHOICES = ("auto", "graph", "cudnn", "varlen", "flex")
 BASELINE_ATTENTION_CHOICES = ("cudnn", "flash", "graph")
+COMPILE_CHOICES = ("off", "inductor", "aot_eager")
 
 
 def add_attention_args(p) -> None:
     """--tree-attention / --baseline-attention: the GPU attention paths of each mode
-    (`KernelConfig.tree_attention` / `baseline_attention`; `kernel_config` builds it)."""
+    (`KernelConfig.tree_attention` / `baseline_attention`), and --compile, the model's
+    compiled regions (`KernelConfig.compile`); `kernel_config` builds the config."""
     p.add_argument("--tree-attention", choices=TREE_ATTENTION_CHOICES, default=None,
                    help="tree mode's bf16 attention on CUDA (default auto: cuDNN's graph path where "
                    "nvidia-cudnn-frontend imports, else per-segment cuDNN / varlen flash)")
@@ -182,11 +184,15 @@ def add_attention_args(p) -> None:
                    help="expanded mode's attention on CUDA: cudnn (torch's SDPA per sequence, default), flash "
                    "(values padded), graph (one cuDNN graph call per microbatch: the tree's forward kernel, "
                    "so tree and expanded rows get the same bits)")
+    p.add_argument("--compile", choices=COMPILE_CHOICES, default=None,
+                   help="run the model's elementwise chains (MoE routing, KDA forget gate, SwiGLU products, "
+                   "gated norm) under torch.compile with this backend: inductor fuses them into fewer launches "
+                   "(a first step that compiles; default off, or HARTS_COMPILE)")
 
 
 def kernel_config(args):
     """The run's `KernelConfig`: the HARTS_* environment's (`KernelConfig.from_env`), with
-    --tree-attention / --baseline-attention where given on top."""
+    --tree-attention / --baseline-attention / --compile where given on top."""
     from harts.config.kernels import KernelConfig
 
     overrides = {}
@@ -194,6 +200,8 @@ def kernel_config(args):
         overrides["tree_attention"] = args.tree_attention
     if getattr(args, "baseline_attention", None) is not None:
         overrides["baseline_attention"] = args.baseline_attention
+    if getattr(args, "compile", None) is not None:
+        overrides["compile"] = args.compile
     try:
         return KernelConfig.from_env(**overrides)
     except ValueError as err:

@@ -44,8 +44,10 @@ _FIELDS = {
     "dtype": "precision.dtype", "device": "precision.device", "parallel": "parallel",
     "schedule": "parallel.schedule", "checkpoint_dir": "checkpoint.dir", "checkpoint_every": "checkpoint.every",
     "resume": "checkpoint.resume", "save": "checkpoint.save", "tree_attention": "kernels.tree_attention",
-    "baseline_attention": "kernels.baseline_attention",
+    "baseline_attention": "kernels.baseline_attention", "compile": "kernels.compile",
 }
+# flags setting a field of the [kernels] section (resolved over the HARTS_* environment)
+_KERNEL_FLAGS = ("tree_attention", "baseline_attention", "compile")
 # a flag setting one field of an exclusive pair clears the other
 _CLEARS = {"model": "model.path", "model_path": "model.name", "workload": "data.input", "input": "data.workload"}
 
@@ -195,7 +197,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[Any, _Source]:
     values: dict[str, Any] = {}
     for dest in sorted(explicit & set(_FIELDS)):
         value = getattr(args, dest)
-        if dest in ("parallel", "tree_attention", "baseline_attention"):
+        if dest in ("parallel", *_KERNEL_FLAGS):
             continue
         if dest == "grad_clip" and value <= 0:
             value = None
@@ -214,7 +216,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[Any, _Source]:
         raise UserError("--schedule needs --parallel (the pipeline schedule of pp > 1)", field="--schedule")
     try:
         config = base.override(values)
-        kernels = {k: getattr(args, k) for k in ("tree_attention", "baseline_attention") if k in explicit}
+        kernels = {k: getattr(args, k) for k in _KERNEL_FLAGS if k in explicit}
         if config.kernels is None or kernels:
             from harts.config.kernels import KernelConfig
 

@@ -43,3 +43,16 @@ def test_verify_refuses_attention_switches_on_the_cpu(capsys):
     # on the CPU the equivalence check runs the references: the GPU switches would be ignored
     assert main(["verify", "--baseline-attention", "graph"]) == 2
     assert "--device cuda" in capsys.readouterr().err
+
+
+def test_compile_flag_sets_the_compiled_regions_over_the_environment(monkeypatch):
+    p = argparse.ArgumentParser()
+    add_attention_args(p)
+    monkeypatch.delenv(env.COMPILE, raising=False)
+    assert kernel_config(p.parse_args([])).compile == "off"
+    assert kernel_config(p.parse_args(["--compile", "inductor"])).compile == "inductor"
+    monkeypatch.setenv(env.COMPILE, "inductor")
+    assert kernel_config(p.parse_args([])).compile == "inductor"
+    assert kernel_config(p.parse_args(["--compile", "off"])).compile == "off"
+    with pytest.raises(SystemExit):
+        p.parse_args(["--compile", "max-autotune"])

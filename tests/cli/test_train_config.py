@@ -31,7 +31,7 @@ def test_the_flags_defaults_are_the_configs():
 def test_print_config_writes_the_resolved_config_that_config_reads_back(tmp_path, capsys):
     argv = ["--mode", "tree", "--input", "r.jsonl", "--steps", "2", "--lr", "3e-4", "--grad-clip", "0",
             "--parallel", "pp=2", "--schedule", "non-overlap", "--old-logprobs", "input", "--dtype", "float64",
-            "--tree-attention", "varlen"]
+            "--tree-attention", "varlen", "--compile", "aot_eager"]
     assert main(["train", *argv, "--print-config"]) == 0
     text = capsys.readouterr().out
     path = tmp_path / "run.toml"
@@ -40,6 +40,7 @@ def test_print_config_writes_the_resolved_config_that_config_reads_back(tmp_path
     assert config == _resolved(argv)
     assert config.optimizer.grad_clip is None and config.optimizer.lr == 3e-4
     assert config.parallel == TrainParallel(pp=2, schedule="non-overlap") and config.kernels.tree_attention == "varlen"
+    assert config.kernels.compile == "aot_eager"
     assert config.data == DataSource(input="r.jsonl") and config.precision.dtype == "float64"
     assert main(["train", "--config", str(path), "--print-config"]) == 0
     assert capsys.readouterr().out == text

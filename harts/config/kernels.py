@@ -71,8 +71,8 @@ class NormKernel(StrEnum):
 
 class Compile(StrEnum):
     """Which torch.compile backend runs the model's compiled regions (`harts.exec.compiled`:
-    the MoE routing and load-balance statistics, the KDA forget gate, the SwiGLU product,
-    the gated norm's gate)."""
+    the MoE routing and load-balance statistics, the KDA forget gate, the SwiGLU products
+    of the dense FFN, the shared and the routed experts, the gated norm's gate)."""
 
     OFF = "off"  # eager
     INDUCTOR = "inductor"  # fused generated kernels: fewer launches per layer

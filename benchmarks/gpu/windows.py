@@ -116,8 +116,10 @@ def _trainer(kind: str, trajs, budget: int, model: str, kernels=None):
         floors = window_floors_here(cfg, budget)
     plan = make_plan(build_forest(trajs), "l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=cfg.chunk_size,
                                                              **floors))
-    # windows-resident: the producers' saved tensors left on the device (no HostOffload)
-    return make_trainer("plan", net, plan, offload_producers=kind != "windows-resident", kernels=kernels), plan
+    # windows-resident: the producers' saved tensors left on the device (no HostOffload);
+    # windows-stored: the producers' blocks not checkpointed, all they save in host memory
+    return make_trainer("plan", net, plan, offload_producers=kind != "windows-resident",
+                        producer_recompute=kind != "windows-stored", kernels=kernels), plan
 
 
 def case_runs(cases: str, kinds: str, vocab: int, unsplit_budget: int):

@@ -7,7 +7,7 @@ Kinds (each the one step runner, `harts.exec.step.StepRunner`, over a layout of
 - "tree": `TreeTrainer`, whole rollout trees per microbatch (`TreeLayout`; `kda_mode`
   "replay" or the "node" ablation);
 - "plan": `PlanTrainer`, a step planner's `plan` (`PlanLayout`: sharing windows; `order`,
-  `schedule`, `offload_producers` as `PlanLayout` takes them);
+  `schedule`, `offload_producers`, `producer_recompute` as `PlanLayout` takes them);
 - "prefix-merged": `PrefixMergedTrainer`, the prefix-merged expanded baseline
   (`PrefixMergedLayout`).
 
@@ -50,7 +50,7 @@ def chained_expanded_plan(trajectories: Sequence[Any], microbatch_tokens: int, c
 def make_trainer(kind: str, model: Any, plan: Any = None, *, optimizer: OptimizerConfig | None = None,
                  loss: PolicyLossConfig | None = None, kernels: KernelConfig | None = None,
                  kda_mode: str | None = None, order: Sequence[int] | None = None, schedule: Any = None,
-                 offload_producers: bool | None = None) -> Any:
+                 offload_producers: bool | None = None, producer_recompute: bool = True) -> Any:
     """A `kind` trainer (module docstring) of `model`: its AdamW from `optimizer`, its loss
     from `loss`, its ops' kernels from `kernels` (None: `KernelConfig.from_env()`). `plan`
     and the window options are the "plan" kind's, `kda_mode` the "tree" kind's."""
@@ -58,8 +58,9 @@ def make_trainer(kind: str, model: Any, plan: Any = None, *, optimizer: Optimize
         raise ValueError(f"unknown trainer kind {kind!r}; known: {', '.join(TRAINER_KINDS)}")
     if (plan is not None) != (kind == "plan"):
         raise ValueError(f"a plan goes with the 'plan' kind ({kind!r} {'got' if plan is not None else 'needs'} one)")
-    if kind != "plan" and (order is not None or schedule is not None or offload_producers is not None):
-        raise ValueError("order, schedule and offload_producers are the 'plan' kind's")
+    if kind != "plan" and (order is not None or schedule is not None or offload_producers is not None
+                           or not producer_recompute):
+        raise ValueError("order, schedule, offload_producers and producer_recompute are the 'plan' kind's")
     if kind != "tree" and kda_mode is not None:
         raise ValueError("kda_mode is the 'tree' kind's")
     if kind == "expanded":
@@ -74,7 +75,7 @@ def make_trainer(kind: str, model: Any, plan: Any = None, *, optimizer: Optimize
         from harts.exec.window import PlanTrainer
 
         return PlanTrainer(model, plan, optimizer, loss, order=order, schedule=schedule, kernels=kernels,
-                           offload_producers=offload_producers)
+                           offload_producers=offload_producers, producer_recompute=producer_recompute)
     from harts.exec.prefix_trainer import PrefixMergedTrainer
 
     return PrefixMergedTrainer(model, optimizer, loss, kernels=kernels)

@@ -20,18 +20,20 @@ __all__ = ["PlanTrainer", "WindowStats", "order_from_schedule", "piece_rows"]
 
 class PlanTrainer(StepRunner):
     """Runs the microbatches of a `Plan`; tree-mode plans with sharing windows exactly.
-    `order`, `schedule` and `offload_producers` are `PlanLayout`'s."""
+    `order`, `schedule`, `offload_producers` and `producer_recompute` are `PlanLayout`'s."""
 
     def __init__(self, model: HybridModel, plan: Plan, optimizer: OptimizerConfig | None = None,
                  loss: PolicyLossConfig | None = None, *, order: Sequence[int] | None = None,
                  schedule: Schedule | None = None, kernels: KernelConfig | None = None,
-                 offload_producers: bool | None = None, layout: PlanLayout | None = None):
+                 offload_producers: bool | None = None, producer_recompute: bool = True,
+                 layout: PlanLayout | None = None):
         """`layout`: a plan layout of `plan` to run instead of one built from the options
         (a distributed runner's replica layout)."""
         if plan.mode == PlanMode.TREE:
             model.config.check_tree_mode()
         if layout is None:
-            layout = PlanLayout(plan, order=order, schedule=schedule, offload_producers=offload_producers)
+            layout = PlanLayout(plan, order=order, schedule=schedule, offload_producers=offload_producers,
+                                producer_recompute=producer_recompute)
         super().__init__(model, layout, optimizer, loss, kernels=kernels)
         self.plan = plan
 

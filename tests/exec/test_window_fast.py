@@ -320,3 +320,61 @@ def _runs_by_checkpoint(monkeypatch, model_module, dtype) -> dict:
         res = PlanTrainer(model, plan, loss=LOSS).forward_backward(trajs, 1 << 20)
         runs[name] = (res.losses, _grads(model), kinds)
     return runs
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_producers_that_store_rather_than_recompute_give_the_same_step(monkeypatch, dtype):
+    """`producer_recompute=False`: a producer's blocks run without checkpointing, so its
+    backward recomputes nothing and all it saved passes through the offload hooks; the
+    consumers still checkpoint. Losses and every gradient equal the default step's, bit
+    for bit (one thread, as above), and the producers' forwards run once, not twice."""
+    import harts.exec.model.model as model_module
+    import harts.exec.offload as offload
+
+    monkeypatch.setattr(offload, "DEFAULT_MIN_BYTES", 0)
+    trajs, plan, cfg = _setup()
+    real, block_run = model_module.checkpoint_kind, model_module.Block.forward
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    runs = {}
+    try:
+        for stored in (False, True):
+            kinds, calls = [], []
+
+            def kind_of(ctx, x_TD, kinds=kinds):
+                kinds.append(getattr(ctx, "record", None) is not None)
+                return real(ctx, x_TD)
+
+            def block_forward(block, x_TD, ctx, calls=calls):
+                calls.append(getattr(ctx, "record", None) is not None)
+                return block_run(block, x_TD, ctx)
+
+            monkeypatch.setattr(model_module, "checkpoint_kind", kind_of)
+            monkeypatch.setattr(model_module.Block, "forward", block_forward)
+            model = build_model(cfg, seed=3, dtype=dtype, recompute=True)
+            trainer = PlanTrainer(model, plan, loss=LOSS, offload_producers=True, producer_recompute=not stored)
+            res = trainer.forward_backward(trajs, 1 << 20)
+            runs[stored] = (res.losses, _grads(model), kinds, sum(calls), trainer.windows)
+    finally:
+        torch.set_num_threads(threads)
+    producers, n = len(plan.consumers()), len(plan.microbatches)
+    assert runs[False][0] == runs[True][0]
+    for a, b in zip(runs[False][1], runs[True][1], strict=True):
+        assert torch.equal(a, b)
+    # checkpointed microbatches: every one by default, the consumers alone when stored
+    assert sorted(runs[False][2]) == sorted([True] * producers + [False] * (n - producers))
+    assert runs[True][2] == [False] * (n - producers)
+    # a producer's blocks run once less, with no recomputation in its backward (block
+    # calls of producers: the statistics pass, the forward and, by default, the recompute)
+    assert runs[False][3] - runs[True][3] == producers * cfg.num_layers
+    # what the hooks moved: every saved activation of the producer's blocks, more than
+    # their checkpointed inputs alone
+    for w_def, w_st in zip(runs[False][4], runs[True][4], strict=True):
+        assert w_st.offloaded_bytes > w_def.offloaded_bytes
+
+
+def test_producer_recompute_is_the_plan_kinds_option():
+    from harts.exec.factory import make_trainer
+
+    with pytest.raises(ValueError, match="producer_recompute"):
+        make_trainer("tree", build_model(get_model_config("tiny-cpu")), producer_recompute=False)

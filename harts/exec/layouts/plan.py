@@ -270,7 +270,7 @@ class PlanLayout(LayoutBase):
     """The microbatches of a `Plan`; tree-mode plans with sharing windows exactly."""
 
     def __init__(self, plan: Plan, *, order: Sequence[int] | None = None, schedule: Schedule | None = None,
-                 offload_producers: bool | None = None):
+                 offload_producers: bool | None = None, producer_recompute: bool = True):
         """`order`: the microbatch ids in execution order, as a pipeline schedule runs them
         (default: each replica's plan order, replicas one after another). Windows may
         overlap — a producer may run before the previous window's last consumer — as long
@@ -279,7 +279,12 @@ class PlanLayout(LayoutBase):
         of this plan instead of `order`: its first stage's forward order (`order_from_schedule`).
         `offload_producers`: hold a window producer's large saved tensors (its blocks'
         checkpointed inputs) in host memory while its consumers run (`HostOffload`); the
-        default does so on CUDA devices. Values are unchanged either way."""
+        default does so on CUDA devices. `producer_recompute=False`: a producer's blocks run
+        without activation checkpointing, so everything they save for backward passes
+        through those hooks (to host memory where the offload is on) and its backward
+        recomputes nothing: one forward's launches and kernels fewer per producer, and no
+        checkpoint hooks on its saved tensors, for the host memory and the copies of all its
+        saved activations. Values are unchanged either way."""
         self.plan = plan
         if schedule is not None:
             if order is not None:
@@ -296,6 +301,7 @@ class PlanLayout(LayoutBase):
                 raise ValueError(f"order runs consumer {m.id} before its producer {m.producer}")
         self.execution_order = order
         self.offload_producers = offload_producers
+        self.producer_recompute = bool(producer_recompute)
         # an expanded plan with chains of windows (trajectories longer than its budget):
         # its other microbatches run packed, between the chains' tree-mode microbatches
         self._chains = plan.mode == PlanMode.EXPANDED and any(m.pieces for m in plan.microbatches)
@@ -409,6 +415,8 @@ class PlanLayout(LayoutBase):
                               record=is_producer, schedule=schedules[m.id],
                               record_needs=needs[m.id] if is_producer else None,
                               kernels=self.kernels, kernel_record=self.kernel_record)
+            if is_producer and not self.producer_recompute:
+                ctx.recompute = False  # run_blocks: no checkpointing of this microbatch
             if model.config.num_kda_layers:
                 ctx.prepare_kda(model.config.conv_window)
             # the targets it serves, each by the index of its row among the computed rows

@@ -95,10 +95,12 @@ def checkpoint_kind(ctx: MixingContext, x_TD: Tensor) -> str:
 def run_blocks(blocks, x_TD: Tensor, ctx: MixingContext, aux: Tensor, recompute: bool
                ) -> tuple[Tensor, Tensor, list[Tensor]]:
     """The blocks in order over the residual stream `x_TD`, each under activation
-    checkpointing when `recompute` and gradients are on (`checkpoint_kind`); the MoE
-    blocks' aux losses added to `aux` and their expert loads listed (the whole model's
-    forward and a pipeline stage's)."""
+    checkpointing when `recompute`, the context's own `recompute` (default True: a window
+    producer whose saved tensors wait in host memory may store them rather than recompute)
+    and gradients are on (`checkpoint_kind`); the MoE blocks' aux losses added to `aux` and
+    their expert loads listed (the whole model's forward and a pipeline stage's)."""
     loads = []
+    recompute = recompute and getattr(ctx, "recompute", True)
     kind = checkpoint_kind(ctx, x_TD) if recompute and torch.is_grad_enabled() else None
     for block in blocks:
         if kind == "reentrant":

@@ -124,3 +124,19 @@ def test_float32_chain_matches_expanded(explicit):
     rep = compare_steps(ref, ref_model, got, model)
     assert rep["rms_rel_logprob_err"] <= TOL32
     assert rep["rms_rel_grad_err"] <= TOL32
+
+
+@pytest.mark.parametrize("stored", [False, True])
+def test_recomputed_and_stored_chain_pieces_match_expanded(explicit, stored, monkeypatch):
+    # with recomputation, chain pieces that are producers (and consumers of the piece above)
+    # checkpointed as the default does, or storing what they save in host memory (every
+    # saved tensor moved, whatever its size)
+    import harts.exec.offload as offload
+
+    monkeypatch.setattr(offload, "DEFAULT_MIN_BYTES", 0)
+    trajs, ref_model, ref = explicit
+    plan = _plan(trajs, "l1l2")
+    model = build_model(_config(), seed=3, dtype=torch.float64, recompute=True)
+    trainer = PlanTrainer(model, plan, loss=LOSS, offload_producers=True, producer_recompute=not stored)
+    _check(ref, ref_model, trainer.forward_backward(trajs, 1 << 20), model)
+    assert all(w.offloaded_bytes > 0 for w in trainer.windows)

@@ -284,7 +284,8 @@ class PlanLayout(LayoutBase):
         through those hooks (to host memory where the offload is on) and its backward
         recomputes nothing: one forward's launches and kernels fewer per producer, and no
         checkpoint hooks on its saved tensors, for the host memory and the copies of all its
-        saved activations. Values are unchanged either way."""
+        saved activations (measured 51% slower on one H200's 8k window step: the copies cost
+        more than the recomputation; docs/BENCHMARKS.md). Values are unchanged either way."""
         self.plan = plan
         if schedule is not None:
             if order is not None:

@@ -186,8 +186,9 @@ def add_attention_args(p) -> None:
                    "so tree and expanded rows get the same bits)")
     p.add_argument("--compile", choices=COMPILE_CHOICES, default=None,
                    help="run the model's elementwise chains (MoE routing, KDA forget gate, SwiGLU products, "
-                   "gated norm) under torch.compile with this backend: inductor fuses them into fewer launches "
-                   "(a first step that compiles; default off, or HARTS_COMPILE)")
+                   "gated norm) under torch.compile with this backend: inductor fuses them into fewer launches, "
+                   "which pays where the device is the bottleneck and costs where the host is (a first "
+                   "step that compiles; default off, or HARTS_COMPILE)")
 
 
 def kernel_config(args):

@@ -6,8 +6,8 @@
 Per case (`family/seed@budget`, drawn by `harts.tree.shapes.draw`) and kind (`windows`: the
 l1l2 plan at the budget; `windows-resident`: the same plan with the producers' saved
 tensors left on the device; `windows-stored`: the same plan with the producers' blocks not
-checkpointed, everything they save held in host memory; `tree`: the same rows unsplit, budget 131072; `expanded`: the
-expanded baseline at the budget), each on a fresh model from the same seed
+checkpointed, everything they save held in host memory; `tree`: the same rows unsplit,
+budget 131072; `expanded`: the expanded baseline at the budget), each on a fresh model from the same seed
 (benchmarks/gpu/windows.py's trainers), first eager and then with `--backend`: the first
 step timed on its own (it compiles), then the median of `--steps` prepared steps, the
 launches of one prepared step (torch.profiler: kernels, memsets and copies), the peak

@@ -26,7 +26,6 @@ import json
 import statistics
 import sys
 import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -89,15 +88,12 @@ def main(argv: list[str]) -> int:
     result = {"provenance": W.provenance([sys.argv[0], *argv]), "model": args.model, "backend": args.backend,
               "kernels": base.to_dict(), "cases": {}, "skipped": []}
     t_start = time.perf_counter()
-    for key, kind, trajs, b in W.case_runs(args.cases, args.kinds, vocab, args.unsplit_budget):
-        if time.perf_counter() - t_start > args.time_limit:
-            result["skipped"].append(key)
-            continue
+    for key, kind, trajs, b in W.case_runs(args, vocab, result["skipped"]):
         try:
             eager = run(kind, trajs, b, base, args)
             comp = run(kind, trajs, b, base.replace(compile=args.backend), args)
-        except Exception as exc:  # a case that fails is recorded; the others still run
-            result["cases"][key] = {"error": "".join(traceback.format_exception(exc))[-4000:]}
+        except Exception as exc:  # noqa: BLE001 - a case that fails is recorded; the others still run
+            result["cases"][key] = W.case_error(exc)
             print(f"[{key}] failed: {exc!r}", flush=True)
             W._free()
             continue

@@ -36,7 +36,6 @@ import json
 import sys
 import tempfile
 import time
-import traceback
 import warnings
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -287,10 +286,7 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     result = {"provenance": W.provenance([sys.argv[0], *argv]), "model": args.model, "cases": {}, "skipped": []}
     t_start = time.perf_counter()
-    for key, kind, trajs, b in W.case_runs(args.cases, args.kinds, vocab, args.unsplit_budget):
-        if time.perf_counter() - t_start > args.time_limit:
-            result["skipped"].append(key)
-            continue
+    for key, kind, trajs, b in W.case_runs(args, vocab, result["skipped"]):
         try:
             trainer, _ = W._trainer(kind, trajs, b, args.model)
             trainer.step(trajs, b)
@@ -322,7 +318,7 @@ def main(argv: list[str]) -> int:
             for kind_, op, node, n, v in t["launch_ops"][:12]:
                 print(f"   launches {n:5d} {v * 1e3:7.2f} ms  {kind_}: {op[:60]} ({node[:50]})", flush=True)
         except Exception as err:  # noqa: BLE001 - record and go on
-            result["cases"][key] = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()[-3000:]}
+            result["cases"][key] = W.case_error(err)
             print(f"[{key}] ERROR {type(err).__name__}: {err}", flush=True)
         trainer = None
         W._free()

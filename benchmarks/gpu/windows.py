@@ -122,18 +122,30 @@ def _trainer(kind: str, trajs, budget: int, model: str, kernels=None):
                         producer_recompute=kind != "windows-stored", kernels=kernels), plan
 
 
-def case_runs(cases: str, kinds: str, vocab: int, unsplit_budget: int):
-    """(key "family/seed@budget kind", kind, trajectories, budget) for every case of `cases`
-    ("family/seed@budget,...", drawn by `harts.tree.shapes.draw` once per case) and kind of
-    `kinds` ("windows,tree,..."; a `tree` runs the same rows unsplit at `unsplit_budget`)."""
+def case_runs(args: argparse.Namespace, vocab: int, skipped: list[str]):
+    """(key "family/seed@budget kind", kind, trajectories, budget) for every case of
+    `args.cases` ("family/seed@budget,...", drawn by `harts.tree.shapes.draw` once per case)
+    and kind of `args.kinds` ("windows,tree,..."; a `tree` runs the same rows unsplit at
+    `args.unsplit_budget`); past `args.time_limit` seconds from the first, the keys left go
+    to `skipped` instead."""
     from harts.tree import shapes
 
-    for case in cases.split(","):
+    t_start = time.perf_counter()
+    for case in args.cases.split(","):
         family, rest = case.split("/")
         seed, budget = (int(x) for x in rest.split("@"))
         trajs = shapes.draw(family, seed, budget, vocab_size=vocab)
-        for kind in kinds.split(","):
-            yield f"{case} {kind}", kind, trajs, unsplit_budget if kind == "tree" else budget
+        for kind in args.kinds.split(","):
+            key = f"{case} {kind}"
+            if time.perf_counter() - t_start > args.time_limit:
+                skipped.append(key)
+                continue
+            yield key, kind, trajs, args.unsplit_budget if kind == "tree" else budget
+
+
+def case_error(err: BaseException) -> dict[str, str]:
+    """A failed case's record (the suite goes on with the next)."""
+    return {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()[-3000:]}
 
 
 def window_floors_here(cfg, budget: int) -> dict[str, float]:

@@ -89,6 +89,9 @@ class TreeContext:
     """`MixingContext` over a microbatch's local layout (by default: a whole forest)."""
 
     allows_token_dropping = False
+    # whether the model's blocks checkpoint over this context when the model recomputes
+    # (`run_blocks`); a window producer that stores what it saves sets it False
+    recompute = True
 
     def __init__(self, forest: RolloutForest, *, chunk_size: int = 64, kda_mode: str = "replay",
                  device: torch.device | str = "cpu", layout: LocalLayout | None = None,

@@ -417,7 +417,7 @@ class PlanLayout(LayoutBase):
                               record_needs=needs[m.id] if is_producer else None,
                               kernels=self.kernels, kernel_record=self.kernel_record)
             if is_producer and not self.producer_recompute:
-                ctx.recompute = False  # run_blocks: no checkpointing of this microbatch
+                ctx.recompute = False
             if model.config.num_kda_layers:
                 ctx.prepare_kda(model.config.conv_window)
             # the targets it serves, each by the index of its row among the computed rows

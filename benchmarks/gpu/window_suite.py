@@ -3,7 +3,7 @@ as a window plan against the same rows unsplit and against the expanded baseline
 same budget.
 
     python3 benchmarks/gpu/window_suite.py [--families grpo,bushy,...] [--budgets 8192 16384 32768]
-        [--seeds 0] [--fidelity] [--profile] [--steps N] [--no-autotune] --out DIR
+        [--seeds 0] [--fidelity] [--profile] [--memtrace] [--steps N] [--no-autotune] --out DIR
 
 Instances come from `harts.tree.shapes` (`draw(family, seed, budget)`: every trajectory
 fits the budget, one tree is larger than it, at most four budgets of compact rows), so a
@@ -27,7 +27,8 @@ window plan and of the unsplit tree against the expanded step at B in float32 fr
 same weights, and their ratio (`fidelity_windows_over_tree_float32`, the table's column);
 also against the bf16 expanded step (`fidelity_windows_over_tree`, which carries the
 baseline's own rounding). `--profile`: device time by op of one window step minus one unsplit
-step, for each family's first instance at the middle budget. Writes DIR/window_suite.json
+step, for each family's first instance at the middle budget. `--memtrace`: the window
+and expanded steps under CUDA memory history (`windows.memtrace_case`). Writes DIR/window_suite.json
 with provenance (git revision, command, versions, GPU); prints a table.
 """
 
@@ -61,6 +62,9 @@ def main(argv: list[str]) -> int:
                          "(harts.sim.executor.window_floors), windows only where they pay")
     ap.add_argument("--fidelity", action="store_true")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--memtrace", action="store_true",
+                    help="CUDA memory history of one window step and one expanded step per instance "
+                         "(windows.memtrace_case: marks per microbatch, live allocations at the peak by call site)")
     W.add_run_args(ap)
     args = ap.parse_args(argv)
     W.start_run(args)
@@ -116,6 +120,20 @@ def main(argv: list[str]) -> int:
                                             "trace": traceback.format_exc()[-3000:]}
                         print(f"[{key}] fidelity ERROR {type(err).__name__}: {err}", flush=True)
                         W._free()
+                if args.memtrace:
+                    for kind in ("windows", "expanded"):
+                        try:
+                            m = W.memtrace_case(kind, trajs, budget, args)
+                            inst.setdefault("memtrace", {})[kind] = m
+                            print(f"[{key} memtrace {kind}] peak above the base "
+                                  f"{m['step_peak_above_base'] / 2**30:.2f} GiB", flush=True)
+                            for row in m["at_peak"][:8]:
+                                print(f"   {row['bytes'] / 2**20:9.1f} MiB {row['tensors']:5d}  {row['site'][:110]}",
+                                      flush=True)
+                        except Exception as err:  # noqa: BLE001
+                            inst.setdefault("memtrace", {})[kind] = {"error": f"{type(err).__name__}: {err}"}
+                            print(f"[{key}] memtrace {kind} ERROR {type(err).__name__}: {err}", flush=True)
+                            W._free()
                 if args.profile and seed == args.seeds[0] and budget == middle:
                     try:
                         pw = W.profile_case("windows", trajs, budget, args)

@@ -433,11 +433,14 @@ class TreeContext:
         return self._round_windows[W]
 
     def _window(self, W: int) -> Tensor:
-        """[L, W]: each local row's conv window along its path (built once per width)."""
+        """[L, W]: each local row's conv window along its path (built once per width, on
+        the host from the layout's parents and copied without a stream synchronisation:
+        `window_from_parents` checks its input, which on a device tensor waits for the GPU)."""
         if W not in self._windows:
             from harts.exec.ops.conv import window_from_parents
 
-            self._windows[W] = window_from_parents(self.row_parent, W)
+            window = window_from_parents(torch.as_tensor(self.layout.parent, dtype=torch.int64), W)
+            self._windows[W] = to_device(window, self.device)
         return self._windows[W]
 
     def _kda_rounds(self, layer: int, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,

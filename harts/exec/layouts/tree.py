@@ -71,6 +71,8 @@ class TreeLayout(LayoutBase):
             table = target_table(tg, traj=global_traj).to(device, dtype)
             ctx = TreeContext(forest, chunk_size=model.config.chunk_size, kda_mode=self.kda_mode, device=device,
                               kernels=self.kernels, kernel_record=self.kernel_record)
+            if model.config.num_kda_layers:
+                ctx.prepare_kda(model.config.conv_window)  # host work and uploads ahead of the step
             ids_T = to_device(forest.token_ids, device)
             info = {"kda_rounds": ctx.kda_rounds, "replay_tokens": ctx.replay_tokens,
                     "compression": forest.compression}

@@ -2,6 +2,7 @@
 bit-identity claims, and tree/expanded equivalence on a CUDA device.
 
     python3 -m pytest -q -m cuda tests/cuda
+    HARTS_TEST_NO_AUTOTUNE=1 python3 -m pytest -q -m cuda tests/cuda   # no Triton tuning
 
 The default run (`python3 -m pytest -q`) deselects them (pyproject: addopts -m "not cuda").
 Selected on a machine without CUDA they fail, loudly, rather than skip: a green run must
@@ -29,6 +30,13 @@ def cuda_device():
         pytest.fail("tests/cuda need a CUDA device; on a machine without one run the default "
                     "`python3 -m pytest -q` (which deselects them)", pytrace=False)
     os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
+    if os.environ.get("HARTS_TEST_NO_AUTOTUNE") == "1":
+        # each Triton autotuner takes its first config that fits, untimed (the GPU suites'
+        # --no-autotune): fla's KDA kernels otherwise tune every config at their first use,
+        # minutes on a fresh machine; the tests check values, which every config computes
+        from benchmarks.gpu.common import no_autotune
+
+        no_autotune()
     return torch.device("cuda")
 
 

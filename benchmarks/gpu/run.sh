@@ -6,8 +6,10 @@
 # A SUITE is a suite name, optionally followed by its own arguments in the same (quoted)
 # word: "step --schemes treestep --steps 3". Suites: step baselines attention kda conv fidelity
 # op_profile calib moe windows window_anatomy window_suite compile_ab chains sim_calibrate checkpoints revisions (benchmarks/gpu/<name>.py), and tests (the GPU correctness
-# tests: python3 -m pytest -q -m cuda tests/cuda). Each writes under $OUT/<name>/ (default
-# /tmp/out) and runs under `timeout` (TIMEOUT_<name> seconds, else the default below).
+# tests: python3 -m pytest -q -m cuda tests/cuda, with each Triton autotuner's first config that
+# fits unless HARTS_TEST_NO_AUTOTUNE=0: tuning fla's KDA kernels takes minutes on a fresh machine).
+# Each writes under $OUT/<name>/ (default /tmp/out) and runs under `timeout` (TIMEOUT_<name>
+# seconds, else the default below).
 #
 # Wheels carried in .whl/ (fla-core, einops, nvidia-cudnn-frontend, ortools, ...) are
 # installed first into /tmp/site, as the device machines have no package index.
@@ -33,7 +35,8 @@ for spec in "$@"; do
   echo "### $spec (limit ${limit}s)"
   if [ "$name" = tests ]; then
     # shellcheck disable=SC2086
-    timeout "$limit" python3 -m pytest -q -p no:cacheprovider -m cuda tests/cuda $args \
+    HARTS_TEST_NO_AUTOTUNE=${HARTS_TEST_NO_AUTOTUNE:-1} timeout "$limit" python3 -m pytest -q -p no:cacheprovider \
+      -m cuda tests/cuda $args \
       --junitxml="$OUT/tests/junit.xml" 2>&1 | tee "$OUT/tests/pytest.log" | tail -40
   else
     # shellcheck disable=SC2086

@@ -137,7 +137,6 @@ class TreeContext:
         weight = forest.row_occurrence[layout.rows[comp]] if row_weight is None else row_weight
         self.row_weight = to_device(weight, dev, torch.float64)
         self.position_ids = to_device(layout.position[comp], dev, torch.int64)
-        self.row_parent = to_device(layout.parent, dev, torch.int64)
         end = to_device(layout.end, dev, torch.int64)
         q_idx = self._computed
         from harts.exec import backend

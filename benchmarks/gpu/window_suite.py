@@ -125,13 +125,9 @@ def main(argv: list[str]) -> int:
                         try:
                             m = W.memtrace_case(kind, trajs, budget, args)
                             inst.setdefault("memtrace", {})[kind] = m
-                            print(f"[{key} memtrace {kind}] peak above the base "
-                                  f"{m['step_peak_above_base'] / 2**30:.2f} GiB", flush=True)
-                            for row in m["at_peak"][:8]:
-                                print(f"   {row['bytes'] / 2**20:9.1f} MiB {row['tensors']:5d}  {row['site'][:110]}",
-                                      flush=True)
+                            W.print_memtrace(f"{key} {kind}", m, top=8)
                         except Exception as err:  # noqa: BLE001
-                            inst.setdefault("memtrace", {})[kind] = {"error": f"{type(err).__name__}: {err}"}
+                            inst.setdefault("memtrace", {})[kind] = W.case_error(err)
                             print(f"[{key}] memtrace {kind} ERROR {type(err).__name__}: {err}", flush=True)
                             W._free()
                 if args.profile and seed == args.seeds[0] and budget == middle:

@@ -393,6 +393,18 @@ def fidelity_case(trajs, budget: int, args) -> dict:
     return out
 
 
+def print_memtrace(label: str, m: dict, top: int | None = None) -> None:
+    """A `memtrace_case` result: the step's peak, the per-microbatch marks and the live
+    allocations at the peak by call site (the `top` largest, default all)."""
+    print(f"[memtrace {label}] base {m['base_bytes']/2**30:.2f} GiB, step peak +{m['step_peak_above_base']/2**30:.2f} GiB",
+          flush=True)
+    for k in m["marks"]:
+        print(f"   {k['at']:<28} allocated {k['allocated']/2**30:6.2f} GiB  peak since last "
+              f"{k['peak_since_last']/2**30:6.2f} GiB", flush=True)
+    for r in m["at_peak"][:top]:
+        print(f"   {r['bytes']/2**30:7.2f} GiB {r['tensors']:6d}  {r['site'][:140]}", flush=True)
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny-h200")
@@ -482,12 +494,7 @@ def main(argv: list[str]) -> int:
             elif kind == "memtrace":
                 m = memtrace_case("windows", trajs, budget, args)
                 result.setdefault("memtrace", {})[wl] = m
-                print(f"[memtrace {wl}] base {m['base_bytes']/2**30:.2f} GiB, step peak +{m['step_peak_above_base']/2**30:.2f} GiB", flush=True)
-                for k in m["marks"]:
-                    print(f"   {k['at']:<28} allocated {k['allocated']/2**30:6.2f} GiB  peak since last "
-                          f"{k['peak_since_last']/2**30:6.2f} GiB", flush=True)
-                for r in m["at_peak"]:
-                    print(f"   {r['bytes']/2**30:7.2f} GiB {r['tensors']:6d}  {r['site'][:140]}", flush=True)
+                print_memtrace(wl, m)
             elif kind == "profile":
                 result["profile"]["windows"] = profile_case("windows", trajs, budget, args)
                 result["profile"]["tree"] = profile_case("tree", trajs, args.unsplit_budget, args)

@@ -42,6 +42,8 @@ class MixingContext(Protocol):
     position_ids: Tensor
     # Optional attribute read with getattr(ctx, "allows_token_dropping", False): only a
     # context whose rows are plain tokens (packed) may let MoE drop over-capacity tokens.
+    # Optional attribute read with getattr(ctx, "recompute", True) (`run_blocks`): False
+    # runs the blocks without activation checkpointing even where the model recomputes.
 
     def attention(self, layer: int, q_THD: Tensor, k_THD: Tensor, v_THE: Tensor, scale: float) -> Tensor:
         """o_THE: each row attends the rows before it on its own path (and itself)."""

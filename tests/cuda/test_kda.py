@@ -8,6 +8,7 @@ import pytest
 import torch
 from fla.ops.kda import chunk_kda as fla_chunk_kda
 
+from harts.config.kernels import KernelConfig
 from harts.exec.ops.kda import chunk_kda as ref_kda
 from harts.exec.ops.kda.fla import chunk_kda_fast, fwd_h_config
 from tests.cuda.conftest import TOL_BF16, TOL_F32, assert_rel
@@ -61,14 +62,17 @@ def test_fast_kda_matches_reference(dtype, states):
         assert_rel(f"d{name}", a, b, tol)
 
 
+@pytest.mark.parametrize("launch", ["auto", "fla"], ids=["own_fwd_h", "fla_fwd_h"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_plain_call_of_few_sequences_gives_fla_bits(dtype):
-    # a plain call (no states handed on) of few sequences runs HARTS's own path
-    # (fwd_h_config picks a launch); its outputs and gradients are fla's chunk_kda's bits
+def test_plain_call_gives_fla_bits(dtype, launch):
+    # a plain call (no states handed on) runs HARTS's states path with nothing selected:
+    # with few sequences at `fwd_h_config`'s launch ("auto"), with many at fla's own (as
+    # "fla" forces here); its outputs and gradients are fla's chunk_kda's bits either way
     leaves, cu, do, dht = _inputs(dtype)
+    kernels = KernelConfig(kda_fwd_h=launch)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert fwd_h_config(len(LENS), H, V, sms) is not None, "expected HARTS's own forward-state launch here"
-    f = chunk_kda_fast(*leaves[:5], initial_state=leaves[5], cu_seqlens=cu)
+    assert (fwd_h_config(len(LENS), H, V, sms, kernels) is not None) == (launch == "auto")
+    f = chunk_kda_fast(*leaves[:5], initial_state=leaves[5], cu_seqlens=cu, kernels=kernels)
     fl = [x.detach().clone().requires_grad_() for x in leaves]
     o_fla, final_fla = fla_chunk_kda(*(x[None] for x in fl[:5]), scale=K**-0.5, initial_state=fl[5],
                                      output_final_state=True, cu_seqlens=cu.cuda())
@@ -78,6 +82,26 @@ def test_plain_call_of_few_sequences_gives_fla_bits(dtype):
     assert torch.equal(f.final_state, final_fla)
     for name, a, b in zip(NAMES, gf, gl, strict=True):
         assert torch.equal(a, b), f"d{name} differs from fla's"
+
+
+@pytest.mark.parametrize("states", [False, True], ids=["plain", "chunk_states"])
+def test_call_with_new_cu_seqlens_does_not_synchronise(states):
+    # a microbatch's first KDA call sees cu_seqlens objects no earlier call saw; neither its
+    # forward nor its backward may wait for the device (a host copy of cu_seqlens given)
+    leaves, cu, do, dht = _inputs(torch.bfloat16)
+    chunk_kda_fast(*leaves[:5], initial_state=leaves[5], cu_seqlens=cu.cuda(), cu_seqlens_cpu=cu,
+                   output_chunk_states=states).o.sum().backward()  # compiles and tunes the kernels
+    torch.cuda.synchronize()
+    fresh_host = cu.clone()
+    fresh = fresh_host.pin_memory().cuda(non_blocking=True)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        f = chunk_kda_fast(*leaves[:5], initial_state=leaves[5], cu_seqlens=fresh, cu_seqlens_cpu=fresh_host,
+                           output_chunk_states=states)
+        torch.autograd.backward([f.o, f.final_state], [do.to(f.o.dtype), dht])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

@@ -230,8 +230,11 @@ class _ChunkKDAStates(torch.autograd.Function):
             q=q, k=k, v=v, gk=g_cum, beta=beta, scale=scale, cu_seqlens=cu, chunk_size=B,
             chunk_indices=chunk_indices, safe_gate=False, disable_recompute=False,
         )
+        # h in float32 where states are selected from it (handed on exactly), else in the
+        # inputs' dtype as fla's forward keeps it (the output kernel reads it at that width)
         h, v_new, final = _fwd_h(f, kg, w, u, g_cum, h0, cu, chunk_offsets, num_chunks, B,
-                                 h_dtype=torch.float32, with_final=True, kernels=launch[0], record=launch[1])
+                                 h_dtype=torch.float32 if chunk_sel.size else k.dtype, with_final=True,
+                                 kernels=launch[0], record=launch[1])
         o = f["chunk_gla_fwd_o_gk"](
             q=q, v=v_new, g=g_cum, A=Aqk, h=h, scale=scale, cu_seqlens=cu, chunk_size=B,
             chunk_indices=chunk_indices,
@@ -312,7 +315,7 @@ def chunk_kda_fast(
 
     chunk_state_index: which of the M boundary states to return (host array preferred: a
     CUDA tensor is copied to the host); only those are gathered, and only their gradients
-    enter the backward. An empty index runs fla's plain chunk_kda.
+    enter the backward. An empty index hands on no state (fla's plain chunk_kda's bits).
     cu_seqlens_cpu: a host copy of cu_seqlens (saves a device-to-host sync per call).
     kernels: the forward state kernel's launch (`fwd_h_config`); record: where a launch
     fallback is reported.
@@ -337,15 +340,15 @@ def chunk_kda_fast(
         num_states = int(ix["chunk"].size)
         sel = (np.arange(num_states) if chunk_state_index is None
                else check_chunk_state_index(chunk_state_index, num_states))
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count if q.is_cuda else None
-    narrow = fwd_h_config(int(cu_host.numel()) - 1, H, v.shape[-1], sms, kernels)
-    if (not output_chunk_states or sel.size == 0) and narrow:
-        # no state handed on, but few sequences (a stepwise chain: one): our path, whose
-        # forward state kernel runs at the narrow value block (`fwd_h_config`) and whose
-        # state backward at `dhu.value_block`, where fla's launches leave half the SMs
-        # idle (the stepwise tree step's fwd_h took 17.5 ms against 4.7 for its share of
-        # the expanded step's, benchmarks/results/profile/2026-11-29-6799d3c-profile.json);
-        # no states selected
+    if not output_chunk_states or sel.size == 0:
+        # no state handed on: the same kernels as fla's chunk_kda, and the same bits
+        # (tests/cuda/test_kda.py), through the states path with nothing selected. fla's own
+        # entry point builds its chunk grid with a copy from pageable host memory, a stream
+        # synchronisation for every new cu_seqlens (one per microbatch, in the middle of its
+        # forward: the device drains and the host's lead over it is lost); here the grid
+        # comes from the host copy, uploaded asynchronously. The forward state kernel runs
+        # at `fwd_h_config`'s launch where a round of few sequences leaves SMs idle, else at
+        # fla's; the state backward is `dhu.bwd_dhu_inject`.
         ix = ix if ix is not None else boundary_index(cu_host.numpy(), chunk_size)
         none = np.zeros(0, np.int64)
         o, final, _ = _ChunkKDAStates.apply(
@@ -355,20 +358,6 @@ def chunk_kda_fast(
         return KDAOutput(o[0].to(v.dtype), final if output_final_state else None,
                          final[:0] if output_chunk_states else None,
                          to_device(ix["state_offsets"], dev) if output_chunk_states else None)
-    if not output_chunk_states or sel.size == 0:
-        # no state handed on: fla's chunk_kda as is (its outputs are the same bits)
-        from fla.ops.kda import chunk_kda as fla_chunk_kda
-
-        o, final = fla_chunk_kda(
-            q4, k4, v4, g4, b3, scale=scale, initial_state=h0,
-            output_final_state=output_final_state or output_chunk_states,
-            cu_seqlens=cu, cu_seqlens_cpu=cu_host, chunk_size=chunk_size,
-        )
-        if not output_chunk_states:
-            return KDAOutput(o[0].to(v.dtype), final, None, None)
-        # zero states, but in the graph like the reference's (a loss may include them)
-        return KDAOutput(o[0].to(v.dtype), final if output_final_state else None, final[:0],
-                         to_device(ix["state_offsets"], dev))
     o, final, states = _ChunkKDAStates.apply(
         q4, k4, v4, g4, b3, h0, scale, cu, chunk_size, ix["chunk"][sel],
         state_gather(ix["source"][sel], ix["num_chunks"]), ix["last_chunk"], ix["num_chunks"], cu_host.numpy(),

@@ -54,6 +54,7 @@ def _fla() -> dict:
     return {
         "chunk_gated_delta_rule_fwd_h": chunk_delta_h.chunk_gated_delta_rule_fwd_h,
         "chunk_gated_delta_rule_fwd_kernel_h_blockdim64": chunk_delta_h.chunk_gated_delta_rule_fwd_kernel_h_blockdim64,
+        "chunk_gated_delta_rule_bwd_dhu": chunk_delta_h.chunk_gated_delta_rule_bwd_dhu,
         "chunk_gla_fwd_o_gk": gla_chunk.chunk_gla_fwd_o_gk,
         "chunk_kda_bwd_dAv": chunk_bwd.chunk_kda_bwd_dAv,
         "chunk_kda_bwd_wy_dqkg_fused": chunk_bwd.chunk_kda_bwd_wy_dqkg_fused,
@@ -251,6 +252,11 @@ class _ChunkKDAStates(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, g_cum, beta, Aqk, Akk, h0, cu, chunk_indices, chunk_offsets)
         ctx.scale, ctx.B, ctx.num_chunks, ctx.g_dtype = scale, B, num_chunks, g.dtype
         ctx.chunk_sel, ctx.last_N, ctx.launch = chunk_sel, last_N, launch
+        # a call that selects no state, at fla's forward-state launch (many sequences): its
+        # state backward is fla's own kernel, as when such calls ran fla's chunk_kda
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else None
+        ctx.fla_dhu = chunk_sel.size == 0 and fwd_h_config(cu.numel() - 1, q.shape[2], v.shape[-1], sms,
+                                                           launch[0]) is None
         return o, final, states
 
     @staticmethod
@@ -260,7 +266,6 @@ class _ChunkKDAStates(torch.autograd.Function):
         scale, B, NT = ctx.scale, ctx.B, ctx.num_chunks
         # grads are not materialised: None where an output took no part in the loss
         do = torch.zeros_like(v) if do is None else do.contiguous()
-        ext, ext_idx = build_injection(dstates, dht, ctx.chunk_sel, ctx.last_N, NT)
         w, u, qg, kg = f["recompute_w_u_fwd"](
             q=q, k=k, v=v, beta=beta, A=Akk, gk=g, cu_seqlens=cu, chunk_indices=chunk_indices,
         )
@@ -270,16 +275,23 @@ class _ChunkKDAStates(torch.autograd.Function):
             q=q, k=k, v=v_new, do=do, A=Aqk, scale=scale, cu_seqlens=cu, chunk_size=B,
             chunk_indices=chunk_indices,
         )
-        dh, dh0, dv = bwd_dhu_inject(
-            qg, kg, w, g, do, dv, ext, ext_idx, cu, chunk_offsets, NT, scale, chunk_size=B,
-            with_dh0=h0 is not None,
-        )
-        empty = np.flatnonzero(ctx.last_N < 0)
-        if dht is not None and dh0 is not None and empty.size:
-            # an empty sequence's final state is its initial state (the kernel has no chunk
-            # to inject its gradient at)
-            at = to_device(empty, dh0.device)
-            dh0[at] += dht[at].float()
+        if ctx.fla_dhu:
+            dh, dh0, dv = f["chunk_gated_delta_rule_bwd_dhu"](
+                q=qg, k=kg, w=w, gk=g, h0=h0, dht=dht, do=do, dv=dv, scale=scale, cu_seqlens=cu, chunk_size=B,
+                chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
+            )
+        else:
+            ext, ext_idx = build_injection(dstates, dht, ctx.chunk_sel, ctx.last_N, NT)
+            dh, dh0, dv = bwd_dhu_inject(
+                qg, kg, w, g, do, dv, ext, ext_idx, cu, chunk_offsets, NT, scale, chunk_size=B,
+                with_dh0=h0 is not None,
+            )
+            empty = np.flatnonzero(ctx.last_N < 0)
+            if dht is not None and dh0 is not None and empty.size:
+                # an empty sequence's final state is its initial state (the kernel has no
+                # chunk to inject its gradient at)
+                at = to_device(empty, dh0.device)
+                dh0[at] += dht[at].float()
         dq, dk, dv, db, dg, dAkk = f["chunk_kda_bwd_wy_dqkg_fused"](
             q=q, k=k, v=v, v_new=v_new, g=g, beta=beta, A=Akk, h=h, do=do, dh=dh, dv=dv, scale=scale,
             cu_seqlens=cu, chunk_size=B, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
@@ -346,9 +358,9 @@ def chunk_kda_fast(
         # entry point builds its chunk grid with a copy from pageable host memory, a stream
         # synchronisation for every new cu_seqlens (one per microbatch, in the middle of its
         # forward: the device drains and the host's lead over it is lost); here the grid
-        # comes from the host copy, uploaded asynchronously. The forward state kernel runs
-        # at `fwd_h_config`'s launch where a round of few sequences leaves SMs idle, else at
-        # fla's; the state backward is `dhu.bwd_dhu_inject`.
+        # comes from the host copy, uploaded asynchronously. Where a round of few sequences
+        # leaves SMs idle, the forward state kernel runs at `fwd_h_config`'s launch and the
+        # state backward is `dhu.bwd_dhu_inject`; elsewhere both are fla's own.
         ix = ix if ix is not None else boundary_index(cu_host.numpy(), chunk_size)
         none = np.zeros(0, np.int64)
         o, final, _ = _ChunkKDAStates.apply(

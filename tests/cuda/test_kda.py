@@ -117,3 +117,27 @@ def test_split_at_chunk_boundary_continues_bit_identically(dtype):
     assert torch.equal(second.o, full.o[128:])
     assert torch.equal(second.final_state, full.final_state)
     assert torch.equal(full.o, plain.o)  # the states path computes the plain path's output bits
+
+
+def test_state_backward_fits_float32_at_the_models_head_size():
+    # K = V = 128 (the models' KDA heads): in float32 the state backward's default launch
+    # needs more shared memory than an H100 has, and must fall back to one that fits
+    from harts.exec.ops.kda.dhu import bwd_dhu_inject, bwd_dhu_reference
+
+    torch.manual_seed(5)
+    lens, Hh, Kk, Vv, B = [300, 64, 130], 2, 128, 128, 64
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int64, device="cuda")
+    nt = [(n + B - 1) // B for n in lens]
+    offs = torch.tensor(np.concatenate([[0], np.cumsum(nt)]), dtype=torch.int64, device="cuda")
+    T, NT = sum(lens), sum(nt)
+    q, k, w = (torch.nn.functional.normalize(torch.randn(1, T, Hh, Kk, device="cuda"), dim=-1) for _ in range(3))
+    gk = -torch.rand(1, T, Hh, Kk, device="cuda") * 3
+    do, dv = (torch.randn(1, T, Hh, Vv, device="cuda") for _ in range(2))
+    ext_idx = torch.full((NT,), -1, dtype=torch.int64, device="cuda")
+    ext_idx[torch.tensor([1, NT - 1])] = torch.arange(2, device="cuda")
+    ext = torch.randn(2, Hh, Kk, Vv, device="cuda")
+    for bv in (None, 16):
+        got = bwd_dhu_inject(q, k, w, gk, do, dv, ext, ext_idx, cu, offs, NT, Kk**-0.5, block_v=bv)
+        want = bwd_dhu_reference(q, k, w, gk, do, dv, ext, ext_idx, cu, Kk**-0.5)
+        for name, a, b in zip(("dh", "dh0", "dv2"), got, want, strict=True):
+            assert_rel(name, a, b, TOL_F32)

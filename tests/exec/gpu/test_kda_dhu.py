@@ -78,6 +78,40 @@ def test_dhu_kernel_matches_reference_at_narrow_value_blocks(block_v):
         assert_close(name, a, want, 1e-5)
 
 
+def test_dhu_launch_that_does_not_fit_falls_back_to_fewer_stages(monkeypatch):
+    """A launch Triton refuses for shared memory (float32 at K = 128 on an H100) is retried
+    with fewer pipeline stages, then narrower value blocks; the values are the reference's,
+    and a later call starts from the first launch that was not refused."""
+    from triton.runtime.errors import OutOfResources
+
+    from harts.exec.ops.kda import dhu
+
+    real, tried = dhu._bwd_dhu_inject_kernel, []
+
+    class Refusing:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                tried.append((kw["BV"], kw.get("num_stages")))
+                if kw.get("num_stages", 3) > 1:
+                    raise OutOfResources(323584, 232448, "shared memory")
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(dhu, "_bwd_dhu_inject_kernel", Refusing())
+    monkeypatch.setattr(dhu, "_DOES_NOT_FIT", set())
+    H, K, V, lens = 2, 32, 48, [130, 70]
+    ins, cu, offs, NT, g = _problem(lens, H, K, V, 11)
+    ext, ext_idx = _injection("sparse", NT, H, K, V, g)
+    got = [x.clone() for x in bwd_dhu_inject(*ins, ext, ext_idx, cu, offs, NT, 0.3, block_v=32)]
+    assert tried == [(32, None), (32, 2), (32, 1)]
+    for name, a, want in zip(("dh", "dh0", "dv2"), got, bwd_dhu_reference(*ins, ext, ext_idx, cu, 0.3), strict=True):
+        assert_close(name, a, want, 1e-5)
+    tried.clear()
+    bwd_dhu_inject(*ins, ext, ext_idx, cu, offs, NT, 0.3, block_v=32)
+    assert tried == [(32, 1)]
+    assert dhu.launch_configs(64) == [(64, None), (64, 2), (64, 1), (32, 1), (16, 1)]
+
+
 def test_value_block_keeps_the_sms_busy():
     # 16 heads, V = 128, 132 SMs (the H200): 1 sequence -> 16, 2-3 -> 32, 16 -> 64
     assert [value_block(n, 16, 128, 132) for n in (1, 2, 3, 4, 16)] == [16, 32, 32, 64, 64]

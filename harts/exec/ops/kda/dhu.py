@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 
 @triton.jit
@@ -144,13 +145,35 @@ def bwd_dhu_inject(
             raise ValueError(f"ext needs ext_idx with one entry per chunk ({num_chunks})")
         ext = ext.float().contiguous()
         ext_idx = ext_idx.to(torch.int64).contiguous()
-    grid = (triton.cdiv(V, BV), N * H)
-    _bwd_dhu_inject_kernel[grid](
-        q, k, w, gk, ext, ext_idx, do, dv, dh, dv2, dh0, cu_seqlens, chunk_offsets, scale,
-        H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_EXT=ext is not None, USE_H0=with_dh0,
-        num_warps=4,
-    )
-    return dh, dh0, dv2
+    for bv, stages in launch_configs(BV):
+        key = (q.device.index, q.dtype, K, V, chunk_size, bv, stages)
+        if key in _DOES_NOT_FIT:
+            continue
+        grid = (triton.cdiv(V, bv), N * H)
+        try:
+            _bwd_dhu_inject_kernel[grid](
+                q, k, w, gk, ext, ext_idx, do, dv, dh, dv2, dh0, cu_seqlens, chunk_offsets, scale,
+                H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=bv, HAS_EXT=ext is not None, USE_H0=with_dh0,
+                num_warps=4, **({} if stages is None else {"num_stages": stages}),
+            )
+        except OutOfResources:  # raised before the launch: nothing was written
+            _DOES_NOT_FIT.add(key)
+            continue
+        return dh, dh0, dv2
+    raise OutOfResources(0, 0, f"shared memory: no launch of the state backward fits ({q.dtype}, K={K}, V={V})")
+
+
+# launches that did not fit the device, by (device, dtype, K, V, chunk, BV, stages)
+_DOES_NOT_FIT: set[tuple] = set()
+
+
+def launch_configs(block_v: int) -> list[tuple[int, int | None]]:
+    """(BV, num_stages) to try in order, None = Triton's default stages. The operand tiles
+    of q, k and w ([K, BT] each) do not shrink with BV, and Triton's software pipelining
+    keeps num_stages copies of them in shared memory: in float32 at K = 128 the default
+    launch asks 323,584 bytes where an H100 has 232,448, so fewer stages come next and a
+    smaller value block last (bf16 at K = 128 fits the default launch)."""
+    return [(block_v, None), (block_v, 2), (block_v, 1)] + [(bv, 1) for bv in (32, 16) if bv < block_v]
 
 
 def bwd_dhu_reference(q, k, w, gk, do, dv, ext, ext_idx, cu_seqlens, scale, chunk_size=64):

@@ -117,8 +117,12 @@ class KernelConfig:
     cudnn_split_min_rows_per_segment: int = 2048
     # segments longer than this take the dense per-segment cuDNN backward on the graph path
     graph_backward_max_rows: int = 8192
-    # bytes of workspace up to which the graph path's backward runs deterministically
-    graph_deterministic_workspace_max: int = 4 * 2 ** 30
+    # bytes of workspace up to which the graph path's backward runs deterministically (2
+    # bytes per padded score, held for the call): at 4 GiB one 12k-row consumer of a 16k
+    # window plan held 3.36 GB of it at the step's peak, which put that step's peak 14% over
+    # the expanded step's (benchmarks/results/windows/2026-12-06-2b27bb3-memtrace-h100-swe-tree4.json);
+    # above it the backward runs without the flag, as torch's causal SDPA backward does
+    graph_deterministic_workspace_max: int = 256 * 2 ** 20
 
     def __post_init__(self) -> None:
         for name, enum in _CHOICES.items():

@@ -70,7 +70,10 @@ def test_split_part_kernel_follows_length_workspace_and_determinism(monkeypatch)
     pick = lambda *a: backend.split_part_kernel(192, 128, 16, *a)  # noqa: E731
     assert pick(32_768, 1, 32_768, 32_768) == "dense-strided"  # one long chain
     assert pick(12_000, 30, 500, 9_000) == "dense-strided"  # a long key side
-    assert pick(8_000, 20, 1_000, 1_000) == "graph-det"  # 24 x 16 x 1024^2 x 2 bytes
+    assert pick(4_000, 8, 700, 700) == "graph-det"  # 8 x 16 x 768^2 x 2 bytes = 144 MiB
+    assert pick(8_000, 20, 1_000, 1_000) == "graph-nondet"  # 24 x 16 x 1024^2 x 2 bytes = 768 MiB
+    wide = KernelConfig(graph_deterministic_workspace_max=2**30)
+    assert backend.split_part_kernel(192, 128, 16, 8_000, 20, 1_000, 1_000, wide) == "graph-det"
     # 39 segments of up to 4.4k rows: 40 x 16 x 5120^2 x 2 bytes = 31.25 GiB
     assert backend.deterministic_graph_workspace(39, 16, 4383, 4383) == 40 * 16 * 5120 * 5120 * 2
     assert pick(32_768, 39, 4_383, 4_383) == "graph-nondet"

@@ -119,7 +119,7 @@ class KernelConfig:
     graph_backward_max_rows: int = 8192
     # bytes of workspace up to which the graph path's backward runs deterministically (2
     # bytes per padded score, held for the call): at 4 GiB one 12k-row consumer of a 16k
-    # window plan held 3.36 GB of it at the step's peak, which put that step's peak 14% over
+    # window plan held 3.13 GiB of it at the step's peak, which put that step's peak 14% over
     # the expanded step's (benchmarks/results/windows/2026-12-06-2b27bb3-memtrace-h100-swe-tree4.json);
     # above it the backward runs without the flag, as torch's causal SDPA backward does
     graph_deterministic_workspace_max: int = 256 * 2 ** 20

@@ -98,7 +98,7 @@ def test_dhu_launch_that_does_not_fit_falls_back_to_fewer_stages(monkeypatch):
             return launch
 
     monkeypatch.setattr(dhu, "_bwd_dhu_inject_kernel", Refusing())
-    monkeypatch.setattr(dhu, "_DOES_NOT_FIT", set())
+    monkeypatch.setattr(dhu, "_DOES_NOT_FIT", {})
     H, K, V, lens = 2, 32, 48, [130, 70]
     ins, cu, offs, NT, g = _problem(lens, H, K, V, 11)
     ext, ext_idx = _injection("sparse", NT, H, K, V, g)
@@ -110,6 +110,16 @@ def test_dhu_launch_that_does_not_fit_falls_back_to_fewer_stages(monkeypatch):
     bwd_dhu_inject(*ins, ext, ext_idx, cu, offs, NT, 0.3, block_v=32)
     assert tried == [(32, 1)]
     assert dhu.launch_configs(64) == [(64, None), (64, 2), (64, 1), (32, 1), (16, 1)]
+
+    class Refusing_all:  # nothing fits: the narrowest launch's own error, not a generic one
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                raise OutOfResources(100000 * kw["BV"], 232448, "shared memory")
+            return launch
+
+    monkeypatch.setattr(dhu, "_bwd_dhu_inject_kernel", Refusing_all())
+    with pytest.raises(OutOfResources, match="Required: 1600000"):
+        bwd_dhu_inject(*ins, ext, ext_idx, cu, offs, NT, 0.3, block_v=64)
 
 
 def test_value_block_keeps_the_sms_busy():

@@ -156,15 +156,15 @@ def bwd_dhu_inject(
                 H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=bv, HAS_EXT=ext is not None, USE_H0=with_dh0,
                 num_warps=4, **({} if stages is None else {"num_stages": stages}),
             )
-        except OutOfResources:  # raised before the launch: nothing was written
-            _DOES_NOT_FIT.add(key)
+        except OutOfResources as err:  # raised before the launch: nothing was written
+            _DOES_NOT_FIT[key] = err
             continue
         return dh, dh0, dv2
-    raise OutOfResources(0, 0, f"shared memory: no launch of the state backward fits ({q.dtype}, K={K}, V={V})")
+    raise _DOES_NOT_FIT[key]  # the narrowest launch's own error: what it asked, what the device has
 
 
-# launches that did not fit the device, by (device, dtype, K, V, chunk, BV, stages)
-_DOES_NOT_FIT: set[tuple] = set()
+# launches that did not fit the device, by (device, dtype, K, V, chunk, BV, stages): their errors
+_DOES_NOT_FIT: dict[tuple, OutOfResources] = {}
 
 
 def launch_configs(block_v: int) -> list[tuple[int, int | None]]:

@@ -8,8 +8,11 @@ tensors, `cu_seqlens`, `initial_state`, `chunk_state_index`, `KDAOutput`):
 
 - without `output_chunk_states` (the packed baseline, and the tree's no-replay rounds that
   hand over final states), or with an empty `chunk_state_index` (a replay round whose
-  states nobody reads), it is fla's `chunk_kda` as is: fla takes `cu_seqlens` and
-  `initial_state`, returns the final state, and its backward returns dh0 and consumes dht;
+  states nobody reads), it computes fla's `chunk_kda`'s bits with fla's kernels (initial
+  state in, final state out, dh0 and dht in the backward), through the states path below
+  with nothing selected: fla's entry point copies its chunk grid from pageable host memory,
+  a synchronisation per new `cu_seqlens`, where this path uploads the host copy's
+  asynchronously;
 - with `output_chunk_states` (the tree's replay rounds) it runs fla's forward pieces with
   the state history `h` kept in fp32 (fla stores it in the input dtype and drops it), so the
   state after every full chunk is exact: in bf16 too, a consumer starting from it is

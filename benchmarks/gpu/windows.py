@@ -106,6 +106,10 @@ def _trainer(kind: str, trajs, budget: int, model: str, kernels=None):
     from harts.plan.planners import PlanConfig, make_plan
     from harts.tree import build_forest
 
+    # what an earlier case left: a failed case's frames (its models, its activations) live in
+    # reference cycles until a collection, and a collection inside the `except` that caught
+    # it cannot free them; a case after a failed fidelity run started 12 GiB up
+    _free()
     cfg = get_model_config(model)
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     net = build_model(cfg, seed=0, dtype=dtype, device=DEVICE, recompute=True)
@@ -348,6 +352,7 @@ def fidelity_case(trajs, budget: int, args) -> dict:
 
     # the MoE aux loss summed over the step: with a per-microbatch aux loss, plans that pack
     # the step differently compute different losses, not the same one rounded differently
+    _free()  # what an earlier case left (`_trainer`)
     cfg = get_model_config(args.model).replace(aux_scope="global")
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     net = build_model(cfg, seed=0, dtype=dtype, device=DEVICE, recompute=True)

@@ -95,7 +95,6 @@ def main(argv: list[str]) -> int:
         except Exception as exc:  # noqa: BLE001 - a case that fails is recorded; the others still run
             result["cases"][key] = W.case_error(exc)
             print(f"[{key}] failed: {exc!r}", flush=True)
-            W._free()
             continue
         r = {"eager": eager, "compiled": comp, "wall_ratio": comp["seconds"] / eager["seconds"],
              "launch_ratio": (comp["launches"] / eager["launches"]) if eager["launches"] else None,

@@ -38,7 +38,6 @@ import argparse
 import json
 import sys
 import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -107,19 +106,15 @@ def main(argv: list[str]) -> int:
                         print(f"[{key} {kind}@{b}] {r['seconds']:.4f}s peak {r['peak_bytes'] / 2**30:.2f} GiB "
                               f"mbs {r['microbatches']} rows {r['rows']} ({time.perf_counter() - t0:.0f}s)", flush=True)
                     except Exception as err:  # noqa: BLE001 - record and go on
-                        inst["cases"][kind] = {"error": f"{type(err).__name__}: {err}",
-                                               "trace": traceback.format_exc()[-3000:]}
+                        inst["cases"][kind] = W.case_error(err)
                         print(f"[{key} {kind}@{b}] ERROR {type(err).__name__}: {err}", flush=True)
-                        W._free()
                 if args.fidelity:
                     try:
                         fid = W.fidelity_case(trajs, budget, args)
                         inst["fidelity"] = fid
                     except Exception as err:  # noqa: BLE001
-                        inst["fidelity"] = {"error": f"{type(err).__name__}: {err}",
-                                            "trace": traceback.format_exc()[-3000:]}
+                        inst["fidelity"] = W.case_error(err)
                         print(f"[{key}] fidelity ERROR {type(err).__name__}: {err}", flush=True)
-                        W._free()
                 if args.memtrace:
                     for kind in ("windows", "expanded"):
                         try:
@@ -129,7 +124,6 @@ def main(argv: list[str]) -> int:
                         except Exception as err:  # noqa: BLE001
                             inst.setdefault("memtrace", {})[kind] = W.case_error(err)
                             print(f"[{key}] memtrace {kind} ERROR {type(err).__name__}: {err}", flush=True)
-                            W._free()
                 if args.profile and seed == args.seeds[0] and budget == middle:
                     try:
                         pw = W.profile_case("windows", trajs, budget, args)
@@ -147,8 +141,7 @@ def main(argv: list[str]) -> int:
                         for d, o, cw, ct in diff[:12]:
                             print(f"   {d * 1e3:+8.1f} ms calls {cw:6d} vs {ct:6d}  {o[:80]}", flush=True)
                     except Exception as err:  # noqa: BLE001
-                        inst["profile"] = {"error": f"{type(err).__name__}: {err}"}
-                        W._free()
+                        inst["profile"] = W.case_error(err)
                 inst["summary"] = summarize(inst)
                 save()
     rows = [(k, v["summary"]) for k, v in result["instances"].items()]

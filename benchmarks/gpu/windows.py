@@ -350,9 +350,9 @@ def fidelity_case(trajs, budget: int, args) -> dict:
     from harts.plan.planners import PlanConfig, make_plan
     from harts.tree import build_forest
 
+    _free()  # what an earlier case left (`_trainer`)
     # the MoE aux loss summed over the step: with a per-microbatch aux loss, plans that pack
     # the step differently compute different losses, not the same one rounded differently
-    _free()  # what an earlier case left (`_trainer`)
     cfg = get_model_config(args.model).replace(aux_scope="global")
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     net = build_model(cfg, seed=0, dtype=dtype, device=DEVICE, recompute=True)

@@ -118,6 +118,10 @@ def value_block(num_seqs: int, heads: int, v_dim: int, sms: int | None) -> int:
     return 16
 
 
+# launches that did not fit the device, by (device, dtype, K, V, chunk, BV, stages): their errors
+_DOES_NOT_FIT: dict[tuple, OutOfResources] = {}
+
+
 def bwd_dhu_inject(
     q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, gk: torch.Tensor, do: torch.Tensor,
     dv: torch.Tensor, ext: torch.Tensor | None, ext_idx: torch.Tensor | None,
@@ -161,10 +165,6 @@ def bwd_dhu_inject(
             continue
         return dh, dh0, dv2
     raise _DOES_NOT_FIT[key]  # the narrowest launch's own error: what it asked, what the device has
-
-
-# launches that did not fit the device, by (device, dtype, K, V, chunk, BV, stages): their errors
-_DOES_NOT_FIT: dict[tuple, OutOfResources] = {}
 
 
 def launch_configs(block_v: int) -> list[tuple[int, int | None]]:

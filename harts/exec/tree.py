@@ -330,10 +330,11 @@ class TreeContext:
         A consumer convolves only the rounds' computed entries, over its own rows and the
         stashed conv inputs above its roots (no conv over its context rows), and places the
         producer's stashed KDA inputs of replayed context rows beside them: no tensor over
-        all local rows is built. None (the caller runs the plain path) only for a context
-        that both reads a stash and records one."""
-        if self._places is not None and self.record is not None:
-            return None
+        all local rows is built. A context that both reads a stash and records one (a piece
+        in the middle of a chain of windows) records as a producer does: its conv inputs in
+        computed order, its KDA inputs cut from the rounds' order. Before, such a piece ran
+        the plain path, a conv and a placement of five KDA inputs over all its local rows,
+        context rows included (4x a piece's own rows in the middle of a 64k chain at 16k)."""
         from harts.exec.backend import short_conv
         from harts.exec.model.layers import l2_norm_of
 
@@ -360,12 +361,17 @@ class TreeContext:
         f, beta = own_in(gate_TR, beta_TH)
         g = gate(f)
         P, H, K = g.shape
+        if self.record is not None:
+            for name, x in zip("qkv", (q_TD, k_TD, v_TD), strict=True):
+                self.record.record_input((layer, f"conv:{name}"), (x,))
         q, k, v = (short_conv(torch.cat([self.stash.inputs[(layer, f"conv:{name}")][0], x]), w, None,
                               window_TW=window_PW, activation="silu", kernels=self.kernels,
                               record=self.kernel_record)
                    for name, x, w in zip("qkv", (q_TD, k_TD, v_TD), convs, strict=True))
         q, k, v = l2_norm_of(q.view(P, H, K), self), l2_norm_of(k.view(P, H, K), self), v.view(P, H, -1)
         q, k, v, g, beta = place(ctx_in(*self.stash.inputs[(layer, "kda")]), (q, k, v, g, beta))
+        if self.record is not None:
+            self.record.record_rounds((layer, "kda"), (q, k, v, g, beta), self._kda_out.index_host, self.device)
         return self._kda_rounds(layer, q, k, v, g, beta, scale)
 
     def _consumer_rounds(self, W: int) -> tuple[RowGather, Tensor, RowGather, RowPlace]:
@@ -414,12 +420,10 @@ class TreeContext:
         — index tensors, conv windows, the producer's cut of its rounds' inputs — so that a
         context prepared ahead of its step does this host work and these uploads off the
         step's critical path."""
-        if self._places is not None and self.record is not None:
-            return  # the plain path: nothing of the fused one runs
         if self._places is not None:
             self._consumer_rounds(conv_window)
-            return
-        self._round_window(conv_window)
+        else:
+            self._round_window(conv_window)
         if self._record_template is not None and self._record_template.needs is not None:
             self._record_template.rounds_cut("kda", self._kda_out.index_host, self._kda_out.num_rows, self.device)
 

@@ -158,7 +158,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--model", default="tiny-h200")
     ap.add_argument("--budget", type=int, default=131072, help="the unsplit tree's (and the preset's expanded) budget")
     ap.add_argument("--window-budget", type=int, default=57344, help="the preset's window plan budget")
-    ap.add_argument("--shapes", default="", help="harts.tree.shapes instances family/seed@budget, comma-separated: "
+    ap.add_argument("--shapes", default="", help="harts.tree.shapes instances family/seed@budget (or chains:NAME@budget, a case of chains.py), comma-separated: "
                     "each runs its window plan and expanded baseline at its budget, the tree unsplit")
     ap.add_argument("--baselines", default="", help="benchmarks/gpu/baselines.py workloads (treestep, stepwise, grpo, "
                     "bushy), comma-separated: each set as --workload's, at --budget and --window-budget")
@@ -198,6 +198,13 @@ def main(argv: list[str]) -> int:
         for name in args.baselines.split(","):
             sets.append((f"baselines/{name}", baseline_workload(name, vocab), args.window_budget, False))
     for spec in filter(None, args.shapes.split(",")):
+        if spec.startswith("chains:"):  # a case of benchmarks/gpu/chains.py, "chains:chain64k@16384"
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            import chains
+
+            name, budget = spec.removeprefix("chains:").split("@")
+            sets.append((spec, chains.instance(name)[0], int(budget), True))
+            continue
         family, rest = spec.split("/")
         seed, budget = (int(x) for x in rest.split("@"))
         sets.append((spec, shapes.draw(family, seed, budget, vocab_size=vocab), budget, True))

@@ -86,13 +86,17 @@ def test_chunk_matches_fla_recurrent(dtype, data, chunk_size):
 def test_chunk_matches_fla_chunk(dtype, data):
     # chunk 64 with lengths up to 150: under one chunk, and several with a ragged tail
     lens, H, K, V, seed, decay = data.draw(kda_problem_shapes(dtype, max_len=150, max_seqs=2))
-    # fla's naive chunk form runs in float64 on the same numbers: in float32 it is itself only
-    # good to ~1.2e-5 on some draws (lens [1], H 1, K 8, V 1, seed 1203, decay 0.05: dbeta
-    # 1.20e-5 from the float64 truth, ours 1.3e-6), too near the 1e-5 bound to test our code
+    # against fla's naive chunk form in float64 on the same numbers; a float32 run as the
+    # other float32 comparisons hold it (`compare_float32`): one token of one head has a
+    # beta gradient of K x V cancelling terms (lens [1], H 1, K 4, V 8, seed 31, decay 0.3:
+    # ours 3.1e-5 from the float64 truth), where fla's own float32 form is not within 1e-5
     p = make_problem(lens, H, K, V, seed, dtype, decay)
     ours = run_ours(chunk_kda, p, chunk_size=64)
-    ref = run_fla(fla_naive_chunk_kda, p.to(torch.float64), chunk_size=64)
-    _record(f"chunk_kda vs fla chunk {_dtype_name(dtype)}", compare("chunk", ours, ref, TOL[dtype]))
+    _record(
+        f"chunk_kda vs fla chunk {_dtype_name(dtype)}",
+        compare("chunk", ours, run_fla(fla_naive_chunk_kda, p, chunk_size=64), TOL[dtype]) if dtype == torch.float64
+        else compare_float32("chunk", ours, p, fla_naive_chunk_kda, chunk_size=64),
+    )
 
 
 def test_defaults_and_empty_sequences():

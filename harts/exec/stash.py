@@ -6,7 +6,7 @@ windows).
 
 In a chain of windows every piece's stash holds only rows it computed, and a piece reads
 the rows above it from each producer up its chain by reference (`ChainStash`: its
-producers' leaves, nearest first), so what a chain keeps is linear in its length; each
+producers' leaves, joined farthest first), so what a chain keeps is linear in its length; each
 row's gradient lands on the leaves of the piece that computed it, whose backward runs
 after every reader's.
 """
@@ -66,11 +66,12 @@ class StashNeeds:
 
     @classmethod
     def chain(cls, needs: Sequence[StashNeeds]) -> StashNeeds:
-        """The rows a reader of a chain of stashes (nearest producer first, `ChainStash`)
-        finds, in the order it finds them: each stash's kept rows after the previous
-        one's (ascending within a stash, not across)."""
+        """The rows a reader of a chain of stashes (`needs` nearest producer first, as
+        `ChainStash` takes them) finds, in the order it finds them: the farthest stash's
+        kept rows first, each nearer one's after them."""
         if len(needs) == 1:
             return needs[0]
+        needs = list(needs)[::-1]
 
         def cat(name: str) -> np.ndarray:
             return np.concatenate([getattr(n, name) for n in needs])
@@ -301,22 +302,25 @@ class _ChainInputs:
 
 class ChainStash:
     """What a piece of a chain of windows reads: the leaf views (`Stash.leaves`) of every
-    producer up its chain, nearest first, each holding only the rows its own producer
-    computed. Its rows are theirs one after another (`StashNeeds.chain` gives the same
-    order ahead of the run); inputs are joined when read, a state comes from the stash that
-    keeps it. No row is copied into another piece's stash: the reader's gradients
-    accumulate on the leaves of the piece that computed each row."""
+    producer up its chain (`parts` nearest first), each holding only the rows its own
+    producer computed. Its rows are theirs one after another, the farthest producer's first
+    (`StashNeeds.chain` gives the same order ahead of the run), which on a chain is the
+    path's order: the reader's context rows then come out of the join in place, with no
+    gather into the layout's order (and none of the gradient back). Inputs are joined when
+    read, a state comes from the nearest stash that keeps it. No row is copied into another
+    piece's stash: the reader's gradients accumulate on the leaves of the piece that
+    computed each row."""
 
     def __init__(self, parts: Sequence[Stash]):
         if not parts:
             raise ValueError("a chain of stashes needs at least one")
-        self.parts = list(parts)
+        self.parts = list(parts)[::-1]
         cats = set().union(*(p.input_rows for p in self.parts))
         self.input_rows = {cat: np.concatenate([p.input_rows.get(cat, np.zeros(0, np.int64)) for p in self.parts])
                            for cat in cats}
         self.inputs = _ChainInputs(self.parts)
         self._state_of: dict[tuple[int, int], Stash] = {}
-        for p in self.parts:
+        for p in reversed(self.parts):
             for key in p.state_keys:
                 self._state_of.setdefault(key, p)
 

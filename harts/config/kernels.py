@@ -121,7 +121,9 @@ class KernelConfig:
     # bytes per padded score, held for the call): at 4 GiB one 12k-row consumer of a 16k
     # window plan held 3.13 GiB of it at the step's peak, which put that step's peak 14% over
     # the expanded step's (benchmarks/results/windows/2026-12-06-2b27bb3-memtrace-h100-swe-tree4.json);
-    # above it the backward runs without the flag, as torch's causal SDPA backward does
+    # above it the backward runs without the flag, as torch's causal SDPA backward does. At
+    # 256 MiB that step's peak went from 13.98 to 12.65 GiB with its time unchanged (0.788 ->
+    # 0.787 s; benchmarks/results/step/2026-12-06-e54a58e-graph-workspace-h100.json)
     graph_deterministic_workspace_max: int = 256 * 2 ** 20
 
     def __post_init__(self) -> None:

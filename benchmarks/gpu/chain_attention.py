@@ -53,13 +53,22 @@ def pieces(rows: int, piece: int) -> list[tuple[int, int]]:
 
 @functools.cache
 def call_seconds(sq: int, sk: int, heads: int, causal: bool, backend=SDPBackend.CUDNN_ATTENTION,
-                 pad_v: bool = False) -> dict:
-    """Forward and forward+backward seconds of one call: sq queries, sk keys."""
+                 pad_v: bool = False, batch: int = 1, rows_major: bool = False) -> dict:
+    """Forward and forward+backward seconds of one call: sq queries, sk keys (`batch`
+    sequences of sq queries and sk / batch keys each: one rectangle's keys cut into
+    `batch` pieces, its queries repeated, each piece's dQ its own; `rows_major`: q, k, v
+    as [1, H, S, D] views of [S, H, D] rows, as the executor hands them)."""
     dev, dt = "cuda", torch.bfloat16
-    q = torch.randn(1, heads, sq, QK, device=dev, dtype=dt, requires_grad=True)
-    k = torch.randn(1, heads, sk, QK, device=dev, dtype=dt, requires_grad=True)
-    v = torch.randn(1, heads, sk, QK if pad_v else V, device=dev, dtype=dt, requires_grad=True)
-    do = torch.randn(1, heads, sq, QK if pad_v else V, device=dev, dtype=dt)
+    sk //= batch
+
+    def make(n, d, grad=True):
+        if rows_major:
+            x = torch.randn(batch, n, heads, d, device=dev, dtype=dt).transpose(1, 2)
+            return x.requires_grad_() if grad else x
+        return torch.randn(batch, heads, n, d, device=dev, dtype=dt, requires_grad=grad)
+
+    q, k, v = make(sq, QK), make(sk, QK), make(sk, QK if pad_v else V)
+    do = make(sq, QK if pad_v else V, grad=False)
 
     def fwd():
         with sdpa_kernel(backend), torch.no_grad():
@@ -72,9 +81,9 @@ def call_seconds(sq: int, sk: int, heads: int, causal: bool, backend=SDPBackend.
         q.grad = k.grad = v.grad = None
 
     f, fb = time_cuda(fwd, repeats=5, warmup=2), time_cuda(both, repeats=5, warmup=2)
-    pairs = heads * (sq * (sq + 1) // 2 if causal else sq * sk)
-    return {"sq": sq, "sk": sk, "causal": causal, "forward_s": f, "forward_backward_s": fb,
-            "backward_s": fb - f, "pairs": pairs}
+    pairs = heads * batch * (sq * (sq + 1) // 2 if causal else sq * sk)
+    return {"sq": sq, "sk": sk * batch, "causal": causal, "batch": batch, "rows_major": rows_major,
+            "forward_s": f, "forward_backward_s": fb, "backward_s": fb - f, "pairs": pairs}
 
 
 def main(argv: list[str]) -> int:
@@ -122,6 +131,20 @@ def main(argv: list[str]) -> int:
         save()
     total(chain, "chain")
     total(split, "chain, keys split")
+    # the last full piece's context: its keys cut into a batch (queries repeated, a dQ per
+    # piece of keys), and as views of row-major tensors
+    start, n = [p for p in pieces(args.rows, args.piece) if p[1] == args.piece][-1]
+    if start:
+        base = call_seconds(n, start, H, False)
+        for name, kw in (("batch", {"batch": start // n}), ("rows-major", {"rows_major": True})):
+            c = call_seconds(n, start // (start // n) * (start // n) if name == "batch" else start, H, False, **kw)
+            result["calls"][f"context {name}"] = c
+            result["summary"][f"context {name} / one call"] = {
+                k: c[k] / c["pairs"] / (base[k] / base["pairs"]) for k in ("forward_s", "backward_s")}
+        rc = call_seconds(args.rows, args.rows, H, True, rows_major=True)
+        result["summary"]["causal rows-major / contiguous"] = {
+            k: rc[k] / causal[k] for k in ("forward_s", "backward_s")}
+        save()
     last_start, last_n = pieces(args.rows, args.piece)[-1]
     try:
         fl = [call_seconds(args.rows, args.rows, H, True, SDPBackend.FLASH_ATTENTION, pad_v=True)]

@@ -18,7 +18,10 @@ backward is their difference. Rows:
 - `chain, keys split`: part A cut into calls of at most `--key-split` keys (several
   rectangles per piece; the log-sum-exp merge they would need is not timed);
 - `flash`: the causal call and part A of the last piece on torch's flash kernel (values
-  padded to 192), for the same pairs on another kernel.
+  padded to 192), for the same pairs on another kernel;
+- for the last full piece's context: its keys cut into a batch, the call on row-major
+  views, and the context as causal triangles (two causal calls per square of it, plus the
+  row reversals the second needs), each against the one call.
 
 Seconds per attended pair are given against the causal call's (1.0 = as cheap per pair).
 Writes DIR/chain_attention.json with provenance.
@@ -86,6 +89,12 @@ def call_seconds(sq: int, sk: int, heads: int, causal: bool, backend=SDPBackend.
             "forward_s": f, "forward_backward_s": fb, "backward_s": fb - f, "pairs": pairs}
 
 
+def flip_seconds(n: int, heads: int) -> float:
+    """Seconds of reversing the rows of q, k, v, o and dO of an n-row call (bf16)."""
+    xs = [torch.randn(1, heads, n, d, device="cuda", dtype=torch.bfloat16) for d in (QK, QK, V, V, V)]
+    return time_cuda(lambda: [x.flip(2) for x in xs], repeats=5, warmup=2)
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=65536)
@@ -141,6 +150,17 @@ def main(argv: list[str]) -> int:
             result["calls"][f"context {name}"] = c
             result["summary"][f"context {name} / one call"] = {
                 k: c[k] / c["pairs"] / (base[k] / base["pairs"]) for k in ("forward_s", "backward_s")}
+        # the context as causal triangles: each n x n square of it is the causal call over
+        # (queries, keys) plus the strict lower triangle of the two reversed, a second causal
+        # call's worth of pairs; timed as two causal n-row calls per square and the row
+        # reversals of q, k, v, o and dO the second needs
+        sq = call_seconds(n, n, H, True)
+        flips = flip_seconds(n, H)
+        squares = start // n
+        tri = {k: squares * (2 * sq[k] + (flips if k != "forward_s" else 0.0)) for k in ("forward_s", "backward_s")}
+        result["calls"]["context as triangles"] = {**tri, "squares": squares, "flip_s": flips}
+        result["summary"]["context as triangles / one call"] = {
+            k: tri[k] / base[k] for k in ("forward_s", "backward_s")}
         rc = call_seconds(args.rows, args.rows, H, True, rows_major=True)
         result["summary"]["causal rows-major / contiguous"] = {
             k: rc[k] / causal[k] for k in ("forward_s", "backward_s")}

@@ -201,3 +201,48 @@ def test_pieces_of_branches_off_a_shared_prompt():
     q = torch.zeros(f.num_rows, 1, 4, dtype=torch.float64)
     with pytest.raises(ValueError, match="each query once"):
         split_attention(q, q, q, 0.5, sp, kernel=REFERENCE)
+
+
+@pytest.mark.parametrize("pieces", [False, True], ids=["split", "pieces"])
+def test_a_chain_piece_reads_its_context_by_row_range(pieces):
+    # a piece of a chain of windows: its queries the last rows of one chain, its keys
+    # [context | own]. The backward reads the parts as row ranges (`context_first`): against
+    # the dense ancestor mask in float64, and in float32 the general path's values exactly
+    # (the same kernel calls on the same rows; each key row one share, dq one addition)
+    from harts.exec.ops.attention.split import (
+        REFERENCE_BOTTOM_RIGHT,
+        context_first,
+        device_index,
+        path_split_attention,
+        piece_segments,
+    )
+    from harts.tree import Trajectory
+
+    chain = build_forest([Trajectory.make("a", "g", list(range(1, 30)))])
+    q_local = np.arange(20, chain.num_rows)
+    seg = segments_of(chain.row_parent, q_local)
+    sp = (piece_segments if pieces else split_segments)(seg, False)
+
+    def attend(idx):
+        return lambda q, k, v, s: path_split_attention(q, k, v, s, seg, sp, fwd_kernel=REFERENCE_BOTTOM_RIGHT,
+                                                       kernel=REFERENCE, idx=idx)
+
+    idx = device_index(sp, "cpu")
+    check_against_dense(chain, q_local, attend(idx), zero_grad_atol=1e-12)
+    assert idx["context_first"] == 20
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(n, 2, d, generator=g, requires_grad=True) for n, d in ((9, 12), (29, 12), (29, 8)))
+    do = torch.randn(9, 2, 8, generator=g)
+    general = device_index(sp, "cpu")
+    general["context_first"] = None
+    got, want = (torch.autograd.grad(attend(i)(q, k, v, 0.3), (q, k, v), do) for i in (device_index(sp, "cpu"), general))
+    for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
+        assert torch.equal(a, b), name
+    # not a chain piece: a fork under the context, queries with a gap, or every row a query
+    forked = build_forest([Trajectory.make("a", "g", list(range(1, 30))),
+                           Trajectory.make("b", "g", [*range(1, 25), 40, 41])])
+    for f, ql in ((forked, np.arange(20, forked.num_rows)), (chain, np.r_[18, 20:chain.num_rows]),
+                  (chain, np.arange(chain.num_rows))):
+        s2 = segments_of(f.row_parent, None if ql.size == f.num_rows else ql)
+        sp2 = (piece_segments if pieces else split_segments)(s2, ql.size == f.num_rows)
+        assert context_first(sp2, device_index(sp2, "cpu"), ql.size, f.num_rows) is None

@@ -426,6 +426,20 @@ def split_backward(do, q, k, v, o, lse, scale, sp: SplitSegments, kernel: Varlen
         aux = (kernB.aux_for(sp.cu_q, sp.cu_q, H, q.device),
                kernA.aux_for(sp.cu_qa, sp.cu_ka, H, q.device) if sp.has_ancestors else None)
     auxB, auxA = aux
+    m = context_first(sp, idx, q.shape[0], k.shape[0])
+    if m is not None:
+        # [context | own] keys, every query one segment over all of the context (a piece of
+        # a chain of windows): the parts read row ranges, and each key row's gradient is
+        # one part's share, so nothing is gathered, zero-filled or summed by index. The
+        # same values as the general path below: dq's one addition in float32 (or wider),
+        # dk and dv each row's single share
+        dqB, dkB, dvB = kernB.bwd(do, q, k[m:], v[m:], o, lse, auxB, sp.cu_q, sp.cu_q, sp.max_q, sp.max_q, True,
+                                  scale)
+        dqA, dkA, dvA = kernA.bwd(do, q, k[:m], v[:m], o, lse, auxA, sp.cu_qa, sp.cu_ka, sp.max_qa, sp.max_ka,
+                                  False, scale)
+        wide = torch.promote_types(q.dtype, torch.float32)
+        return ((dqB.to(wide) + dqA.to(wide)).to(q.dtype), torch.cat([dkA, dkB]).to(k.dtype),
+                torch.cat([dvA, dvB]).to(v.dtype))
     own = idx.get("own")
     kB = k if own is None else k.index_select(0, own)
     vB = v if own is None else v.index_select(0, own)
@@ -467,6 +481,21 @@ def split_backward(do, q, k, v, o, lse, scale, sp: SplitSegments, kernel: Varlen
         dk.index_add_(0, anc, dkA.to(wide))
         dv.index_add_(0, anc, dvA.to(wide))
     return dq, dk.to(k.dtype), dv.to(v.dtype)
+
+
+def context_first(sp: SplitSegments, idx: dict, queries: int, rows: int) -> int | None:
+    """m where the keys are [m context rows | the queries' own rows] and the queries are one
+    segment attending all of the context (a piece of a chain of windows: part A one
+    rectangle over rows [0, m), part B the causal square over rows [m, rows)); else None.
+    Decided once per layout on the host arrays and kept in the layout's index dict."""
+    if "context_first" not in idx:
+        m = rows - queries
+        idx["context_first"] = m if (
+            m > 0 and sp.own_rows is not None and np.array_equal(sp.own_rows, np.arange(m, rows))
+            and np.array_equal(sp.cu_q, [0, queries]) and np.array_equal(sp.qa_index, np.arange(queries))
+            and np.array_equal(sp.cu_qa, [0, queries]) and np.array_equal(sp.anc_rows, np.arange(m))
+            and np.array_equal(sp.cu_ka, [0, m])) else None
+    return idx["context_first"]
 
 
 def _inverses(idx: dict, queries: int, rows: int):

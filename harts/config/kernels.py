@@ -125,6 +125,10 @@ class KernelConfig:
     # 256 MiB that step's peak went from 13.98 to 12.65 GiB with its time unchanged (0.788 ->
     # 0.787 s; benchmarks/results/step/2026-12-06-e54a58e-graph-workspace-h100.json)
     graph_deterministic_workspace_max: int = 256 * 2 ** 20
+    # a piece of a chain of windows whose context is a multiple of its rows, from this many
+    # rows: its context's backward as causal squares (harts.exec.ops.attention.triangles),
+    # where cuDNN's non-causal backward costs 1.7x per pair; 0 (the default): one call
+    rectangle_triangles_min_rows: int = 0
 
     def __post_init__(self) -> None:
         for name, enum in _CHOICES.items():
@@ -152,7 +156,7 @@ class KernelConfig:
             except ValueError:
                 raise ValueError(f"kda_fwd_h={self.kda_fwd_h!r}: expected 'auto', 'fla' or 'BV,warps,stages'") from None
         for name in ("cudnn_split_min_rows_per_segment", "graph_backward_max_rows",
-                     "graph_deterministic_workspace_max"):
+                     "graph_deterministic_workspace_max", "rectangle_triangles_min_rows"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name}={value!r}: expected a non-negative integer")

@@ -246,3 +246,25 @@ def test_a_chain_piece_reads_its_context_by_row_range(pieces):
         s2 = segments_of(f.row_parent, None if ql.size == f.num_rows else ql)
         sp2 = (piece_segments if pieces else split_segments)(s2, ql.size == f.num_rows)
         assert context_first(sp2, device_index(sp2, "cpu"), ql.size, f.num_rows) is None
+
+
+def test_a_chain_piece_context_as_causal_squares(monkeypatch):
+    # KernelConfig.rectangle_triangles_min_rows: a chain piece whose context is a multiple
+    # of its rows takes its context's backward as causal squares; float64 against the
+    # dense ancestor mask, and the squares did run
+    from harts.exec.ops.attention import triangles
+    from harts.exec.ops.attention.split import REFERENCE_BOTTOM_RIGHT, device_index, path_split_attention
+    from harts.tree import Trajectory
+
+    calls = []
+    run = triangles.rectangle_backward
+    monkeypatch.setattr(triangles, "rectangle_backward", lambda *a, **kw: calls.append(1) or run(*a, **kw))
+    chain = build_forest([Trajectory.make("a", "g", list(range(1, 31)))])
+    q_local = np.arange(20, chain.num_rows)
+    seg = segments_of(chain.row_parent, q_local)
+    sp = split_segments(seg, False)
+    idx = device_index(sp, "cpu")
+    idx["triangles_min_rows"] = 10
+    check_against_dense(chain, q_local, lambda q, k, v, s: path_split_attention(
+        q, k, v, s, seg, sp, fwd_kernel=REFERENCE_BOTTOM_RIGHT, kernel=REFERENCE, idx=idx), zero_grad_atol=1e-12)
+    assert calls == [1]

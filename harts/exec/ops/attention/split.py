@@ -60,6 +60,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from harts.exec.ops.attention import triangles
 from harts.exec.ops.attention.kernel import REFERENCE, REFERENCE_BOTTOM_RIGHT, VarlenKernel, _case  # noqa: F401
 from harts.exec.ops.attention.varlen import PathSegments
 from harts.exec.transfer import to_device
@@ -435,8 +436,11 @@ def split_backward(do, q, k, v, o, lse, scale, sp: SplitSegments, kernel: Varlen
         # dk and dv each row's single share
         dqB, dkB, dvB = kernB.bwd(do, q, k[m:], v[m:], o, lse, auxB, sp.cu_q, sp.cu_q, sp.max_q, sp.max_q, True,
                                   scale)
-        dqA, dkA, dvA = kernA.bwd(do, q, k[:m], v[:m], o, lse, auxA, sp.cu_qa, sp.cu_ka, sp.max_qa, sp.max_ka,
-                                  False, scale)
+        if triangles.fits(q.shape[0], m, idx.get("triangles_min_rows", 0)):
+            dqA, dkA, dvA = triangles.rectangle_backward(kernB, do, q, k[:m], v[:m], o, lse, scale)
+        else:
+            dqA, dkA, dvA = kernA.bwd(do, q, k[:m], v[:m], o, lse, auxA, sp.cu_qa, sp.cu_ka, sp.max_qa, sp.max_ka,
+                                      False, scale)
         wide = torch.promote_types(q.dtype, torch.float32)
         return ((dqB.to(wide) + dqA.to(wide)).to(q.dtype), torch.cat([dkA, dkB]).to(k.dtype),
                 torch.cat([dvA, dvB]).to(v.dtype))

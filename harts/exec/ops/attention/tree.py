@@ -201,7 +201,9 @@ class FastTreeAttention:
 
             seg, _, full = self._segments_for(device)
             sp = (piece_segments if pieces else split_segments)(seg, full)
-            self._split[pieces] = (sp, device_index(sp, device))
+            idx = device_index(sp, device)
+            idx["triangles_min_rows"] = self.kernels.rectangle_triangles_min_rows
+            self._split[pieces] = (sp, idx)
         return self._split[pieces]
 
     def __call__(self, q_CHD: Tensor, k_LHD: Tensor, v_LHE: Tensor, scale: float) -> Tensor:

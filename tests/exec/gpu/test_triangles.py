@@ -1,0 +1,49 @@
+"""A rectangle's attention backward as causal squares (harts.exec.ops.attention.triangles)
+against the rectangle's own backward, float64 on the CPU with the reference kernel: from
+the rectangle's own o and lse, and from a union's (the rectangle beside a causal square of
+the queries' own rows, as the split runs it)."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harts.exec.ops.attention.kernel import REFERENCE
+from harts.exec.ops.attention.triangles import fits, rectangle_backward
+from harts.testing import assert_close
+
+
+@settings(deadline=None, max_examples=30)
+@given(n=st.integers(2, 9), s=st.integers(1, 4), heads=st.integers(1, 3), union=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_squares_give_the_rectangles_backward(n, s, heads, union, seed):
+    g = torch.Generator().manual_seed(seed)
+    m, D, E = n * s, 6, 4
+    q = torch.randn(n, heads, D, generator=g, dtype=torch.float64)
+    k = torch.randn(m, heads, D, generator=g, dtype=torch.float64)
+    v = torch.randn(m, heads, E, generator=g, dtype=torch.float64)
+    do = torch.randn(n, heads, E, generator=g, dtype=torch.float64)
+    cq, ck = np.array([0, n]), np.array([0, m])
+    o, lse, _ = REFERENCE.fwd(q, k, v, cq, ck, n, m, False, 0.4)
+    if union:  # the union with the queries' own causal square: merged o and lse
+        kb, vb = torch.randn(n, heads, D, generator=g, dtype=torch.float64), torch.randn(n, heads, E, generator=g,
+                                                                                          dtype=torch.float64)
+        ob, lseb, _ = REFERENCE.fwd(q, kb, vb, cq, cq, n, n, True, 0.4)
+        merged = torch.logaddexp(lse, lseb)
+        o = o * torch.exp(lse - merged)[..., None] + ob * torch.exp(lseb - merged)[..., None]
+        lse = merged
+    want = REFERENCE.bwd(do, q, k, v, o, lse, None, cq, ck, n, m, False, 0.4)
+    got = rectangle_backward(REFERENCE, do, q, k, v, o, lse, 0.4)
+    for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        assert_close(name, a, b, 1e-12)
+
+
+def test_which_rectangles_fit():
+    assert fits(4, 12, 1) and fits(4, 4, 4) and not fits(4, 12, 0) and not fits(4, 12, 5)
+    assert not fits(4, 10, 1) and not fits(1, 3, 1) and not fits(4, 0, 1)
+    with pytest.raises(ValueError, match="multiple"):
+        z = torch.zeros(3, 1, 2, dtype=torch.float64)
+        rectangle_backward(REFERENCE, z, z, torch.zeros(5, 1, 2, dtype=torch.float64),
+                           torch.zeros(5, 1, 2, dtype=torch.float64), z, torch.zeros(3, 1, dtype=torch.float64), 1.0)

@@ -206,3 +206,31 @@ def test_backend_tree_attention_matches_float64():
     q, k, v, do = _qkv(R, R)
     got = _run(lambda a, b, c: att(a, b, c, SCALE), q, k, v, do, torch.bfloat16)
     _assert_all(got, _reference(par, None, q, k, v, do), TOL_BF16)
+
+
+@pytest.mark.parametrize("kernel", ["dense", "nondet"])
+def test_chain_piece_context_as_causal_squares_matches_float64(kernel):
+    # a chain piece (one chain, the last 700 rows queried, a 2,100-row context: 3 squares)
+    # with its context's backward as causal squares (`rectangle_triangles_min_rows`),
+    # against the float64 reference kernels on the same decomposition
+    from harts.tree import Trajectory
+
+    chain = build_forest([Trajectory.make("a", "g", np.arange(1, 2801))])
+    q_local = np.arange(2100, chain.num_rows)
+    seg = segments_of(chain.row_parent, q_local)
+    sp = split_segments(seg, False)
+    assert graph_kernels(QK, VD) is not None, "the cuDNN graph kernels failed their self-checks (or no frontend)"
+    fwd_k = graph_kernels(QK, VD)[0]
+    kern = cudnn_kernel(QK, VD) if kernel == "dense" else cudnn_kernel(QK, VD, "graph-nondet")
+    keys = torch.as_tensor(seg.key_rows, device="cuda")
+    q, k, v, do = _qkv(q_local.size, chain.num_rows, seed=6)
+
+    def run(fk, kern_, dtype, squares):
+        idx = device_index(sp, "cuda")
+        idx["triangles_min_rows"] = 512 if squares else 0
+        return _run(lambda a, b, c: path_split_attention(a, b, c, SCALE, seg, sp, fk, kern_, key_rows=keys, idx=idx),
+                    q, k, v, do, dtype)
+
+    want = run(REFERENCE_BOTTOM_RIGHT, REFERENCE, torch.float64, False)
+    _assert_all(run(fwd_k, kern, torch.bfloat16, True), want, TOL_BF16)
+    _assert_all(run(REFERENCE_BOTTOM_RIGHT, REFERENCE, torch.float64, True), want, 1e-12)

@@ -253,7 +253,11 @@ def test_a_chain_piece_context_as_causal_squares(monkeypatch):
     # of its rows takes its context's backward as causal squares; float64 against the
     # dense ancestor mask, and the squares did run
     from harts.exec.ops.attention import triangles
-    from harts.exec.ops.attention.split import REFERENCE_BOTTOM_RIGHT, device_index, path_split_attention
+    from harts.exec.ops.attention.split import (
+        REFERENCE_BOTTOM_RIGHT,
+        device_index,
+        path_split_attention,
+    )
     from harts.tree import Trajectory
 
     calls = []
@@ -268,3 +272,30 @@ def test_a_chain_piece_context_as_causal_squares(monkeypatch):
     check_against_dense(chain, q_local, lambda q, k, v, s: path_split_attention(
         q, k, v, s, seg, sp, fwd_kernel=REFERENCE_BOTTOM_RIGHT, kernel=REFERENCE, idx=idx), zero_grad_atol=1e-12)
     assert calls == [1]
+
+
+def test_responses_under_one_shared_prompt_read_it_by_row_range():
+    # a consumer of three responses under a 12-row prompt it does not compute: with part A
+    # by key piece the prompt is one rectangle under every response, read as rows [0, 12);
+    # by query segment it is three rectangles (the general path)
+    from harts.exec.ops.attention.split import (
+        REFERENCE_BOTTOM_RIGHT,
+        context_first,
+        device_index,
+        path_split_attention,
+        piece_segments,
+    )
+    from harts.tree import Trajectory
+
+    prompt = list(range(1, 13))
+    f = build_forest([Trajectory.make(f"r{i}", "g", prompt + [50 + 10 * i + j for j in range(3 + i)])
+                      for i in range(3)])
+    q_local = np.arange(12, f.num_rows)
+    seg = segments_of(f.row_parent, q_local)
+    sp = piece_segments(seg, False)
+    idx = device_index(sp, "cpu")
+    check_against_dense(f, q_local, lambda q, k, v, s: path_split_attention(
+        q, k, v, s, seg, sp, fwd_kernel=REFERENCE_BOTTOM_RIGHT, kernel=REFERENCE, idx=idx), zero_grad_atol=1e-12)
+    assert idx["context_first"] == 12
+    by_query = split_segments(seg, False)
+    assert context_first(by_query, device_index(by_query, "cpu"), q_local.size, f.num_rows) is None

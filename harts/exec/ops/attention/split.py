@@ -429,11 +429,11 @@ def split_backward(do, q, k, v, o, lse, scale, sp: SplitSegments, kernel: Varlen
     auxB, auxA = aux
     m = context_first(sp, idx, q.shape[0], k.shape[0])
     if m is not None:
-        # [context | own] keys, every query one segment over all of the context (a piece of
-        # a chain of windows): the parts read row ranges, and each key row's gradient is
-        # one part's share, so nothing is gathered, zero-filled or summed by index. The
-        # same values as the general path below: dq's one addition in float32 (or wider),
-        # dk and dv each row's single share
+        # [context | own] keys, every query over all of the context (a piece of a chain of
+        # windows; segments under one shared prompt): the parts read row ranges, and each
+        # key row's gradient is one part's share, so nothing is gathered, zero-filled or
+        # summed by index. The same values as the general path below: dq's one addition
+        # in float32 (or wider), dk and dv each row's single share
         dqB, dkB, dvB = kernB.bwd(do, q, k[m:], v[m:], o, lse, auxB, sp.cu_q, sp.cu_q, sp.max_q, sp.max_q, True,
                                   scale)
         if triangles.fits(q.shape[0], m, idx.get("triangles_min_rows", 0)):
@@ -488,17 +488,17 @@ def split_backward(do, q, k, v, o, lse, scale, sp: SplitSegments, kernel: Varlen
 
 
 def context_first(sp: SplitSegments, idx: dict, queries: int, rows: int) -> int | None:
-    """m where the keys are [m context rows | the queries' own rows] and the queries are one
-    segment attending all of the context (a piece of a chain of windows: part A one
-    rectangle over rows [0, m), part B the causal square over rows [m, rows)); else None.
-    Decided once per layout on the host arrays and kept in the layout's index dict."""
+    """m where the keys are [m context rows | the queries' own rows, in order] and part A is
+    one rectangle, every query over all of the context: a piece of a chain of windows, or
+    (with `piece_segments`) a consumer whose segments all read the whole of one shared
+    prompt. Part A then reads rows [0, m), part B rows [m, rows). Else None. Decided once
+    per layout on the host arrays and kept in the layout's index dict."""
     if "context_first" not in idx:
         m = rows - queries
         idx["context_first"] = m if (
             m > 0 and sp.own_rows is not None and np.array_equal(sp.own_rows, np.arange(m, rows))
-            and np.array_equal(sp.cu_q, [0, queries]) and np.array_equal(sp.qa_index, np.arange(queries))
-            and np.array_equal(sp.cu_qa, [0, queries]) and np.array_equal(sp.anc_rows, np.arange(m))
-            and np.array_equal(sp.cu_ka, [0, m])) else None
+            and np.array_equal(sp.qa_index, np.arange(queries)) and np.array_equal(sp.cu_qa, [0, queries])
+            and np.array_equal(sp.anc_rows, np.arange(m)) and np.array_equal(sp.cu_ka, [0, m])) else None
     return idx["context_first"]
 
 

@@ -125,9 +125,10 @@ class KernelConfig:
     # 256 MiB that step's peak went from 13.98 to 12.65 GiB with its time unchanged (0.788 ->
     # 0.787 s; benchmarks/results/step/2026-12-06-e54a58e-graph-workspace-h100.json)
     graph_deterministic_workspace_max: int = 256 * 2 ** 20
-    # a piece of a chain of windows whose context is a multiple of its rows, from this many
-    # rows: its context's backward as causal squares (harts.exec.ops.attention.triangles),
-    # where cuDNN's non-causal backward costs 1.7x per pair; 0 (the default): one call
+    # queries over a whole context read by row ranges (a piece of a chain of windows, or
+    # segments under one shared prompt), the shorter side of that rectangle this many rows
+    # or more: its backward as causal squares (harts.exec.ops.attention.triangles), where
+    # cuDNN's non-causal backward costs 1.7x per pair; 0 (the default): one call
     rectangle_triangles_min_rows: int = 0
 
     def __post_init__(self) -> None:

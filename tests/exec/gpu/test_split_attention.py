@@ -272,6 +272,19 @@ def test_a_chain_piece_context_as_causal_squares(monkeypatch):
     check_against_dense(chain, q_local, lambda q, k, v, s: path_split_attention(
         q, k, v, s, seg, sp, fwd_kernel=REFERENCE_BOTTOM_RIGHT, kernel=REFERENCE, idx=idx), zero_grad_atol=1e-12)
     assert calls == [1]
+    # the squares' own kernel where the layout names one (FastTreeAttention picks it for
+    # their shape on the GPU), the parts' otherwise
+    seen = []
+
+    class Squares(type(REFERENCE)):
+        def bwd(self, *a):
+            seen.append((a[9], a[11]))  # rows per square, causal
+            return super().bwd(*a)
+
+    idx["triangles_kernel"] = Squares()
+    check_against_dense(chain, q_local, lambda q, k, v, s: path_split_attention(
+        q, k, v, s, seg, sp, fwd_kernel=REFERENCE_BOTTOM_RIGHT, kernel=REFERENCE, idx=idx), zero_grad_atol=1e-12)
+    assert seen == [(10, True), (9, True)]
 
 
 def test_responses_under_one_shared_prompt_read_it_by_row_range():

@@ -437,7 +437,8 @@ def split_backward(do, q, k, v, o, lse, scale, sp: SplitSegments, kernel: Varlen
         dqB, dkB, dvB = kernB.bwd(do, q, k[m:], v[m:], o, lse, auxB, sp.cu_q, sp.cu_q, sp.max_q, sp.max_q, True,
                                   scale)
         if triangles.fits(q.shape[0], m, idx.get("triangles_min_rows", 0)):
-            dqA, dkA, dvA = triangles.rectangle_backward(kernB, do, q, k[:m], v[:m], o, lse, scale)
+            dqA, dkA, dvA = triangles.rectangle_backward(idx.get("triangles_kernel", kernB), do, q, k[:m], v[:m], o,
+                                                         lse, scale)
         else:
             dqA, dkA, dvA = kernA.bwd(do, q, k[:m], v[:m], o, lse, auxA, sp.cu_qa, sp.cu_ka, sp.max_qa, sp.max_ka,
                                       False, scale)

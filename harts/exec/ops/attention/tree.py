@@ -231,6 +231,18 @@ class FastTreeAttention:
                    split_part_kernel(D, E, H, int(sp.qa_index.size), int(sp.cu_qa.size - 1), sp.max_qa, sp.max_ka,
                                      cfg)
                    if sp.has_ancestors else None)
+            if cfg.rectangle_triangles_min_rows and "triangles_kernel" not in idx:
+                # the kernel of the causal squares a context's backward may take, picked
+                # for their shape as the parts' are (`harts.exec.ops.attention.triangles`)
+                from harts.exec.ops.attention import triangles
+                from harts.exec.ops.attention.split import context_first
+
+                n = int(sp.cu_q[-1])
+                m = context_first(sp, idx, n, k_LHD.shape[0])
+                if m is not None and triangles.fits(n, m, cfg.rectangle_triangles_min_rows):
+                    side = min(n, m)
+                    s = max(n, m) // side
+                    idx["triangles_kernel"] = split_part_kernel(D, E, H, s * side, s, side, side, cfg)
             return path_split_attention(q_CHD, k_LHD, v_LHE, scale, seg, sp, kernels[0],
                                         bwd if bwd[1] is not None else bwd[0],
                                         key_rows=None if self._identity else key_rows, idx=idx)

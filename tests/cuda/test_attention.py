@@ -208,20 +208,25 @@ def test_backend_tree_attention_matches_float64():
     _assert_all(got, _reference(par, None, q, k, v, do), TOL_BF16)
 
 
-@pytest.mark.parametrize("kernel", ["dense", "nondet"])
-def test_chain_piece_context_as_causal_squares_matches_float64(kernel):
-    # a chain piece (one chain, the last 700 rows queried, a 2,100-row context: 3 squares)
-    # with its context's backward as causal squares (`rectangle_triangles_min_rows`),
-    # against the float64 reference kernels on the same decomposition
+@pytest.mark.parametrize("squares", [False, True], ids=["one-call", "squares"])
+@pytest.mark.parametrize("kernel", ["dense", "nondet", "det"])
+def test_chain_piece_context_as_causal_squares_matches_float64(kernel, squares):
+    # a chain piece (one chain, the last 700 rows queried, a 2,100-row context: 3 squares):
+    # its backward by row ranges (`split.context_first`), the context in one call or as
+    # causal squares (`rectangle_triangles_min_rows`), on each kernel the backend may pick,
+    # against the float64 reference kernels
     from harts.tree import Trajectory
 
     chain = build_forest([Trajectory.make("a", "g", np.arange(1, 2801))])
     q_local = np.arange(2100, chain.num_rows)
     seg = segments_of(chain.row_parent, q_local)
     sp = split_segments(seg, False)
+    from harts.exec.ops.attention.split import context_first
+
+    assert context_first(sp, {}, q_local.size, chain.num_rows) == 2100
     assert graph_kernels(QK, VD) is not None, "the cuDNN graph kernels failed their self-checks (or no frontend)"
-    fwd_k = graph_kernels(QK, VD)[0]
-    kern = cudnn_kernel(QK, VD) if kernel == "dense" else cudnn_kernel(QK, VD, "graph-nondet")
+    fwd_k, det = graph_kernels(QK, VD)
+    kern = {"dense": cudnn_kernel(QK, VD), "nondet": cudnn_kernel(QK, VD, "graph-nondet"), "det": det}[kernel]
     keys = torch.as_tensor(seg.key_rows, device="cuda")
     q, k, v, do = _qkv(q_local.size, chain.num_rows, seed=6)
 
@@ -232,5 +237,6 @@ def test_chain_piece_context_as_causal_squares_matches_float64(kernel):
                     q, k, v, do, dtype)
 
     want = run(REFERENCE_BOTTOM_RIGHT, REFERENCE, torch.float64, False)
-    _assert_all(run(fwd_k, kern, torch.bfloat16, True), want, TOL_BF16)
-    _assert_all(run(REFERENCE_BOTTOM_RIGHT, REFERENCE, torch.float64, True), want, 1e-12)
+    _assert_all(run(fwd_k, kern, torch.bfloat16, squares), want, TOL_BF16)
+    if squares:
+        _assert_all(run(REFERENCE_BOTTOM_RIGHT, REFERENCE, torch.float64, True), want, 1e-12)

@@ -314,7 +314,7 @@ class TreeContext:
 
     def kda_mixing(self, layer: int, q_TD: Tensor, k_TD: Tensor, v_TD: Tensor,
                    convs: tuple[Tensor, Tensor, Tensor], gate_TR: Tensor, gate: Callable[[Tensor], Tensor],
-                   beta_TH: Tensor, scale: float) -> Tensor | None:
+                   beta_TH: Tensor, scale: float) -> Tensor:
         """The KDA layer's mixing from its projections (`harts.exec.model.kda.kda_mixing`'s
         contract) with nothing wide gathered into the rounds' order (rows of the rounds,
         replayed rows repeated): each short conv reads its window of the computed rows and
@@ -339,37 +339,29 @@ class TreeContext:
         from harts.exec.model.layers import l2_norm_of
 
         W = convs[0].shape[1]
-        if self._places is None:
-            window_RW = self._round_window(W)
-            f, beta = self._kda_in(gate_TR, beta_TH)
-            g = gate(f)
-            R, H, K = g.shape
-            if self.record is not None:
-                for name, x in zip("qkv", (q_TD, k_TD, v_TD), strict=True):
-                    self.record.record_input((layer, f"conv:{name}"), (x,))
-            q, k, v = (short_conv(x, w, None, window_TW=window_RW, activation="silu", kernels=self.kernels,
-                                  record=self.kernel_record)
-                       for x, w in zip((q_TD, k_TD, v_TD), convs, strict=True))
-            q, k, v = l2_norm_of(q.view(R, H, K), self), l2_norm_of(k.view(R, H, K), self), v.view(R, H, -1)
-            if self.record is not None:
-                self.record.record_rounds((layer, "kda"), (q, k, v, g, beta), self._kda_out.index_host,
-                                          self.device)
-            return self._kda_rounds(layer, q, k, v, g, beta, scale)
-        if self.stash is None:
+        if self._places is not None and self.stash is None:
             raise ValueError("a consumer's context runs with its producer's stash bound (TreeContext.bind)")
-        own_in, window_PW, ctx_in, place = self._consumer_rounds(W)
-        f, beta = own_in(gate_TR, beta_TH)
-        g = gate(f)
-        P, H, K = g.shape
         if self.record is not None:
             for name, x in zip("qkv", (q_TD, k_TD, v_TD), strict=True):
                 self.record.record_input((layer, f"conv:{name}"), (x,))
-        q, k, v = (short_conv(torch.cat([self.stash.inputs[(layer, f"conv:{name}")][0], x]), w, None,
-                              window_TW=window_PW, activation="silu", kernels=self.kernels,
+        if self._places is None:
+            window = self._round_window(W)
+            f, beta = self._kda_in(gate_TR, beta_TH)
+            xs = (q_TD, k_TD, v_TD)
+        else:
+            own_in, window, ctx_in, place = self._consumer_rounds(W)
+            f, beta = own_in(gate_TR, beta_TH)
+            # each conv over [stashed conv rows | computed rows]
+            xs = tuple(torch.cat([self.stash.inputs[(layer, f"conv:{name}")][0], x])
+                       for name, x in zip("qkv", (q_TD, k_TD, v_TD), strict=True))
+        g = gate(f)
+        R, H, K = g.shape
+        q, k, v = (short_conv(x, w, None, window_TW=window, activation="silu", kernels=self.kernels,
                               record=self.kernel_record)
-                   for name, x, w in zip("qkv", (q_TD, k_TD, v_TD), convs, strict=True))
-        q, k, v = l2_norm_of(q.view(P, H, K), self), l2_norm_of(k.view(P, H, K), self), v.view(P, H, -1)
-        q, k, v, g, beta = place(ctx_in(*self.stash.inputs[(layer, "kda")]), (q, k, v, g, beta))
+                   for x, w in zip(xs, convs, strict=True))
+        q, k, v = l2_norm_of(q.view(R, H, K), self), l2_norm_of(k.view(R, H, K), self), v.view(R, H, -1)
+        if self._places is not None:
+            q, k, v, g, beta = place(ctx_in(*self.stash.inputs[(layer, "kda")]), (q, k, v, g, beta))
         if self.record is not None:
             self.record.record_rounds((layer, "kda"), (q, k, v, g, beta), self._kda_out.index_host, self.device)
         return self._kda_rounds(layer, q, k, v, g, beta, scale)

@@ -179,7 +179,6 @@ def main(argv: list[str]) -> int:
         return worker(args)
     from harts.bench.provenance import provenance
     from harts.config.models import get_model_config
-    from harts.tree import shapes
     from harts.tree.io import save_jsonl
     from harts.tree.workload import generate, preset
 
@@ -197,17 +196,13 @@ def main(argv: list[str]) -> int:
 
         for name in args.baselines.split(","):
             sets.append((f"baselines/{name}", baseline_workload(name, vocab), args.window_budget, False))
-    for spec in filter(None, args.shapes.split(",")):
-        if spec.startswith("chains:"):  # a case of benchmarks/gpu/chains.py, "chains:chain64k@16384"
-            sys.path.insert(0, str(Path(__file__).resolve().parent))
-            import chains
+    if args.shapes:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from windows import draw_case  # benchmarks/gpu/windows.py
 
-            name, budget = spec.removeprefix("chains:").split("@")
-            sets.append((spec, chains.instance(name)[0], int(budget), True))
-            continue
-        family, rest = spec.split("/")
-        seed, budget = (int(x) for x in rest.split("@"))
-        sets.append((spec, shapes.draw(family, seed, budget, vocab_size=vocab), budget, True))
+    for spec in filter(None, args.shapes.split(",")):
+        trajs, budget = draw_case(spec, vocab)
+        sets.append((spec, trajs, budget, True))
     result = {"provenance": provenance([sys.argv[0], *argv]), "workload": args.workload, "shapes": args.shapes,
               "model": args.model, "budget": args.budget, "window_budget": args.window_budget,
               "trajectories": {name: len(t) for name, t, _, _ in sets}, "runs": []}

@@ -126,6 +126,21 @@ def _trainer(kind: str, trajs, budget: int, model: str, kernels=None):
                         producer_recompute=kind != "windows-stored", kernels=kernels), plan
 
 
+def draw_case(case: str, vocab: int) -> tuple[list, int]:
+    """(trajectories, budget) of "family/seed@budget" (`harts.tree.shapes.draw`) or
+    "chains:NAME@budget" (benchmarks/gpu/chains.py's case NAME)."""
+    if case.startswith("chains:"):
+        import chains
+
+        name, budget = case.removeprefix("chains:").split("@")
+        return chains.instance(name)[0], int(budget)
+    from harts.tree import shapes
+
+    family, rest = case.split("/")
+    seed, budget = (int(x) for x in rest.split("@"))
+    return shapes.draw(family, seed, budget, vocab_size=vocab), budget
+
+
 def case_runs(args: argparse.Namespace, vocab: int, skipped: list[str]):
     """(key "family/seed@budget kind", kind, trajectories, budget) for every case of
     `args.cases` ("family/seed@budget,...", drawn by `harts.tree.shapes.draw` once per case;
@@ -133,19 +148,10 @@ def case_runs(args: argparse.Namespace, vocab: int, skipped: list[str]):
     and kind of `args.kinds` ("windows,tree,..."; a `tree` runs the same rows unsplit at
     `args.unsplit_budget`); past `args.time_limit` seconds from the first, the keys left go
     to `skipped` instead."""
-    from harts.tree import shapes
 
     t_start = time.perf_counter()
     for case in args.cases.split(","):
-        if case.startswith("chains:"):  # a case of benchmarks/gpu/chains.py, "chains:chain64k@16384"
-            import chains
-
-            name, budget = case.removeprefix("chains:").split("@")
-            trajs, budget = chains.instance(name)[0], int(budget)
-        else:
-            family, rest = case.split("/")
-            seed, budget = (int(x) for x in rest.split("@"))
-            trajs = shapes.draw(family, seed, budget, vocab_size=vocab)
+        trajs, budget = draw_case(case, vocab)
         for kind in args.kinds.split(","):
             key = f"{case} {kind}"
             if time.perf_counter() - t_start > args.time_limit:

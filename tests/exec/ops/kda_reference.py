@@ -185,13 +185,14 @@ def compare_float32(label: str, ours: dict, p: Problem, fla_fn, chunk_size: int 
     in float64 on the same numbers, each within max(TOL[float32], FLOAT32_FACTOR x the
     larger float32 error of fla's naive recurrence and naive chunk form there); returns the
     errors."""
-    ref64 = run_fla(fla_fn, p.to(torch.float64), chunk_size)
     forms = [(fla_kda_naive.naive_recurrent_kda, None), (fla_kda_naive.naive_chunk_kda, 64)]
-    refs32 = [(run_fla(fn, p, cs), run_fla(fn, p.to(torch.float64), cs)) for fn, cs in forms]
+    refs32 = {(fn, cs): (run_fla(fn, p, cs), run_fla(fn, p.to(torch.float64), cs)) for fn, cs in forms}
+    ref64 = refs32[(fla_fn, chunk_size)][1] if (fla_fn, chunk_size) in refs32 else \
+        run_fla(fla_fn, p.to(torch.float64), chunk_size)
     errors = {}
     for name in ("o", "final_state", *INPUTS):
         key = name if name in ("o", "final_state") else f"d{name}"
-        float32_err = max(rel_err(r32[name], r64[name]) for r32, r64 in refs32)
+        float32_err = max(rel_err(r32[name], r64[name]) for r32, r64 in refs32.values())
         bound = max(TOL[torch.float32], FLOAT32_FACTOR * float32_err)
         errors[key] = assert_close(f"{label} {key}", ours[name], ref64[name], bound)
     return errors

@@ -240,8 +240,7 @@ class FastTreeAttention:
                 n = int(sp.cu_q[-1])
                 m = context_first(sp, idx, n, k_LHD.shape[0])
                 if m is not None and triangles.fits(n, m, cfg.rectangle_triangles_min_rows):
-                    side = min(n, m)
-                    s = max(n, m) // side
+                    side, s = triangles.squares(n, m)
                     idx["triangles_kernel"] = split_part_kernel(D, E, H, s * side, s, side, side, cfg)
             return path_split_attention(q_CHD, k_LHD, v_LHE, scale, seg, sp, kernels[0],
                                         bwd if bwd[1] is not None else bwd[0],

@@ -31,6 +31,12 @@ def fits(queries: int, keys: int, min_rows: int) -> bool:
     return min_rows > 0 and min(queries, keys) >= max(min_rows, 2)
 
 
+def squares(queries: int, keys: int) -> tuple[int, int]:
+    """(side, count): the squares tiling a rectangle along its longer side."""
+    side = min(queries, keys)
+    return side, max(queries, keys) // side
+
+
 def rectangle_backward(kern: VarlenKernel, do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
                        scale: float) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv of every query over every key (no mask) from the union's o and lse: the
@@ -40,8 +46,7 @@ def rectangle_backward(kern: VarlenKernel, do: Tensor, q: Tensor, k: Tensor, v: 
     n, m = q.shape[0], k.shape[0]
     if not fits(n, m, 1):
         raise ValueError(f"{n} queries x {m} keys: squares need both sides of at least 2 rows")
-    side = min(n, m)
-    s = max(n, m) // side
+    side, s = squares(n, m)
     dev, H = q.device, q.shape[1]
     wide = torch.promote_types(q.dtype, torch.float32)
     at = torch.arange(s, device=dev)[:, None] * side + torch.arange(side, device=dev)[None, :]

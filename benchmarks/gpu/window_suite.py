@@ -7,7 +7,10 @@ same budget.
 
 Instances come from `harts.tree.shapes` (`draw(family, seed, budget)`: every trajectory
 fits the budget, one tree is larger than it, at most four budgets of compact rows), so a
-family is the same shape at every budget and new seeds draw new instances. Per instance,
+family is the same shape at every budget and new seeds draw new instances; `--families`
+also takes the long families (`shapes.LONG_FAMILIES`, `long-agent,long-group`: a path of
+1.5-4 budgets, cut into a chain of windows; up to six budgets of rows, so the unsplit
+step holds them at budgets up to `--unsplit-budget` / 6). Per instance,
 on a fresh `tiny-h200` model in bf16 with activation recomputation (the cases of
 benchmarks/gpu/windows.py, whose `run_case`, `profile_case` and `fidelity_case` this
 suite calls):

@@ -75,8 +75,9 @@ def _device(name: str | None) -> str:
 
 
 def _instances(text: str) -> list[tuple[str, int, int]]:
-    from harts.tree.shapes import FAMILIES
+    from harts.tree.shapes import FAMILIES, LONG_FAMILIES
 
+    known = [*FAMILIES, *LONG_FAMILIES]
     out = []
     for item in (t for t in text.split(",") if t):
         try:
@@ -85,8 +86,8 @@ def _instances(text: str) -> list[tuple[str, int, int]]:
             out.append((family, int(seed), int(budget)))
         except ValueError:
             raise UserError(f"--instances: {item!r} is not family/seed@budget") from None
-        if family not in FAMILIES:
-            raise UserError(f"--instances: unknown family {family!r}; known: {', '.join(FAMILIES)}")
+        if family not in known:
+            raise UserError(f"--instances: unknown family {family!r}; known: {', '.join(known)}")
     return out
 
 

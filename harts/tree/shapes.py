@@ -18,7 +18,18 @@ split it into sharing windows) and all of them hold at most `MAX_COMPACT_BUDGETS
 - `long-chain`: one chain that nearly fills the budget (0.7-0.95 B) with 4-12 short
   branches off it at random turns, beside 2-6 short independent trajectories.
 
-`draw(family, seed, budget)` gives the trajectories (token ids below `vocab_size`,
+`LONG_FAMILIES` are drawn the same way but their longest path is longer than the budget
+(1.5-`LONG_MAX_PATH` B), so a planner cuts it into a chain of windows; they hold at most
+`LONG_MAX_COMPACT_BUDGETS` x B rows:
+
+- `long-agent`: an agent trajectory of observation/action turns running to 1.5-4 B, with
+  2-5 short branches off it at random turns (forks anywhere along the chain), beside 1-3
+  short independent trajectories;
+- `long-group`: a GRPO group whose responses run long: a prompt (0.1-0.6 B) and 2-6
+  responses of 0.2-1.2 B, one of them running on past the budget (1.1 B to the longest
+  path).
+
+`draw(family, seed, budget)` (either kind of family) gives the trajectories (token ids below `vocab_size`,
 siblings' first tokens distinct so token-level forks sit at segment-level ones, random
 advantages per trajectory and old log-probs); `FAMILIES` lists the names. These are the
 benchmark suites' instances (benchmarks/gpu/window_suite.py) and the simulator's
@@ -36,6 +47,8 @@ from harts.tree.trajectory import Trajectory
 
 MAX_PATH = 0.95  # longest path, as a fraction of the budget
 MAX_COMPACT_BUDGETS = 4.0  # at most this many budgets of compact rows per instance
+LONG_MAX_PATH = 4.0  # a long family's longest path, as a fraction of the budget
+LONG_MAX_COMPACT_BUDGETS = 6.0
 
 
 @dataclass
@@ -175,6 +188,37 @@ def _long_chain(rng: np.random.Generator, budget: int) -> list[_Node]:
     return roots
 
 
+def _long_agent(rng: np.random.Generator, budget: int) -> list[_Node]:
+    prompt = _seg(rng.uniform(0.05, 0.15) * budget, False)
+    length = rng.uniform(1.5, LONG_MAX_PATH) * budget
+    turns = _turns(rng, budget, length - prompt.length, (0.01, 0.08), (0.005, 0.03), 10_000)
+    prompt.children.append(_chain(turns))
+    depth, points = prompt.length, []
+    for n in turns:
+        depth += n.length
+        points.append((n, depth))
+    for i in rng.choice(len(points), size=min(len(points), int(rng.integers(2, 6))), replace=False):
+        node, at = points[int(i)]
+        room = LONG_MAX_PATH * budget - at
+        if room > 2:
+            node.children.append(_seg(min(room - 1, rng.uniform(0.02, 0.3) * budget), True))
+    roots = [prompt]
+    for _ in range(int(rng.integers(1, 4))):
+        roots.append(_chain([_seg(rng.uniform(0.02, 0.1) * budget, False),
+                             _seg(rng.uniform(0.05, 0.3) * budget, True)]))
+    return roots
+
+
+def _long_group(rng: np.random.Generator, budget: int) -> list[_Node]:
+    root = _seg(rng.uniform(0.1, 0.6) * budget, False)
+    room = LONG_MAX_PATH * budget - root.length
+    lengths = rng.uniform(0.2, 1.2, size=int(rng.integers(2, 7))) * budget
+    lengths[int(rng.integers(len(lengths)))] = rng.uniform(1.1 * budget, room)  # one past the budget
+    for n in lengths:
+        root.children.append(_seg(n, True))
+    return [root]
+
+
 FAMILIES: dict[str, Callable[[np.random.Generator, int], list[_Node]]] = {
     "grpo": _grpo,
     "bushy": _bushy,
@@ -184,6 +228,10 @@ FAMILIES: dict[str, Callable[[np.random.Generator, int], list[_Node]]] = {
     "long-chain": _long_chain,
 }
 STEPWISE = {"stepwise"}  # families whose every action ends a sequence
+LONG_FAMILIES: dict[str, Callable[[np.random.Generator, int], list[_Node]]] = {
+    "long-agent": _long_agent,
+    "long-group": _long_group,
+}
 
 
 def _paths(root: _Node, every_action: bool) -> list[list[_Node]]:
@@ -202,13 +250,16 @@ def _paths(root: _Node, every_action: bool) -> list[list[_Node]]:
 
 def draw(family: str, seed: int, budget: int, vocab_size: int = 32768, _tries: int = 0) -> list[Trajectory]:
     """One instance of `family` at budget `budget` (module docstring): one tree larger
-    than the budget at least, at most `MAX_COMPACT_BUDGETS` budgets of rows in all."""
-    if family not in FAMILIES:
-        raise KeyError(f"unknown shape family {family!r} (known: {', '.join(FAMILIES)})")
+    than the budget at least, at most `MAX_COMPACT_BUDGETS` budgets of rows in all
+    (`LONG_MAX_COMPACT_BUDGETS` for a long family, whose longest path is past the budget)."""
+    long = family in LONG_FAMILIES
+    if family not in FAMILIES and not long:
+        raise KeyError(f"unknown shape family {family!r} (known: {', '.join([*FAMILIES, *LONG_FAMILIES])})")
     if budget < 256:
         raise ValueError(f"budget {budget}: shape families are drawn at budgets of at least 256 tokens")
-    rng = np.random.default_rng([seed, budget, sorted(FAMILIES).index(family)])
-    roots = FAMILIES[family](rng, budget)
+    rng = np.random.default_rng([seed, budget, len(FAMILIES) + sorted(LONG_FAMILIES).index(family) if long
+                                 else sorted(FAMILIES).index(family)])
+    roots = (LONG_FAMILIES if long else FAMILIES)[family](rng, budget)
     every_action = family in STEPWISE
     # token ids per segment; a segment's first token is its index among its siblings, so
     # siblings fork at their first token
@@ -238,10 +289,12 @@ def draw(family: str, seed: int, budget: int, vocab_size: int = 32768, _tries: i
             out.append(Trajectory.make(f"{family}{g}/{j}", f"{family}{g}", toks, mask,
                                        float(np.round(rng.normal(), 6)), old))
     longest = max(t.tokens.size for t in out)
-    assert longest <= budget, (family, seed, budget, longest)
-    # a tree larger than the budget (so a planner must split it into windows), and a few
-    # budgets in all: otherwise the next draw of the seed's sequence
-    if max(_count(r) for r in roots) <= budget or compact > MAX_COMPACT_BUDGETS * budget:
+    assert longest <= (LONG_MAX_PATH if long else 1.0) * budget, (family, seed, budget, longest)
+    # a tree larger than the budget (so a planner must split it into windows), a path past
+    # it in a long family, and a few budgets in all: otherwise the next draw of the seed's
+    # sequence
+    if (max(_count(r) for r in roots) <= budget or (long and longest <= budget)
+            or compact > (LONG_MAX_COMPACT_BUDGETS if long else MAX_COMPACT_BUDGETS) * budget):
         if _tries >= 100:
             raise RuntimeError(f"shape family {family!r}: no instance of the wanted size at budget {budget}")
         return draw(family, seed + 1_000_003, budget, vocab_size, _tries + 1)

@@ -1,6 +1,8 @@
 """Shape families (harts.tree.shapes): every instance fits its budget, has a tree larger
 than it and at most four budgets of compact rows, shares tokens the way its family says,
-and needs more than one microbatch under l1l2; the same seed draws the same instance."""
+and needs more than one microbatch under l1l2; the same seed draws the same instance. A long
+family's longest path is past the budget (at most four budgets), and every planner cuts it
+into microbatches within the budget."""
 
 from __future__ import annotations
 
@@ -26,6 +28,21 @@ def test_instances_fit_the_budget_and_need_splitting(family, seed, budget):
     assert forest.expanded_tokens > forest.compact_tokens  # something is shared
     plan = make_plan(forest, "l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=64))
     assert plan.num_microbatches >= 2  # one tree is larger than a microbatch
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.sampled_from(sorted(shapes.LONG_FAMILIES)), st.integers(0, 10_000), st.sampled_from(BUDGETS),
+       st.sampled_from(["l1l2", "expanded-ffd"]))
+def test_long_families_run_past_the_budget_and_plan_within_it(family, seed, budget, planner):
+    trajs = shapes.draw(family, seed, budget)
+    forest = build_forest(trajs)
+    assert budget < max(t.tokens.size for t in trajs) <= shapes.LONG_MAX_PATH * budget
+    assert forest.compact_tokens <= shapes.LONG_MAX_COMPACT_BUDGETS * budget
+    assert forest.expanded_tokens > forest.compact_tokens
+    assert all(t.loss_mask.any() for t in trajs)
+    plan = make_plan(forest, planner, PlanConfig(microbatch_tokens=budget, chunk_size=64))
+    assert plan.num_microbatches >= 2
+    assert max(mb.executed_tokens for mb in plan.microbatches) <= budget
 
 
 def test_same_seed_same_instance_and_families_differ():
@@ -54,7 +71,7 @@ def test_family_structure():
 
 
 def test_unknown_family_and_tiny_budget_refused():
-    with pytest.raises(KeyError, match="unknown shape family"):
+    with pytest.raises(KeyError, match="unknown shape family.*long-agent"):
         shapes.draw("nope", 0, 16384)
     with pytest.raises(ValueError, match="at least 256"):
         shapes.draw("grpo", 0, 128)

@@ -35,9 +35,9 @@ def _config():
     return get_model_config("tiny-cpu").replace(num_layers=2, kda_per_mla=1, chunk_size=CHUNK, aux_scope="global")
 
 
-def _run(cfg, trajs, plan=None, dtype=torch.float64):
+def _run(cfg, trajs, plan=None, dtype=torch.float64, loss=LOSS):
     model = build_model(cfg, seed=3, dtype=dtype)
-    trainer = ExpandedTrainer(model, loss=LOSS) if plan is None else PlanTrainer(model, plan, loss=LOSS)
+    trainer = ExpandedTrainer(model, loss=loss) if plan is None else PlanTrainer(model, plan, loss=loss)
     return model, trainer, trainer.forward_backward(trajs, 1 << 20)
 
 
@@ -140,3 +140,21 @@ def test_recomputed_and_stored_chain_pieces_match_expanded(explicit, stored, mon
     trainer = PlanTrainer(model, plan, loss=LOSS, offload_producers=True, producer_recompute=not stored)
     _check(ref, ref_model, trainer.forward_backward(trajs, 1 << 20), model)
     assert all(w.offloaded_bytes > 0 for w in trainer.windows)
+
+
+@pytest.mark.parametrize(("family", "seed"), [("long-agent", 0), ("long-agent", 3), ("long-group", 1)])
+def test_long_family_instances_match_expanded(family, seed):
+    # the benchmark suites' long families (harts.tree.shapes.LONG_FAMILIES) at a budget of
+    # 256 rows: paths of 1.5-4 budgets with forks off them at drawn turns (no reference
+    # log-probs drawn, so no KL term)
+    from harts.tree import shapes
+
+    cfg = _config()
+    trajs = shapes.draw(family, seed, 256, vocab_size=cfg.vocab_size)
+    loss = PolicyLossConfig()
+    ref_model, _, ref = _run(cfg, trajs, loss=loss)
+    for planner in ("l1l2", "expanded-ffd"):
+        plan = make_plan(build_forest(trajs), planner, PlanConfig(microbatch_tokens=256, chunk_size=CHUNK))
+        assert plan.info["chains"] >= 1
+        model, _, got = _run(cfg, trajs, plan, loss=loss)
+        _check(ref, ref_model, got, model)

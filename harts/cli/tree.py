@@ -25,6 +25,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     gen.add_argument("--out", required=True, help="output JSONL path (its folder must exist)")
     gen.add_argument("--json", action="store_true", help="print what was written as JSON")
     gen.set_defaults(func=cmd_generate)
+    shp = wl_sub.add_parser("shape", help="write an instance of a tree-shape family (the benchmark suites' "
+                                          "instances) as rollout JSONL")
+    shp.add_argument("--instance", required=True, metavar="FAMILY/SEED@BUDGET",
+                     help="e.g. grpo/3@16384 or long-agent/1@32768 (families: harts.tree.shapes)")
+    shp.add_argument("--vocab-size", type=int, default=32768, help="token ids below this (default 32768)")
+    shp.add_argument("--out", required=True, help="output JSONL path (its folder must exist)")
+    shp.add_argument("--json", action="store_true", help="print what was written as JSON")
+    shp.set_defaults(func=cmd_shape)
     ls = wl_sub.add_parser("presets", help="list workload presets")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.set_defaults(func=cmd_presets)
@@ -76,6 +84,38 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print_json({"out": args.out, "workload": args.workload, "seed": cfg.seed, "trajectories": len(trajs),
                     "tokens": tokens})
     say_wrote(args.out, args.json, f"{len(trajs)} trajectories, {tokens:,} tokens")
+    return 0
+
+
+def cmd_shape(args: argparse.Namespace) -> int:
+    from harts.tree import build_forest, shapes
+    from harts.tree.io import write_jsonl
+
+    families = [*shapes.FAMILIES, *shapes.LONG_FAMILIES]
+    try:
+        family, rest = args.instance.split("/")
+        seed, budget = (int(x) for x in rest.split("@"))
+    except ValueError:
+        raise UserError(f"--instance {args.instance!r} is not FAMILY/SEED@BUDGET (e.g. grpo/3@16384)") from None
+    if family not in families:
+        raise UserError(f"--instance: unknown family {family!r}; known: {', '.join(families)}")
+    if args.vocab_size < 2:
+        raise UserError(f"--vocab-size must be at least 2, got {args.vocab_size}")
+    check_output_path(args.out, "--out")
+    try:
+        trajs = shapes.draw(family, seed, budget, vocab_size=args.vocab_size)
+    except ValueError as err:
+        raise UserError(f"--instance {args.instance}: {err}") from None
+    with atomic_output(args.out, "--out") as tmp, open(tmp, "w", encoding="utf-8") as fh:
+        write_jsonl(trajs, fh)
+    forest = build_forest(trajs)
+    info = {"out": args.out, "instance": args.instance, "trajectories": len(trajs),
+            "expanded_tokens": int(forest.expanded_tokens), "compact_tokens": int(forest.compact_tokens),
+            "longest": int(forest.traj_length.max())}
+    if args.json:
+        print_json(info)
+    say_wrote(args.out, args.json, f"{len(trajs)} trajectories, {info['expanded_tokens']:,} tokens "
+                                   f"({info['compact_tokens']:,} as a tree), the longest {info['longest']:,}")
     return 0
 
 

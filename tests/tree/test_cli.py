@@ -39,3 +39,23 @@ def test_user_errors_exit_2_with_one_line(tmp_path, capsys):
     assert "line 1: field 'tokens': position 1 is negative" in err
     assert main(["tree", "stats", "--workload", "nope"]) == 2
     assert main(["tree", "stats", "--workload", "tiny-treestep", "--set", "bogus=1"]) == 2
+
+
+def test_shape_instance_written_is_the_drawn_one(tmp_path, capsys):
+    from harts.tree import shapes
+
+    out = tmp_path / "s.jsonl"
+    assert main(["workload", "shape", "--instance", "long-agent/2@1024", "--vocab-size", "512", "--out", str(out),
+                 "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    got, want = load_jsonl(out), shapes.draw("long-agent", 2, 1024, vocab_size=512)
+    assert [t.id for t in got] == [t.id for t in want]
+    assert all(a.tokens.tolist() == b.tokens.tolist() and a.loss_mask.tolist() == b.loss_mask.tolist()
+               for a, b in zip(got, want, strict=True))
+    assert info["trajectories"] == len(want) and info["longest"] == max(len(t) for t in want) > 1024
+    for bad, msg in (("grpo-1", "is not FAMILY/SEED@BUDGET"), ("nope/1@1024", "unknown family 'nope'"),
+                     ("grpo/1@100", "at least 256")):
+        assert main(["workload", "shape", "--instance", bad, "--out", str(tmp_path / "x.jsonl")]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x.jsonl").exists()

@@ -9,13 +9,13 @@ Instances come from `harts.tree.shapes` (`draw(family, seed, budget)`: every tra
 fits the budget, one tree is larger than it, at most four budgets of compact rows), so a
 family is the same shape at every budget and new seeds draw new instances; `--families`
 also takes the long families (`shapes.LONG_FAMILIES`, `long-agent,long-group`: a path of
-1.5-4 budgets, cut into a chain of windows; up to six budgets of rows, so the unsplit
-step holds them at budgets up to `--unsplit-budget` / 6). Per instance,
+1.5-4 budgets, cut into a chain of windows; up to six budgets of rows). Per instance,
 on a fresh `tiny-h200` model in bf16 with activation recomputation (the cases of
 benchmarks/gpu/windows.py, whose `run_case`, `profile_case` and `fidelity_case` this
 suite calls):
 
-- `tree`: the whole instance unsplit (`TreeTrainer`, budget `--unsplit-budget`, 131072);
+- `tree`: the whole instance unsplit (`TreeTrainer`, budget `--unsplit-budget`, 131072,
+  or the instance's rows where it holds more);
 - `windows@B`: the `l1l2` plan at the budget (`PlanTrainer`);
 - `expanded@B`: the trajectory-expanded baseline at the budget;
 - with `--window-floors`, `windows-floored@B`: the `l1l2` plan with the microbatch floors of
@@ -98,7 +98,9 @@ def main(argv: list[str]) -> int:
                         "compact_rows": f.compact_tokens, "expanded_tokens": f.expanded_tokens,
                         "longest": int(f.traj_length.max()), "cases": {}}
                 result["instances"][key] = inst
-                kinds = [("tree", args.unsplit_budget), ("windows", budget), ("expanded", budget)]
+                # the unsplit step holds every row in one microbatch, a long family's too
+                kinds = [("tree", max(args.unsplit_budget, f.compact_tokens)), ("windows", budget),
+                         ("expanded", budget)]
                 if args.window_floors:
                     kinds.append(("windows-floored", budget))
                 for kind, b in kinds:

@@ -225,7 +225,14 @@ def fit_from_rows(hw_dict: dict, model: str, calibration: set[str], path: str):
     sources = {k: v["source"] for k, v in prof["executor"].items()}
     whats = {k: v.get("what", "") for k, v in prof["executor"].items()}
     cases = Cases(model, prof)
-    truth = [cases.case(r["instance"], r["kind"], measured_s=r["seconds"]) for r in rows]
+    truth = []
+    for r in rows:
+        case = cases.case(r["instance"], r["kind"], measured_s=r["seconds"])
+        if r.get("microbatches") not in (None, case.microbatches):  # another plan was measured
+            print(f"skipped {r['instance']} {r['kind']} of {path}: it ran {r['microbatches']} microbatches, "
+                  f"the planner gives {case.microbatches} today", flush=True)
+            continue
+        truth.append(case)
     return executor_rates_from_dict(prof["executor"], {}), sources, whats, notes, cases, truth
 
 

@@ -177,8 +177,10 @@ def fit_profile(prof: dict[str, Any], rows: Sequence[dict[str, Any]], model: str
     """`prof` (a hardware profile's JSON dict, copied) with its executor section fitted to
     measured steps (`measure_instances` rows): the launch counts to the counted launches,
     the device rates to the profiled kernel time, the host rates to the step wall time
-    (without kernel profiles: the device scale and host rates to the wall time). Returns
-    (profile, fit notes). The profile's op rates are used as they are."""
+    (without kernel profiles: the device scale and host rates to the wall time). A row whose
+    microbatch count differs from the plan the planner gives its instance today is left out
+    (listed in the notes' `skipped_plan_changed`). Returns (profile, fit notes). The
+    profile's op rates are used as they are."""
     from harts.config.models import get_model_config
     from harts.sim.executor_rates import CATEGORY_SCALES, executor_rates_to_dict
     from harts.sim.fit_executor import case_of, fit_launches, fit_rates, step_of
@@ -188,7 +190,7 @@ def fit_profile(prof: dict[str, Any], rows: Sequence[dict[str, Any]], model: str
     prof = copy.deepcopy(prof)
     hw = profile_from_dict(prof)
     cfg = get_model_config(model)
-    cases, forests = [], {}
+    cases, forests, stale = [], {}, []
     for r in rows:
         if "seconds" not in r:
             continue
@@ -196,11 +198,18 @@ def fit_profile(prof: dict[str, Any], rows: Sequence[dict[str, Any]], model: str
         if key not in forests:
             forests[key] = build_forest(shapes.draw(*key, vocab_size=cfg.vocab_size))
         step = step_of(forests[key], r["kind"], r["budget"], cfg.chunk_size, unsplit_budget)
+        if r.get("microbatches") not in (None, len(step.microbatches)):
+            # measured on a plan the planner no longer gives: its launches and times are
+            # another step's, not this one's
+            stale.append(f"{r['instance']} {r['kind']}: measured {r['microbatches']} microbatches, "
+                         f"planned {len(step.microbatches)} today")
+            continue
         cases.append(case_of(r["instance"], r["kind"], step, cfg, hw, device_by_category=r.get("device_by_category"),
                              measured_s=r["seconds"], launches=r.get("launches"), device_s=r.get("device_s")))
     if not cases:
-        raise RuntimeError("calibrate: no step could be measured")
-    fitted, notes = hw.executor, {}
+        raise RuntimeError("calibrate: no step could be measured" + (
+            f" on a plan the planner still gives ({'; '.join(stale)})" if stale else ""))
+    fitted, notes = hw.executor, {"skipped_plan_changed": stale} if stale else {}
     sources = {k.removeprefix("executor."): v for k, v in hw.sources.items() if k.startswith("executor.")}
     base_name = prof.get("name", "base")
     whats = {k: f"as in the base profile {base_name}: {v.get('what', '')}" for k, v in prof["executor"].items()}

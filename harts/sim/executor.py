@@ -41,8 +41,9 @@ measure stays an assumption of the profile).
 
 Every rate lives in the hardware profile's `executor` section with its source ("measured"
 with the result file, "fitted" with the files it was fitted to, or "assumption").
-`step_seconds_1gpu` is the same model in closed form for one GPU (the fits use it; a test
-checks it against the engine).
+`step_seconds_1gpu` is the same model in closed form for one GPU, over the passes in the
+order the executor runs them (`executor_passes`; the fits use it; a test checks it against
+the engine).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ __all__ = [
     "microbatch_features",
     "FLOOR_FIELDS",
     "plan_floors",
+    "executor_passes",
     "step_seconds_1gpu",
     "window_floors",
 ]
@@ -169,16 +171,39 @@ def step_fixed_seconds(rates: ExecutorRates) -> float:
     return rates.launches_per_step * rates.host_s_per_launch + rates.step_fixed_s
 
 
-def step_seconds_1gpu(rates: ExecutorRates, feats: Sequence[MicrobatchFeatures], optimizer_s: float) -> float:
-    """A one-GPU step in closed form: the actions in sequence, each ending at max(the
+def executor_passes(step: StepWork) -> tuple[tuple[tuple[int, ...], Phase], ...]:
+    """One GPU's passes in the order its executor runs them, as (indices into
+    `step.microbatches`, phase): the one-stage `consumer-1f1b` schedule the engine runs
+    (each forward in plan order; a consumer's backward right after its forward, a
+    producer's right after its last consumer's, in the same pass where the schedule fuses
+    them). So a chain of windows runs all its forwards and then its backwards, last piece
+    first, and the host cannot run ahead of a forward into a backward between them."""
+    from harts.plan.schedule import build_schedule
+
+    if step.num_replicas != 1:
+        raise ValueError(f"executor_passes prices one GPU: the step has {step.num_replicas} replicas")
+    pos = {m.mb: i for i, m in enumerate(step.microbatches)}
+    return tuple((tuple(pos[m] for m in op.mbs), Phase.FWD if op.kind == "F" else Phase.BWD)
+                 for _, ops in build_schedule("consumer-1f1b", step, 1).ranks for op in ops)
+
+
+def step_seconds_1gpu(rates: ExecutorRates, feats: Sequence[MicrobatchFeatures], optimizer_s: float,
+                      passes: Sequence[tuple[Sequence[int], Phase]] | None = None) -> float:
+    """A one-GPU step in closed form: the passes in sequence, each ending at max(the
     device's end of the previous one + its device seconds, the host's issue clock after
-    its host seconds)."""
+    its host seconds). `passes`: (indices into `feats`, phase) in execution order
+    (`executor_passes`; a pass of several microbatches is one action, as the engine runs
+    it); None: each microbatch's forward and then its backward, in order."""
+    if passes is None:
+        passes = [((i,), ph) for i in range(len(feats)) for ph in (Phase.FWD, Phase.BWD)]
     issued = done = 0.0  # the host's issue clock, the device's
-    for f in feats:
-        for phase in (Phase.FWD, Phase.BWD):
-            device, host = action_seconds(rates, phase, f)
-            issued += host
-            done = max(done + device, issued)
+    for idx, phase in passes:
+        device = host = 0.0
+        for i in idx:
+            d, h = action_seconds(rates, phase, feats[i])
+            device, host = device + d, host + h
+        issued += host
+        done = max(done + device, issued)
     return optimizer_s + step_fixed_seconds(rates) + done
 
 

@@ -28,6 +28,7 @@ from harts.sim.executor import (
     MicrobatchFeatures,
     action_seconds,
     efficiency_factor,
+    executor_passes,
     microbatch_features,
     step_seconds_1gpu,
 )
@@ -77,6 +78,9 @@ class Case:
     device_s: float | None = None  # summed kernel time of the step, where measured
     # measured kernel seconds of the scaled categories, where profiled: {"attention", "kda"}
     device_by_category: tuple[tuple[str, float], ...] | None = None
+    # the passes in the executor's order (`executor_passes`); None: each microbatch's
+    # forward and backward in turn
+    passes: tuple[tuple[tuple[int, ...], Phase], ...] | None = None
 
     @property
     def microbatches(self) -> int:
@@ -92,7 +96,8 @@ def case_of(name: str, kind: str, step: StepWork, model: ModelConfig, hardware: 
     cats = None
     if device_by_category:
         cats = tuple((k, float(device_by_category[k])) for k in CATEGORY_TRUTHS if k in device_by_category)
-    return Case(name, kind, feats, cost.optimizer(0) - _fixed(cost.rates), device_by_category=cats, **truth)
+    return Case(name, kind, feats, cost.optimizer(0) - _fixed(cost.rates), device_by_category=cats,
+                passes=executor_passes(step), **truth)
 
 
 # the measured categories the category scales are fitted to
@@ -118,7 +123,7 @@ def _fixed(rates: ExecutorRates) -> float:
 
 
 def predict(rates: ExecutorRates, case: Case) -> float:
-    return step_seconds_1gpu(rates, case.features, case.optimizer_s)
+    return step_seconds_1gpu(rates, case.features, case.optimizer_s, case.passes)
 
 
 def device_seconds(rates: ExecutorRates, case: Case) -> float:

@@ -39,3 +39,25 @@ def test_the_held_out_steps_do_not_move_the_fit(heldout, monkeypatch):
     again, *_, truth = heldout.fit_profile_rates("h100", hw, "tiny-h200", calibration, [])
     assert again == rates
     assert {c.name for c in truth} - calibration  # the held-out steps are there, just not fitted
+
+
+def test_predictions_written_ahead_are_what_harts_sim_prints(tmp_path, capsys):
+    # benchmarks/sim_predict.py (the closed form, in the executor's pass order) and `harts
+    # sim` (the engine) on a long family's instance, whose window plan is a chain
+    from harts.cli.main import main
+    from harts.tree import shapes
+    from harts.tree.io import save_jsonl
+
+    spec = importlib.util.spec_from_file_location("sim_predict", ROOT / "benchmarks" / "sim_predict.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--gpu", "h100", "--instances", "long-agent/1@8192", "--out", str(tmp_path)]) == 0
+    (row,) = json.loads(next(tmp_path.glob("*-predicted-h100.json")).read_text())["rows"]
+    save_jsonl(shapes.draw("long-agent", 1, 8192, vocab_size=32768), tmp_path / "r.jsonl")
+    capsys.readouterr()
+    for kind, planner, budget in (("windows", "l1l2", 8192), ("expanded", "expanded-ffd", 8192)):
+        assert main(["sim", "--input", str(tmp_path / "r.jsonl"), "--model", "tiny-h200", "--gpus", "1",
+                     "--planner", planner, "--microbatch-tokens", str(budget), "--hardware", "h100", "--json"]) == 0
+        got = json.loads(capsys.readouterr().out)
+        assert got["microbatches"] == row[f"{kind}_microbatches"]
+        assert got["step_seconds"] == pytest.approx(row[f"{kind}_s"], rel=1e-9)

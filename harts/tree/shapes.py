@@ -165,27 +165,36 @@ def _swe_tree(rng: np.random.Generator, budget: int) -> list[_Node]:
     return [prompt]
 
 
+def _branches(rng: np.random.Generator, budget: int, prompt: _Node, turns: list[_Node], count: tuple[int, int],
+              length: tuple[float, float], max_path: float, trained_only: bool) -> None:
+    """U(count) short trained branches (U(length) x B) off the chain `prompt` -> `turns`,
+    after drawn turns (trained ones only, with `trained_only`), none past `max_path` x B."""
+    depth, points = prompt.length, []
+    for n in turns:
+        depth += n.length
+        if n.trained or not trained_only:
+            points.append((n, depth))
+    for i in rng.choice(len(points), size=min(len(points), int(rng.integers(*count))), replace=False):
+        node, at = points[int(i)]
+        room = max_path * budget - at
+        if room > 2:
+            node.children.append(_seg(min(room - 1, rng.uniform(*length) * budget), True))
+
+
+def _singles(rng: np.random.Generator, budget: int, count: tuple[int, int], obs: tuple[float, float],
+             act: tuple[float, float]) -> list[_Node]:
+    """U(count) short independent trajectories: an observation and an action."""
+    return [_chain([_seg(rng.uniform(*obs) * budget, False), _seg(rng.uniform(*act) * budget, True)])
+            for _ in range(int(rng.integers(*count)))]
+
+
 def _long_chain(rng: np.random.Generator, budget: int) -> list[_Node]:
     prompt = _seg(rng.uniform(0.05, 0.1) * budget, False)
     turns = _turns(rng, budget, rng.uniform(0.7, MAX_PATH) * budget - prompt.length, (0.01, 0.05),
                    (0.005, 0.02), 1000)
     prompt.children.append(_chain(turns))
-    depth = prompt.length
-    points = []
-    for n in turns:
-        depth += n.length
-        if n.trained:
-            points.append((n, depth))
-    for i in rng.choice(len(points), size=min(len(points), int(rng.integers(4, 13))), replace=False):
-        node, at = points[int(i)]
-        room = MAX_PATH * budget - at
-        if room > 2:
-            node.children.append(_seg(min(room - 1, rng.uniform(0.02, 0.1) * budget), True))
-    roots = [prompt]
-    for _ in range(int(rng.integers(2, 7))):
-        roots.append(_chain([_seg(rng.uniform(0.02, 0.05) * budget, False),
-                             _seg(rng.uniform(0.03, 0.15) * budget, True)]))
-    return roots
+    _branches(rng, budget, prompt, turns, (4, 13), (0.02, 0.1), MAX_PATH, trained_only=True)
+    return [prompt, *_singles(rng, budget, (2, 7), (0.02, 0.05), (0.03, 0.15))]
 
 
 def _long_agent(rng: np.random.Generator, budget: int) -> list[_Node]:
@@ -193,20 +202,8 @@ def _long_agent(rng: np.random.Generator, budget: int) -> list[_Node]:
     length = rng.uniform(1.5, LONG_MAX_PATH) * budget
     turns = _turns(rng, budget, length - prompt.length, (0.01, 0.08), (0.005, 0.03), 10_000)
     prompt.children.append(_chain(turns))
-    depth, points = prompt.length, []
-    for n in turns:
-        depth += n.length
-        points.append((n, depth))
-    for i in rng.choice(len(points), size=min(len(points), int(rng.integers(2, 6))), replace=False):
-        node, at = points[int(i)]
-        room = LONG_MAX_PATH * budget - at
-        if room > 2:
-            node.children.append(_seg(min(room - 1, rng.uniform(0.02, 0.3) * budget), True))
-    roots = [prompt]
-    for _ in range(int(rng.integers(1, 4))):
-        roots.append(_chain([_seg(rng.uniform(0.02, 0.1) * budget, False),
-                             _seg(rng.uniform(0.05, 0.3) * budget, True)]))
-    return roots
+    _branches(rng, budget, prompt, turns, (2, 6), (0.02, 0.3), LONG_MAX_PATH, trained_only=False)
+    return [prompt, *_singles(rng, budget, (1, 4), (0.02, 0.1), (0.05, 0.3))]
 
 
 def _long_group(rng: np.random.Generator, budget: int) -> list[_Node]:

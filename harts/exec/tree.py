@@ -332,9 +332,8 @@ class TreeContext:
         producer's stashed KDA inputs of replayed context rows beside them: no tensor over
         all local rows is built. A context that both reads a stash and records one (a piece
         in the middle of a chain of windows) records as a producer does: its conv inputs in
-        computed order, its KDA inputs cut from the rounds' order. Before, such a piece ran
-        the plain path, a conv and a placement of five KDA inputs over all its local rows,
-        context rows included (4x a piece's own rows in the middle of a 64k chain at 16k)."""
+        computed order, its KDA inputs cut from the rounds' order, with no conv or placement
+        over its context rows."""
         from harts.exec.backend import short_conv
         from harts.exec.model.layers import l2_norm_of
 

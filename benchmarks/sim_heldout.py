@@ -109,6 +109,19 @@ class Cases:
         return case_of(instance, kind, step, self.cfg, self.hw, **truth)
 
 
+def planned_case(cases: Cases, r: dict, path: str, stale: list) -> object | None:
+    """Row `r` of `path` as a case, or None (noted in `stale` and printed) where it ran a
+    plan other than the one the planner gives its instance today."""
+    case = cases.case(r["instance"], r["kind"], measured_s=r["seconds"])
+    if r.get("microbatches") in (None, case.microbatches):
+        return case
+    stale.append({"file": path, "instance": r["instance"], "kind": r["kind"],
+                  "measured_microbatches": r["microbatches"], "planned_microbatches": case.microbatches})
+    print(f"skipped {r['instance']} {r['kind']} of {path}: it ran {r['microbatches']} microbatches, "
+          f"the planner gives {case.microbatches} today", flush=True)
+    return None
+
+
 def ranking_ok(pred: dict[str, float], meas: dict[str, float]) -> tuple[bool, list[str]]:
     """Does the simulated order match the measured one on every pair measured > 5% apart?"""
     wrong = []
@@ -225,14 +238,7 @@ def fit_from_rows(hw_dict: dict, model: str, calibration: set[str], path: str):
     sources = {k: v["source"] for k, v in prof["executor"].items()}
     whats = {k: v.get("what", "") for k, v in prof["executor"].items()}
     cases = Cases(model, prof)
-    truth = []
-    for r in rows:
-        case = cases.case(r["instance"], r["kind"], measured_s=r["seconds"])
-        if r.get("microbatches") not in (None, case.microbatches):  # another plan was measured
-            print(f"skipped {r['instance']} {r['kind']} of {path}: it ran {r['microbatches']} microbatches, "
-                  f"the planner gives {case.microbatches} today", flush=True)
-            continue
-        truth.append(case)
+    truth = [c for r in rows if (c := planned_case(cases, r, path, [])) is not None]
     return executor_rates_from_dict(prof["executor"], {}), sources, whats, notes, cases, truth
 
 
@@ -265,16 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         cases, truth, calibration = Cases(args.model, prof), [], set()
     held, stale = [], []
     for f in args.measured:
-        for r in suite_rows(f):
-            case = cases.case(r["instance"], r["kind"], measured_s=r["seconds"])
-            if r.get("microbatches") not in (None, case.microbatches):
-                # the planner's plan for it changed since: the measurement is of another plan
-                stale.append({"file": f, "instance": r["instance"], "kind": r["kind"],
-                              "measured_microbatches": r["microbatches"], "planned_microbatches": case.microbatches})
-                print(f"skipped {r['instance']} {r['kind']} of {f}: it ran {r['microbatches']} microbatches, "
-                      f"the planner gives {case.microbatches} today", flush=True)
-                continue
-            held.append(case)
+        held += [c for r in suite_rows(f) if (c := planned_case(cases, r, f, stale)) is not None]
     held += [c for f in args.chains for c in chain_cases(f, args.model, rates, cases.hw)]
     result = {"provenance": provenance(sys.argv if argv is None else [sys.argv[0], *argv]), "gpu": args.gpu,
               "model": args.model, "calibration_instances": sorted(calibration),

@@ -265,6 +265,10 @@ class Stash:
         view.kda_states = {layer: self._leaves.get(("kda", layer)) for layer in self.kda_states}
         return view
 
+    def input_parts(self, key: tuple[int, str]) -> tuple[tuple[Tensor, ...], ...]:
+        """Per tensor of input `key`, its rows as parts to be joined in order (one here)."""
+        return tuple((t,) for t in self.inputs[key])
+
     def producer_backward_pairs(self) -> tuple[list[Tensor], list[Tensor]]:
         outs, grads = [], []
         for key, ts in self.inputs.items():
@@ -287,7 +291,8 @@ class Stash:
 
 class _ChainInputs:
     """A `ChainStash`'s inputs: per key, its stashes' tensors one after another, joined
-    when read (a reader's transient; nothing joined is kept)."""
+    when read (a reader's transient; nothing joined is kept). Readers that join them with
+    rows of their own take `ChainStash.input_parts` instead."""
 
     def __init__(self, parts: Sequence[Stash]):
         self._parts = parts
@@ -307,9 +312,10 @@ class ChainStash:
     (`StashNeeds.chain` gives the same order ahead of the run), which on a chain is the
     path's order: the reader's context rows then come out of the join in place, with no
     gather into the layout's order (and none of the gradient back). Inputs are joined when
-    read, a state comes from the nearest stash that keeps it. No row is copied into another
-    piece's stash: the reader's gradients accumulate on the leaves of the piece that
-    computed each row."""
+    read, in the same copy as the reader's own rows where it places them after (keys and
+    values, conv inputs: `input_parts`); a state comes from the nearest stash that keeps
+    it. No row is copied into another piece's stash: the reader's gradients accumulate on
+    the leaves of the piece that computed each row."""
 
     def __init__(self, parts: Sequence[Stash]):
         if not parts:
@@ -323,6 +329,11 @@ class ChainStash:
         for p in reversed(self.parts):
             for key in p.state_keys:
                 self._state_of.setdefault(key, p)
+
+    def input_parts(self, key: tuple[int, str]) -> tuple[tuple[Tensor, ...], ...]:
+        """Per tensor of input `key`, its producers' rows farthest first, unjoined: a reader
+        joins them with its own rows in one copy (`RowPlace`, a conv's input)."""
+        return tuple(zip(*(p.inputs[key] for p in self.parts), strict=True))
 
     def state_at(self, layer: int, global_row: int, position: int) -> Tensor:
         stash = self._state_of.get((global_row, position))

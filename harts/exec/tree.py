@@ -282,7 +282,7 @@ class TreeContext:
             return own
         if self.stash is None:
             raise ValueError("a consumer's context runs with its producer's stash bound (TreeContext.bind)")
-        return self._places[stash_category(key[1])](self.stash.inputs[key], own)
+        return self._places[stash_category(key[1])](self.stash.input_parts(key), own)
 
     def attention(self, layer: int, q_THD: Tensor, k_THD: Tensor, v_THE: Tensor, scale: float) -> Tensor:
         k_LHD, v_LHE = self._local((layer, "attention"), k_THD, v_THE)
@@ -351,7 +351,7 @@ class TreeContext:
             own_in, window, ctx_in, place = self._consumer_rounds(W)
             f, beta = own_in(gate_TR, beta_TH)
             # each conv over [stashed conv rows | computed rows]
-            xs = tuple(torch.cat([self.stash.inputs[(layer, f"conv:{name}")][0], x])
+            xs = tuple(torch.cat([*self.stash.input_parts((layer, f"conv:{name}"))[0], x])
                        for name, x in zip("qkv", (q_TD, k_TD, v_TD), strict=True))
         g = gate(f)
         R, H, K = g.shape

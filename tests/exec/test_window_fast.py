@@ -68,6 +68,31 @@ def test_row_place_matches_the_indexing_it_replaces(case, seed):
         assert torch.equal(a, b)
 
 
+@settings(max_examples=40)
+@given(row_placements(), st.lists(st.integers(0, 24), max_size=3), st.integers(0, 2**16))
+def test_row_place_source_in_parts_equals_the_joined_source(case, cuts, seed):
+    """A source given as parts (a chain piece's producers' stashes, farthest first) places
+    and differentiates as the joined source does, bit for bit, each part's gradient its
+    rows of the joined one's."""
+    L, own_at, src_at, src_rows, num_src = case
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.randn(num_src, 3, dtype=torch.float64, generator=gen)
+    own = torch.randn(own_at.size, 3, dtype=torch.float64, generator=gen, requires_grad=True)
+    bounds = [0, *sorted(min(c, num_src) for c in cuts), num_src]
+    parts = [src[a:b].clone().requires_grad_(True) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    joined = src.clone().requires_grad_(True)
+    place = RowPlace(L, own_at, src_at, src_rows, num_src, "cpu")
+    (got,), (want,) = place((tuple(parts),), (own,)), place((joined,), (own,))
+    assert torch.equal(got, want)
+    w = torch.randn(want.shape, dtype=torch.float64, generator=gen)
+    g_parts = torch.autograd.grad((got * w).sum(), [*parts, own], allow_unused=True)
+    g_joined = torch.autograd.grad((want * w).sum(), [joined, own], allow_unused=True)
+    assert torch.equal(g_parts[-1], g_joined[1])
+    for (a, b), g in zip(zip(bounds[:-1], bounds[1:], strict=True), g_parts[:-1], strict=True):
+        want_g = g_joined[0][a:b] if g_joined[0] is not None else torch.zeros(b - a, 3, dtype=torch.float64)
+        assert torch.equal(g if g is not None else torch.zeros_like(want_g), want_g)
+
+
 def test_row_place_refuses_overlapping_or_out_of_range_positions():
     with pytest.raises(ValueError, match="one row"):
         RowPlace(4, np.array([0, 1]), np.array([1]), np.array([0]), 1, "cpu")

@@ -223,16 +223,27 @@ class RowPlace:
             else:
                 self.src_rows = to_device(src_rows, device)
 
-    def __call__(self, src: tuple[Tensor, ...], own: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    def __call__(self, src: tuple[Tensor | tuple[Tensor, ...], ...], own: tuple[Tensor, ...]
+                 ) -> tuple[Tensor, ...]:
+        """Each source a tensor, or a tuple of tensors whose rows, one part after another,
+        are the source's (a piece of a chain reading its producers' stashes): where the
+        source is taken whole the parts are joined with the own rows in the one `cat`,
+        rather than joined first and copied again."""
         if len(src) != len(own):
             raise ValueError("one source tensor per own tensor")
-        for s, o in zip(src, own, strict=True):
-            if s.shape[0] != self.num_src or o.shape[0] != self.num_own or s.dtype != o.dtype:
+        parts = [(s,) if isinstance(s, Tensor) else tuple(s) for s in src]
+        for ps, o in zip(parts, own, strict=True):
+            n = sum(p.shape[0] for p in ps)
+            if not ps or n != self.num_src or o.shape[0] != self.num_own or any(p.dtype != o.dtype for p in ps):
                 raise ValueError(f"placing {self.num_src} + {self.num_own} rows of one dtype given "
-                                 f"{s.shape[0]} {s.dtype} + {o.shape[0]} {o.dtype}")
-        return _RowPlaceFn.apply(self, len(src), *src, *own)
+                                 f"{n} {ps[0].dtype if ps else None} + {o.shape[0]} {o.dtype}")
+        counts = tuple(len(ps) for ps in parts)
+        return _RowPlaceFn.apply(self, counts, *(p for ps in parts for p in ps), *own)
 
-    def forward(self, s: Tensor, o: Tensor) -> Tensor:
+    def forward(self, s: tuple[Tensor, ...], o: Tensor) -> Tensor:
+        """The placed rows from the source's parts `s` and the own rows `o`."""
+        if self.own_first or self.src_pick is not None:
+            s = s[0] if len(s) == 1 else torch.cat(s)
         if self.own_first:
             out = o[self.own_perm]
             if self.src_at is not None:
@@ -240,7 +251,7 @@ class RowPlace:
             if self.zero_at is not None:
                 out.index_fill_(0, self.zero_at, 0)
             return out
-        parts = [s if self.src_pick is None else s[self.src_pick], o]
+        parts = [*s, o] if self.src_pick is None else [s[self.src_pick], o]
         if not self.full:
             parts.append(o.new_zeros((1, *o.shape[1:])))
         joined = torch.cat(parts)
@@ -271,23 +282,31 @@ class RowPlace:
 
 class _RowPlaceFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, place: RowPlace, n: int, *xs: Tensor):
-        src, own = xs[:n], xs[n:]
-        ctx.place, ctx.n = place, n
-        ctx.needs = [x.requires_grad for x in xs]
+    def forward(ctx, place: RowPlace, counts: tuple[int, ...], *xs: Tensor):
+        n = sum(counts)
+        ends = np.cumsum((0, *counts)).tolist()
+        src = [xs[a:b] for a, b in zip(ends[:-1], ends[1:], strict=True)]
+        own = xs[n:]
+        ctx.place, ctx.counts = place, counts
+        ctx.sizes = [[p.shape[0] for p in ps] for ps in src]
+        ctx.needs = [[p.requires_grad for p in ps] for ps in src], [x.requires_grad for x in own]
         return tuple(place.forward(s, o) for s, o in zip(src, own, strict=True))
 
     @staticmethod
     def backward(ctx, *grads: Tensor):
-        place, n = ctx.place, ctx.n
+        place = ctx.place
+        needs_src, needs_own = ctx.needs
         src, own = [], []
-        for i, g in enumerate(grads):
-            need_src, need_own = ctx.needs[i], ctx.needs[n + i]
+        for g, need_parts, sizes, need_own in zip(grads, needs_src, ctx.sizes, needs_own, strict=True):
+            need_src = any(need_parts)
             if g is None or not (need_src or need_own):
-                src.append(None)
+                src += [None] * len(sizes)
                 own.append(None)
                 continue
             a, b = place.backward(g.contiguous(), need_src, need_own)
-            src.append(a)
+            if a is None:
+                src += [None] * len(sizes)
+            else:  # each part's rows of the source's gradient (views)
+                src += [p if need else None for p, need in zip(a.split(sizes), need_parts, strict=True)]
             own.append(b)
         return (None, None, *src, *own)

@@ -18,7 +18,8 @@ inside the loop:
   group's *joint events* (`joint_events`) give that sequence from the plan's slots: per
   slot, each producer's forward (one producer per event), then one event for every
   replica's non-producer microbatch of the slot (forward and backward), then each window's
-  producer backward. A replica without a microbatch in an event runs a *shadow*: a
+  producer backward (in a chain of windows, every producer whose window that closes in
+  turn, nearest first). A replica without a microbatch in an event runs a *shadow*: a
   forward (and backward) over zero rows that takes part in the all-to-alls and computes
   the other replicas' rows on its experts; `ReplicaLayout` runs the shadows between the
   microbatches it yields. Without EP the group is the replica alone and no shadow runs.
@@ -99,11 +100,17 @@ class NullContext:
 class JointEvent:
     """One step of an EP group's lockstep: `kind` F (a producer's forward), FB (forward and
     backward of non-producers) or B (a producer's backward), and the microbatch each
-    replica runs in it (replicas not named run a shadow)."""
+    replica runs in it (replicas not named run a shadow). In a chain of windows one
+    consumer's end closes its producer's window and, in turn, every window up the chain
+    whose last consumer that producer was: their backwards run in one resume of the
+    member's window run, at the first of them (`resumes`), nearest first; the member runs
+    nothing at the others, where the other replicas run their shadows' backwards in the
+    same order."""
 
     kind: str
     members: dict[int, int]
     key: int  # the producer id for F and B (pairs a shadow forward with its backward)
+    resumes: bool = True  # B: the member's window run resumes here (False: it ran in the last resume)
 
 
 def joint_events(plan: Plan, replicas: Sequence[int]) -> list[JointEvent]:
@@ -111,33 +118,35 @@ def joint_events(plan: Plan, replicas: Sequence[int]) -> list[JointEvent]:
     docstring); each replica's own events are in its plan order (checked)."""
     consumers = plan.consumers()
     by_id = {m.id: m for m in plan.microbatches}
-    items = []  # (slot, phase, replica, kind, mb)
+    last = {p: max(cs, key=lambda c: by_id[c].order) for p, cs in consumers.items()}
+    items = []  # (slot, phase, replica, kind, mb, resumes)
     for r in replicas:
         seq = sorted((m for m in plan.microbatches if m.replica == r), key=lambda m: m.order)
         own = []
         for m in seq:
             if m.id in consumers:
-                own.append((m.slot, 0, r, "F", m.id))
-            else:
-                own.append((m.slot, 1, r, "FB", m.id))
-                # one resume of the window run: in a chain of windows it also runs the
-                # backward of every producer whose window that closes in turn
-                if m.producer is not None:
-                    cs = consumers[m.producer]
-                    if max(cs, key=lambda c: by_id[c].order) == m.id:
-                        own.append((m.slot, 2, r, "B", m.producer))
+                own.append((m.slot, 0, r, "F", m.id, True))
+                continue
+            own.append((m.slot, 1, r, "FB", m.id, True))
+            # one resume of the window run: the backward of every producer whose window
+            # this closes, in turn up a chain of windows
+            done, first = m.id, True
+            while by_id[done].producer is not None and last[by_id[done].producer] == done:
+                done = by_id[done].producer
+                own.append((m.slot, 2, r, "B", done, first))
+                first = False
         if [x[:2] for x in own] != sorted(x[:2] for x in own):
             raise ValueError(f"replica {r}: its microbatch order does not follow its slots; "
                              "the replicas' collectives cannot be aligned")
         items.extend(own)
-    items.sort(key=lambda x: (x[0], x[1], x[2]))
+    items.sort(key=lambda x: (x[0], x[1], x[2]))  # stable: each replica's cascade stays in order
     events: list[JointEvent] = []
-    for slot, _phase, r, kind, mb in items:
+    for slot, _phase, r, kind, mb, resumes in items:
         if kind == "FB" and events and events[-1].kind == "FB" and events[-1].key == slot \
                 and r not in events[-1].members:
             events[-1].members[r] = mb
         else:
-            events.append(JointEvent(kind, {r: mb}, slot if kind == "FB" else mb))
+            events.append(JointEvent(kind, {r: mb}, slot if kind == "FB" else mb, resumes))
     return events
 
 
@@ -164,13 +173,15 @@ class _ReplicaRun:
         for ev in lay.events:
             mine = ev.members.get(me)
             if ev.kind == "B":
-                if mine is not None:
-                    # resuming the window run runs the producer's backward (its last consumer is done)
+                if mine is None:
+                    if ev.key in open_shadows:
+                        lay.shadow_backward(open_shadows.pop(ev.key))
+                elif ev.resumes:
+                    # resuming the window run runs the producer's backward (its last consumer
+                    # is done), and in a chain the backwards of the next events' producers
                     nxt = next(source, _END)
                     if nxt is not _END:
                         pending.append(nxt)
-                elif ev.key in open_shadows:
-                    lay.shadow_backward(open_shadows.pop(ev.key))
             elif mine is not None:
                 if mine != self.ids[taken]:
                     raise RuntimeError(f"replica {me}: event order runs microbatch {mine}, the window run "
@@ -201,10 +212,6 @@ class ReplicaLayout(PlanLayout):
         self.execution_order = [m.id for m in sorted((m for m in plan.microbatches if m.replica == me),
                                                      key=lambda m: m.order)]
         ep = mesh.parallel.ep
-        if ep > 1 and any(m.producer is not None and plan.microbatches[m.producer].producer is not None
-                          for m in plan.microbatches):
-            raise ValueError("a plan with chains of windows (trajectories longer than the microbatch budget) "
-                             "does not run under expert parallelism: its joint events pair one window level")
         first = me - me % ep
         self.events = joint_events(plan, range(first, first + ep))
 

@@ -88,6 +88,44 @@ def test_joint_events_keep_each_replicas_plan_order_and_pair_every_microbatch():
     assert any(len(e.members) == 2 for e in events if e.kind == "FB")
 
 
+@pytest.mark.parametrize("planner", ["l1", "l1l2"])
+def test_joint_events_close_a_chains_windows_in_one_resume(planner):
+    """In a chain of windows the end of a consumer closes every window up the chain whose
+    last consumer it completes: those producers' backwards follow its forward-backward,
+    nearest first, consecutively, the first of them the one resume of the member's window
+    run."""
+    from tests.strategies import long_chain_trajectories
+
+    trajs = long_chain_trajectories(70, [(19, 12), (32, 20), (33, 5), (60, 6)], seed=2, groups=2)
+    plan = make_plan(build_forest(trajs), planner, PlanConfig(microbatch_tokens=24, chunk_size=8, dp=2))
+    by_id = {m.id: m for m in plan.microbatches}
+    assert any(m.producer is not None and by_id[m.producer].producer is not None for m in plan.microbatches)
+    events = joint_events(plan, [0, 1])
+    consumers = plan.consumers()
+    for r in (0, 1):
+        mine = [(e.kind, e.members[r], e.resumes) for e in events if r in e.members]
+        assert [mb for kind, mb, _ in mine if kind != "B"] == [
+            m.id for m in sorted(plan.replica_sequence(r), key=lambda m: m.order)]
+        assert sorted(mb for kind, mb, _ in mine if kind == "B") == sorted(
+            p for p in consumers if by_id[p].replica == r)
+        # what a window run does: after a non-producer, the producers whose windows close
+        done: dict[int, int] = {}
+        expect = []
+        for m in sorted(plan.replica_sequence(r), key=lambda m: m.order):
+            expect.append(("F" if m.id in consumers else "FB", m.id, True))
+            if m.id in consumers:
+                continue
+            p, first = m.producer, True
+            while p is not None:
+                done[p] = done.get(p, 0) + 1
+                if done[p] < len(consumers[p]):
+                    break
+                expect.append(("B", p, first))
+                p, first = by_id[p].producer, False
+        assert mine == expect
+    assert any(not e.resumes for e in events)
+
+
 def _fail(seconds: float) -> None:
     import torch.distributed as dist
 

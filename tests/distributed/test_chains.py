@@ -1,7 +1,7 @@
 """Chains of sharing windows across processes (gloo, CPU): a forest whose trajectories are
 2-4x the microbatch budget, planned into chains of windows by l1, l1l2 and expanded-ffd
 (whose short trajectory is a packed microbatch), run under dp=2, under pp=2 and (l1l2) under
-dp=2 with ep=2 (the replicas' chains in lockstep, `joint_events`), equals the
+dp=2 with ep=2 (the replicas' chains in lockstep, `joint_events`) and under tp=2, equals the
 single-process expanded step (float64: every log-prob, loss term, expert load
 and gradient within 1e-10 relative; float32 within `TOL32` relative RMS error)."""
 
@@ -21,9 +21,9 @@ BUDGET = 24
 
 @pytest.mark.parametrize("spec, planner", [("dp=2", "l1l2"), ("dp=2", "expanded-ffd"), ("dp=2", "l1"),
                                            ("pp=2", "l1"), ("pp=2", "l1l2"), ("pp=2", "expanded-ffd"),
-                                           ("dp=2,ep=2", "l1l2")],
+                                           ("dp=2,ep=2", "l1l2"), ("tp=2", "l1l2")],
                          ids=["dp2-l1l2", "dp2-expanded", "dp2-l1", "pp2-l1", "pp2-l1l2", "pp2-expanded",
-                              "dp2ep2-l1l2"])
+                              "dp2ep2-l1l2", "tp2-l1l2"])
 def test_chains_equal_the_expanded_reference(spec, planner):
     # two long trees (one per replica under dp=2), forks in a piece's first chunk, on a cut,
     # one past it and deep

@@ -287,7 +287,7 @@ class _RowPlaceFn(torch.autograd.Function):
         ends = np.cumsum((0, *counts)).tolist()
         src = [xs[a:b] for a, b in zip(ends[:-1], ends[1:], strict=True)]
         own = xs[n:]
-        ctx.place, ctx.counts = place, counts
+        ctx.place = place
         ctx.sizes = [[p.shape[0] for p in ps] for ps in src]
         ctx.needs = [[p.requires_grad for p in ps] for ps in src], [x.requires_grad for x in own]
         return tuple(place.forward(s, o) for s, o in zip(src, own, strict=True))

@@ -14,15 +14,12 @@ inside the loop:
 - Collectives during microbatches. FSDP2 is driven so that it has none: every unit is
   all-gathered once when the step starts and keeps its gradients unreduced. Expert
   parallel has one all-to-all pair per MoE layer in every forward and backward, so the
-  replicas of an EP group must run the same sequence of forwards and backwards. The
-  group's *joint events* (`joint_events`) give that sequence from the plan's slots: per
-  slot, each producer's forward (one producer per event), then one event for every
-  replica's non-producer microbatch of the slot (forward and backward), then each window's
-  producer backward (in a chain of windows, every producer whose window that closes in
-  turn, nearest first). A replica without a microbatch in an event runs a *shadow*: a
-  forward (and backward) over zero rows that takes part in the all-to-alls and computes
-  the other replicas' rows on its experts; `ReplicaLayout` runs the shadows between the
-  microbatches it yields. Without EP the group is the replica alone and no shadow runs.
+  replicas of an EP group must run the same sequence of forwards and backwards: the
+  group's *joint events* (`harts.plan.lockstep`, from the plan's slots). A replica without
+  a microbatch in an event runs a *shadow*: a forward (and backward) over zero rows that
+  takes part in the all-to-alls and computes the other replicas' rows on its experts;
+  `ReplicaLayout` runs the shadows between the microbatches it yields. Without EP the
+  group is the replica alone and no shadow runs.
 - Gradients are reduced once per step: after the last microbatch every rank runs one
   zero-row forward/backward with FSDP's gradient sync on, which reduce-scatters
   (sums) every unit's accumulated gradient, then reshards. A parameter this replica's
@@ -45,7 +42,7 @@ import math
 import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -62,6 +59,8 @@ from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.moe import MoEGlobalStats
 from harts.exec.step import Microbatch, StepResult, moe_statistics_pass, scale_gradients
 from harts.exec.window import PlanTrainer
+from harts.plan.lockstep import JointEvent
+from harts.plan.lockstep import joint_events as plan_joint_events
 from harts.plan.plan import Plan
 
 __all__ = ["DistPlanTrainer", "JointEvent", "NullContext", "ReplicaLayout", "distributed_trainer", "free_port",
@@ -96,58 +95,9 @@ class NullContext:
         return v_TD.view(0, H, v_TD.shape[1] // H)
 
 
-@dataclass(frozen=True)
-class JointEvent:
-    """One step of an EP group's lockstep: `kind` F (a producer's forward), FB (forward and
-    backward of non-producers) or B (a producer's backward), and the microbatch each
-    replica runs in it (replicas not named run a shadow). In a chain of windows one
-    consumer's end closes its producer's window and, in turn, every window up the chain
-    whose last consumer that producer was: their backwards run in one resume of the
-    member's window run, at the first of them (`resumes`), nearest first; the member runs
-    nothing at the others, where the other replicas run their shadows' backwards in the
-    same order."""
-
-    kind: str
-    members: dict[int, int]
-    key: int  # the producer id for F and B (pairs a shadow forward with its backward)
-    resumes: bool = True  # B: the member's window run resumes here (False: it ran in the last resume)
-
-
 def joint_events(plan: Plan, replicas: Sequence[int]) -> list[JointEvent]:
-    """The lockstep of `replicas` (an EP group) for `plan`, from the slots (module
-    docstring); each replica's own events are in its plan order (checked)."""
-    consumers = plan.consumers()
-    by_id = {m.id: m for m in plan.microbatches}
-    last = {p: max(cs, key=lambda c: by_id[c].order) for p, cs in consumers.items()}
-    items = []  # (slot, phase, replica, kind, mb, resumes)
-    for r in replicas:
-        seq = sorted((m for m in plan.microbatches if m.replica == r), key=lambda m: m.order)
-        own = []
-        for m in seq:
-            if m.id in consumers:
-                own.append((m.slot, 0, r, "F", m.id, True))
-                continue
-            own.append((m.slot, 1, r, "FB", m.id, True))
-            # one resume of the window run: the backward of every producer whose window
-            # this closes, in turn up a chain of windows
-            done, first = m.id, True
-            while by_id[done].producer is not None and last[by_id[done].producer] == done:
-                done = by_id[done].producer
-                own.append((m.slot, 2, r, "B", done, first))
-                first = False
-        if [x[:2] for x in own] != sorted(x[:2] for x in own):
-            raise ValueError(f"replica {r}: its microbatch order does not follow its slots; "
-                             "the replicas' collectives cannot be aligned")
-        items.extend(own)
-    items.sort(key=lambda x: (x[0], x[1], x[2]))  # stable: each replica's cascade stays in order
-    events: list[JointEvent] = []
-    for slot, _phase, r, kind, mb, resumes in items:
-        if kind == "FB" and events and events[-1].kind == "FB" and events[-1].key == slot \
-                and r not in events[-1].members:
-            events[-1].members[r] = mb
-        else:
-            events.append(JointEvent(kind, {r: mb}, slot if kind == "FB" else mb, resumes))
-    return events
+    """The lockstep of `replicas` (an EP group) for `plan` (`harts.plan.lockstep`)."""
+    return plan_joint_events(plan.microbatches, replicas)
 
 
 _END = object()

@@ -146,8 +146,11 @@ def launches(rates: ExecutorRates, f: MicrobatchFeatures) -> float:
 
 
 def efficiency_factor(rates: ExecutorRates, rows: int) -> float:
-    """Device time over its large-microbatch value at `rows` rows (>= 1)."""
-    return 1.0 + rates.half_efficiency_rows / max(1, rows)
+    """Device time over its large-microbatch value at `rows` rows. A pass over no rows (an
+    EP peer's shadow: `harts.plan.lockstep`) has only its fixed work (weight reads, the
+    all-to-alls), which the factor, fitted on the per-row work of real microbatches, does
+    not scale."""
+    return 1.0 + rates.half_efficiency_rows / rows if rows > 0 else 1.0
 
 
 def action_seconds(rates: ExecutorRates, phase: Phase, f: MicrobatchFeatures) -> tuple[float, float]:

@@ -12,12 +12,15 @@ stream does. Dependencies come from the plan, not the schedule:
   optimizer follows it.
 EP lockstep (the default, `ep_lockstep=True`): with expert parallelism every MoE layer
 of a pass is an all-to-all over the stage's EP group, so the k-th passes of the group's
-ranks run together and last as long as the slowest (a gang). That needs the ranks' F/B
-patterns to line up: where a replica has fewer microbatches in a window than its EP peers,
-`pad_ep_groups` gives it zero-token passes (a real run must join its peers' collectives
-too), so the slot-aligned plans of the planners always line up. Where the window
-sequences themselves differ, or the dependencies deadlock, the passes run unsynchronised
-and the result says so (`ep_lockstep` false). With `ep_lockstep=False` (free-running
+ranks run together and last as long as the slowest (a gang). On one stage (the executor's
+case: it runs EP without a pipeline) the passes are the executor's own, its EP groups'
+joint events (`lockstep_schedule`, `harts.plan.lockstep`): a producer's forward and
+backward are events of their own, in which its peers run zero-token shadows; chains of
+windows included. With a pipeline the ranks' F/B patterns must line up: where a replica has
+fewer microbatches in a window than its EP peers, `pad_ep_groups` gives it zero-token
+passes (a real run must join its peers' collectives too). Where the window sequences
+differ in kind, or the dependencies deadlock, the passes run unsynchronised and the
+result says so (`ep_lockstep` false). With `ep_lockstep=False` (free-running
 replicas) the all-to-all is priced as bandwidth inside each pass and replicas wait for
 each other only at the gradient sync: optimistic for EP across replicas, kept for
 comparison.
@@ -40,7 +43,7 @@ from harts.sim.engine import Action, DeadlockError, Lane, Program, Trace, execut
 from harts.sim.hardware import HardwareProfile
 from harts.sim.ops import Phase
 
-__all__ = ["SimResult", "lower", "pad_ep_groups", "simulate", "simulate_step"]
+__all__ = ["SimResult", "lockstep_schedule", "lower", "pad_ep_groups", "simulate", "simulate_step"]
 
 
 def lower(step: StepWork, schedule: Schedule, cost: CostModel, ep_lockstep: bool = False) -> Program:
@@ -262,9 +265,65 @@ def pad_ep_groups(step: StepWork, ep: int) -> StepWork | None:
     return dataclasses.replace(step, microbatches=step.microbatches + tuple(added))
 
 
+def lockstep_schedule(step: StepWork, ep: int, name: str) -> tuple[StepWork, Schedule] | None:
+    """One stage's step as the executor runs it under expert parallelism: the passes of
+    its EP groups' joint events (`harts.plan.lockstep`) in their order, each replica's
+    own microbatches where it is a member and a zero-token microbatch (a shadow) where it
+    is not, so that the k-th passes of a group are one event's and run as a gang (`lower`).
+    A producer's forward is an event of its own, its peers' shadows kept to its backward;
+    a chain's backwards follow its last piece, nearest first. The step comes back with the
+    shadows added (no tokens), or None where a replica's order does not follow its slots."""
+    import dataclasses
+
+    from harts.plan.lockstep import joint_events
+
+    next_id = max((m.mb for m in step.microbatches), default=-1) + 1
+    added: list[MicrobatchWork] = []
+    ranks: list[tuple[tuple[int, int], tuple[PassOp, ...]]] = []
+
+    def shadow(r: int, ev_slot: int) -> int:
+        nonlocal next_id
+        added.append(MicrobatchWork(mb=next_id, replica=r, tokens=0, kda_rounds=(), attn_pairs_causal=0,
+                                    slot=ev_slot, order=len(step.microbatches) + len(added)))
+        next_id += 1
+        return next_id - 1
+
+    for g in range(step.num_replicas // ep):
+        reps = list(range(g * ep, (g + 1) * ep))
+        try:
+            events = joint_events(step.microbatches, reps, ident=lambda m: m.mb)
+        except ValueError:
+            return None
+        ops: dict[int, list[PassOp]] = {r: [] for r in reps}
+        held: dict[int, dict[int, int]] = {r: {} for r in reps}  # a replica's open shadows by event key
+        for ev in events:
+            slot = step[next(iter(ev.members.values()))].slot
+            for r in reps:
+                mine = ev.members.get(r)
+                if ev.kind == "F":
+                    if mine is None:
+                        mine = held[r][ev.key] = shadow(r, slot)
+                    ops[r].append(PassOp("F", (mine,)))
+                elif ev.kind == "FB":
+                    m = mine if mine is not None else shadow(r, slot)
+                    ops[r] += [PassOp("F", (m,)), PassOp("B", (m,))]
+                else:
+                    ops[r].append(PassOp("B", (mine if mine is not None else held[r].pop(ev.key),)))
+        ranks += [((r, 0), tuple(ops[r])) for r in reps]
+    padded = dataclasses.replace(step, microbatches=step.microbatches + tuple(added)) if added else step
+    sched = Schedule(name, 1, step.num_replicas, tuple(sorted(ranks)))
+    sched.validate(padded)
+    return padded, sched
+
+
 def simulate_step(step: StepWork, schedule: Schedule, cost: CostModel, ep_lockstep: bool = True) -> SimResult:
     par = cost.parallel
-    if ep_lockstep and par.ep > 1 and step.num_replicas % par.ep == 0:
+    lockstepped = None
+    if ep_lockstep and par.ep > 1 and step.num_replicas % par.ep == 0 and schedule.num_stages == 1:
+        lockstepped = lockstep_schedule(step, par.ep, schedule.name)
+        if lockstepped is not None:
+            step, schedule = lockstepped
+    if lockstepped is None and ep_lockstep and par.ep > 1 and step.num_replicas % par.ep == 0:
         padded = pad_ep_groups(step, par.ep)
         if padded is not None and padded is not step:
             # the padded step's schedule comes from the same builder (a schedule given as

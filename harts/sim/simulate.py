@@ -316,10 +316,19 @@ def lockstep_schedule(step: StepWork, ep: int, name: str) -> tuple[StepWork, Sch
     return padded, sched
 
 
+def _from_builder(schedule: Schedule, step: StepWork) -> bool:
+    try:
+        return build_schedule(schedule.name, step, schedule.num_stages) == schedule
+    except (KeyError, ValueError):
+        return False
+
+
 def simulate_step(step: StepWork, schedule: Schedule, cost: CostModel, ep_lockstep: bool = True) -> SimResult:
     par = cost.parallel
     lockstepped = None
-    if ep_lockstep and par.ep > 1 and step.num_replicas % par.ep == 0 and schedule.num_stages == 1:
+    if ep_lockstep and par.ep > 1 and step.num_replicas % par.ep == 0 and schedule.num_stages == 1 \
+            and _from_builder(schedule, step):
+        # (a one-stage schedule given as text, not its builder's, is simulated as given)
         lockstepped = lockstep_schedule(step, par.ep, schedule.name)
         if lockstepped is not None:
             step, schedule = lockstepped

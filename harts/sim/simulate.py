@@ -14,9 +14,9 @@ EP lockstep (the default, `ep_lockstep=True`): with expert parallelism every MoE
 of a pass is an all-to-all over the stage's EP group, so the k-th passes of the group's
 ranks run together and last as long as the slowest (a gang). On one stage (the executor's
 case: it runs EP without a pipeline) the passes are the executor's own, its EP groups'
-joint events (`lockstep_schedule`, `harts.plan.lockstep`): a producer's forward and
-backward are events of their own, in which its peers run zero-token shadows; chains of
-windows included. With a pipeline the ranks' F/B patterns must line up: where a replica has
+joint events (`lockstep_schedule`, `harts.plan.lockstep`): producers share events only
+with producers they can pair in both directions, a peer without a partner runs a
+zero-token shadow; chains of windows included. With a pipeline the ranks' F/B patterns must line up: where a replica has
 fewer microbatches in a window than its EP peers, `pad_ep_groups` gives it zero-token
 passes (a real run must join its peers' collectives too). Where the window sequences
 differ in kind, or the dependencies deadlock, the passes run unsynchronised and the
@@ -270,8 +270,8 @@ def lockstep_schedule(step: StepWork, ep: int, name: str) -> tuple[StepWork, Sch
     its EP groups' joint events (`harts.plan.lockstep`) in their order, each replica's
     own microbatches where it is a member and a zero-token microbatch (a shadow) where it
     is not, so that the k-th passes of a group are one event's and run as a gang (`lower`).
-    A producer's forward is an event of its own, its peers' shadows kept to its backward;
-    a chain's backwards follow its last piece, nearest first. The step comes back with the
+    A peer's shadow of a producer's forward is kept to that producer's backward; a
+    chain's backwards follow its last piece, nearest first. The step comes back with the
     shadows added (no tokens), or None where a replica's order does not follow its slots."""
     import dataclasses
 

@@ -79,8 +79,13 @@ def test_joint_events_keep_each_replicas_plan_order_and_pair_every_microbatch():
         assert own == [m.id for m in sorted(plan.replica_sequence(r), key=lambda m: m.order)]
         backs = [e.members[r] for e in events if r in e.members and e.kind == "B"]
         assert sorted(backs) == sorted(p for p in consumers if plan.microbatches[p].replica == r)
-    # a producer's forward is an event of its own; its backward follows its last consumer
-    assert all(len(e.members) == 1 for e in events if e.kind in ("F", "B"))
+    # producers share a forward event only with the producers they share their backward
+    # event with (each backward meets the graphs its peers built in its forward); the
+    # backward follows the last consumer
+    fwd = [e.members for e in events if e.kind == "F"]
+    bwd = [e.members for e in events if e.kind == "B"]
+    assert sorted(map(sorted, (m.items() for m in fwd))) == sorted(map(sorted, (m.items() for m in bwd)))
+    assert any(len(m) == 2 for m in fwd)  # these replicas' windows share their slots
     position = {(e.kind, mb): i for i, e in enumerate(events) for mb in e.members.values()}
     for p, cs in consumers.items():
         assert all(position[("F", p)] < position[("FB", c)] < position[("B", p)] for c in cs)
@@ -123,7 +128,19 @@ def test_joint_events_close_a_chains_windows_in_one_resume(planner):
                 expect.append(("B", p, first))
                 p, first = by_id[p].producer, False
         assert mine == expect
+        # one resume runs its whole cascade: no event of another replica alone in between
+        for i, e in enumerate(events):
+            if e.kind == "B" and r in e.members and e.resumes:
+                j = i + 1
+                while j < len(events) and events[j].kind == "B" and not events[j].resumes \
+                        and r in events[j].members:
+                    j += 1
+                rest = [x for x in events[j:] if r in x.members]
+                assert not rest or rest[0].kind != "B" or rest[0].resumes
     assert any(not e.resumes for e in events)
+    # producers share a forward event only with those they share a backward event with
+    fwd = sorted(sorted(e.members.items()) for e in events if e.kind == "F")
+    assert fwd == sorted(sorted(e.members.items()) for e in events if e.kind == "B")
 
 
 def _fail(seconds: float) -> None:

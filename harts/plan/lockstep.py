@@ -37,7 +37,7 @@ class JointEvent:
 
     kind: str
     members: dict[int, int]
-    key: int  # the producer id for F and B (pairs a shadow forward with its backward)
+    key: int  # F and B: its smallest producer id (pairs a shadow forward with its backward)
     resumes: bool = True  # B: the member's window run resumes here (False: it ran in the last resume)
 
 

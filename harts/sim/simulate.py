@@ -228,6 +228,12 @@ class SimResult:
         }
 
 
+def _no_rows(mb: int, replica: int, slot: int, order: int, producer: int | None = None) -> MicrobatchWork:
+    """A pass over no rows in an EP group's collectives (padding, a shadow)."""
+    return MicrobatchWork(mb=mb, replica=replica, tokens=0, kda_rounds=(), attn_pairs_causal=0,
+                          producer=producer, slot=slot, order=order)
+
+
 def pad_ep_groups(step: StepWork, ep: int) -> StepWork | None:
     """The step with zero-token microbatches added so that the replicas of every EP group
     have the same window shapes, or None when their window sequences differ in kind.
@@ -256,9 +262,7 @@ def pad_ep_groups(step: StepWork, ep: int) -> StepWork | None:
                 w = shapes[r][i]
                 last = by_id[w.consumers[-1]] if w.consumers else by_id[w.producer]
                 for _ in range(want - len(w.consumers)):
-                    added.append(MicrobatchWork(mb=next_id, replica=r, tokens=0, kda_rounds=(),
-                                                attn_pairs_causal=0, producer=w.producer,
-                                                slot=last.slot, order=last.order))
+                    added.append(_no_rows(next_id, r, last.slot, last.order, w.producer))
                     next_id += 1
     if not added:
         return step
@@ -283,8 +287,7 @@ def lockstep_schedule(step: StepWork, ep: int, name: str) -> tuple[StepWork, Sch
 
     def shadow(r: int, ev_slot: int) -> int:
         nonlocal next_id
-        added.append(MicrobatchWork(mb=next_id, replica=r, tokens=0, kda_rounds=(), attn_pairs_causal=0,
-                                    slot=ev_slot, order=len(step.microbatches) + len(added)))
+        added.append(_no_rows(next_id, r, ev_slot, len(step.microbatches) + len(added)))
         next_id += 1
         return next_id - 1
 
@@ -325,14 +328,14 @@ def _from_builder(schedule: Schedule, step: StepWork) -> bool:
 
 def simulate_step(step: StepWork, schedule: Schedule, cost: CostModel, ep_lockstep: bool = True) -> SimResult:
     par = cost.parallel
-    lockstepped = None
-    if ep_lockstep and par.ep > 1 and step.num_replicas % par.ep == 0 and schedule.num_stages == 1 \
-            and _from_builder(schedule, step):
-        # (a one-stage schedule given as text, not its builder's, is simulated as given)
-        lockstepped = lockstep_schedule(step, par.ep, schedule.name)
-        if lockstepped is not None:
-            step, schedule = lockstepped
-    if lockstepped is None and ep_lockstep and par.ep > 1 and step.num_replicas % par.ep == 0:
+    grouped = ep_lockstep and par.ep > 1 and step.num_replicas % par.ep == 0
+    # one stage: the executor's events (a schedule given as text, not its builder's, is
+    # simulated as given); with a pipeline, or where they cannot be built: padding
+    lockstepped = lockstep_schedule(step, par.ep, schedule.name) \
+        if grouped and schedule.num_stages == 1 and _from_builder(schedule, step) else None
+    if lockstepped is not None:
+        step, schedule = lockstepped
+    elif grouped:
         padded = pad_ep_groups(step, par.ep)
         if padded is not None and padded is not step:
             # the padded step's schedule comes from the same builder (a schedule given as

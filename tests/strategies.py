@@ -883,3 +883,53 @@ def shape_instances(draw, budgets=(1024, 2048)):
 
     return (draw(st.sampled_from(sorted(shapes.FAMILIES))), draw(st.integers(0, 10_000)),
             draw(st.sampled_from(list(budgets))))
+
+
+@dataclass(frozen=True)
+class LockstepMicrobatch:
+    """What `harts.plan.lockstep` reads of a plan's microbatch."""
+
+    id: int
+    replica: int
+    order: int
+    slot: int
+    producer: int | None
+    executed_tokens: int
+
+
+@st.composite
+def nested_windows(draw):
+    """(microbatches, replicas) of an EP group whose replicas each run nested windows:
+    chains of random depth whose pieces have a few consumers, beside standalone
+    microbatches, over a few slots (`harts.plan.lockstep`'s input)."""
+    replicas = draw(st.integers(2, 4))
+    mbs: list[LockstepMicrobatch] = []
+    for r in range(replicas):
+        order = 0
+        slot = 0
+
+        def add(producer, rows, slot_, r=r) -> int:
+            nonlocal order
+            mbs.append(LockstepMicrobatch(len(mbs), r, order, slot_, producer, rows))
+            order += 1
+            return len(mbs) - 1
+
+        for _ in range(draw(st.integers(0, 4))):
+            kind = draw(st.sampled_from(["standalone", "window"]))
+            if kind == "standalone":
+                add(None, draw(st.integers(100, 20000)), slot)
+                slot += 1
+                continue
+
+            def window(producer, depth) -> None:
+                nonlocal slot
+                p = add(producer, draw(st.integers(100, 20000)), slot)
+                for _ in range(draw(st.integers(1, 3))):
+                    if depth and draw(st.booleans()):
+                        window(p, depth - 1)
+                    else:
+                        add(p, draw(st.integers(100, 20000)), slot)
+                        slot += 1
+
+            window(None, draw(st.integers(0, 3)))
+    return mbs, replicas

@@ -15,10 +15,11 @@ inside the loop:
   all-gathered once when the step starts and keeps its gradients unreduced. Expert
   parallel has one all-to-all pair per MoE layer in every forward and backward, so the
   replicas of an EP group must run the same sequence of forwards and backwards: the
-  group's *joint events* (`harts.plan.lockstep`, from the plan's slots). A replica without
-  a microbatch in an event runs a *shadow*: a forward (and backward) over zero rows that
-  takes part in the all-to-alls and computes the other replicas' rows on its experts;
-  `ReplicaLayout` runs the shadows between the microbatches it yields. Without EP the
+  group's *joint events* (`harts.plan.lockstep`, merged from the replicas' window runs).
+  A replica without a microbatch in an event runs a *shadow*: a forward (and backward)
+  over zero rows that takes part in the all-to-alls and computes the other replicas' rows
+  on its experts; `ReplicaLayout` runs the shadows between the microbatches it yields, its
+  window run pausing between a chain's producer backwards (one per event). Without EP the
   group is the replica alone and no shadow runs.
 - Gradients are reduced once per step: after the last microbatch every rank runs one
   zero-row forward/backward with FSDP's gradient sync on, which reduce-scatters
@@ -54,7 +55,7 @@ from harts.config.optimizer import OptimizerConfig
 from harts.distributed.mesh import DistMesh, LaunchError, backend_for
 from harts.distributed.parallelize import ParallelModel
 from harts.distributed.teardown import exit_without_finalization
-from harts.exec.layouts.plan import PlanLayout
+from harts.exec.layouts.plan import PAUSE, PlanLayout
 from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.moe import MoEGlobalStats
 from harts.exec.step import Microbatch, StepResult, moe_statistics_pass, scale_gradients
@@ -126,11 +127,12 @@ class _ReplicaRun:
                 if mine is None:
                     if ev.key in open_shadows:
                         lay.shadow_backward(open_shadows.pop(ev.key))
-                elif ev.resumes:
+                else:
                     # resuming the window run runs the producer's backward (its last consumer
-                    # is done), and in a chain the backwards of the next events' producers
+                    # is done); it pauses before the next of a cascade, or goes on to the
+                    # next microbatch
                     nxt = next(source, _END)
-                    if nxt is not _END:
+                    if nxt is not _END and nxt is not PAUSE:
                         pending.append(nxt)
             elif mine is not None:
                 if mine != self.ids[taken]:
@@ -154,6 +156,7 @@ class ReplicaLayout(PlanLayout):
     trajectories (the plan's validation checks the whole step's cover)."""
 
     covers_step = False
+    pause_cascades = True
 
     def __init__(self, plan: Plan, mesh: DistMesh):
         super().__init__(plan)

@@ -1,21 +1,29 @@
 """The lockstep of an expert-parallel group: which forwards and backwards its replicas run
-together, from a plan's slots.
+together, from a plan's microbatches.
 
 With expert parallelism every MoE layer of a forward or a backward is an all-to-all over
-the EP group, so the group's replicas run one sequence of forwards and backwards, and a
-backward meets the graphs its peers built in the forward it met. The group's *joint
-events* give that sequence: per slot, the producers' forwards, then one event for every
-replica's non-producer microbatch of the slot (forward and backward), then the producers'
-backwards. Producers of different replicas share a forward event where they also share
-their backward event (`_events`); a producer whose peers have no such partner has events
-of its own, in which they run a *shadow* over zero rows, kept from the forward to that
-producer's backward. In a chain of windows one consumer's end closes its producer's
-window and, in turn, every window up the chain whose last consumer that producer was:
-their backwards follow, nearest first, the first of them the one resume of the member's
-window run (`JointEvent.resumes`).
+the EP group, so the group's replicas run one sequence of passes, each replica one pass
+per event (its own or a *shadow* over zero rows), and a backward meets the graphs its
+peers built in the forward it met. Each replica's own passes come in its window run's
+order (`sequences`): a producer's forward (F), a non-producer's forward and backward (FB),
+and after a consumer the backwards (B) of the producers whose windows it closes, nearest
+first (in a chain of windows one consumer's end closes every window up the chain whose
+last consumer that producer was). The windows of one replica nest.
 
-The executor runs these events (`harts.distributed.runner`); the simulator runs the same
-passes in the same gangs (`harts.sim.simulate.lockstep_schedule`).
+The group's *joint events* merge those sequences (`_merge`): every event one kind, at most
+one pass of each replica; producers that share a forward event share their backward event
+(their peers' shadow forwards are kept until it). The merge goes event by event, taking
+the earliest slot's work first: the producers' forwards that are next (of the earliest
+slot, or of any slot), every next forward-backward of that slot, or the backwards of a
+group of producers once each of them is next. It never blocks: the most recently opened
+group's members each have its backward as their next backward (the windows nest). Of the
+two merges (producers paired within a slot or across slots) the one with the smaller
+price is kept: per event its largest pass, a pass priced max(rows, `PASS_FLOOR_ROWS`)
+times its share of a forward and backward.
+
+The executor runs these events (`harts.distributed.runner`, its window run pausing
+between a cascade's backwards); the simulator runs the same passes in the same gangs
+(`harts.sim.simulate.lockstep_schedule`).
 """
 
 from __future__ import annotations
@@ -24,120 +32,111 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["JointEvent", "joint_events"]
+__all__ = ["JointEvent", "joint_events", "sequences"]
+
+# the rows below which a pass costs about the same whatever its rows (host-bound launches:
+# the executor model's microbatch floor is 12k rows on the shipped h100 profile at 16k),
+# for choosing between two merges only
+PASS_FLOOR_ROWS = 8192.0
+_FORWARD_SHARE = 1.0 / 3.0
 
 
 @dataclass(frozen=True)
 class JointEvent:
     """One step of an EP group's lockstep: `kind` F (producers' forwards), FB (forward and
     backward of non-producers) or B (producers' backwards), and the microbatch each
-    replica runs in it (replicas not named run a shadow). At a B event whose member's
-    backward ran in the resume of an earlier one (`resumes` False, a chain's), the member
-    runs nothing, and the other replicas run their shadows' backwards in the same order."""
+    replica runs in it (replicas not named run a shadow). `key`: F and B, its smallest
+    producer id (pairs a shadow forward with its backward); FB, its earliest slot."""
 
     kind: str
     members: dict[int, int]
-    key: int  # F and B: its smallest producer id (pairs a shadow forward with its backward)
-    resumes: bool = True  # B: the member's window run resumes here (False: it ran in the last resume)
+    key: int
 
 
-def joint_events(microbatches: Sequence[Any], replicas: Sequence[int],
-                 ident: Callable[[Any], int] = lambda m: m.id) -> list[JointEvent]:
-    """The lockstep of `replicas` (an EP group) over `microbatches` (each with `replica`,
-    `order`, `slot`, `producer` and the id `ident` reads: a `Plan`'s or a `StepWork`'s);
-    each replica's own events are in its order (checked)."""
+def sequences(microbatches: Sequence[Any], replicas: Sequence[int],
+              ident: Callable[[Any], int] = lambda m: m.id) -> dict[int, list[tuple[str, int, int]]]:
+    """Each replica's passes in its window run's order, (kind, microbatch id, slot): a
+    producer's forward, a non-producer's forward and backward, then the backwards of the
+    producers whose windows that closes, nearest first (a backward takes its closing
+    consumer's slot). Raises ValueError where a replica's windows do not nest."""
     by_id = {ident(m): m for m in microbatches}
     consumers: dict[int, list[int]] = {}
     for m in sorted(microbatches, key=lambda m: m.order):
         if m.producer is not None:
             consumers.setdefault(m.producer, []).append(ident(m))
     last = {p: max(cs, key=lambda c: by_id[c].order) for p, cs in consumers.items()}
-    items = []  # (slot, phase, replica, kind, mb, resumes)
+    out: dict[int, list[tuple[str, int, int]]] = {}
     for r in replicas:
-        seq = sorted((m for m in microbatches if m.replica == r), key=lambda m: m.order)
-        own = []
-        for m in seq:
+        own: list[tuple[str, int, int]] = []
+        open_: list[int] = []
+        for m in sorted((m for m in microbatches if m.replica == r), key=lambda m: m.order):
             mid = ident(m)
             if mid in consumers:
-                own.append((m.slot, 0, r, "F", mid, True))
+                own.append(("F", mid, m.slot))
+                open_.append(mid)
                 continue
-            own.append((m.slot, 1, r, "FB", mid, True))
-            # one resume of the window run: the backward of every producer whose window
-            # this closes, in turn up a chain of windows
-            done, first = mid, True
+            own.append(("FB", mid, m.slot))
+            done = mid
             while by_id[done].producer is not None and last[by_id[done].producer] == done:
                 done = by_id[done].producer
-                own.append((m.slot, 2, r, "B", done, first))
-                first = False
-        if [x[:2] for x in own] != sorted(x[:2] for x in own):
-            raise ValueError(f"replica {r}: its microbatch order does not follow its slots; "
-                             "the replicas' collectives cannot be aligned")
-        items.extend(own)
-    return _events(items)
+                if not open_ or open_.pop() != done:
+                    raise ValueError(f"replica {r}: producer {done}'s window closes inside another; "
+                                     "the replicas' collectives cannot be aligned")
+                own.append(("B", done, m.slot))
+        out[r] = own
+    return out
 
 
-def _events(items: list[tuple]) -> list[JointEvent]:
-    """The events of the group's items (slot, phase, replica, kind, mb, resumes), slot by
-    slot: producer forwards, then forward-backwards, then producer backwards.
+def joint_events(microbatches: Sequence[Any], replicas: Sequence[int],
+                 ident: Callable[[Any], int] = lambda m: m.id,
+                 rows: Callable[[Any], int] = lambda m: m.executed_tokens) -> list[JointEvent]:
+    """The lockstep of `replicas` (an EP group) over `microbatches` (each with `replica`,
+    `order`, `slot`, `producer`, the id `ident` reads and the rows `rows` reads: a
+    `Plan`'s or, with `rows=lambda m: m.tokens`, a `StepWork`'s); see the module doc."""
+    seqs = sequences(microbatches, replicas, ident)
+    size = {ident(m): float(rows(m)) for m in microbatches}
+    merges = [_merge(seqs, across) for across in (False, True)]
+    return min(merges, key=lambda evs: _price(evs, size))
 
-    Producers of different replicas share their events where they can: the k-th forwards
-    of a slot's replicas run as one event where the same producers' backwards are, in
-    turn, the k-th backwards of one slot (each backward meets the graphs its peers built in
-    its forward), and where every replica's backwards of that slot run in such shared
-    events (a replica's backwards run in one resume of its window run, so its events
-    there must come one after another). Elsewhere each producer's forward and backward is
-    an event of its own, its peers running shadows, and a slot's backwards go replica by
-    replica."""
-    by: dict[tuple[int, int], dict[int, list[tuple]]] = {}
-    for it in items:
-        by.setdefault((it[0], it[1]), {}).setdefault(it[2], []).append(it)
 
-    def zipped(block: dict[int, list[tuple]]) -> list[dict[int, tuple]]:
-        return [{r: its[k] for r, its in sorted(block.items()) if k < len(its)}
-                for k in range(max(len(its) for its in block.values()))]
+def _price(events: list[JointEvent], size: dict[int, float]) -> float:
+    share = {"F": _FORWARD_SHARE, "B": 1.0 - _FORWARD_SHARE, "FB": 1.0}
+    return sum(share[e.kind] * max(max(size[m], PASS_FLOOR_ROWS) for m in e.members.values()) for e in events)
 
-    def pairs(group: dict[int, tuple]) -> frozenset:
-        return frozenset((r, it[4]) for r, it in group.items())
 
-    slots = sorted({s for s, _ in by})
-    fwd = {s: zipped(by[(s, 0)]) for s in slots if (s, 0) in by}
-    bwd = {s: zipped(by[(s, 2)]) for s in slots if (s, 2) in by}
-    shared = {pairs(g) for gs in fwd.values() for g in gs if len(g) > 1}
-    shared &= {pairs(g) for gs in bwd.values() for g in gs if len({it[5] for it in g.values()}) == 1}
-    changed = True
-    while changed:  # a slot whose backwards cannot all be shared shares none
-        changed = False
-        for gs in bwd.values():
-            if any(len(g) > 1 and pairs(g) not in shared for g in gs) and any(pairs(g) in shared for g in gs):
-                shared -= {pairs(g) for g in gs}
-                changed = True
+_PHASE = {"F": 0, "FB": 1, "B": 2}
 
+
+def _merge(seqs: dict[int, list[tuple[str, int, int]]], across: bool) -> list[JointEvent]:
+    """The joint events of the replicas' sequences (module doc): producers' forwards paired
+    across slots (`across`) or within the earliest slot of those next."""
+    pos = dict.fromkeys(seqs, 0)
+    groups: list[dict[int, int]] = []  # open producer groups, in the order they opened
     events: list[JointEvent] = []
-
-    def add(kind: str, group: dict[int, tuple], key: int) -> None:
-        events.append(JointEvent(kind, {r: it[4] for r, it in group.items()}, key,
-                                 all(it[5] for it in group.values())))
-
-    for s in slots:
-        for g in fwd.get(s, ()):
-            if pairs(g) in shared:
-                add("F", g, min(it[4] for it in g.values()))
-            else:
-                for r, it in g.items():
-                    add("F", {r: it}, it[4])
-        for r, its in sorted(by.get((s, 1), {}).items()):
-            for k, it in enumerate(its):  # one forward-backward event per slot and position
-                if k == 0 and events and events[-1].kind == "FB" and events[-1].key == s \
-                        and r not in events[-1].members:
-                    events[-1].members[r] = it[4]
-                else:
-                    add("FB", {r: it}, s)
-        gs = bwd.get(s, ())
-        if gs and all(len(g) == 1 or pairs(g) in shared for g in gs):
-            for g in gs:
-                add("B", g, min(it[4] for it in g.values()))
-        else:
-            for r, its in sorted(by.get((s, 2), {}).items()):
-                for it in its:
-                    add("B", {r: it}, it[4])
-    return events
+    while True:
+        nxt = {r: s[pos[r]] for r, s in seqs.items() if pos[r] < len(s)}
+        if not nxt:
+            return events
+        options: list[tuple[str, dict[int, tuple[str, int, int]]]] = []
+        for g in groups:
+            if all(nxt.get(r, ("",))[0] == "B" and nxt[r][1] == mb for r, mb in g.items()):
+                options.append(("B", {r: nxt[r] for r in g}))
+        for kind in ("F", "FB"):
+            ready = {r: it for r, it in nxt.items() if it[0] == kind}
+            if ready and not (kind == "F" and across):
+                first = min(it[2] for it in ready.values())
+                ready = {r: it for r, it in ready.items() if it[2] == first}
+            if ready:
+                options.append((kind, ready))
+        if not options:  # cannot happen where every replica's windows nest (`sequences`)
+            raise RuntimeError("the EP group's lockstep is blocked")
+        kind, chosen = min(options, key=lambda o: (min(it[2] for it in o[1].values()), _PHASE[o[0]], -len(o[1])))
+        members = {r: it[1] for r, it in chosen.items()}
+        if kind == "F":
+            groups.append(members)
+        elif kind == "B":
+            groups.remove(members)
+        for r in chosen:
+            pos[r] += 1
+        key = min(it[2] for it in chosen.values()) if kind == "FB" else min(members.values())
+        events.append(JointEvent(kind, members, key))

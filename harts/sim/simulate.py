@@ -276,7 +276,7 @@ def lockstep_schedule(step: StepWork, ep: int, name: str) -> tuple[StepWork, Sch
     is not, so that the k-th passes of a group are one event's and run as a gang (`lower`).
     A peer's shadow of a producer's forward is kept to that producer's backward; a
     chain's backwards follow its last piece, nearest first. The step comes back with the
-    shadows added (no tokens), or None where a replica's order does not follow its slots."""
+    shadows added (no tokens), or None where a replica's windows do not nest."""
     import dataclasses
 
     from harts.plan.lockstep import joint_events
@@ -294,7 +294,7 @@ def lockstep_schedule(step: StepWork, ep: int, name: str) -> tuple[StepWork, Sch
     for g in range(step.num_replicas // ep):
         reps = list(range(g * ep, (g + 1) * ep))
         try:
-            events = joint_events(step.microbatches, reps, ident=lambda m: m.mb)
+            events = joint_events(step.microbatches, reps, ident=lambda m: m.mb, rows=lambda m: m.tokens)
         except ValueError:
             return None
         ops: dict[int, list[PassOp]] = {r: [] for r in reps}

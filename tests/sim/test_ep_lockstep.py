@@ -41,7 +41,7 @@ def test_the_simulated_lockstep_is_the_executors(planner, dp, ep):
     for g in range(dp // ep):
         group = range(g * ep, (g + 1) * ep)
         # the simulator's events are the executor's (the plan's and its step's microbatches agree)
-        events = joint_events(step.microbatches, group, ident=lambda m: m.mb)
+        events = joint_events(step.microbatches, group, ident=lambda m: m.mb, rows=lambda m: m.tokens)
         assert events == joint_events(plan.microbatches, group)
         for r in group:
             ops = sched.ops(r, 0)

@@ -78,7 +78,11 @@ from harts.plan.step import plan_kda_calls_of
 from harts.tree import Trajectory, build_forest
 from harts.tree.forest import RolloutForest
 
-__all__ = ["PlanLayout", "WindowStats", "order_from_schedule", "piece_rows"]
+__all__ = ["PAUSE", "PlanLayout", "WindowStats", "order_from_schedule", "piece_rows"]
+
+# what a window run yields between a cascade's producer backwards where its layout pauses
+# them (`PlanLayout.pause_cascades`): not a microbatch
+PAUSE = object()
 
 
 def piece_rows(forest: RolloutForest, pieces: Sequence) -> np.ndarray:
@@ -197,7 +201,7 @@ class _WindowRun:
             if window is not None:
                 window.stats.context_rows_read += int((~ctx.layout.computed).sum())
             if mb_id not in self.consumers:  # its backward ran: it is done
-                self._done(producer)
+                yield from self._done(producer)
         self.open = {}
 
     def chain(self, producer: int) -> list[int]:
@@ -208,16 +212,22 @@ class _WindowRun:
             out.append(self.producer_of[out[-1]])
         return out
 
-    def _done(self, producer: int | None) -> None:
+    def _done(self, producer: int | None):
         """One consumer of `producer` is done (its backward ran). After the last one, the
         producer's backward runs; in a chain that makes the producer a done consumer of its
-        own producer."""
+        own producer. Where the layout pauses a cascade (`PlanLayout.pause_cascades`) the
+        run yields `PAUSE` before each backward after the first, so that an EP group's
+        lockstep can run one producer backward per event."""
         tr = self.layout
+        first = True
         while producer is not None:
             window = self.open[producer]
             window.done += 1
             if window.done < len(window.consumers):
                 return
+            if not first and tr.pause_cascades:
+                yield PAUSE
+            first = False
             tr._producer_backward(window)
             # what the window held (stash, leaves, their gradients) goes with it
             for c in window.consumer_ctxs:
@@ -268,6 +278,10 @@ def order_from_schedule(schedule: Schedule) -> list[int]:
 
 class PlanLayout(LayoutBase):
     """The microbatches of a `Plan`; tree-mode plans with sharing windows exactly."""
+
+    # a window run runs a cascade's producer backwards in one go (False), or yields `PAUSE`
+    # before each after the first (an EP group's replica: one backward per joint event)
+    pause_cascades = False
 
     def __init__(self, plan: Plan, *, order: Sequence[int] | None = None, schedule: Schedule | None = None,
                  offload_producers: bool | None = None, producer_recompute: bool = True):

@@ -16,10 +16,13 @@ one pass of each replica; producers that share a forward event share their backw
 the earliest slot's work first: the producers' forwards that are next (of the earliest
 slot, or of any slot), every next forward-backward of that slot, or the backwards of a
 group of producers once each of them is next. It never blocks: the most recently opened
-group's members each have its backward as their next backward (the windows nest). Of the
-two merges (producers paired within a slot or across slots) the one with the smaller
-price is kept: per event its largest pass, a pass priced max(rows, `PASS_FLOOR_ROWS`)
-times its share of a forward and backward.
+group's members each have its backward as their next backward (the windows nest).
+Pairing producers makes each wait at the shared backward for the one whose window holds
+the most work, so a merge pairs only the forwards whose windows hold at least a fraction
+`alpha` of the largest one's rows (the others pair among themselves after). Of the merges
+(`MERGES`: producers paired within a slot or across slots, at each `alpha`) the one with
+the smallest price is kept: per event its largest pass, a pass priced max(rows,
+`PASS_FLOOR_ROWS`) times its share of a forward and backward.
 
 The executor runs these events (`harts.distributed.runner`, its window run pausing
 between a cascade's backwards); the simulator runs the same passes in the same gangs
@@ -32,13 +35,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["JointEvent", "joint_events", "sequences"]
+__all__ = ["MERGES", "JointEvent", "joint_events", "sequences", "window_rows"]
 
 # the rows below which a pass costs about the same whatever its rows (host-bound launches:
 # the executor model's microbatch floor is 12k rows on the shipped h100 profile at 16k),
 # for choosing between two merges only
 PASS_FLOOR_ROWS = 8192.0
 _FORWARD_SHARE = 1.0 / 3.0
+# (producers paired across slots, alpha) of the merges tried
+MERGES = tuple((across, alpha) for across in (False, True) for alpha in (0.0, 0.25, 0.5, 0.75, 1.0))
 
 
 @dataclass(frozen=True)
@@ -95,8 +100,24 @@ def joint_events(microbatches: Sequence[Any], replicas: Sequence[int],
     `Plan`'s or, with `rows=lambda m: m.tokens`, a `StepWork`'s); see the module doc."""
     seqs = sequences(microbatches, replicas, ident)
     size = {ident(m): float(rows(m)) for m in microbatches}
-    merges = [_merge(seqs, across) for across in (False, True)]
+    merges = [_merge(seqs, size, across, alpha) for across, alpha in MERGES]
     return min(merges, key=lambda evs: _price(evs, size))
+
+
+def window_rows(seq: list[tuple[str, int, int]], size: dict[int, float]) -> dict[int, float]:
+    """Per producer of a replica's sequence, the rows of its window: its own and those of
+    every pass between its forward and its backward."""
+    out: dict[int, float] = {}
+    open_: list[tuple[int, float]] = []
+    for kind, mb, _ in seq:
+        if kind == "B":
+            p, w = open_.pop()
+            out[p] = w
+            continue
+        open_ = [(p, w + size[mb]) for p, w in open_]
+        if kind == "F":
+            open_.append((mb, size[mb]))
+    return out
 
 
 def _price(events: list[JointEvent], size: dict[int, float]) -> float:
@@ -107,9 +128,12 @@ def _price(events: list[JointEvent], size: dict[int, float]) -> float:
 _PHASE = {"F": 0, "FB": 1, "B": 2}
 
 
-def _merge(seqs: dict[int, list[tuple[str, int, int]]], across: bool) -> list[JointEvent]:
+def _merge(seqs: dict[int, list[tuple[str, int, int]]], size: dict[int, float], across: bool,
+           alpha: float = 0.0) -> list[JointEvent]:
     """The joint events of the replicas' sequences (module doc): producers' forwards paired
-    across slots (`across`) or within the earliest slot of those next."""
+    across slots (`across`) or within the earliest slot of those next, and only those whose
+    windows hold at least `alpha` x the largest one's rows (`window_rows`)."""
+    work = {p: w for seq in seqs.values() for p, w in window_rows(seq, size).items()}
     pos = dict.fromkeys(seqs, 0)
     groups: list[dict[int, int]] = []  # open producer groups, in the order they opened
     events: list[JointEvent] = []
@@ -126,6 +150,9 @@ def _merge(seqs: dict[int, list[tuple[str, int, int]]], across: bool) -> list[Jo
             if ready and not (kind == "F" and across):
                 first = min(it[2] for it in ready.values())
                 ready = {r: it for r, it in ready.items() if it[2] == first}
+            if ready and kind == "F":
+                most = max(work[it[1]] for it in ready.values())
+                ready = {r: it for r, it in ready.items() if work[it[1]] >= alpha * most}
             if ready:
                 options.append((kind, ready))
         if not options:  # cannot happen where every replica's windows nest (`sequences`)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 
-from harts.plan.lockstep import joint_events, sequences
+from harts.plan.lockstep import MERGES, _merge, joint_events, sequences, window_rows
 from tests.strategies import LockstepMicrobatch as _Mb
 from tests.strategies import nested_windows
 
@@ -34,10 +34,19 @@ def test_chains_of_different_depth_share_their_producers_events():
 @settings(max_examples=200, deadline=None)
 @given(nested_windows())
 def test_joint_events_keep_each_replicas_order_and_pair_forwards_with_backwards(case):
+    """Every merge `joint_events` chooses from, on drawn nested windows."""
     mbs, replicas = case
     group = list(range(replicas))
-    events = joint_events(mbs, group)
     seqs = sequences(mbs, group)
+    size = {m.id: float(m.executed_tokens) for m in mbs}
+    chosen = joint_events(mbs, group)
+    merges = [_merge(seqs, size, across, alpha) for across, alpha in MERGES]
+    assert chosen in merges
+    for events in merges:
+        _check(mbs, group, seqs, events)
+
+
+def _check(mbs, group, seqs, events) -> None:
     for r in group:
         assert [(e.kind, e.members[r]) for e in events if r in e.members] == [(k, m) for k, m, _ in seqs[r]]
     fwd = sorted(sorted(e.members.items()) for e in events if e.kind == "F")
@@ -50,3 +59,10 @@ def test_joint_events_keep_each_replicas_order_and_pair_forwards_with_backwards(
             assert position[("F", m.producer)] < position[(kind, m.id)] < position[("B", m.producer)]
     # never more events than the replicas' passes run one replica at a time
     assert max(len(s) for s in seqs.values()) <= len(events) <= sum(len(s) for s in seqs.values())
+
+
+def test_window_rows_are_a_windows_own_and_inner_rows():
+    mbs = _chain(0, 0, 2, 0, 100) + [_Mb(3, 0, 3, 1, 0, 7)]
+    seq = sequences(mbs, [0])[0]
+    assert [k for k, _, _ in seq] == ["F", "F", "FB", "B", "FB", "B"]
+    assert window_rows(seq, {m.id: float(m.executed_tokens) for m in mbs}) == {1: 200.0, 0: 307.0}

@@ -39,7 +39,7 @@ __all__ = ["MERGES", "JointEvent", "joint_events", "sequences", "window_rows"]
 
 # the rows below which a pass costs about the same whatever its rows (host-bound launches:
 # the executor model's microbatch floor is 12k rows on the shipped h100 profile at 16k),
-# for choosing between two merges only
+# for choosing between the merges only
 PASS_FLOOR_ROWS = 8192.0
 _FORWARD_SHARE = 1.0 / 3.0
 # (producers paired across slots, alpha) of the merges tried

@@ -50,10 +50,12 @@ def check_launch(parallel: ParallelConfig, world_size: int, model: ModelConfig, 
     """Refuse, with one line, a launch that cannot run the step: a mesh other than the world
     size, ep not dividing the experts, pp above the layer count, tp not dividing the heads
     and FFN widths, pipeline stages with tp or ep, a plan made for another number of DP
-    replicas, or a pipeline (pp > 1) on a plan that gives a replica no microbatch (the
-    pipelining runtime runs a replica's microbatches; one with none would skip the stage's
-    FSDP collectives). Without a pipeline a replica with no microbatch takes part in every
-    collective with a zero contribution (`harts.distributed.runner`)."""
+    replicas, expert parallelism on a plan whose windows cross on a replica (an EP group's
+    lockstep needs them nested, `harts.plan.lockstep`), or a pipeline (pp > 1) on a plan
+    that gives a replica no microbatch (the pipelining runtime runs a replica's
+    microbatches; one with none would skip the stage's FSDP collectives). Without a
+    pipeline a replica with no microbatch takes part in every collective with a zero
+    contribution (`harts.distributed.runner`)."""
     p = parallel
     if p.world_size != world_size:
         raise LaunchError(f"mesh {p.spec()} needs {p.world_size} ranks (dp x pp x tp) and does not divide "
@@ -82,6 +84,13 @@ def check_launch(parallel: ParallelConfig, world_size: int, model: ModelConfig, 
                 raise LaunchError(f"tp={p.tp} does not divide the {n} {what} of {model.name}")
     if plan is not None and plan.dp != p.dp:
         raise LaunchError(f"the plan was made for dp={plan.dp} replicas; this launch has dp={p.dp}")
+    if plan is not None and p.ep > 1:
+        from harts.plan.lockstep import sequences
+
+        try:  # an EP group's lockstep merges its replicas' windows, which must nest
+            sequences(plan.microbatches, range(p.dp))
+        except ValueError as err:
+            raise LaunchError(f"--parallel {p.spec()}: {err}") from None
     if plan is not None and p.pp > 1:
         idle = sorted(set(range(p.dp)) - {m.replica for m in plan.microbatches})
         if idle:

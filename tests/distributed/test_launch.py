@@ -69,6 +69,21 @@ def test_a_plan_for_another_dp_size_is_refused(capsys, tmp_path):
     assert "made for dp=2 replicas; this launch has dp=1" in err
 
 
+def test_expert_parallelism_on_crossing_windows_is_refused_in_one_line():
+    """A replica whose windows cross (a producer's window closing inside another's, which
+    one process runs) cannot be merged into an EP group's lockstep: refused at launch."""
+    from types import SimpleNamespace
+
+    from tests.strategies import LockstepMicrobatch as Mb
+
+    mbs = (Mb(0, 0, 0, 0, None, 10), Mb(1, 0, 1, 0, None, 10), Mb(2, 0, 2, 0, 0, 10), Mb(3, 0, 3, 1, 1, 10))
+    plan = SimpleNamespace(dp=2, microbatches=mbs)
+    check_launch(parse_parallel("dp=2"), 2, small_config(), plan)
+    with pytest.raises(LaunchError) as err:
+        check_launch(parse_parallel("dp=2,ep=2"), 2, small_config(), plan)
+    assert "window closes inside another" in str(err.value) and "\n" not in str(err.value)
+
+
 def test_joint_events_keep_each_replicas_plan_order_and_pair_every_microbatch():
     plan = make_plan(build_forest(small_trajectories()), "l1l2",
                      PlanConfig(microbatch_tokens=BUDGET, chunk_size=8, dp=2))

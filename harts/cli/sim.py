@@ -416,7 +416,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(format_table(
         ["workload", "budget", "schedule", "step s", "k tok/s", "bubble %", "peak memory GiB", "ep lockstep"],
         [[r["workload"], r["microbatch_tokens"], r["schedule"], round(r["step_seconds"], 3), round(r["throughput"] / 1e3, 1),
-          round(100 * r["bubble_fraction"], 1), gib(r["peak_memory_bytes"]), str(r["ep_lockstep"])]
+          round(100 * r["bubble_fraction"], 1), gib(r["peak_memory_bytes"]),
+          f"{r['ep_lockstep']} ({r['ep_shadow_microbatches']} shadows)" if r["ep_lockstep"] else str(r["ep_lockstep"])]
          for r in sched_rows],
     ))
     if gantts:

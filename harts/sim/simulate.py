@@ -201,6 +201,8 @@ class SimResult:
     cost_model: str
     ep_lockstep: bool
     busy_by_kind: dict[str, float] = field(default_factory=dict)
+    # zero-row passes an EP group's replicas ran in their lockstep (shadows, padding)
+    ep_shadows: int = 0
 
     @property
     def fits_memory(self) -> bool:
@@ -224,6 +226,7 @@ class SimResult:
             "parallel": self.parallel.describe(),
             "cost_model": self.cost_model,
             "ep_lockstep": self.ep_lockstep,
+            "ep_shadow_microbatches": self.ep_shadows,
             "busy_seconds_by_kind": self.busy_by_kind,
         }
 
@@ -328,6 +331,7 @@ def _from_builder(schedule: Schedule, step: StepWork) -> bool:
 
 def simulate_step(step: StepWork, schedule: Schedule, cost: CostModel, ep_lockstep: bool = True) -> SimResult:
     par = cost.parallel
+    real = len(step.microbatches)
     grouped = ep_lockstep and par.ep > 1 and step.num_replicas % par.ep == 0
     # one stage: the executor's events (a schedule given as text, not its builder's, is
     # simulated as given); with a pipeline, or where they cannot be built: padding
@@ -378,7 +382,7 @@ def simulate_step(step: StepWork, schedule: Schedule, cost: CostModel, ep_lockst
         busiest_lane_seconds=lane,
         expanded_tokens=step.expanded_tokens,
         computed_tokens=step.total_tokens(),
-        num_microbatches=len(step.microbatches),
+        num_microbatches=real,
         schedule=schedule,
         program=program,
         trace=trace,
@@ -386,6 +390,7 @@ def simulate_step(step: StepWork, schedule: Schedule, cost: CostModel, ep_lockst
         cost_model=cost.name,
         ep_lockstep=lockstep,
         busy_by_kind=dict(sorted(by_kind.items())),
+        ep_shadows=len(step.microbatches) - real,
     )
 
 

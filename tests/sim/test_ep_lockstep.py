@@ -59,6 +59,9 @@ def test_the_simulated_lockstep_is_the_executors(planner, dp, ep):
     cost = make_cost_model("executor", MODEL, ParallelConfig(dp=dp, ep=ep), load_hardware("h100"))
     res = simulate_step(step, build_schedule("consumer-1f1b", step, 1), cost)
     assert res.ep_lockstep
+    # the step's own microbatches are counted as such, the shadows apart
+    assert res.num_microbatches == len(step.microbatches)
+    assert res.ep_shadows == len(padded.microbatches) - len(step.microbatches) > 0
     gangs: dict[str, list[int]] = {}
     for a in res.program.actions:
         if a.gang and a.gang.startswith("ep:"):

@@ -100,7 +100,8 @@ def joint_events(microbatches: Sequence[Any], replicas: Sequence[int],
     `Plan`'s or, with `rows=lambda m: m.tokens`, a `StepWork`'s); see the module doc."""
     seqs = sequences(microbatches, replicas, ident)
     size = {ident(m): float(rows(m)) for m in microbatches}
-    merges = [_merge(seqs, size, across, alpha) for across, alpha in MERGES]
+    work = {p: w for seq in seqs.values() for p, w in window_rows(seq, size).items()}
+    merges = [_merge(seqs, work, across, alpha) for across, alpha in MERGES]
     return min(merges, key=lambda evs: _price(evs, size))
 
 
@@ -128,12 +129,12 @@ def _price(events: list[JointEvent], size: dict[int, float]) -> float:
 _PHASE = {"F": 0, "FB": 1, "B": 2}
 
 
-def _merge(seqs: dict[int, list[tuple[str, int, int]]], size: dict[int, float], across: bool,
+def _merge(seqs: dict[int, list[tuple[str, int, int]]], work: dict[int, float], across: bool,
            alpha: float = 0.0) -> list[JointEvent]:
     """The joint events of the replicas' sequences (module doc): producers' forwards paired
     across slots (`across`) or within the earliest slot of those next, and only those whose
-    windows hold at least `alpha` x the largest one's rows (`window_rows`)."""
-    work = {p: w for seq in seqs.values() for p, w in window_rows(seq, size).items()}
+    windows hold at least `alpha` x the largest one's rows (`work`: `window_rows` of every
+    producer)."""
     pos = dict.fromkeys(seqs, 0)
     groups: list[dict[int, int]] = []  # open producer groups, in the order they opened
     events: list[JointEvent] = []

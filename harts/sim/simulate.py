@@ -14,13 +14,13 @@ EP lockstep (the default, `ep_lockstep=True`): with expert parallelism every MoE
 of a pass is an all-to-all over the stage's EP group, so the k-th passes of the group's
 ranks run together and last as long as the slowest (a gang). On one stage (the executor's
 case: it runs EP without a pipeline) the passes are the executor's own, its EP groups'
-joint events (`lockstep_schedule`, `harts.plan.lockstep`): producers share events only
-with producers they can pair in both directions, a peer without a partner runs a
-zero-token shadow; chains of windows included. With a pipeline the ranks' F/B patterns must line up: where a replica has
-fewer microbatches in a window than its EP peers, `pad_ep_groups` gives it zero-token
-passes (a real run must join its peers' collectives too). Where the window sequences
-differ in kind, or the dependencies deadlock, the passes run unsynchronised and the
-result says so (`ep_lockstep` false). With `ep_lockstep=False` (free-running
+joint events (`lockstep_schedule`, `harts.plan.lockstep`): producers that share a forward
+event share their backward event, a peer without a pass in an event runs a zero-token
+shadow; chains of windows included. With a pipeline the ranks' F/B patterns must line up:
+where a replica has fewer microbatches in a window than its EP peers, `pad_ep_groups`
+gives it zero-token passes (a real run must join its peers' collectives too). Where the
+window sequences differ in kind, or the dependencies deadlock, the passes run
+unsynchronised and the result says so (`ep_lockstep` false). With `ep_lockstep=False` (free-running
 replicas) the all-to-all is priced as bandwidth inside each pass and replicas wait for
 each other only at the gradient sync: optimistic for EP across replicas, kept for
 comparison.
@@ -31,11 +31,12 @@ accumulators (held from PF to PB) + per-pass workspace.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from harts.config.models import ModelConfig
 from harts.config.parallel import ParallelConfig
+from harts.plan.lockstep import joint_events
 from harts.plan.schedule import PassOp, Schedule, build_schedule
 from harts.plan.work import MicrobatchWork, StepWork
 from harts.sim.costs import CostModel, make_cost_model
@@ -248,8 +249,6 @@ def pad_ep_groups(step: StepWork, ep: int) -> StepWork | None:
     microbatch), placed after the window's last member. It costs the per-pass fixed work
     (weight reads, launches) and adds no expanded tokens. Steps whose groups already line
     up are returned unchanged."""
-    import dataclasses
-
     added: list[MicrobatchWork] = []
     next_id = max((m.mb for m in step.microbatches), default=-1) + 1
     by_id = {m.mb: m for m in step.microbatches}
@@ -269,7 +268,7 @@ def pad_ep_groups(step: StepWork, ep: int) -> StepWork | None:
                     next_id += 1
     if not added:
         return step
-    return dataclasses.replace(step, microbatches=step.microbatches + tuple(added))
+    return replace(step, microbatches=step.microbatches + tuple(added))
 
 
 def lockstep_schedule(step: StepWork, ep: int, name: str) -> tuple[StepWork, Schedule] | None:
@@ -280,10 +279,6 @@ def lockstep_schedule(step: StepWork, ep: int, name: str) -> tuple[StepWork, Sch
     A peer's shadow of a producer's forward is kept to that producer's backward; a
     chain's backwards follow its last piece, nearest first. The step comes back with the
     shadows added (no tokens), or None where a replica's windows do not nest."""
-    import dataclasses
-
-    from harts.plan.lockstep import joint_events
-
     next_id = max((m.mb for m in step.microbatches), default=-1) + 1
     added: list[MicrobatchWork] = []
     ranks: list[tuple[tuple[int, int], tuple[PassOp, ...]]] = []
@@ -316,7 +311,7 @@ def lockstep_schedule(step: StepWork, ep: int, name: str) -> tuple[StepWork, Sch
                 else:
                     ops[r].append(PassOp("B", (mine if mine is not None else held[r].pop(ev.key),)))
         ranks += [((r, 0), tuple(ops[r])) for r in reps]
-    padded = dataclasses.replace(step, microbatches=step.microbatches + tuple(added)) if added else step
+    padded = replace(step, microbatches=step.microbatches + tuple(added)) if added else step
     sched = Schedule(name, 1, step.num_replicas, tuple(sorted(ranks)))
     sched.validate(padded)
     return padded, sched

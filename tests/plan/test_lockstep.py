@@ -40,7 +40,8 @@ def test_joint_events_keep_each_replicas_order_and_pair_forwards_with_backwards(
     seqs = sequences(mbs, group)
     size = {m.id: float(m.executed_tokens) for m in mbs}
     chosen = joint_events(mbs, group)
-    merges = [_merge(seqs, size, across, alpha) for across, alpha in MERGES]
+    work = {p: w for seq in seqs.values() for p, w in window_rows(seq, size).items()}
+    merges = [_merge(seqs, work, across, alpha) for across, alpha in MERGES]
     assert chosen in merges
     for events in merges:
         _check(mbs, group, seqs, events)

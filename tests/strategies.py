@@ -933,3 +933,22 @@ def nested_windows(draw):
 
             window(None, draw(st.integers(0, 3)))
     return mbs, replicas
+
+
+# ---- l1l2 on the benchmark suites' shape families at budgets around their longest path:
+# a family instance (harts.tree.shapes) drawn at a small budget, planned at 0.45-1.6x it
+# (below the longest path some trajectories are chained; above it trees over the budget
+# are split into windows, nested where one window does not hold them).
+
+
+@st.composite
+def family_plan_cases(draw: st.DrawFn, chunk: int = 8):
+    from harts.config.plan import PlanConfig
+    from harts.tree import build_forest, shapes
+
+    family = draw(st.sampled_from(sorted(shapes.FAMILIES)))
+    drawn = draw(st.sampled_from((256, 384, 512)))
+    forest = build_forest(shapes.draw(family, draw(st.integers(0, 50)), drawn, vocab_size=256))
+    budget = max(2 * chunk, int(drawn * draw(st.floats(0.45, 1.6))))
+    return forest, PlanConfig(microbatch_tokens=budget, chunk_size=chunk,
+                              producer_retention=draw(st.sampled_from((0.35, 0.2, 0.5))))

@@ -158,3 +158,22 @@ def test_long_family_instances_match_expanded(family, seed):
         assert plan.info["chains"] >= 1
         model, _, got = _run(cfg, trajs, plan, loss=loss)
         _check(ref, ref_model, got, model)
+
+
+@pytest.mark.parametrize(("family", "seed", "budget"), [("swe-tree", 5, 208), ("bushy", 3, 138)])
+def test_nested_window_trees_match_expanded(family, seed, budget):
+    # trees every trajectory of which fits the budget but no one-window cell holds, drawn
+    # at 256 rows and planned at `budget`: l1l2 runs them as nested windows
+    # (harts.plan.planners.l1l2.nested_trees), every row once
+    from harts.tree import shapes
+
+    cfg = _config()
+    trajs = shapes.draw(family, seed, 256, vocab_size=cfg.vocab_size)
+    forest = build_forest(trajs)
+    assert int(forest.traj_length.max()) <= budget
+    plan = make_plan(forest, "l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=CHUNK))
+    assert plan.info["nested_trees"] >= 1 and plan.executed_tokens == forest.compact_tokens
+    loss = PolicyLossConfig()
+    ref_model, _, ref = _run(cfg, trajs, loss=loss)
+    model, _, got = _run(cfg, trajs, plan, loss=loss)
+    _check(ref, ref_model, got, model)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from harts.config.models import get_model_config
 from harts.config.plan import PlanConfig
 from harts.plan.planners import make_plan
-from harts.plan.planners.l1l2.pipeline import floored_load
+from harts.plan.planners.common import floored_load
 from harts.tree import build_forest, shapes
 
 MODEL = get_model_config("tiny-h200")

@@ -90,7 +90,14 @@ def test_plans_are_deterministic_and_stage_states_repeat(forest_config):
     plan = plan_with(forest, config)
     plan.validate(forest, cost_model=config.cost_model)
     assert _json(plan) == _json(plan_with(forest, config))
-    assert _json(plan) == _json(make_plan(forest, "l1l2", config))
+    made = make_plan(forest, "l1l2", config)
+    if made.info.get("nested_trees"):
+        # trees no one-window cell holds ran as nested windows, and that plan won
+        assert made.executed_tokens <= plan.executed_tokens
+    else:
+        # the planner's own plan (beside it, what nesting would have cost)
+        info = {k: v for k, v in made.info.items() if k != "nested_load"}
+        assert _json(dataclasses.replace(made, info=info)) == _json(plan)
     ctx_a, a = stage_states(forest, config)
     ctx_b, b = stage_states(forest, config)
     for x, y in zip(a, b, strict=True):

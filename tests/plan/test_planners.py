@@ -45,7 +45,13 @@ def test_l1l2_compresses_at_least_like_l1(forest_config):
     l1 = make_plan(forest, "l1", config)
     l1l2 = make_plan(forest, "l1l2", config)
     assert l1l2.executed_tokens <= l1.executed_tokens
-    assert l1l2.num_slots <= l1.num_slots
+    if l1l2.info.get("nested_trees"):
+        # trees no one-window cell holds ran as nested windows: chosen for a lighter step
+        # than the planner's own plan, even where their windows take more slots
+        priced = l1l2.info["nested_load"]
+        assert priced["nested"] < priced["own"]
+    else:
+        assert l1l2.num_slots <= l1.num_slots
     # never below the compact size, never above the expanded one
     assert forest.compact_tokens <= l1l2.executed_tokens <= forest.expanded_tokens
 

@@ -2,9 +2,12 @@
 
 A tree with a root-to-leaf path longer than the budget cannot be one microbatch, nor be
 split at forks alone. Every planner hands such trees here (`plan_with_chains`, called by
-`make_plan` for every registered planner): the planner plans the other trees as it always
-does (on a sub-forest of them), and each long tree becomes a *window tree* of microbatches
-along its paths, appended to the least-loaded replica after the planner's slots.
+`make_plan` for every registered planner), and a tree-mode planner also the trees it names
+as ones it cannot lay out without recomputing rows (l1l2: a tree over the budget whose
+one-window cell does not solve, say a long trunk whose branches do not fit beside the
+trunk's retained rows): the planner plans the other trees as it always does (on a
+sub-forest of them), and each of these becomes a *window tree* of microbatches along its
+paths, appended to the least-loaded replica after the planner's slots.
 
 The window tree (`chain_windows`), built top-down from a *stem* (node v from offset o,
 with its subtree) and the microbatch above it:
@@ -46,8 +49,16 @@ from collections.abc import Callable
 import numpy as np
 
 from harts.config.plan import PlanConfig
+from harts.plan.metrics import slot_loads
 from harts.plan.plan import Microbatch, Piece, Plan, PlanMode, forest_digest
-from harts.plan.planners.common import ForestIndex, TreeMB, first_fit_decreasing
+from harts.plan.planners.common import (
+    ForestIndex,
+    TreeMB,
+    first_fit_decreasing,
+    floored_load,
+    pipeline_ends,
+    pipelined_critical_path,
+)
 from harts.tree.forest import RolloutForest
 
 __all__ = ["chain_windows", "long_roots", "path_chain", "piece_tokens", "plan_with_chains", "sub_forest"]
@@ -250,18 +261,25 @@ def _map_back(plan: Plan, nodes: np.ndarray, trajs: np.ndarray) -> list[Microbat
 
 
 def plan_with_chains(forest: RolloutForest, config: PlanConfig, fn: Callable[[RolloutForest, PlanConfig], Plan],
-                     name: str) -> Plan:
-    """`fn`'s plan where every trajectory fits the budget; otherwise `fn` plans the rest
-    (trees without a long trajectory; for an expanded-mode planner, the trajectories that
-    fit) on a sub-forest, and the long ones are chained (module docstring)."""
+                     name: str, nest: Callable[[RolloutForest, PlanConfig], list[int]] | None = None) -> Plan:
+    """`fn`'s plan where every trajectory fits the budget and `nest` (a tree-mode planner's)
+    names no tree; otherwise `fn` plans the rest (trees without a long trajectory and not
+    named by `nest`; for an expanded-mode planner, the trajectories that fit) on a
+    sub-forest, and the long and named trees are chained (module docstring)."""
     budget = config.microbatch_tokens
     lengths = forest.traj_length
-    if lengths.size == 0 or int(lengths.max()) <= budget:
+    expanded = name == "expanded-ffd"
+    nested = [] if expanded or nest is None or lengths.size == 0 else nest(forest, config)
+    if nested and int(lengths.max()) <= budget:
+        try:
+            piece_tokens(config)
+        except ValueError:
+            nested = []  # no chain piece fits this budget: the planner's own plan
+    if lengths.size == 0 or (int(lengths.max()) <= budget and not nested):
         return fn(forest, config)
     piece_tokens(config)  # refuses a budget below two chunks
     cm = config.cost_model
     idx = ForestIndex(forest, cm)
-    expanded = name == "expanded-ffd"
     long_trajs = np.flatnonzero(lengths > budget).tolist()
     chains: list[tuple[list[TreeMB], list[int | None]]] = []
     if expanded:
@@ -270,7 +288,7 @@ def plan_with_chains(forest: RolloutForest, config: PlanConfig, fn: Callable[[Ro
         sub, nodes, tmap = sub_forest(forest, roots, short)
         chains = [path_chain(idx, t, config) for t in long_trajs]
     else:
-        longs = long_roots(idx, budget)
+        longs = sorted(set(long_roots(idx, budget)) | set(nested))
         roots = [r for r in forest.roots.tolist() if r not in set(longs)]
         sub, nodes, tmap = sub_forest(forest, roots)
         chains = [chain_windows(idx, r, config) for r in longs]
@@ -340,8 +358,30 @@ def plan_with_chains(forest: RolloutForest, config: PlanConfig, fn: Callable[[Ro
             context=f["ctx"], producer=None if p is None else new_id[keys[(k, p)]],
             executed_tokens=f["tokens"], expanded_tokens=sum(idx.traj_length[t] for t in f["trajs"]),
             cost=f["cost"]))
-    info.update({"chains": len(chains), "chain_microbatches": sum(len(c[0]) for c in chains),
+    info.update({"chains": len(chains), "nested_trees": len(set(nested) - set(long_roots(idx, budget))),
+                 "chain_microbatches": sum(len(c[0]) for c in chains),
                  "piece_tokens": piece_tokens(config)})
-    return Plan(mode=mode, planner=name, dp=dp, microbatch_tokens=budget, microbatches=tuple(mbs_out),
+    plan = Plan(mode=mode, planner=name, dp=dp, microbatch_tokens=budget, microbatches=tuple(mbs_out),
                 producer_retention=config.producer_retention, cost_model=cm.spec(), seed=config.seed,
                 forest=forest_digest(forest), info=info)
+    if int(lengths.max()) <= budget:
+        # only named trees were nested: the planner's own plan of the whole forest
+        # competes, as l1l2's windows compete with L1's recomputation
+        own = fn(forest, config)
+        priced = {"own": step_load(own, config), "nested": step_load(plan, config)}
+        if priced["nested"] >= priced["own"] * (1 - 1e-9):  # ties: the planner's own slots
+            return dataclasses.replace(own, info={**own.info, "nested_load": priced})
+        info["nested_load"] = priced
+    return plan
+
+
+def step_load(plan: Plan, config: PlanConfig) -> float:
+    """A finished plan's step in the planners' load units: without a pipeline the
+    heaviest replica's `floored_load` (its loads summed, each at least its microbatch
+    floor); with one the pipelined critical path of its slot loads."""
+    if config.pp <= 1:
+        return floored_load(plan.microbatches, config)
+    loads = slot_loads(plan).T.tolist()
+    ff = config.cost_model.forward_fraction
+    ends = [pipeline_ends(row, ff) for row in loads]
+    return pipelined_critical_path(loads, config.pp, ends)

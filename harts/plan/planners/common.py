@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -288,6 +289,24 @@ def ffd_units(idx: ForestIndex, units: list[Unit], budget: int) -> list[int]:
 
 
 # ---- placement ------------------------------------------------------------------------------
+
+
+def floored_load(mbs: Sequence[Microbatch | TreeMB], config: PlanConfig) -> float:
+    """The largest replica's sum of max(load, floor) over its microbatches: a
+    microbatch's load (overhead + cost, + `config.consumer_row_cost` x its producer's rows
+    for a window consumer) or `config.microbatch_floor` (+ `consumer_floor` for a
+    consumer), whichever is larger. Producers are named by position (a finished plan's
+    ids)."""
+    per: dict[int, float] = {}
+    over = config.cost_model.microbatch_overhead
+    rows = [m.executed_tokens if isinstance(m, Microbatch) else m.tokens for m in mbs]
+    for m in mbs:
+        floor, load = config.microbatch_floor, over + m.cost
+        if m.producer is not None:
+            floor += config.consumer_floor
+            load += config.consumer_row_cost * rows[m.producer]
+        per[m.replica] = per.get(m.replica, 0.0) + max(load, floor)
+    return max(per.values(), default=0.0)
 
 
 def pipelined_critical_path(loads: list[list[float]], pp: int, ends: list[float] | None = None) -> float:

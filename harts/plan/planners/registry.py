@@ -2,7 +2,9 @@
 
 A planner is `fn(forest, config) -> Plan`. `make_plan` is the one entry point: it checks
 the config, hands trajectories longer than the budget to chains of windows
-(`harts.plan.planners.chains`, the planner planning the rest), times the planner (wall clock, stored as `Plan.plan_seconds`) and, unless told
+(`harts.plan.planners.chains`, the planner planning the rest) together with the trees a
+planner names as ones it cannot lay out without recomputing rows (its `nest` function,
+given at registration: l1l2's trees whose one window does not fit), times the planner (wall clock, stored as `Plan.plan_seconds`) and, unless told
 otherwise, validates the result against the forest so a planner bug fails loudly at the
 place it happened.
 """
@@ -28,11 +30,20 @@ class PlannerName(StrEnum):
 
 
 PlannerFn = Callable[[RolloutForest, PlanConfig], Plan]
+# the roots of the trees a planner hands to nested windows (`chains.chain_windows`)
+NestFn = Callable[[RolloutForest, PlanConfig], list[int]]
 _PLANNERS: Registry[PlannerName, PlannerFn] = Registry("planner", PlannerName, ValueError, "known planners")
 
 
-def register_planner(name: PlannerName) -> Callable[[PlannerFn], PlannerFn]:
+_NESTS: dict[str, NestFn] = {}
+
+
+def register_planner(name: PlannerName, nest: NestFn | None = None) -> Callable[[PlannerFn], PlannerFn]:
+    """Register `fn` under `name`; `nest(forest, config)`, when given, names the roots of
+    trees `fn` cannot plan without recomputing rows, which `make_plan` chains instead."""
     def deco(fn: PlannerFn) -> PlannerFn:
+        if nest is not None:
+            _NESTS[str(name)] = nest
         return _PLANNERS.register(name, fn)
 
     return deco
@@ -56,7 +67,7 @@ def make_plan(
     from harts.plan.planners.chains import plan_with_chains
 
     # trajectories longer than the budget: chains of windows, the rest planned by `fn`
-    plan = plan_with_chains(forest, config, fn, str(planner))
+    plan = plan_with_chains(forest, config, fn, str(planner), _NESTS.get(str(planner)))
     seconds = time.perf_counter() - t0
     plan = dataclasses.replace(plan, plan_seconds=seconds)
     if validate:

@@ -37,10 +37,23 @@ items whole (`absorb.take_into_producers`, one replica without a pipeline), and 
 own plan compete on the same measure, so l1l2 never compresses worse than l1 nor uses
 more slots. KDA replay is not counted: shaved prefixes
 end on the chunk grid.
+
+A tree over the budget that no one-window cell holds (a trunk whose branches do not fit
+beside its retained rows: `nested_trees`) would leave the whole forest to L1's
+recomputation; `make_plan` runs it as nested windows instead (`chains.chain_windows`,
+every row once) where that plan's step load is lighter than l1l2's own, even where its
+windows take more slots.
 """
 
 from harts.plan.planners.l1l2.cell import Cell, Item
-from harts.plan.planners.l1l2.pipeline import STAGES, finish, plan_l1l2, plan_with, run
+from harts.plan.planners.l1l2.pipeline import (
+    STAGES,
+    finish,
+    nested_trees,
+    plan_l1l2,
+    plan_with,
+    run,
+)
 from harts.plan.planners.l1l2.solver import CellSolver
 from harts.plan.planners.l1l2.state import Candidate, Context, Stage, State
 
@@ -54,6 +67,7 @@ __all__ = [
     "Stage",
     "State",
     "finish",
+    "nested_trees",
     "plan_l1l2",
     "plan_with",
     "run",

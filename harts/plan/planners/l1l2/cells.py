@@ -123,7 +123,8 @@ def build(
     idx: ForestIndex, solver: CellSolver, dp: int, slots: int, groups: int, by_replica: bool = False
 ) -> list[list[Cell]] | None:
     """Cells per replica. A tree larger than the budget gets a cell of its own on its
-    replica (its trunk then only weighs on that cell's microbatches' budget).
+    replica (its trunk then only weighs on that cell's microbatches' budget; other trees
+    join it where the cell still solves).
     `by_replica`: trees dealt with ties broken toward the least loaded replica (always so
     with a pipeline)."""
     alone = solver.alone()
@@ -137,7 +138,7 @@ def build(
     fixed: dict[int, int] = {}
     n = 0
     for r in range(dp):
-        own = math.ceil(idx.sub_rows[giants[r]] / (0.9 * solver.budget)) if r < len(giants) else 0
+        own = own_slots(idx, solver, giants[r], slots) if r < len(giants) else 0
         if own and slots > own:
             sizes = [own, *group_sizes(slots - own, min(groups, slots - own))]
             fixed[giants[r]] = n
@@ -150,10 +151,14 @@ def build(
     # token room per cell: near the step's average fill first (so no cell is left with
     # more tokens than its slots can pack), looser if that cannot be met
     fill = idx.forest.compact_tokens / (dp * slots * solver.budget)
-    for slack in (0.01, 0.03, 0.1, None):
+    # a giant's cell takes other trees too, and, where it then does not solve, none
+    tries = [(slack, False) for slack in (0.01, 0.03, 0.1, None)] + ([(None, True)] if fixed else [])
+    for slack, exclusive in tries:
         share = 1.0 if slack is None else min(1.0, fill + slack)
-        trees = assign_trees(idx, flat, [k * solver.budget * share for k in flat], fixed,
-                              replica_of if solver.pp > 1 or by_replica else None, alone)
+        cap = [k * solver.budget * share for k in flat]
+        for t, i in fixed.items() if exclusive else ():
+            cap[i] = idx.sub_rows[t]
+        trees = assign_trees(idx, flat, cap, fixed, replica_of if solver.pp > 1 or by_replica else None, alone)
         if trees is None:
             continue
         out: list[list[Cell]] = []
@@ -174,6 +179,16 @@ def build(
         if ok:
             return out
     return None
+
+
+def own_slots(idx: ForestIndex, solver: CellSolver, tree: int, slots: int) -> int:
+    """The slots of a giant tree's own cell: from its rows at 90% of the budget per slot, up
+    to the fewest on which it solves alone (a long shared prompt held by every consumer
+    can need more slots than its rows alone ask for), at most `slots`."""
+    k = math.ceil(idx.sub_rows[tree] / (0.9 * solver.budget))
+    while k < slots and solver.solved(k, [tree]) is None:
+        k += 1
+    return k
 
 
 def solve_cell(solver: CellSolver, k: int, trees: list[int]) -> list[Cell] | None:

@@ -7,13 +7,15 @@ asked for). `finish` lets L1's own plan compete on the same measure and builds t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
-from harts.plan.plan import Microbatch, Plan
+from harts.plan.plan import Plan
 from harts.plan.planners.common import (
+    ForestIndex,
     PlanConfig,
-    TreeMB,
     finalize_tree,
+    floored_load,
     pipeline_ends,
     pipelined_critical_path,
 )
@@ -27,6 +29,7 @@ from harts.plan.planners.l1l2.merge import merge_single_trees
 from harts.plan.planners.l1l2.microbatches import to_microbatches
 from harts.plan.planners.l1l2.recut import recut_windows
 from harts.plan.planners.l1l2.relevel import line_up
+from harts.plan.planners.l1l2.solver import CellSolver
 from harts.plan.planners.l1l2.state import Context, Stage, State
 from harts.plan.planners.l1l2.swap import swap_cells_trees
 from harts.plan.planners.registry import PlannerName, register_planner
@@ -53,24 +56,6 @@ def run(ctx: Context, stages: Sequence[Stage] = STAGES, state: State | None = No
     for stage in stages:
         state = stage(ctx, state)
     return state
-
-
-def floored_load(mbs: Sequence[Microbatch | TreeMB], config: PlanConfig) -> float:
-    """The largest replica's sum of max(load, floor) over its microbatches: a
-    microbatch's load (overhead + cost, + `config.consumer_row_cost` x its producer's rows
-    for a window consumer) or `config.microbatch_floor` (+ `consumer_floor` for a
-    consumer), whichever is larger. Producers are named by position (a finished plan's
-    ids)."""
-    per: dict[int, float] = {}
-    over = config.cost_model.microbatch_overhead
-    rows = [m.executed_tokens if isinstance(m, Microbatch) else m.tokens for m in mbs]
-    for m in mbs:
-        floor, load = config.microbatch_floor, over + m.cost
-        if m.producer is not None:
-            floor += config.consumer_floor
-            load += config.consumer_row_cost * rows[m.producer]
-        per[m.replica] = per.get(m.replica, 0.0) + max(load, floor)
-    return max(per.values(), default=0.0)
 
 
 def finish(ctx: Context, state: State) -> Plan:
@@ -130,6 +115,25 @@ def plan_with(forest: RolloutForest, config: PlanConfig, stages: Sequence[Stage]
     return finish(ctx, run(ctx, stages))
 
 
-@register_planner(PlannerName.L1L2)
+def nested_trees(forest: RolloutForest, config: PlanConfig) -> list[int]:
+    """Roots of the trees over the budget that no one-window cell holds on its own slots
+    (`cells.own_slots`' first guess up to twice it): a trunk whose branches do not fit
+    beside its retained rows, say. A window per cell would leave them to L1's
+    recomputation; `make_plan` runs them as nested windows (`chains.chain_windows`), every
+    row computed once."""
+    idx = ForestIndex(forest, config.cost_model)
+    solver = CellSolver(idx, config)
+    budget = config.microbatch_tokens
+    out = []
+    for r in idx.roots:
+        if idx.sub_rows[r] <= budget:
+            continue
+        own = math.ceil(idx.sub_rows[r] / (0.9 * budget))
+        if all(solver.solved(k, [r]) is None for k in range(own, 2 * own + 2)):
+            out.append(r)
+    return out
+
+
+@register_planner(PlannerName.L1L2, nest=nested_trees)
 def plan_l1l2(forest: RolloutForest, config: PlanConfig) -> Plan:
     return plan_with(forest, config)

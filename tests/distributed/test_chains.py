@@ -3,7 +3,8 @@
 (whose short trajectory is a packed microbatch), run under dp=2, under pp=2 and (l1l2) under
 dp=2 with ep=2 (the replicas' chains in lockstep, `joint_events`) and under tp=2, equals the
 single-process expanded step (float64: every log-prob, loss term, expert load
-and gradient within 1e-10 relative; float32 within `TOL32` relative RMS error)."""
+and gradient within 1e-10 relative; float32 within `TOL32` relative RMS error); so do
+nested windows of a tree whose trajectories fit the budget, under dp=2 and pp=2."""
 
 from __future__ import annotations
 
@@ -35,6 +36,32 @@ def test_chains_equal_the_expanded_reference(spec, planner):
     if spec.startswith("pp"):
         # the pipeline's report has no whole-model gradient norm (each stage holds its part);
         # every rank ran the passes the simulator scheduled, chains depth-first
+        for rep in (rep64, rep32):
+            assert rep["executed_is_simulated"] is True
+            rep["grad_norm"] = rep["ref_grad_norm"]
+    _check_float64(rep64)
+    _check_float32(rep32)
+
+
+@pytest.mark.parametrize("spec", ["dp=2", "pp=2"])
+def test_nested_window_trees_equal_the_expanded_reference(spec):
+    # an SWE-agent tree whose trajectories all fit the budget but whose one window does
+    # not: l1l2 runs it as nested windows (harts.plan.planners.l1l2.nested_trees)
+    from harts.config.plan import PlanConfig
+    from harts.plan.planners import make_plan
+    from harts.tree import build_forest, shapes
+
+    cfg = small_config()
+    trajs = shapes.draw("swe-tree", 5, 256, vocab_size=cfg.vocab_size)
+    degree = {"dp": 1, "pp": 1, spec[:2]: 2}
+    plan = make_plan(build_forest(trajs), "l1l2", PlanConfig(microbatch_tokens=208, chunk_size=cfg.chunk_size,
+                                                             dp=degree["dp"], pp=degree["pp"]))
+    assert plan.info["nested_trees"] == 1
+    rep64, rep32 = verify_distributed_dtypes(trajs, parallel=parse_parallel(spec), planner="l1l2",
+                                             dtypes=(torch.float64, torch.float32), model=cfg,
+                                             microbatch_tokens=208, timeout=240)
+    assert rep64["sharing_windows"] >= 2
+    if spec.startswith("pp"):
         for rep in (rep64, rep32):
             assert rep["executed_is_simulated"] is True
             rep["grad_norm"] = rep["ref_grad_norm"]

@@ -217,11 +217,19 @@ def cmd_make(args: argparse.Namespace) -> int:
     plan = _run(forest, args.planner, _config(args))
     write_output(args.out, "--out", plan.to_json())
     result = _result(compute_metrics(plan, forest))
+    # trees run as window trees: a trajectory over the budget, or (l1l2) a tree no one
+    # window holds, nested
+    trees, nested = int(plan.info.get("chains", 0)), int(plan.info.get("nested_trees", 0))
     if args.json:
-        print_json({**result, "out": args.out})
+        print_json({**result, "window_trees": trees, "nested_trees": nested, "out": args.out})
     else:
         print(_table([result]))
-    say_wrote(args.out, args.json, f"{plan.num_microbatches} microbatches")
+    detail = f"{plan.num_microbatches} microbatches"
+    if trees:
+        why = [f"{n} {what}" for n, what in ((trees - nested, "with a trajectory over the budget"),
+                                             (nested, "that no one window holds")) if n]
+        detail += f"; nested windows for {trees} tree{'s' if trees > 1 else ''}: " + ", ".join(why)
+    say_wrote(args.out, args.json, detail)
     return 0
 
 

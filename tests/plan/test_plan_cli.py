@@ -124,3 +124,22 @@ def test_window_floors_make_the_plan_the_library_makes(tmp_path, capsys):
                       ("tiny-h200,nosuch", "unknown hardware profile")):
         assert main([*argv, "--window-floors", spec]) == 2
         assert msg in capsys.readouterr().err
+
+
+def test_make_says_which_trees_run_as_nested_windows(tmp_path, capsys):
+    # an SWE-agent tree planned at 0.7 of the budget it was drawn at: no one window holds
+    # it; at half of it a trajectory is over the budget too
+    rollouts = tmp_path / "swe.jsonl"
+    assert main(["workload", "shape", "--instance", "swe-tree/4@16384", "--out", str(rollouts)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "p.json"
+    assert main(["plan", "--input", str(rollouts), "--planner", "l1l2", "--microbatch-tokens", "11468",
+                 "--out", str(out), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert (got["window_trees"], got["nested_trees"]) == (1, 1)
+    assert main(["plan", "--input", str(rollouts), "--planner", "l1l2", "--microbatch-tokens", "11468",
+                 "--out", str(out)]) == 0
+    assert "nested windows for 1 tree: 1 that no one window holds" in capsys.readouterr().out
+    assert main(["plan", "--input", str(rollouts), "--planner", "l1l2", "--microbatch-tokens", "8192",
+                 "--out", str(out)]) == 0
+    assert "1 with a trajectory over the budget" in capsys.readouterr().out

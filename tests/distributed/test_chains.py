@@ -29,9 +29,13 @@ def test_chains_equal_the_expanded_reference(spec, planner):
     # two long trees (one per replica under dp=2), forks in a piece's first chunk, on a cut,
     # one past it and deep
     trajs = long_chain_trajectories(70, [(19, 12), (32, 20), (33, 5), (60, 6)], seed=2, groups=2)
+    _equal_the_expanded_reference(trajs, spec, planner, small_config(), BUDGET)
+
+
+def _equal_the_expanded_reference(trajs, spec: str, planner: str, model, budget: int) -> None:
     rep64, rep32 = verify_distributed_dtypes(trajs, parallel=parse_parallel(spec), planner=planner,
-                                             dtypes=(torch.float64, torch.float32), model=small_config(),
-                                             microbatch_tokens=BUDGET, timeout=240)
+                                             dtypes=(torch.float64, torch.float32), model=model,
+                                             microbatch_tokens=budget, timeout=240)
     assert rep64["sharing_windows"] >= 2
     if spec.startswith("pp"):
         # the pipeline's report has no whole-model gradient norm (each stage holds its part);
@@ -57,13 +61,4 @@ def test_nested_window_trees_equal_the_expanded_reference(spec):
     plan = make_plan(build_forest(trajs), "l1l2", PlanConfig(microbatch_tokens=208, chunk_size=cfg.chunk_size,
                                                              dp=degree["dp"], pp=degree["pp"]))
     assert plan.info["nested_trees"] == 1
-    rep64, rep32 = verify_distributed_dtypes(trajs, parallel=parse_parallel(spec), planner="l1l2",
-                                             dtypes=(torch.float64, torch.float32), model=cfg,
-                                             microbatch_tokens=208, timeout=240)
-    assert rep64["sharing_windows"] >= 2
-    if spec.startswith("pp"):
-        for rep in (rep64, rep32):
-            assert rep["executed_is_simulated"] is True
-            rep["grad_norm"] = rep["ref_grad_norm"]
-    _check_float64(rep64)
-    _check_float32(rep32)
+    _equal_the_expanded_reference(trajs, spec, "l1l2", cfg, 208)

@@ -4,9 +4,9 @@ A planner is `fn(forest, config) -> Plan`. `make_plan` is the one entry point: i
 the config, hands trajectories longer than the budget to chains of windows
 (`harts.plan.planners.chains`, the planner planning the rest) together with the trees a
 planner names as ones it cannot lay out without recomputing rows (its `nest` function,
-given at registration: l1l2's trees whose one window does not fit), times the planner (wall clock, stored as `Plan.plan_seconds`) and, unless told
-otherwise, validates the result against the forest so a planner bug fails loudly at the
-place it happened.
+given at registration: l1l2's trees whose one window does not fit), times the planner
+(wall clock, stored as `Plan.plan_seconds`) and, unless told otherwise, validates the
+result against the forest so a planner bug fails loudly at the place it happened.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_window_repack import unsplit_plan  # noqa: E402
+from bench_window_repack import family_args, instances, unsplit_plan  # noqa: E402
 
 from harts.bench.provenance import provenance  # noqa: E402
 from harts.config.models import get_model_config  # noqa: E402
@@ -35,7 +35,6 @@ from harts.plan.planners.l1l2 import plan_with  # noqa: E402
 from harts.plan.step import step_from_plan  # noqa: E402
 from harts.sim.hardware import load_hardware  # noqa: E402
 from harts.sim.simulate import simulate  # noqa: E402
-from harts.tree import build_forest, shapes  # noqa: E402
 
 GIB = 2**30
 
@@ -49,42 +48,34 @@ def priced(plan, forest, model, hw) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--hardware", default="h100")
-    ap.add_argument("--model", default="tiny-h200")
-    ap.add_argument("--families", default=",".join(shapes.FAMILIES))
-    ap.add_argument("--seeds", default="1,2,3,4")
-    ap.add_argument("--budgets", default="8192,16384,32768")
+    family_args(ap, seeds="1,2,3,4")
     ap.add_argument("--fractions", default="0.55,0.7,0.8,0.9,1.0")
-    ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     model, hw = get_model_config(args.model), load_hardware(args.hardware)
     rows, counts = [], {}
-    for fam in args.families.split(","):
-        for drawn in (int(b) for b in args.budgets.split(",")):
-            for seed in (int(s) for s in args.seeds.split(",")):
-                forest = build_forest(shapes.draw(fam, seed, drawn, vocab_size=model.vocab_size))
-                for frac in (float(x) for x in args.fractions.split(",")):
-                    budget = int(drawn * frac)
-                    config = PlanConfig(microbatch_tokens=budget, chunk_size=model.chunk_size)
-                    plan = make_plan(forest, "l1l2", config)
-                    c = counts.setdefault(fam, {"cases": 0, "nested": 0})
-                    c["cases"] += 1
-                    if not plan.info.get("nested_trees"):
-                        continue
-                    c["nested"] += 1
-                    r = {"instance": f"{fam}/{seed}@{drawn}", "family": fam, "budget": budget,
-                         "rows": int(forest.compact_tokens), "longest": int(forest.traj_length.max()),
-                         "nested": priced(plan, forest, model, hw),
-                         "own": priced(plan_with(forest, config), forest, model, hw),
-                         "tree": priced(unsplit_plan(forest, model.chunk_size), forest, model, hw),
-                         "expanded": priced(make_plan(forest, "expanded-ffd", config), forest, model, hw)}
-                    t = r["tree"]["step_s"]
-                    rows.append(r)
-                    print(f"{r['instance']:22s} @{budget:6d}  nested {r['nested']['step_s'] / t:5.2f}x unsplit"
-                          f" ({r['nested']['microbatches']} mbs)  own {r['own']['step_s'] / t:5.2f}x"
-                          f" ({r['own']['executed_tokens'] / r['rows']:.2f}x rows)"
-                          f"  expanded {r['expanded']['step_s'] / t:5.2f}x"
-                          f"  peak nested/expanded {r['nested']['peak_gib'] / r['expanded']['peak_gib']:.3f}", flush=True)
+    for inst, fam, drawn, forest in instances(args, model):
+        for frac in (float(x) for x in args.fractions.split(",")):
+            budget = int(drawn * frac)
+            config = PlanConfig(microbatch_tokens=budget, chunk_size=model.chunk_size)
+            plan = make_plan(forest, "l1l2", config)
+            c = counts.setdefault(fam, {"cases": 0, "nested": 0})
+            c["cases"] += 1
+            if not plan.info.get("nested_trees"):
+                continue
+            c["nested"] += 1
+            r = {"instance": inst, "family": fam, "budget": budget,
+                 "rows": int(forest.compact_tokens), "longest": int(forest.traj_length.max()),
+                 "nested": priced(plan, forest, model, hw),
+                 "own": priced(plan_with(forest, config), forest, model, hw),
+                 "tree": priced(unsplit_plan(forest, model.chunk_size), forest, model, hw),
+                 "expanded": priced(make_plan(forest, "expanded-ffd", config), forest, model, hw)}
+            t = r["tree"]["step_s"]
+            rows.append(r)
+            print(f"{r['instance']:22s} @{budget:6d}  nested {r['nested']['step_s'] / t:5.2f}x unsplit"
+                  f" ({r['nested']['microbatches']} mbs)  own {r['own']['step_s'] / t:5.2f}x"
+                  f" ({r['own']['executed_tokens'] / r['rows']:.2f}x rows)"
+                  f"  expanded {r['expanded']['step_s'] / t:5.2f}x"
+                  f"  peak nested/expanded {r['nested']['peak_gib'] / r['expanded']['peak_gib']:.3f}", flush=True)
     print("\nper family: cases planned, cases with nested trees")
     for fam, c in counts.items():
         print(f"{fam:12s} {c['cases']:4d} {c['nested']:4d}")

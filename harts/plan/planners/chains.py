@@ -268,14 +268,17 @@ def plan_with_chains(forest: RolloutForest, config: PlanConfig, fn: Callable[[Ro
     sub-forest, and the long and named trees are chained (module docstring)."""
     budget = config.microbatch_tokens
     lengths = forest.traj_length
+    if lengths.size == 0:
+        return fn(forest, config)
     expanded = name == "expanded-ffd"
-    nested = [] if expanded or nest is None or lengths.size == 0 else nest(forest, config)
-    if nested and int(lengths.max()) <= budget:
+    has_long = int(lengths.max()) > budget
+    nested = [] if expanded or nest is None else nest(forest, config)
+    if nested and not has_long:
         try:
             piece_tokens(config)
         except ValueError:
             nested = []  # no chain piece fits this budget: the planner's own plan
-    if lengths.size == 0 or (int(lengths.max()) <= budget and not nested):
+    if not has_long and not nested:
         return fn(forest, config)
     piece_tokens(config)  # refuses a budget below two chunks
     cm = config.cost_model
@@ -288,7 +291,9 @@ def plan_with_chains(forest: RolloutForest, config: PlanConfig, fn: Callable[[Ro
         sub, nodes, tmap = sub_forest(forest, roots, short)
         chains = [path_chain(idx, t, config) for t in long_trajs]
     else:
-        longs = sorted(set(long_roots(idx, budget)) | set(nested))
+        long = set(long_roots(idx, budget))
+        nested = sorted(set(nested) - long)  # the named trees without a long trajectory
+        longs = sorted(long | set(nested))
         roots = [r for r in forest.roots.tolist() if r not in set(longs)]
         sub, nodes, tmap = sub_forest(forest, roots)
         chains = [chain_windows(idx, r, config) for r in longs]
@@ -358,13 +363,13 @@ def plan_with_chains(forest: RolloutForest, config: PlanConfig, fn: Callable[[Ro
             context=f["ctx"], producer=None if p is None else new_id[keys[(k, p)]],
             executed_tokens=f["tokens"], expanded_tokens=sum(idx.traj_length[t] for t in f["trajs"]),
             cost=f["cost"]))
-    info.update({"chains": len(chains), "nested_trees": len(set(nested) - set(long_roots(idx, budget))),
+    info.update({"chains": len(chains), "nested_trees": len(nested),
                  "chain_microbatches": sum(len(c[0]) for c in chains),
                  "piece_tokens": piece_tokens(config)})
     plan = Plan(mode=mode, planner=name, dp=dp, microbatch_tokens=budget, microbatches=tuple(mbs_out),
                 producer_retention=config.producer_retention, cost_model=cm.spec(), seed=config.seed,
                 forest=forest_digest(forest), info=info)
-    if int(lengths.max()) <= budget:
+    if not has_long:
         # only named trees were nested: the planner's own plan of the whole forest
         # competes, as l1l2's windows compete with L1's recomputation
         own = fn(forest, config)

@@ -181,11 +181,16 @@ def build(
     return None
 
 
+def first_slots(idx: ForestIndex, budget: int, tree: int) -> int:
+    """A giant tree's slots at 90% of the budget per slot: where its own cell starts."""
+    return math.ceil(idx.sub_rows[tree] / (0.9 * budget))
+
+
 def own_slots(idx: ForestIndex, solver: CellSolver, tree: int, slots: int) -> int:
-    """The slots of a giant tree's own cell: from its rows at 90% of the budget per slot, up
-    to the fewest on which it solves alone (a long shared prompt held by every consumer
-    can need more slots than its rows alone ask for), at most `slots`."""
-    k = math.ceil(idx.sub_rows[tree] / (0.9 * solver.budget))
+    """The slots of a giant tree's own cell: from `first_slots` up to the fewest on which
+    it solves alone (a long shared prompt held by every consumer can need more slots than
+    its rows alone ask for), at most `slots`."""
+    k = first_slots(idx, solver.budget, tree)
     while k < slots and solver.solved(k, [tree]) is None:
         k += 1
     return k

@@ -7,7 +7,6 @@ asked for). `finish` lets L1's own plan compete on the same measure and builds t
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from harts.plan.plan import Plan
@@ -22,7 +21,7 @@ from harts.plan.planners.common import (
 from harts.plan.planners.l1 import place
 from harts.plan.planners.l1l2.absorb import take_into_producers
 from harts.plan.planners.l1l2.anneal import anneal_windows
-from harts.plan.planners.l1l2.cells import fewest_microbatches
+from harts.plan.planners.l1l2.cells import fewest_microbatches, first_slots
 from harts.plan.planners.l1l2.choose import choose_cells
 from harts.plan.planners.l1l2.measure import critical_path
 from harts.plan.planners.l1l2.merge import merge_single_trees
@@ -117,7 +116,7 @@ def plan_with(forest: RolloutForest, config: PlanConfig, stages: Sequence[Stage]
 
 def nested_trees(forest: RolloutForest, config: PlanConfig) -> list[int]:
     """Roots of the trees over the budget that no one-window cell holds on its own slots
-    (`cells.own_slots`' first guess up to twice it): a trunk whose branches do not fit
+    (`cells.first_slots` up to twice it): a trunk whose branches do not fit
     beside its retained rows, say. A window per cell would leave them to L1's
     recomputation; `make_plan` runs them as nested windows (`chains.chain_windows`), every
     row computed once."""
@@ -128,8 +127,8 @@ def nested_trees(forest: RolloutForest, config: PlanConfig) -> list[int]:
     for r in idx.roots:
         if idx.sub_rows[r] <= budget:
             continue
-        own = math.ceil(idx.sub_rows[r] / (0.9 * budget))
-        if all(solver.solved(k, [r]) is None for k in range(own, 2 * own + 2)):
+        first = first_slots(idx, budget, r)
+        if all(solver.solved(k, [r]) is None for k in range(first, 2 * first + 2)):
             out.append(r)
     return out
 

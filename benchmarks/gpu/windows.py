@@ -101,7 +101,7 @@ def _trainer(kind: str, trajs, budget: int, model: str, kernels=None):
     """(trainer, plan or None) of `kind` on a fresh `model` (bf16 on CUDA, float32 on the
     CPU); `kernels`: a `KernelConfig` (None: the environment's)."""
     from harts.config.models import get_model_config
-    from harts.exec.factory import make_trainer
+    from harts.exec.factory import chained_expanded_plan, make_trainer
     from harts.exec.model.model import build_model
     from harts.plan.planners import PlanConfig, make_plan
     from harts.tree import build_forest
@@ -113,6 +113,12 @@ def _trainer(kind: str, trajs, budget: int, model: str, kernels=None):
     cfg = get_model_config(model)
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     net = build_model(cfg, seed=0, dtype=dtype, device=DEVICE, recompute=True)
+    if kind == "expanded":
+        # a trajectory longer than the budget: the expanded-ffd plan's chain of windows, as
+        # `harts train` runs it, so every microbatch stays within the budget
+        chained = chained_expanded_plan(trajs, budget, cfg.chunk_size)
+        if chained is not None:
+            return make_trainer("plan", net, chained, kernels=kernels), chained
     if kind in ("expanded", "tree"):
         return make_trainer(kind, net, kernels=kernels), None
     floors = {}

@@ -44,13 +44,18 @@ def build_net(model: str, device: str):
 
 
 def trainer_for(kind: str, net: Any, forest: Any, budget: int, chunk_size: int, planner: str = "l1l2") -> Any:
-    """The executor's trainer of a plan kind: `expanded` packs trajectories at the budget,
-    `tree` runs the unsplit tree, anything else runs `planner`'s plan at the budget."""
+    """The executor's trainer of a plan kind: `expanded` packs trajectories at the budget
+    (a trajectory longer than it as the expanded-ffd plan's chain of windows, as `harts
+    train` runs it: `chained_expanded_plan`), `tree` runs the unsplit tree, anything else
+    runs `planner`'s plan at the budget."""
     from harts.config.plan import PlanConfig
-    from harts.exec.factory import make_trainer
+    from harts.exec.factory import chained_expanded_plan, make_trainer
     from harts.plan.planners import make_plan
 
-    if kind in ("expanded", "tree"):
+    if kind == "expanded":
+        chained = chained_expanded_plan((), budget, chunk_size, forest)
+        return make_trainer("expanded", net) if chained is None else make_trainer("plan", net, chained)
+    if kind == "tree":
         return make_trainer(kind, net)
     plan = make_plan(forest, planner, PlanConfig(microbatch_tokens=budget, chunk_size=chunk_size))
     return make_trainer("plan", net, plan)

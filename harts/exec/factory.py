@@ -37,7 +37,9 @@ def chained_expanded_plan(trajectories: Sequence[Any], microbatch_tokens: int, c
     microbatch within the budget; None where every trajectory fits (the packed layout, the
     "expanded" kind, runs them). `forest`: the trajectories' forest where the caller has it.
     Raises ValueError for a budget the planner refuses."""
-    if max((len(t) for t in trajectories), default=0) <= microbatch_tokens:
+    longest = int(forest.traj_length.max()) if forest is not None and forest.num_trajectories else \
+        max((len(t) for t in trajectories), default=0)
+    if longest <= microbatch_tokens:
         return None
     from harts.config.plan import PlanConfig
     from harts.plan.planners import make_plan

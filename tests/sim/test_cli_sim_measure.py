@@ -74,3 +74,26 @@ def test_validate_on_cpu_prints_simulated_and_measured(capsys, tmp_path):
     text = run(capsys, ["sim", "validate", "--device", "cpu", "--input", str(path), "--model", "tiny-cpu",
                         "--planner", "expanded-ffd", "--microbatch-tokens", "256", "--hardware", "h100", "--steps", "1"])
     assert "simulated" in text and "step error" in text and "device: attention" in text
+
+
+def test_the_measured_expanded_step_is_the_plan_the_simulator_prices():
+    """A trajectory longer than the budget: what `harts sim calibrate` and the window suite
+    time as `expanded` is the expanded-ffd plan's chain of windows the simulator prices
+    (`step_of`), every microbatch within the budget, not the packed layout's one microbatch
+    over it; where every trajectory fits, the packed layout."""
+    from harts.bench.sim_measure import trainer_for
+    from harts.config.models import get_model_config
+    from harts.exec.model.model import build_model
+    from harts.sim.fit_executor import step_of
+    from harts.tree import build_forest
+
+    cfg = get_model_config("tiny-cpu")
+    net = build_model(cfg, seed=0)
+    long = build_forest(shapes.draw("long-agent", 1, 512, vocab_size=cfg.vocab_size))
+    assert int(long.traj_length.max()) > 512
+    trainer = trainer_for("expanded", net, long, 512, cfg.chunk_size)
+    simulated = step_of(long, "expanded", 512, cfg.chunk_size)
+    assert len(trainer.plan.microbatches) == len(simulated.microbatches) > 1
+    assert max(mb.executed_tokens for mb in trainer.plan.microbatches) <= 512
+    short = build_forest(shapes.draw("grpo", 0, 4096, vocab_size=cfg.vocab_size))
+    assert not hasattr(trainer_for("expanded", net, short, 4096, cfg.chunk_size), "plan")

@@ -952,3 +952,18 @@ def family_plan_cases(draw: st.DrawFn, chunk: int = 8):
     budget = max(2 * chunk, int(drawn * draw(st.floats(0.45, 1.6))))
     return forest, PlanConfig(microbatch_tokens=budget, chunk_size=chunk,
                               producer_retention=draw(st.sampled_from((0.35, 0.2, 0.5))))
+
+
+@st.composite
+def long_family_plan_cases(draw: st.DrawFn, chunk: int = 8):
+    """A long family's drawn instance (paths past the budget it was drawn at, beside short
+    trees), planned at 0.8-1.2 of that budget on 1-3 replicas."""
+    from harts.config.plan import PlanConfig
+    from harts.tree import build_forest, shapes
+
+    family = draw(st.sampled_from(sorted(shapes.LONG_FAMILIES)))
+    drawn = draw(st.sampled_from((256, 384, 512)))
+    forest = build_forest(shapes.draw(family, draw(st.integers(0, 50)), drawn, vocab_size=256))
+    budget = max(2 * chunk, int(drawn * draw(st.floats(0.8, 1.2))))
+    return forest, PlanConfig(microbatch_tokens=budget, chunk_size=chunk, dp=draw(st.integers(1, 3)),
+                              producer_retention=draw(st.sampled_from((0.35, 0.2, 0.5))))

@@ -346,25 +346,36 @@ def plan_with_chains(forest: RolloutForest, config: PlanConfig, fn: Callable[[Ro
             if i not in is_producer:
                 slot += 1
         next_slot[r] = slot
+    filled = 0
+    if mode == PlanMode.TREE:
+        out, filled = _fill_leaves(out, frozen, config)
     out.sort(key=lambda x: (x[0], x[1]))
     new_id = {(r, o): i for i, (r, o, _) in enumerate(out)}
-    old_inner = {m.id: new_id[(m.replica, m.order)] for m in inner}
+    old_inner = {m.id: new_id[(m.replica, m.order)] for _, _, f in out if "m" in f for m in [f["m"]]}
+    # orders run 0, 1, ... along each replica and slots stay dense where microbatches left
+    rank, seen = {}, [0] * dp
+    for r, o, _ in out:
+        rank[(r, o)] = seen[r]
+        seen[r] += 1
+    used = sorted({f["m"].slot if "m" in f else f["slot"] for _, _, f in out})
+    dense = {s: j for j, s in enumerate(used)}
     mbs_out = []
     for i, (r, o, f) in enumerate(out):
         if "m" in f:
             m = f["m"]
             mbs_out.append(dataclasses.replace(
-                m, id=i, producer=None if m.producer is None else old_inner[m.producer]))
+                m, id=i, order=rank[(r, o)], slot=dense[m.slot],
+                producer=None if m.producer is None else old_inner[m.producer]))
             continue
         k, j = f["chain"]
         p = frozen[k][1][j]
         mbs_out.append(Microbatch(
-            id=i, replica=r, slot=f["slot"], order=o, trajectories=f["trajs"], pieces=f["pieces"],
+            id=i, replica=r, slot=dense[f["slot"]], order=rank[(r, o)], trajectories=f["trajs"], pieces=f["pieces"],
             context=f["ctx"], producer=None if p is None else new_id[keys[(k, p)]],
             executed_tokens=f["tokens"], expanded_tokens=sum(idx.traj_length[t] for t in f["trajs"]),
             cost=f["cost"]))
     info.update({"chains": len(chains), "nested_trees": len(nested),
-                 "chain_microbatches": sum(len(c[0]) for c in chains),
+                 "chain_microbatches": sum(len(c[0]) for c in chains), "filled_leaves": filled,
                  "piece_tokens": piece_tokens(config)})
     plan = Plan(mode=mode, planner=name, dp=dp, microbatch_tokens=budget, microbatches=tuple(mbs_out),
                 producer_retention=config.producer_retention, cost_model=cm.spec(), seed=config.seed,
@@ -378,6 +389,45 @@ def plan_with_chains(forest: RolloutForest, config: PlanConfig, fn: Callable[[Ro
             return dataclasses.replace(own, info={**own.info, "nested_load": priced})
         info["nested_load"] = priced
     return plan
+
+
+def _fill_leaves(out: list[tuple[int, int, dict]], frozen: list, config: PlanConfig
+                 ) -> tuple[list[tuple[int, int, dict]], int]:
+    """The planner's plain microbatches (neither producer nor consumer: whole short trees)
+    moved into the window trees' leaves of their replica that have room beside their
+    producer's retained rows (`microbatch_tokens - producer_retention x producer rows`, the
+    room `chain_windows` gives a leaf), largest first, each into the leaf it fills most
+    tightly: the same rows in fewer microbatches. A leaf is a microbatch that produces for
+    none; the moved trees read no context. Returns the entries left and how many moved."""
+    B, rho = config.microbatch_tokens, config.producer_retention
+    overhead = config.cost_model.microbatch_overhead
+    producers = {f["m"].producer for _, _, f in out if "m" in f and f["m"].producer is not None}
+    plain = [(r, o, f["m"]) for r, o, f in out
+             if "m" in f and f["m"].producer is None and f["m"].id not in producers]
+    leaves = []  # [replica, entry, room]
+    for r, _, f in out:
+        if "chain" not in f:
+            continue
+        k, i = f["chain"]
+        fz, producer_of = frozen[k]
+        if i in producer_of:
+            continue
+        p = producer_of[i]
+        leaves.append([r, f, B - rho * (fz[p][3] if p is not None else 0) - f["tokens"]])
+    moved = set()
+    for r, o, m in sorted(plain, key=lambda x: (-x[2].executed_tokens, x[0], x[1])):
+        fit = [leaf for leaf in leaves if leaf[0] == r and leaf[2] >= m.executed_tokens]
+        if not fit:
+            continue
+        leaf = min(fit, key=lambda leaf: leaf[2])
+        f = leaf[1]
+        f["pieces"] = tuple(sorted(f["pieces"] + m.pieces))
+        f["trajs"] = tuple(sorted(f["trajs"] + m.trajectories))
+        f["tokens"] += m.executed_tokens
+        f["cost"] += m.cost - overhead
+        leaf[2] -= m.executed_tokens
+        moved.add((r, o))
+    return [e for e in out if (e[0], e[1]) not in moved], len(moved)
 
 
 def step_load(plan: Plan, config: PlanConfig) -> float:

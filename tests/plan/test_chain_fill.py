@@ -1,0 +1,49 @@
+"""Short trees beside long ones: the planner's plain microbatches (whole short trees, no
+window) move into the window trees' leaves that have room for them
+(`harts.plan.planners.chains._fill_leaves`), so the same rows run in fewer microbatches."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+
+from harts.config.plan import PlanConfig
+from harts.plan.planners import make_plan
+from harts.tree import build_forest, shapes
+from tests.strategies import long_family_plan_cases
+
+
+def _plain_and_leaves(plan):
+    producers = {m.producer for m in plan.microbatches if m.producer is not None}
+    plain = [m for m in plan.microbatches if m.producer is None and m.id not in producers]
+    leaves = [m for m in plan.microbatches if m.producer is not None and m.id not in producers]
+    return plain, leaves
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(long_family_plan_cases())
+def test_no_short_tree_is_left_in_a_microbatch_of_its_own_where_a_leaf_has_room(case):
+    forest, config = case
+    plan = make_plan(forest, "l1l2", config)
+    plan.validate(forest, cost_model=config.cost_model)
+    assert plan.executed_tokens == forest.compact_tokens
+    assert max(m.executed_tokens for m in plan.microbatches) <= config.microbatch_tokens
+    plain, leaves = _plain_and_leaves(plan)
+    rows = {m.id: m.executed_tokens for m in plan.microbatches}
+    for m in plain:
+        for leaf in leaves:
+            if leaf.replica != m.replica:
+                continue
+            room = (config.microbatch_tokens - config.producer_retention * rows[leaf.producer]
+                    - leaf.executed_tokens)
+            assert room < m.executed_tokens, (m.id, leaf.id, room)
+
+
+def test_long_agent_short_trajectories_ride_in_a_consumer():
+    # long-agent/1 at 16k: 1-3 short trajectories (8,052 rows) beside a long agent tree;
+    # they fill the first fork's short consumer (3,529 rows beside a 9,805-row producer)
+    forest = build_forest(shapes.draw("long-agent", 1, 16384, vocab_size=1024))
+    plan = make_plan(forest, "l1l2", PlanConfig(microbatch_tokens=16384, chunk_size=64))
+    assert plan.info["filled_leaves"] == 1 and len(plan.microbatches) == 10
+    plain, _ = _plain_and_leaves(plan)
+    assert not plain
+    assert plan.executed_tokens == forest.compact_tokens

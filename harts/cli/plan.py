@@ -220,8 +220,10 @@ def cmd_make(args: argparse.Namespace) -> int:
     # trees run as window trees: a trajectory over the budget, or (l1l2) a tree no one
     # window holds, nested
     trees, nested = int(plan.info.get("chains", 0)), int(plan.info.get("nested_trees", 0))
+    filled = int(plan.info.get("filled_leaves", 0))  # short trees moved into window-tree leaves
     if args.json:
-        print_json({**result, "window_trees": trees, "nested_trees": nested, "out": args.out})
+        print_json({**result, "window_trees": trees, "nested_trees": nested, "filled_leaves": filled,
+                    "out": args.out})
     else:
         print(_table([result]))
     detail = f"{plan.num_microbatches} microbatches"
@@ -229,6 +231,8 @@ def cmd_make(args: argparse.Namespace) -> int:
         why = [f"{n} {what}" for n, what in ((trees - nested, "with a trajectory over the budget"),
                                              (nested, "that no one window holds")) if n]
         detail += f"; nested windows for {trees} tree{'s' if trees > 1 else ''}: " + ", ".join(why)
+        if filled:
+            detail += f"; {filled} microbatch{'es' if filled > 1 else ''} of short trees joined window-tree leaves"
     say_wrote(args.out, args.json, detail)
     return 0
 

@@ -143,3 +143,16 @@ def test_make_says_which_trees_run_as_nested_windows(tmp_path, capsys):
     assert main(["plan", "--input", str(rollouts), "--planner", "l1l2", "--microbatch-tokens", "8192",
                  "--out", str(out)]) == 0
     assert "1 with a trajectory over the budget" in capsys.readouterr().out
+
+
+def test_make_says_when_short_trees_join_a_window_trees_leaves(tmp_path, capsys):
+    # long-agent/1 at 16k: its short trajectories ride in the first fork's consumer
+    rollouts = tmp_path / "agent.jsonl"
+    assert main(["workload", "shape", "--instance", "long-agent/1@16384", "--out", str(rollouts)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "p.json"
+    argv = ["plan", "--input", str(rollouts), "--planner", "l1l2", "--microbatch-tokens", "16384", "--out", str(out)]
+    assert main([*argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["filled_leaves"] == 1
+    assert main(argv) == 0
+    assert "1 microbatch of short trees joined window-tree leaves" in capsys.readouterr().out

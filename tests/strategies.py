@@ -832,10 +832,11 @@ def norm_cases(draw):
 # ---- chains of windows: trajectories longer than the microbatch budget ------------------
 
 
-def long_chain_trajectories(trunk: int, forks: list[tuple[int, int]], seed: int = 0, groups: int = 1):
+def long_chain_trajectories(trunk: int, forks: list[tuple[int, int]], seed: int = 0, groups: int = 1,
+                            short: int = 9):
     """`groups` trees, each a trunk of `trunk` tokens with a branch of `n` tokens forking at
-    each (depth, n) of `forks`, and a short tree beside them; random tokens, masks,
-    advantages and old / reference log-probs from `seed`."""
+    each (depth, n) of `forks`, and a short tree of `short` tokens beside them; random
+    tokens, masks, advantages and old / reference log-probs from `seed`."""
     import numpy as np
 
     from harts.tree.trajectory import Trajectory
@@ -859,7 +860,7 @@ def long_chain_trajectories(trunk: int, forks: list[tuple[int, int]], seed: int 
             if depth < trunk:
                 tail[0] = (int(base[depth]) % 499) + 1
             out.append(make(f"g{g}/b{i}", f"g{g}", np.concatenate([base[:depth], tail])))
-    out.append(make("short", "s", rng.integers(1, 500, 9)))
+    out.append(make("short", "s", rng.integers(1, 500, short)))
     return out
 
 

@@ -37,7 +37,8 @@ CALIBRATION = [("grpo", 0, 8192), ("long-chain", 0, 16384), ("swe-tree", 0, 8192
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny-h200")
-    ap.add_argument("--base", default="h200", help="profile whose assumptions the calibrated one keeps")
+    ap.add_argument("--base", default="h200", help="profile (a shipped name or a file) whose assumptions the "
+                    "calibrated one keeps")
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--seeds", type=int, nargs="+", default=[1])
     ap.add_argument("--budgets", type=int, nargs="+", default=[8192, 16384])
@@ -65,7 +66,9 @@ def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     result = {"provenance": provenance([sys.argv[0], *argv]), "model": args.model, "rows": [], "skipped": []}
     if not args.no_calibrate:
-        base = json.loads((HARDWARE_DIR / f"{args.base}.json").read_text())
+        # a shipped profile's name, or a profile file (as `harts sim calibrate --base`)
+        base_path = Path(args.base) if Path(args.base).suffix else HARDWARE_DIR / f"{args.base}.json"
+        base = json.loads(base_path.read_text())
         prof, rows = calibrate(args.model, args.device, base, calibration, steps=args.steps, warmup=args.warmup,
                                unsplit_budget=args.unsplit_budget, name="calibrated")
         (out / "profile.json").write_text(json.dumps(prof, indent=1) + "\n")

@@ -25,6 +25,10 @@ with its subtree) and the microbatch above it:
   become its consumers: those that fit beside it grouped first-fit-decreasing, the rest
   stems of their own. A child starting mid-chunk replays from its aligned start (the
   producer hands the state there and the replayed rows' inputs, `harts.exec.stash`).
+  `chain_windows` also builds the variant in which such a microbatch goes on into its
+  largest remaining child up to the piece's last chunk boundary (that child's rest a stem
+  of its own; its siblings then read a larger producer) and keeps it where it has fewer
+  microbatches.
 
 Every microbatch reads its whole root path above its rows as context through its
 producer, which computed those rows or read them itself (a consumer has exactly one
@@ -122,8 +126,11 @@ def sub_forest(forest: RolloutForest, roots: list[int], trajs: list[int] | None 
 class _Builder:
     """The window tree of one long tree (or, `path`, of one trajectory's copy)."""
 
-    def __init__(self, idx: ForestIndex, config: PlanConfig, path: list[int] | None = None):
+    def __init__(self, idx: ForestIndex, config: PlanConfig, path: list[int] | None = None, go_on: bool = False):
         self.idx = idx
+        # at a fork whose children do not all fit, the piece goes on into its largest child
+        # (cut on the chunk grid) instead of ending at the fork (`chain_windows`)
+        self.go_on = go_on and path is None
         self.B = config.microbatch_tokens
         self.C = config.chunk_size
         self.rho = config.producer_retention
@@ -207,6 +214,15 @@ class _Builder:
                 else:
                     rest.append(c)
             kids = sorted(rest)
+        go_on = None
+        if self.go_on and kids:
+            c = max(kids, key=lambda c: (idx.sub_rows[c], -c))
+            cut = (idx.start[c] + self.P - mb.tokens) // self.C * self.C
+            if idx.start[c] < cut < idx.end[c]:
+                mb.rows[c] = (0, cut - idx.start[c])
+                mb.tokens += cut - idx.start[c]
+                kids = [k for k in kids if k != c]
+                go_on = (c, cut - idx.start[c])
         leaf_room = self.B - self.rho * mb.tokens
         fits = [c for c in kids if self._rows_below(c, 0) <= leaf_room]
         size = {c: self._rows_below(c, 0) for c in kids}
@@ -218,13 +234,21 @@ class _Builder:
         for c in kids:
             if c not in fits:
                 self.build(c, 0, m, mb.tokens)
+        if go_on is not None:
+            self.build(go_on[0], go_on[1], m, mb.tokens)
 
 
 def chain_windows(idx: ForestIndex, root: int, config: PlanConfig) -> tuple[list[TreeMB], list[int | None]]:
     """The window tree of the long tree at `root`: its microbatches in execution order
-    (depth-first) and each one's producer (an index into that list, None for the first)."""
+    (depth-first) and each one's producer (an index into that list, None for the first).
+    Of the two builds (pieces ending at forks, or going on into the largest child) the one
+    with fewer microbatches; ties keep pieces ending at forks."""
     b = _Builder(idx, config)
     b.build(root, 0, None, 0)
+    g = _Builder(idx, config, go_on=True)
+    g.build(root, 0, None, 0)
+    if len(g.out) < len(b.out):
+        return g.out, g.producer_of
     return b.out, b.producer_of
 
 

@@ -238,17 +238,20 @@ class _Builder:
             self.build(go_on[0], go_on[1], m, mb.tokens)
 
 
-def chain_windows(idx: ForestIndex, root: int, config: PlanConfig) -> tuple[list[TreeMB], list[int | None]]:
+def chain_windows(idx: ForestIndex, root: int, config: PlanConfig, go_on: bool | None = None
+                  ) -> tuple[list[TreeMB], list[int | None]]:
     """The window tree of the long tree at `root`: its microbatches in execution order
     (depth-first) and each one's producer (an index into that list, None for the first).
-    Of the two builds (pieces ending at forks, or going on into the largest child) the one
-    with fewer microbatches; ties keep pieces ending at forks."""
-    b = _Builder(idx, config)
+    `go_on` None: of the two builds (pieces ending at forks, or going on into the largest
+    child) the one with fewer microbatches, ties to pieces ending at forks; False or True:
+    that build."""
+    b = _Builder(idx, config, go_on=bool(go_on))
     b.build(root, 0, None, 0)
-    g = _Builder(idx, config, go_on=True)
-    g.build(root, 0, None, 0)
-    if len(g.out) < len(b.out):
-        return g.out, g.producer_of
+    if go_on is None:
+        g = _Builder(idx, config, go_on=True)
+        g.build(root, 0, None, 0)
+        if len(g.out) < len(b.out):
+            return g.out, g.producer_of
     return b.out, b.producer_of
 
 
@@ -329,81 +332,97 @@ def plan_with_chains(forest: RolloutForest, config: PlanConfig, fn: Callable[[Ro
         mode = p.mode
         info = dict(p.info)
         inner = _map_back(p, nodes, tmap)
-    dp = config.dp
-    start = forest.node_start
-    # the window trees go to the replicas largest first, each to the least-loaded one
-    load = [0.0] * dp
-    count = [0] * dp
-    for m in inner:
-        load[m.replica] += m.cost
-        count[m.replica] += 1
-    base_slot = 1 + max((m.slot for m in inner), default=-1)
-    next_slot = [base_slot] * dp
-    out: list[tuple[int, int, dict]] = []  # (replica, order, fields)
-    for m in inner:
-        out.append((m.replica, m.order, {"m": m}))
-    chain_cost = []
-    frozen = []
-    for mbs, producer_of in chains:
-        fz = []
-        for b in mbs:
-            pieces = tuple(Piece(v, a, e) for v, (a, e) in sorted(b.rows.items()))
-            ctx = tuple(Piece(v, a, e) for v, (a, e) in sorted(b.context.items()))
-            arr = np.asarray(pieces, dtype=np.int64).reshape(-1, 3)
-            cost = cm.microbatch_overhead + float(cm.segment_cost(start[arr[:, 0]] + arr[:, 1],
-                                                                  start[arr[:, 0]] + arr[:, 2]).sum())
-            fz.append((pieces, ctx, tuple(sorted(b.trajs)), int((arr[:, 2] - arr[:, 1]).sum()), cost))
-        frozen.append((fz, producer_of))
-        chain_cost.append(sum(f[4] for f in fz))
-    keys: dict[tuple[int, int], tuple[int, int]] = {}  # (chain, index) -> (replica, order)
-    for k in sorted(range(len(frozen)), key=lambda k: (-chain_cost[k], k)):
-        r = min(range(dp), key=lambda r: (load[r], r))
-        load[r] += chain_cost[k]
-        fz, producer_of = frozen[k]
-        is_producer = {p for p in producer_of if p is not None}
-        slot = next_slot[r]
-        for i, (pieces, ctx, trajs, tokens, cost) in enumerate(fz):
-            keys[(k, i)] = (r, count[r])
-            out.append((r, count[r], {"chain": (k, i), "pieces": pieces, "ctx": ctx, "trajs": trajs,
-                                      "tokens": tokens, "cost": cost, "slot": slot}))
-            count[r] += 1
-            if i not in is_producer:
-                slot += 1
-        next_slot[r] = slot
-    filled = 0
-    if mode == PlanMode.TREE:
-        out, filled = _fill_leaves(out, frozen, config)
-    out.sort(key=lambda x: (x[0], x[1]))
-    new_id = {(r, o): i for i, (r, o, _) in enumerate(out)}
-    old_inner = {m.id: new_id[(m.replica, m.order)] for _, _, f in out if "m" in f for m in [f["m"]]}
-    # orders run 0, 1, ... along each replica and slots stay dense where microbatches left
-    rank, seen = {}, [0] * dp
-    for r, o, _ in out:
-        rank[(r, o)] = seen[r]
-        seen[r] += 1
-    used = sorted({f["m"].slot if "m" in f else f["slot"] for _, _, f in out})
-    dense = {s: j for j, s in enumerate(used)}
-    mbs_out = []
-    for i, (r, o, f) in enumerate(out):
-        if "m" in f:
-            m = f["m"]
-            mbs_out.append(dataclasses.replace(
-                m, id=i, order=rank[(r, o)], slot=dense[m.slot],
-                producer=None if m.producer is None else old_inner[m.producer]))
-            continue
-        k, j = f["chain"]
-        p = frozen[k][1][j]
-        mbs_out.append(Microbatch(
-            id=i, replica=r, slot=dense[f["slot"]], order=rank[(r, o)], trajectories=f["trajs"], pieces=f["pieces"],
-            context=f["ctx"], producer=None if p is None else new_id[keys[(k, p)]],
-            executed_tokens=f["tokens"], expanded_tokens=sum(idx.traj_length[t] for t in f["trajs"]),
-            cost=f["cost"]))
-    info.update({"chains": len(chains), "nested_trees": len(nested),
-                 "chain_microbatches": sum(len(c[0]) for c in chains), "filled_leaves": filled,
-                 "piece_tokens": piece_tokens(config)})
-    plan = Plan(mode=mode, planner=name, dp=dp, microbatch_tokens=budget, microbatches=tuple(mbs_out),
-                producer_retention=config.producer_retention, cost_model=cm.spec(), seed=config.seed,
-                forest=forest_digest(forest), info=info)
+    base_info = info
+
+    def assemble(chains: list[tuple[list[TreeMB], list[int | None]]]) -> Plan:
+        dp = config.dp
+        start = forest.node_start
+        # the window trees go to the replicas largest first, each to the least-loaded one
+        load = [0.0] * dp
+        count = [0] * dp
+        for m in inner:
+            load[m.replica] += m.cost
+            count[m.replica] += 1
+        base_slot = 1 + max((m.slot for m in inner), default=-1)
+        next_slot = [base_slot] * dp
+        out: list[tuple[int, int, dict]] = []  # (replica, order, fields)
+        for m in inner:
+            out.append((m.replica, m.order, {"m": m}))
+        chain_cost = []
+        frozen = []
+        for mbs, producer_of in chains:
+            fz = []
+            for b in mbs:
+                pieces = tuple(Piece(v, a, e) for v, (a, e) in sorted(b.rows.items()))
+                ctx = tuple(Piece(v, a, e) for v, (a, e) in sorted(b.context.items()))
+                arr = np.asarray(pieces, dtype=np.int64).reshape(-1, 3)
+                cost = cm.microbatch_overhead + float(cm.segment_cost(start[arr[:, 0]] + arr[:, 1],
+                                                                      start[arr[:, 0]] + arr[:, 2]).sum())
+                fz.append((pieces, ctx, tuple(sorted(b.trajs)), int((arr[:, 2] - arr[:, 1]).sum()), cost))
+            frozen.append((fz, producer_of))
+            chain_cost.append(sum(f[4] for f in fz))
+        keys: dict[tuple[int, int], tuple[int, int]] = {}  # (chain, index) -> (replica, order)
+        for k in sorted(range(len(frozen)), key=lambda k: (-chain_cost[k], k)):
+            r = min(range(dp), key=lambda r: (load[r], r))
+            load[r] += chain_cost[k]
+            fz, producer_of = frozen[k]
+            is_producer = {p for p in producer_of if p is not None}
+            slot = next_slot[r]
+            for i, (pieces, ctx, trajs, tokens, cost) in enumerate(fz):
+                keys[(k, i)] = (r, count[r])
+                out.append((r, count[r], {"chain": (k, i), "pieces": pieces, "ctx": ctx, "trajs": trajs,
+                                          "tokens": tokens, "cost": cost, "slot": slot}))
+                count[r] += 1
+                if i not in is_producer:
+                    slot += 1
+            next_slot[r] = slot
+        filled = 0
+        if mode == PlanMode.TREE:
+            out, filled = _fill_leaves(out, frozen, config)
+        out.sort(key=lambda x: (x[0], x[1]))
+        new_id = {(r, o): i for i, (r, o, _) in enumerate(out)}
+        old_inner = {m.id: new_id[(m.replica, m.order)] for _, _, f in out if "m" in f for m in [f["m"]]}
+        # orders run 0, 1, ... along each replica and slots stay dense where microbatches left
+        rank, seen = {}, [0] * dp
+        for r, o, _ in out:
+            rank[(r, o)] = seen[r]
+            seen[r] += 1
+        used = sorted({f["m"].slot if "m" in f else f["slot"] for _, _, f in out})
+        dense = {s: j for j, s in enumerate(used)}
+        mbs_out = []
+        for i, (r, o, f) in enumerate(out):
+            if "m" in f:
+                m = f["m"]
+                mbs_out.append(dataclasses.replace(
+                    m, id=i, order=rank[(r, o)], slot=dense[m.slot],
+                    producer=None if m.producer is None else old_inner[m.producer]))
+                continue
+            k, j = f["chain"]
+            p = frozen[k][1][j]
+            mbs_out.append(Microbatch(
+                id=i, replica=r, slot=dense[f["slot"]], order=rank[(r, o)], trajectories=f["trajs"], pieces=f["pieces"],
+                context=f["ctx"], producer=None if p is None else new_id[keys[(k, p)]],
+                executed_tokens=f["tokens"], expanded_tokens=sum(idx.traj_length[t] for t in f["trajs"]),
+                cost=f["cost"]))
+        info = dict(base_info)
+        info.update({"chains": len(chains), "nested_trees": len(nested),
+                     "chain_microbatches": sum(len(c[0]) for c in chains), "filled_leaves": filled,
+                     "piece_tokens": piece_tokens(config)})
+        plan = Plan(mode=mode, planner=name, dp=dp, microbatch_tokens=budget, microbatches=tuple(mbs_out),
+                    producer_retention=config.producer_retention, cost_model=cm.spec(), seed=config.seed,
+                    forest=forest_digest(forest), info=info)
+        return plan
+
+    plan = assemble(chains)
+    if not expanded:
+        # each window tree kept the build with fewer microbatches; where short trees
+        # filling leaves leave the plan no shorter or lighter, pieces ending at forks
+        plain = [chain_windows(idx, r, config, go_on=False) for r in longs]
+        if [len(c[0]) for c in plain] != [len(c[0]) for c in chains]:
+            alt = assemble(plain)
+            if (alt.num_microbatches, step_load(alt, config)) <= (plan.num_microbatches,
+                                                                  step_load(plan, config)):
+                plan = alt
     if not has_long:
         # only named trees were nested: the planner's own plan of the whole forest
         # competes, as l1l2's windows compete with L1's recomputation
@@ -411,7 +430,7 @@ def plan_with_chains(forest: RolloutForest, config: PlanConfig, fn: Callable[[Ro
         priced = {"own": step_load(own, config), "nested": step_load(plan, config)}
         if priced["nested"] >= priced["own"] * (1 - 1e-9):  # ties: the planner's own slots
             return dataclasses.replace(own, info={**own.info, "nested_load": priced})
-        info["nested_load"] = priced
+        plan.info["nested_load"] = priced
     return plan
 
 

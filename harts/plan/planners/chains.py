@@ -28,7 +28,8 @@ with its subtree) and the microbatch above it:
   `chain_windows` also builds the variant in which such a microbatch goes on into its
   largest remaining child up to the piece's last chunk boundary (that child's rest a stem
   of its own; its siblings then read a larger producer) and keeps it where it has fewer
-  microbatches.
+  microbatches; the plan goes back to pieces ending at forks where, its leaves filled,
+  the variant's plan is no shorter and no lighter.
 
 Every microbatch reads its whole root path above its rows as context through its
 producer, which computed those rows or read them itself (a consumer has exactly one

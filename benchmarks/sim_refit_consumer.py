@@ -24,28 +24,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
 
 RATE = "consumer_device_s_per_producer_row"
 
 
 def window_case(shape: str, model: str, hw_dict: dict, measured_s: float):
+    if not shape.startswith("chains:"):
+        from sim_heldout import Cases
+
+        return Cases(model, hw_dict).case(shape, "windows", measured_s=measured_s)
+    from chains import instance  # benchmarks/gpu/chains.py
+
     from harts.config.models import get_model_config
     from harts.sim.fit_executor import case_of, step_of
     from harts.sim.hardware import profile_from_dict
-    from harts.tree import build_forest, shapes
+    from harts.tree import build_forest
 
     cfg = get_model_config(model)
-    if shape.startswith("chains:"):
-        from chains import instance  # benchmarks/gpu/chains.py
-
-        name, budget = shape.removeprefix("chains:").split("@")
-        trajs, _ = instance(name)
-    else:
-        family, rest = shape.split("/")
-        seed, budget = rest.split("@")
-        trajs = shapes.draw(family, int(seed), int(budget), vocab_size=min(32768, cfg.vocab_size))
-    step = step_of(build_forest(trajs), "windows", int(budget), cfg.chunk_size)
+    name, budget = shape.removeprefix("chains:").split("@")
+    step = step_of(build_forest(instance(name)[0]), "windows", int(budget), cfg.chunk_size)
     return case_of(shape, "windows", step, cfg, profile_from_dict(hw_dict), measured_s=measured_s)
 
 
@@ -64,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", help="write the profile with the refitted rate here")
     args = ap.parse_args(argv)
     data = json.loads(Path(args.revisions).read_text())
+    if "runs" not in data:
+        print(f"{args.revisions} is not a benchmarks/gpu/revisions.py result (no 'runs')", file=sys.stderr)
+        return 2
     run = next((r for r in data["runs"] if r["root"] == args.root), None)
     if run is None or "windows" not in run["modes"]:
         print(f"no window step of root {args.root!r} in {args.revisions}", file=sys.stderr)

@@ -239,20 +239,14 @@ class _Builder:
             self.build(go_on[0], go_on[1], m, mb.tokens)
 
 
-def chain_windows(idx: ForestIndex, root: int, config: PlanConfig, go_on: bool | None = None
+def chain_windows(idx: ForestIndex, root: int, config: PlanConfig, go_on: bool = False
                   ) -> tuple[list[TreeMB], list[int | None]]:
     """The window tree of the long tree at `root`: its microbatches in execution order
     (depth-first) and each one's producer (an index into that list, None for the first).
-    `go_on` None: of the two builds (pieces ending at forks, or going on into the largest
-    child) the one with fewer microbatches, ties to pieces ending at forks; False or True:
-    that build."""
-    b = _Builder(idx, config, go_on=bool(go_on))
+    `go_on`: a piece at a fork goes on into its largest remaining child rather than ending
+    there (`plan_with_chains` builds both and keeps the one with fewer microbatches)."""
+    b = _Builder(idx, config, go_on=go_on)
     b.build(root, 0, None, 0)
-    if go_on is None:
-        g = _Builder(idx, config, go_on=True)
-        g.build(root, 0, None, 0)
-        if len(g.out) < len(b.out):
-            return g.out, g.producer_of
     return b.out, b.producer_of
 
 
@@ -324,7 +318,10 @@ def plan_with_chains(forest: RolloutForest, config: PlanConfig, fn: Callable[[Ro
         longs = sorted(long | set(nested))
         roots = [r for r in forest.roots.tolist() if r not in set(longs)]
         sub, nodes, tmap = sub_forest(forest, roots)
-        chains = [chain_windows(idx, r, config) for r in longs]
+        plain = [chain_windows(idx, r, config) for r in longs]
+        # each window tree as the build with fewer microbatches (ties: pieces end at forks)
+        chains = [g if len(g[0]) < len(c[0]) else c
+                  for c, g in zip(plain, (chain_windows(idx, r, config, go_on=True) for r in longs), strict=True)]
     inner: list[Microbatch] = []
     mode = PlanMode.EXPANDED if expanded else PlanMode.TREE
     info: dict = {}
@@ -333,8 +330,6 @@ def plan_with_chains(forest: RolloutForest, config: PlanConfig, fn: Callable[[Ro
         mode = p.mode
         info = dict(p.info)
         inner = _map_back(p, nodes, tmap)
-    base_info = info
-
     def assemble(chains: list[tuple[list[TreeMB], list[int | None]]]) -> Plan:
         dp = config.dp
         start = forest.node_start
@@ -405,25 +400,20 @@ def plan_with_chains(forest: RolloutForest, config: PlanConfig, fn: Callable[[Ro
                 context=f["ctx"], producer=None if p is None else new_id[keys[(k, p)]],
                 executed_tokens=f["tokens"], expanded_tokens=sum(idx.traj_length[t] for t in f["trajs"]),
                 cost=f["cost"]))
-        info = dict(base_info)
-        info.update({"chains": len(chains), "nested_trees": len(nested),
-                     "chain_microbatches": sum(len(c[0]) for c in chains), "filled_leaves": filled,
-                     "piece_tokens": piece_tokens(config)})
-        plan = Plan(mode=mode, planner=name, dp=dp, microbatch_tokens=budget, microbatches=tuple(mbs_out),
+        return Plan(mode=mode, planner=name, dp=dp, microbatch_tokens=budget, microbatches=tuple(mbs_out),
                     producer_retention=config.producer_retention, cost_model=cm.spec(), seed=config.seed,
-                    forest=forest_digest(forest), info=info)
-        return plan
+                    forest=forest_digest(forest),
+                    info={**info, "chains": len(chains), "nested_trees": len(nested),
+                          "chain_microbatches": sum(len(c[0]) for c in chains), "filled_leaves": filled,
+                          "piece_tokens": piece_tokens(config)})
 
     plan = assemble(chains)
-    if not expanded:
-        # each window tree kept the build with fewer microbatches; where short trees
-        # filling leaves leave the plan no shorter or lighter, pieces ending at forks
-        plain = [chain_windows(idx, r, config, go_on=False) for r in longs]
-        if [len(c[0]) for c in plain] != [len(c[0]) for c in chains]:
-            alt = assemble(plain)
-            if (alt.num_microbatches, step_load(alt, config)) <= (plan.num_microbatches,
-                                                                  step_load(plan, config)):
-                plan = alt
+    if not expanded and any(c is not p for c, p in zip(chains, plain, strict=True)):
+        # where short trees filling leaves leave the plan no shorter and no lighter:
+        # pieces ending at forks
+        alt = assemble(plain)
+        if (alt.num_microbatches, step_load(alt, config)) <= (plan.num_microbatches, step_load(plan, config)):
+            plan = alt
     if not has_long:
         # only named trees were nested: the planner's own plan of the whole forest
         # competes, as l1l2's windows compete with L1's recomputation

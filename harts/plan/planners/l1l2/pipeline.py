@@ -7,6 +7,7 @@ asked for). `finish` lets L1's own plan compete on the same measure and builds t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from harts.plan.plan import Plan
@@ -18,7 +19,7 @@ from harts.plan.planners.common import (
     pipeline_ends,
     pipelined_critical_path,
 )
-from harts.plan.planners.l1 import place
+from harts.plan.planners.l1 import l1_microbatches, place
 from harts.plan.planners.l1l2.absorb import take_into_producers
 from harts.plan.planners.l1l2.anneal import anneal_windows
 from harts.plan.planners.l1l2.cells import fewest_microbatches, first_slots
@@ -116,19 +117,24 @@ def plan_with(forest: RolloutForest, config: PlanConfig, stages: Sequence[Stage]
 
 def nested_trees(forest: RolloutForest, config: PlanConfig) -> list[int]:
     """Roots of the trees over the budget that no one-window cell holds on its own slots
-    (`cells.first_slots` up to twice it): a trunk whose branches do not fit
-    beside its retained rows, say. A window per cell would leave them to L1's
-    recomputation; `make_plan` runs them as nested windows (`chains.chain_windows`), every
-    row computed once."""
+    (`cells.first_slots` up to twice it, and no more than the slots the planner searches:
+    L1's slot count per replica): a trunk whose branches do not fit beside its retained
+    rows, say. A window per cell would leave them to L1's recomputation; `make_plan` runs
+    them as nested windows (`chains.chain_windows`), every row computed once."""
     idx = ForestIndex(forest, config.cost_model)
-    solver = CellSolver(idx, config)
     budget = config.microbatch_tokens
+    over = [r for r in idx.roots if idx.sub_rows[r] > budget]
+    if not over:
+        return []
+    solver = CellSolver(idx, config)
+    # the slots the planner searches (as `Context.of`); with a trajectory over the budget
+    # its trees are chained anyway and the rest planned on their own, so only the first bound
+    searched = math.inf if int(forest.traj_length.max()) > budget else \
+        math.ceil(len(l1_microbatches(idx, config)[0]) / config.dp)
     out = []
-    for r in idx.roots:
-        if idx.sub_rows[r] <= budget:
-            continue
+    for r in over:
         first = first_slots(idx, budget, r)
-        if all(solver.solved(k, [r]) is None for k in range(first, 2 * first + 2)):
+        if all(solver.solved(k, [r]) is None for k in range(first, int(min(2 * first + 1, searched)) + 1)):
             out.append(r)
     return out
 

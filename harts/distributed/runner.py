@@ -347,7 +347,9 @@ def free_port() -> int:
 
 def _worker(index: int, fn: Callable, port: int, nprocs: int, device: str, args: tuple) -> None:
     import datetime
+    import faulthandler
 
+    faulthandler.enable(all_threads=True)  # a worker killed by a signal prints every thread's stack
     torch.set_num_threads(1)
     kw = {}
     if torch.device(device).type == "cuda":

@@ -968,3 +968,18 @@ def long_family_plan_cases(draw: st.DrawFn, chunk: int = 8):
     budget = max(2 * chunk, int(drawn * draw(st.floats(0.8, 1.2))))
     return forest, PlanConfig(microbatch_tokens=budget, chunk_size=chunk, dp=draw(st.integers(1, 3)),
                               producer_retention=draw(st.sampled_from((0.35, 0.2, 0.5))))
+
+
+@st.composite
+def split_tree_cases(draw: st.DrawFn, chunk: int = 8):
+    """A family instance (short or long families) drawn at a small budget and planned at
+    0.5-1.5 of it on 2-4 replicas: the cases where a tree may hold more than a replica's
+    share."""
+    from harts.config.plan import PlanConfig
+    from harts.tree import build_forest, shapes
+
+    family = draw(st.sampled_from(sorted({*shapes.FAMILIES, *shapes.LONG_FAMILIES})))
+    drawn = draw(st.sampled_from((256, 384, 512)))
+    forest = build_forest(shapes.draw(family, draw(st.integers(0, 50)), drawn, vocab_size=256))
+    budget = max(2 * chunk, int(drawn * draw(st.floats(0.5, 1.5))))
+    return forest, PlanConfig(microbatch_tokens=budget, chunk_size=chunk, dp=draw(st.integers(2, 4)))

@@ -81,6 +81,30 @@ def test_explicit_forks_match_expanded(explicit, planner):
     assert trainer.peak_retained_bytes > 0
 
 
+@pytest.mark.parametrize("planner", ("l1", "l1l2"))
+@pytest.mark.parametrize("dtype", (torch.float64, torch.float32))
+def test_a_tree_split_over_replicas_matches_expanded(explicit, planner, dtype):
+    # one long tree at dp=2: its trajectories in two groups, each group's paths a window
+    # tree on its own replica, the rows they share computed once per group
+    # (harts.plan.planners.tree_split); the replicas run one after the other here
+    trajs, ref_model, ref = explicit
+    forest = build_forest(trajs)
+    plan = make_plan(forest, planner, PlanConfig(microbatch_tokens=BUDGET, chunk_size=CHUNK, dp=2))
+    assert plan.info["split_trees"] == [2]
+    assert {m.replica for m in plan.microbatches} == {0, 1}
+    assert plan.executed_tokens > forest.compact_tokens
+    if dtype == torch.float64:
+        model, _, got = _run(_config(), trajs, plan)
+        _check(ref, ref_model, got, model)
+        return
+    cfg = _config()
+    ref_model, _, ref = _run(cfg, trajs, dtype=dtype)
+    model, _, got = _run(cfg, trajs, plan, dtype=dtype)
+    rep = compare_steps(ref, ref_model, got, model)
+    assert rep["rms_rel_logprob_err"] <= TOL32
+    assert rep["rms_rel_grad_err"] <= TOL32
+
+
 def test_chain_pieces_are_chunk_aligned_and_priced():
     trajs = long_chain_trajectories(84, FORKS, seed=1)
     forest = build_forest(trajs)

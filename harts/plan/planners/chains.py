@@ -95,13 +95,23 @@ def long_roots(idx: ForestIndex, budget: int) -> list[int]:
     return sorted(roots)
 
 
-def sub_forest(forest: RolloutForest, roots: list[int], trajs: list[int] | None = None
+def sub_forest(forest: RolloutForest, roots: list[int], trajs: list[int] | None = None, prune: bool = False
                ) -> tuple[RolloutForest, np.ndarray, np.ndarray]:
     """The forest of the trees at `roots` (structure only), with its node and trajectory
     ids mapped back: (sub-forest, original node id per node, original trajectory id per
-    trajectory). `trajs`: keep only these trajectories (all nodes of the trees stay)."""
+    trajectory). `trajs`: keep only these trajectories (all nodes of the trees stay; with
+    `prune`, only the nodes on their root paths)."""
     sub_end = forest.node_subtree_end
     keep = np.concatenate([np.arange(r, int(sub_end[r]) + 1) for r in roots]) if roots else np.zeros(0, np.int64)
+    if prune and trajs is not None:
+        on_path = np.zeros(forest.num_nodes, bool)
+        parent = forest.node_parent
+        for t in trajs:
+            v = int(forest.traj_node[t])
+            while v >= 0 and not on_path[v]:
+                on_path[v] = True
+                v = int(parent[v])
+        keep = keep[on_path[keep]]
     new_id = np.full(forest.num_nodes, -1, np.int64)
     new_id[keep] = np.arange(keep.size)
     parent = forest.node_parent[keep]
@@ -287,7 +297,38 @@ def plan_with_chains(forest: RolloutForest, config: PlanConfig, fn: Callable[[Ro
     """`fn`'s plan where every trajectory fits the budget and `nest` (a tree-mode planner's)
     names no tree; otherwise `fn` plans the rest (trees without a long trajectory and not
     named by `nest`; for an expanded-mode planner, the trajectories that fit) on a
-    sub-forest, and the long and named trees are chained (module docstring)."""
+    sub-forest, and the long and named trees are chained (module docstring). With dp > 1
+    a tree-mode plan also competes, by step load, with one in which every tree holding
+    more than a replica's share of the rows is a window tree that may be split over the
+    replicas (`harts.plan.planners.tree_split`)."""
+    plan = _chained(forest, config, fn, name, nest, [])
+    if name == "expanded-ffd" or config.dp < 2 or not forest.num_trajectories:
+        return plan
+    heavy = heavy_trees(forest, config.dp)
+    if not heavy:
+        return plan
+    try:
+        piece_tokens(config)
+    except ValueError:
+        return plan
+    alt = _chained(forest, config, fn, name, nest, heavy)
+    return alt if step_load(alt, config) < step_load(plan, config) * (1 - 1e-9) else plan
+
+
+def heavy_trees(forest: RolloutForest, dp: int) -> list[int]:
+    """Roots of the trees with two or more trajectories and more than 1/dp of the forest's rows."""
+    length = np.concatenate([[0], np.cumsum(forest.node_length)])
+    end = forest.node_subtree_end
+    share = length[-1] / dp
+    count = np.bincount(forest.traj_node, minlength=forest.num_nodes)
+    count = np.concatenate([[0], np.cumsum(count)])
+    return [r for r in forest.roots.tolist() if length[end[r] + 1] - length[r] > share
+            and count[end[r] + 1] - count[r] >= 2]
+
+
+def _chained(forest: RolloutForest, config: PlanConfig, fn: Callable[[RolloutForest, PlanConfig], Plan],
+             name: str, nest: Callable[[RolloutForest, PlanConfig], list[int]] | None, extra: list[int]) -> Plan:
+    """`plan_with_chains` with the trees at `extra` chained (and split where it pays) too."""
     budget = config.microbatch_tokens
     lengths = forest.traj_length
     if lengths.size == 0:
@@ -300,7 +341,7 @@ def plan_with_chains(forest: RolloutForest, config: PlanConfig, fn: Callable[[Ro
             piece_tokens(config)
         except ValueError:
             nested = []  # no chain piece fits this budget: the planner's own plan
-    if not has_long and not nested:
+    if not has_long and not nested and not extra:
         return fn(forest, config)
     piece_tokens(config)  # refuses a budget below two chunks
     cm = config.cost_model
@@ -315,7 +356,7 @@ def plan_with_chains(forest: RolloutForest, config: PlanConfig, fn: Callable[[Ro
     else:
         long = set(long_roots(idx, budget))
         nested = sorted(set(nested) - long)  # the named trees without a long trajectory
-        longs = sorted(long | set(nested))
+        longs = sorted(long | set(nested) | set(extra))
         roots = [r for r in forest.roots.tolist() if r not in set(longs)]
         sub, nodes, tmap = sub_forest(forest, roots)
         plain = [chain_windows(idx, r, config) for r in longs]
@@ -413,15 +454,49 @@ def plan_with_chains(forest: RolloutForest, config: PlanConfig, fn: Callable[[Ro
         # pieces ending at forks
         alt = assemble(plain)
         if (alt.num_microbatches, step_load(alt, config)) <= (plan.num_microbatches, step_load(plan, config)):
-            plan = alt
+            plan, chains = alt, plain
+    if not expanded and config.dp > 1:
+        plan = _split_over_replicas(forest, idx, config, longs, chains, plan, assemble)
     if not has_long:
-        # only named trees were nested: the planner's own plan of the whole forest
+        # only named (or heavy) trees were nested: the planner's own plan of the whole forest
         # competes, as l1l2's windows compete with L1's recomputation
         own = fn(forest, config)
         priced = {"own": step_load(own, config), "nested": step_load(plan, config)}
         if priced["nested"] >= priced["own"] * (1 - 1e-9):  # ties: the planner's own slots
             return dataclasses.replace(own, info={**own.info, "nested_load": priced})
         plan.info["nested_load"] = priced
+    return plan
+
+
+def _split_over_replicas(forest: RolloutForest, idx: ForestIndex, config: PlanConfig, roots: list[int],
+                         chains: list, plan: Plan, assemble: Callable[[list], Plan]) -> Plan:
+    """`plan` with the window trees at `roots` (their builds `chains`) split over replicas
+    where that lowers the step load (`harts.plan.planners.tree_split`): trees largest
+    first, each into the group count, of 2 .. dp, whose finished plan is lightest, kept
+    only where it is lighter than without (ties: unsplit)."""
+    from harts.plan.planners.tree_split import split_window_trees
+
+    dp = config.dp
+    counts = sorted({*range(2, min(dp, 8) + 1), *(1 << j for j in range(1, dp.bit_length())), dp} - {1})
+    counts = [k for k in counts if k <= dp]
+    entries = [[c] for c in chains]
+    best = step_load(plan, config)
+    split = []
+    for j in sorted(range(len(roots)), key=lambda j: (-idx.sub_rows[roots[j]], j)):
+        for k in counts:
+            for how in ("contiguous", "fork"):
+                parts = split_window_trees(forest, roots[j], k, config, how)
+                if len(parts) < 2:
+                    continue
+                trial = entries[:j] + [parts] + entries[j + 1:]
+                cand = assemble([c for e in trial for c in e])
+                load = step_load(cand, config)
+                if load < best * (1 - 1e-9):
+                    plan, best, entries = cand, load, trial
+        if len(entries[j]) > 1:
+            split.append(len(entries[j]))
+    if split:
+        plan.info["split_trees"] = split
     return plan
 
 

@@ -54,7 +54,12 @@ class PlanConfig:
     stash). l1l2 prices its windowed plan and L1's recomputing plan with them (each
     microbatch at max(its load, its floor)) and keeps the cheaper, so windows are chosen
     only where they pay. `harts.sim.executor.window_floors` derives all three from a model
-    and a hardware profile; 0 (default) leaves every plan priced by its rows alone."""
+    and a hardware profile; 0 (default) leaves every plan priced by its rows alone.
+
+    `split_trees` (tree-mode planners, dp > 1): a tree holding more than a replica's share
+    of the step may be split over the replicas, its trajectories in groups that each run
+    as a window tree of their own, where the step load is lower
+    (`harts.plan.planners.tree_split`); False keeps every tree on one replica."""
 
     dp: int = 1
     microbatch_tokens: int = DEFAULT_MICROBATCH_TOKENS
@@ -69,6 +74,7 @@ class PlanConfig:
     microbatch_floor: float = 0.0
     consumer_floor: float = 0.0
     consumer_row_cost: float = 0.0
+    split_trees: bool = True
 
     @property
     def target_microbatches(self) -> int:

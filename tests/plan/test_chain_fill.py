@@ -25,7 +25,9 @@ def test_no_short_tree_is_left_in_a_microbatch_of_its_own_where_a_leaf_has_room(
     forest, config = case
     plan = make_plan(forest, "l1l2", config)
     plan.validate(forest, cost_model=config.cost_model)
-    assert plan.executed_tokens == forest.compact_tokens
+    # every row computed once, unless a tree was split over replicas (its groups' shared
+    # rows once per group: harts.plan.planners.tree_split)
+    assert (plan.executed_tokens > forest.compact_tokens) == bool(plan.info.get("split_trees"))
     assert max(m.executed_tokens for m in plan.microbatches) <= config.microbatch_tokens
     plain, leaves = _plain_and_leaves(plan)
     rows = {m.id: m.executed_tokens for m in plan.microbatches}

@@ -63,6 +63,7 @@ from harts.plan.planners.common import (
     floored_load,
     pipeline_ends,
     pipelined_critical_path,
+    sub_forest,
 )
 from harts.tree.forest import RolloutForest
 
@@ -93,45 +94,6 @@ def long_roots(idx: ForestIndex, budget: int) -> list[int]:
                 v = idx.parent[v]
             roots.add(v)
     return sorted(roots)
-
-
-def sub_forest(forest: RolloutForest, roots: list[int], trajs: list[int] | None = None, prune: bool = False
-               ) -> tuple[RolloutForest, np.ndarray, np.ndarray]:
-    """The forest of the trees at `roots` (structure only), with its node and trajectory
-    ids mapped back: (sub-forest, original node id per node, original trajectory id per
-    trajectory). `trajs`: keep only these trajectories (all nodes of the trees stay; with
-    `prune`, only the nodes on their root paths)."""
-    sub_end = forest.node_subtree_end
-    keep = np.concatenate([np.arange(r, int(sub_end[r]) + 1) for r in roots]) if roots else np.zeros(0, np.int64)
-    if prune and trajs is not None:
-        on_path = np.zeros(forest.num_nodes, bool)
-        parent = forest.node_parent
-        for t in trajs:
-            v = int(forest.traj_node[t])
-            while v >= 0 and not on_path[v]:
-                on_path[v] = True
-                v = int(parent[v])
-        keep = keep[on_path[keep]]
-    new_id = np.full(forest.num_nodes, -1, np.int64)
-    new_id[keep] = np.arange(keep.size)
-    parent = forest.node_parent[keep]
-    parent = np.where(parent >= 0, new_id[np.maximum(parent, 0)], -1)
-    in_trees = new_id[forest.traj_node] >= 0
-    if trajs is not None:
-        mask = np.zeros(forest.num_trajectories, bool)
-        mask[np.asarray(trajs, np.int64)] = True
-        in_trees &= mask
-    tmap = np.flatnonzero(in_trees)
-    sub = RolloutForest(
-        node_parent=parent.astype(np.int64),
-        node_start=forest.node_start[keep],
-        node_end=forest.node_end[keep],
-        node_group=forest.node_group[keep],
-        groups=forest.groups,
-        traj_ids=tuple(forest.traj_ids[t] for t in tmap.tolist()),
-        traj_node=new_id[forest.traj_node[tmap]],
-    )
-    return sub, keep, tmap
 
 
 class _Builder:
@@ -302,7 +264,7 @@ def plan_with_chains(forest: RolloutForest, config: PlanConfig, fn: Callable[[Ro
     more than a replica's share of the rows is a window tree that may be split over the
     replicas (`harts.plan.planners.tree_split`)."""
     plan = _chained(forest, config, fn, name, nest, [])
-    if name == "expanded-ffd" or config.dp < 2 or not forest.num_trajectories:
+    if name == "expanded-ffd" or config.dp < 2 or not config.split_trees or not forest.num_trajectories:
         return plan
     heavy = heavy_trees(forest, config.dp)
     if not heavy:
@@ -455,7 +417,7 @@ def _chained(forest: RolloutForest, config: PlanConfig, fn: Callable[[RolloutFor
         alt = assemble(plain)
         if (alt.num_microbatches, step_load(alt, config)) <= (plan.num_microbatches, step_load(plan, config)):
             plan, chains = alt, plain
-    if not expanded and config.dp > 1:
+    if not expanded and config.dp > 1 and config.split_trees:
         plan = _split_over_replicas(forest, idx, config, longs, chains, plan, assemble)
     if not has_long:
         # only named (or heavy) trees were nested: the planner's own plan of the whole forest
@@ -476,6 +438,10 @@ def _split_over_replicas(forest: RolloutForest, idx: ForestIndex, config: PlanCo
     only where it is lighter than without (ties: unsplit)."""
     from harts.plan.planners.tree_split import split_window_trees
 
+    def build(sidx: ForestIndex, root: int) -> tuple[list[TreeMB], list[int | None]]:
+        plain, go_on = chain_windows(sidx, root, config), chain_windows(sidx, root, config, go_on=True)
+        return go_on if len(go_on[0]) < len(plain[0]) else plain
+
     dp = config.dp
     counts = sorted({*range(2, min(dp, 8) + 1), *(1 << j for j in range(1, dp.bit_length())), dp} - {1})
     counts = [k for k in counts if k <= dp]
@@ -485,7 +451,7 @@ def _split_over_replicas(forest: RolloutForest, idx: ForestIndex, config: PlanCo
     for j in sorted(range(len(roots)), key=lambda j: (-idx.sub_rows[roots[j]], j)):
         for k in counts:
             for how in ("contiguous", "fork"):
-                parts = split_window_trees(forest, roots[j], k, config, how)
+                parts = split_window_trees(forest, roots[j], k, config, build, how)
                 if len(parts) < 2:
                     continue
                 trial = entries[:j] + [parts] + entries[j + 1:]

@@ -413,3 +413,42 @@ def first_fit_decreasing(items: list[int], size: list[int], cap: int) -> list[li
 
 def round_up(x: int, m: int) -> int:
     return -(-x // m) * m
+
+
+def sub_forest(forest: RolloutForest, roots: list[int], trajs: list[int] | None = None, prune: bool = False
+               ) -> tuple[RolloutForest, np.ndarray, np.ndarray]:
+    """The forest of the trees at `roots` (structure only), with its node and trajectory
+    ids mapped back: (sub-forest, original node id per node, original trajectory id per
+    trajectory). `trajs`: keep only these trajectories (all nodes of the trees stay; with
+    `prune`, only the nodes on their root paths)."""
+    sub_end = forest.node_subtree_end
+    keep = np.concatenate([np.arange(r, int(sub_end[r]) + 1) for r in roots]) if roots else np.zeros(0, np.int64)
+    if prune and trajs is not None:
+        on_path = np.zeros(forest.num_nodes, bool)
+        parent = forest.node_parent
+        for t in trajs:
+            v = int(forest.traj_node[t])
+            while v >= 0 and not on_path[v]:
+                on_path[v] = True
+                v = int(parent[v])
+        keep = keep[on_path[keep]]
+    new_id = np.full(forest.num_nodes, -1, np.int64)
+    new_id[keep] = np.arange(keep.size)
+    parent = forest.node_parent[keep]
+    parent = np.where(parent >= 0, new_id[np.maximum(parent, 0)], -1)
+    in_trees = new_id[forest.traj_node] >= 0
+    if trajs is not None:
+        mask = np.zeros(forest.num_trajectories, bool)
+        mask[np.asarray(trajs, np.int64)] = True
+        in_trees &= mask
+    tmap = np.flatnonzero(in_trees)
+    sub = RolloutForest(
+        node_parent=parent.astype(np.int64),
+        node_start=forest.node_start[keep],
+        node_end=forest.node_end[keep],
+        node_group=forest.node_group[keep],
+        groups=forest.groups,
+        traj_ids=tuple(forest.traj_ids[t] for t in tmap.tolist()),
+        traj_node=new_id[forest.traj_node[tmap]],
+    )
+    return sub, keep, tmap

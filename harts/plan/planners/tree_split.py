@@ -21,7 +21,9 @@ from __future__ import annotations
 import numpy as np
 
 from harts.config.plan import PlanConfig
-from harts.plan.planners.common import ForestIndex, TreeMB
+from collections.abc import Callable
+
+from harts.plan.planners.common import ForestIndex, TreeMB, sub_forest
 from harts.tree.forest import RolloutForest
 
 __all__ = ["group_trajectories", "split_window_trees"]
@@ -71,21 +73,19 @@ def group_trajectories(idx: ForestIndex, root: int, k: int, how: str = "contiguo
     return [trajs[a:b] for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
 
 
-def split_window_trees(forest: RolloutForest, root: int, k: int, config: PlanConfig, how: str = "contiguous"
-                       ) -> list[tuple[list[TreeMB], list[int | None]]]:
+def split_window_trees(forest: RolloutForest, root: int, k: int, config: PlanConfig,
+                       build: Callable[[ForestIndex, int], tuple[list[TreeMB], list[int | None]]],
+                       how: str = "contiguous") -> list[tuple[list[TreeMB], list[int | None]]]:
     """The window trees of the tree at `root` split into k trajectory groups
-    (`group_trajectories` with `how`): each group's root paths as a forest of their own, chained as
-    `chains.chain_windows` chains a tree (the build with fewer microbatches, ties: pieces
-    ending at forks), its microbatches in the original forest's node and trajectory ids."""
-    from harts.plan.planners.chains import chain_windows, sub_forest
-
+    (`group_trajectories` with `how`): each group's root paths as a forest of their own,
+    built into a window tree by `build(index, root)` (`plan_with_chains` passes
+    `chains.chain_windows`'s build with fewer microbatches), its microbatches in the
+    original forest's node and trajectory ids."""
     idx = ForestIndex(forest, config.cost_model)
     out = []
     for group in group_trajectories(idx, root, k, how):
         sub, nodes, tmap = sub_forest(forest, [root], group, prune=True)
-        sidx = ForestIndex(sub, config.cost_model)
-        plain, go_on = chain_windows(sidx, 0, config), chain_windows(sidx, 0, config, go_on=True)
-        mbs, producer_of = go_on if len(go_on[0]) < len(plain[0]) else plain
+        mbs, producer_of = build(ForestIndex(sub, config.cost_model), 0)
         mapped = []
         for b in mbs:
             m = TreeMB()

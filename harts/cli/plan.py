@@ -219,18 +219,26 @@ def cmd_make(args: argparse.Namespace) -> int:
     result = _result(compute_metrics(plan, forest))
     # trees run as window trees: a trajectory over the budget, or (l1l2) a tree no one
     # window holds, nested
-    trees, nested = int(plan.info.get("chains", 0)), int(plan.info.get("nested_trees", 0))
+    # (dp > 1) a tree over a replica's share, split into trajectory groups over replicas,
+    # each group a window tree of its own (harts.plan.planners.tree_split)
+    windows, nested = int(plan.info.get("chains", 0)), int(plan.info.get("nested_trees", 0))
+    heavy, split = int(plan.info.get("heavy_trees", 0)), [int(k) for k in plan.info.get("split_trees", [])]
+    trees = windows - sum(split) + len(split)
     filled = int(plan.info.get("filled_leaves", 0))  # short trees moved into window-tree leaves
     if args.json:
-        print_json({**result, "window_trees": trees, "nested_trees": nested, "filled_leaves": filled,
-                    "out": args.out})
+        print_json({**result, "window_trees": windows, "nested_trees": nested, "filled_leaves": filled,
+                    "split_trees": split, "out": args.out})
     else:
         print(_table([result]))
     detail = f"{plan.num_microbatches} microbatches"
     if trees:
-        why = [f"{n} {what}" for n, what in ((trees - nested, "with a trajectory over the budget"),
-                                             (nested, "that no one window holds")) if n]
+        why = [f"{n} {what}" for n, what in ((trees - nested - heavy, "with a trajectory over the budget"),
+                                             (nested, "that no one window holds"),
+                                             (heavy, "over a replica's share")) if n]
         detail += f"; nested windows for {trees} tree{'s' if trees > 1 else ''}: " + ", ".join(why)
+        if split:
+            detail += (f"; {len(split)} tree{'s' if len(split) > 1 else ''} split over replicas into "
+                       f"{sum(split)} window trees")
         if filled:
             detail += f"; {filled} microbatch{'es' if filled > 1 else ''} of short trees joined window-tree leaves"
     say_wrote(args.out, args.json, detail)

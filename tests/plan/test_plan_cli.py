@@ -156,3 +156,21 @@ def test_make_says_when_short_trees_join_a_window_trees_leaves(tmp_path, capsys)
     assert json.loads(capsys.readouterr().out)["filled_leaves"] == 1
     assert main(argv) == 0
     assert "1 microbatch of short trees joined window-tree leaves" in capsys.readouterr().out
+
+
+def test_make_says_when_a_tree_is_split_over_replicas(tmp_path, capsys):
+    # long-group/105 drawn at 16k, planned at 8k on two replicas: the group's trajectories in
+    # two window trees, one per replica (harts.plan.planners.tree_split)
+    rollouts = tmp_path / "group.jsonl"
+    assert main(["workload", "shape", "--instance", "long-group/105@16384", "--out", str(rollouts)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "p.json"
+    argv = ["plan", "--input", str(rollouts), "--planner", "l1l2", "--microbatch-tokens", "8192", "--dp", "2",
+            "--out", str(out)]
+    assert main([*argv, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["split_trees"] == [2] and got["window_trees"] == 2
+    assert main(argv) == 0
+    said = capsys.readouterr().out
+    assert "nested windows for 1 tree: 1 with a trajectory over the budget" in said
+    assert "1 tree split over replicas into 2 window trees" in said

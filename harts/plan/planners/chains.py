@@ -318,6 +318,7 @@ def _chained(forest: RolloutForest, config: PlanConfig, fn: Callable[[RolloutFor
     else:
         long = set(long_roots(idx, budget))
         nested = sorted(set(nested) - long)  # the named trees without a long trajectory
+        extra = sorted(set(extra) - long - set(nested))  # heavy trees not chained anyway
         longs = sorted(long | set(nested) | set(extra))
         roots = [r for r in forest.roots.tolist() if r not in set(longs)]
         sub, nodes, tmap = sub_forest(forest, roots)
@@ -406,7 +407,7 @@ def _chained(forest: RolloutForest, config: PlanConfig, fn: Callable[[RolloutFor
         return Plan(mode=mode, planner=name, dp=dp, microbatch_tokens=budget, microbatches=tuple(mbs_out),
                     producer_retention=config.producer_retention, cost_model=cm.spec(), seed=config.seed,
                     forest=forest_digest(forest),
-                    info={**info, "chains": len(chains), "nested_trees": len(nested),
+                    info={**info, "chains": len(chains), "nested_trees": len(nested), "heavy_trees": len(extra),
                           "chain_microbatches": sum(len(c[0]) for c in chains), "filled_leaves": filled,
                           "piece_tokens": piece_tokens(config)})
 

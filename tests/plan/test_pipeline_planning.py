@@ -43,6 +43,8 @@ def test_pipeline_plans_validate(forest_config, name):
 @given(forest_and_pipeline_config)
 def test_pipeline_l1l2_compresses_at_least_like_l1(forest_config):
     forest, config = forest_config
+    # every tree on one replica (a tree split over replicas recomputes its groups' shared rows)
+    config = dataclasses.replace(config, split_trees=False)
     l1 = make_plan(forest, "l1", config)
     l1l2 = make_plan(forest, "l1l2", config)
     assert forest.compact_tokens <= l1l2.executed_tokens <= l1.executed_tokens

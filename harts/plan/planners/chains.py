@@ -267,6 +267,8 @@ def plan_with_chains(forest: RolloutForest, config: PlanConfig, fn: Callable[[Ro
     if name == "expanded-ffd" or config.dp < 2 or not config.split_trees or not forest.num_trajectories:
         return plan
     heavy = heavy_trees(forest, config.dp)
+    if int(forest.traj_length.max()) > config.microbatch_tokens:  # long trees are chained (and split) anyway
+        heavy = sorted(set(heavy) - set(long_roots(ForestIndex(forest, config.cost_model), config.microbatch_tokens)))
     if not heavy:
         return plan
     try:
@@ -435,8 +437,9 @@ def _split_over_replicas(forest: RolloutForest, idx: ForestIndex, config: PlanCo
                          chains: list, plan: Plan, assemble: Callable[[list], Plan]) -> Plan:
     """`plan` with the window trees at `roots` (their builds `chains`) split over replicas
     where that lowers the step load (`harts.plan.planners.tree_split`): trees largest
-    first, each into the group count, of 2 .. dp, whose finished plan is lightest, kept
-    only where it is lighter than without (ties: unsplit)."""
+    first, each into the group count (2 .. min(dp, 8), the powers of two up to dp, and
+    dp) and grouping whose finished plan is lightest, kept only where it is lighter than
+    without (ties: unsplit)."""
     from harts.plan.planners.tree_split import split_window_trees
 
     def build(sidx: ForestIndex, root: int) -> tuple[list[TreeMB], list[int | None]]:
@@ -452,7 +455,7 @@ def _split_over_replicas(forest: RolloutForest, idx: ForestIndex, config: PlanCo
     for j in sorted(range(len(roots)), key=lambda j: (-idx.sub_rows[roots[j]], j)):
         for k in counts:
             for how in ("contiguous", "fork"):
-                parts = split_window_trees(forest, roots[j], k, config, build, how)
+                parts = split_window_trees(idx, roots[j], k, config, build, how)
                 if len(parts) < 2:
                     continue
                 trial = entries[:j] + [parts] + entries[j + 1:]

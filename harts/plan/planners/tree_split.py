@@ -18,13 +18,12 @@ trajectory's rows beyond its common prefix with the one before it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from harts.config.plan import PlanConfig
-from collections.abc import Callable
-
 from harts.plan.planners.common import ForestIndex, TreeMB, sub_forest
-from harts.tree.forest import RolloutForest
 
 __all__ = ["group_trajectories", "split_window_trees"]
 
@@ -73,18 +72,17 @@ def group_trajectories(idx: ForestIndex, root: int, k: int, how: str = "contiguo
     return [trajs[a:b] for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
 
 
-def split_window_trees(forest: RolloutForest, root: int, k: int, config: PlanConfig,
+def split_window_trees(idx: ForestIndex, root: int, k: int, config: PlanConfig,
                        build: Callable[[ForestIndex, int], tuple[list[TreeMB], list[int | None]]],
                        how: str = "contiguous") -> list[tuple[list[TreeMB], list[int | None]]]:
-    """The window trees of the tree at `root` split into k trajectory groups
+    """The window trees of the tree at `root` of `idx`'s forest split into k trajectory groups
     (`group_trajectories` with `how`): each group's root paths as a forest of their own,
     built into a window tree by `build(index, root)` (`plan_with_chains` passes
     `chains.chain_windows`'s build with fewer microbatches), its microbatches in the
     original forest's node and trajectory ids."""
-    idx = ForestIndex(forest, config.cost_model)
     out = []
     for group in group_trajectories(idx, root, k, how):
-        sub, nodes, tmap = sub_forest(forest, [root], group, prune=True)
+        sub, nodes, tmap = sub_forest(idx.forest, [root], group, prune=True)
         mbs, producer_of = build(ForestIndex(sub, config.cost_model), 0)
         mapped = []
         for b in mbs:

@@ -5,7 +5,7 @@ dp=2 with ep=2 (the replicas' chains in lockstep, `joint_events`) and under tp=2
 single-process expanded step (float64: every log-prob, loss term, expert load
 and gradient within 1e-10 relative; float32 within `TOL32` relative RMS error); so do
 nested windows of a tree whose trajectories fit the budget, under dp=2 and pp=2, and one
-long tree split over the dp=2 replicas (with ep=2 too)."""
+long tree split over the dp=2 replicas (with ep=2, and with pp=2, too)."""
 
 from __future__ import annotations
 
@@ -33,8 +33,9 @@ def test_chains_equal_the_expanded_reference(spec, planner):
     _equal_the_expanded_reference(trajs, spec, planner, small_config(), BUDGET)
 
 
-@pytest.mark.parametrize("spec, planner", [("dp=2", "l1l2"), ("dp=2", "l1"), ("dp=2,ep=2", "l1l2")],
-                         ids=["dp2-l1l2", "dp2-l1", "dp2ep2-l1l2"])
+@pytest.mark.parametrize("spec, planner", [("dp=2", "l1l2"), ("dp=2", "l1"), ("dp=2,ep=2", "l1l2"),
+                                           ("dp=2,pp=2", "l1l2")],
+                         ids=["dp2-l1l2", "dp2-l1", "dp2ep2-l1l2", "dp2pp2-l1l2"])
 def test_a_tree_split_over_replicas_equals_the_expanded_reference(spec, planner):
     # one long tree under dp=2: split into two groups of trajectories, each group's paths
     # a window tree on its own rank (harts.plan.planners.tree_split)
@@ -44,7 +45,8 @@ def test_a_tree_split_over_replicas_equals_the_expanded_reference(spec, planner)
 
     trajs = long_chain_trajectories(70, [(19, 12), (32, 20), (33, 5), (60, 6)], seed=2)
     plan = make_plan(build_forest(trajs), planner,
-                     PlanConfig(dp=2, microbatch_tokens=BUDGET, chunk_size=small_config().chunk_size))
+                     PlanConfig(dp=2, pp=parse_parallel(spec).pp, microbatch_tokens=BUDGET,
+                                chunk_size=small_config().chunk_size))
     assert plan.info["split_trees"] == [2]
     _equal_the_expanded_reference(trajs, spec, planner, small_config(), BUDGET)
 
@@ -54,7 +56,7 @@ def _equal_the_expanded_reference(trajs, spec: str, planner: str, model, budget:
                                              dtypes=(torch.float64, torch.float32), model=model,
                                              microbatch_tokens=budget, timeout=240)
     assert rep64["sharing_windows"] >= 2
-    if spec.startswith("pp"):
+    if parse_parallel(spec).pp > 1:
         # the pipeline's report has no whole-model gradient norm (each stage holds its part);
         # every rank ran the passes the simulator scheduled, chains depth-first
         for rep in (rep64, rep32):

@@ -81,6 +81,30 @@ def test_explicit_forks_match_expanded(explicit, planner):
     assert trainer.peak_retained_bytes > 0
 
 
+@pytest.mark.parametrize("forks", ([(28, 6), (30, 7), (60, 5)], [(27, 6), (29, 5), (31, 4), (62, 3)]))
+def test_a_piece_going_on_through_several_forks_matches_expanded(forks):
+    # forks two rows apart whose branches do not fit beside the piece: the piece goes on
+    # through them along the trunk, and one leaf holds branches of two forks (its context
+    # the longer root path)
+    from harts.plan.planners.chains import chain_windows
+    from harts.plan.planners.common import ForestIndex
+
+    trajs = long_chain_trajectories(84, forks, seed=4)
+    forest = build_forest(trajs)
+    config = PlanConfig(microbatch_tokens=BUDGET, chunk_size=CHUNK)
+    idx = ForestIndex(forest, config.cost_model)
+    mbs, _ = chain_windows(idx, int(forest.roots[0]), config, go_on=True, through=True)
+    trunk_nodes = [len([v for v in m.rows if len(idx.children[v]) > 1]) for m in mbs]
+    assert max(trunk_nodes) >= 2, "a piece spanning two forks"
+    assert any(len({idx.parent[v] for v in m.rows if idx.parent[v] not in m.rows}) > 1 for m in mbs), \
+        "a leaf holding branches of two forks"
+    plan = _plan(trajs, "l1l2")
+    assert plan.num_microbatches == len(mbs)
+    ref_model, _, ref = _run(_config(), trajs)
+    model, _, got = _run(_config(), trajs, plan)
+    _check(ref, ref_model, got, model)
+
+
 @pytest.mark.parametrize("planner", ("l1", "l1l2"))
 @pytest.mark.parametrize("dtype", (torch.float64, torch.float32))
 def test_a_tree_split_over_replicas_matches_expanded(explicit, planner, dtype):

@@ -27,9 +27,13 @@ with its subtree) and the microbatch above it:
   producer hands the state there and the replayed rows' inputs, `harts.exec.stash`).
   `chain_windows` also builds the variant in which such a microbatch goes on into its
   largest remaining child up to the piece's last chunk boundary (that child's rest a stem
-  of its own; its siblings then read a larger producer) and keeps it where it has fewer
-  microbatches; the plan goes back to pieces ending at forks where, its leaves filled,
-  the variant's plan is no shorter and no lighter.
+  of its own; its siblings then read a larger producer), and the variant in which it goes
+  on *through* that child, and the next, wherever a child's own rows fit the piece (a
+  trunk with forks a few rows apart: the other children of every fork it passes are its
+  consumers, a leaf holding branches of several forks reading the longest root path
+  among them); `fewest_windows` keeps the build with fewest microbatches, and the plan
+  goes back to pieces ending at forks where, its leaves filled, the variant's plan is no
+  shorter and no lighter.
 
 Every microbatch reads its whole root path above its rows as context through its
 producer, which computed those rows or read them itself (a consumer has exactly one
@@ -67,7 +71,8 @@ from harts.plan.planners.common import (
 )
 from harts.tree.forest import RolloutForest
 
-__all__ = ["chain_windows", "long_roots", "path_chain", "piece_tokens", "plan_with_chains", "sub_forest"]
+__all__ = ["chain_windows", "fewest_windows", "heavy_trees", "long_roots", "path_chain", "piece_tokens",
+           "plan_with_chains", "step_load", "sub_forest"]
 
 
 def piece_tokens(config: PlanConfig) -> int:
@@ -99,11 +104,14 @@ def long_roots(idx: ForestIndex, budget: int) -> list[int]:
 class _Builder:
     """The window tree of one long tree (or, `path`, of one trajectory's copy)."""
 
-    def __init__(self, idx: ForestIndex, config: PlanConfig, path: list[int] | None = None, go_on: bool = False):
+    def __init__(self, idx: ForestIndex, config: PlanConfig, path: list[int] | None = None, go_on: bool = False,
+                 through: bool = False):
         self.idx = idx
         # at a fork whose children do not all fit, the piece goes on into its largest child
-        # (cut on the chunk grid) instead of ending at the fork (`chain_windows`)
+        # (cut on the chunk grid) instead of ending at the fork (`chain_windows`); `through`:
+        # on through that child's forks too where its own rows fit
         self.go_on = go_on and path is None
+        self.through = through
         self.B = config.microbatch_tokens
         self.C = config.chunk_size
         self.rho = config.producer_retention
@@ -188,20 +196,40 @@ class _Builder:
                     rest.append(c)
             kids = sorted(rest)
         go_on = None
-        if self.go_on and kids:
+        side: list[int] = []  # children of the nodes the piece went on through: its consumers too
+        while self.go_on and kids:
             c = max(kids, key=lambda c: (idx.sub_rows[c], -c))
             cut = (idx.start[c] + self.P - mb.tokens) // self.C * self.C
+            if cut >= idx.end[c] and self.through:  # the child's own rows fit: through it, on to its children
+                mb.rows[c] = (0, idx.length[c])
+                mb.tokens += idx.length[c]
+                mb.trajs.extend(idx.ends_here[c])
+                side += [k for k in kids if k != c]
+                kids = []
+                for k in sorted(self._kids(c), key=lambda k: (-idx.sub_rows[k], k)):
+                    if mb.tokens + idx.sub_rows[k] <= self.P:
+                        self._take_subtree(m, k, 0)
+                    else:
+                        kids.append(k)
+                continue
             if idx.start[c] < cut < idx.end[c]:
                 mb.rows[c] = (0, cut - idx.start[c])
                 mb.tokens += cut - idx.start[c]
                 kids = [k for k in kids if k != c]
                 go_on = (c, cut - idx.start[c])
+            break
+        kids = sorted(side + kids)
         leaf_room = self.B - self.rho * mb.tokens
         fits = [c for c in kids if self._rows_below(c, 0) <= leaf_room]
         size = {c: self._rows_below(c, 0) for c in kids}
         for group in first_fit_decreasing(fits, size, int(leaf_room)) if fits else []:
             g = sorted(group)
             leaf = self._new(m, g[0], 0)
+            for c in g[1:]:  # siblings from forks further down read the longer root path
+                u = idx.parent[c]
+                while u >= 0:
+                    self.out[leaf].context[u] = (0, idx.length[u])
+                    u = idx.parent[u]
             for c in g:
                 self._take_subtree(leaf, c, 0)
         for c in kids:
@@ -211,15 +239,27 @@ class _Builder:
             self.build(go_on[0], go_on[1], m, mb.tokens)
 
 
-def chain_windows(idx: ForestIndex, root: int, config: PlanConfig, go_on: bool = False
+def chain_windows(idx: ForestIndex, root: int, config: PlanConfig, go_on: bool = False, through: bool = False
                   ) -> tuple[list[TreeMB], list[int | None]]:
     """The window tree of the long tree at `root`: its microbatches in execution order
     (depth-first) and each one's producer (an index into that list, None for the first).
     `go_on`: a piece at a fork goes on into its largest remaining child rather than ending
-    there (`plan_with_chains` builds both and keeps the one with fewer microbatches)."""
-    b = _Builder(idx, config, go_on=go_on)
+    there; with `through`, on through that child, and the next, while their own rows fit
+    the piece, the other children of every fork it passes its consumers (`fewest_windows`
+    builds the three ways and keeps the one with fewest microbatches)."""
+    b = _Builder(idx, config, go_on=go_on, through=through)
     b.build(root, 0, None, 0)
     return b.out, b.producer_of
+
+
+def fewest_windows(idx: ForestIndex, root: int, config: PlanConfig, plain: tuple | None = None
+                   ) -> tuple[list[TreeMB], list[int | None]]:
+    """`chain_windows`'s build of the tree at `root` with the fewest microbatches: pieces
+    ending at forks (`plain`, where already built), going on into one child, or going on
+    through forks (ties: the first)."""
+    builds = [plain or chain_windows(idx, root, config), chain_windows(idx, root, config, go_on=True),
+              chain_windows(idx, root, config, go_on=True, through=True)]
+    return min(builds, key=lambda b: len(b[0]))
 
 
 def path_chain(idx: ForestIndex, traj: int, config: PlanConfig) -> tuple[list[TreeMB], list[int | None]]:
@@ -325,9 +365,8 @@ def _chained(forest: RolloutForest, config: PlanConfig, fn: Callable[[RolloutFor
         roots = [r for r in forest.roots.tolist() if r not in set(longs)]
         sub, nodes, tmap = sub_forest(forest, roots)
         plain = [chain_windows(idx, r, config) for r in longs]
-        # each window tree as the build with fewer microbatches (ties: pieces end at forks)
-        chains = [g if len(g[0]) < len(c[0]) else c
-                  for c, g in zip(plain, (chain_windows(idx, r, config, go_on=True) for r in longs), strict=True)]
+        # each window tree as the build with fewest microbatches (ties: pieces end at forks)
+        chains = [fewest_windows(idx, r, config, p) for r, p in zip(longs, plain, strict=True)]
     inner: list[Microbatch] = []
     mode = PlanMode.EXPANDED if expanded else PlanMode.TREE
     info: dict = {}
@@ -442,10 +481,6 @@ def _split_over_replicas(forest: RolloutForest, idx: ForestIndex, config: PlanCo
     without (ties: unsplit)."""
     from harts.plan.planners.tree_split import split_window_trees
 
-    def build(sidx: ForestIndex, root: int) -> tuple[list[TreeMB], list[int | None]]:
-        plain, go_on = chain_windows(sidx, root, config), chain_windows(sidx, root, config, go_on=True)
-        return go_on if len(go_on[0]) < len(plain[0]) else plain
-
     dp = config.dp
     counts = sorted({*range(2, min(dp, 8) + 1), *(1 << j for j in range(1, dp.bit_length())), dp} - {1})
     counts = [k for k in counts if k <= dp]
@@ -455,7 +490,7 @@ def _split_over_replicas(forest: RolloutForest, idx: ForestIndex, config: PlanCo
     for j in sorted(range(len(roots)), key=lambda j: (-idx.sub_rows[roots[j]], j)):
         for k in counts:
             for how in ("contiguous", "fork"):
-                parts = split_window_trees(idx, roots[j], k, config, build, how)
+                parts = split_window_trees(idx, roots[j], k, config, lambda i, r: fewest_windows(i, r, config), how)
                 if len(parts) < 2:
                     continue
                 trial = entries[:j] + [parts] + entries[j + 1:]

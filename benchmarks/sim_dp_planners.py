@@ -2,7 +2,7 @@
 l1l2 keep every replica busy, or does another plan of the same step run faster?
 
     python benchmarks/sim_dp_planners.py [--hardware h100] [--families grpo,...,long-group]
-        [--seeds 101,102] [--dp 1,2,4] [--json OUT.json]
+        [--seeds 101,102] [--dp 1,2,4] [--ep] [--json OUT.json]
 
 Each instance is a `harts.tree.shapes` draw (family/seed) at a budget drawn per instance
 from 8k/16k/32k, planned at that budget, at half of it and at a budget drawn from 4k-48k
@@ -10,7 +10,9 @@ from 8k/16k/32k, planned at that budget, at half of it and at a budget drawn fro
 `expanded-ffd`, each with the window floors `harts sim` uses by default
 (`harts.sim.executor.window_floors` for the model on the profile), and by `l1l2` with
 `split_trees=False` (every tree on one replica: the planner before trees were split over
-replicas). Every plan is simulated on `--hardware`'s executor cost model with dp GPUs.
+replicas). Every plan is simulated on `--hardware`'s executor cost model with dp GPUs
+(`--ep`: with expert parallelism over them, ep = dp, the replicas' passes in lockstep as
+`harts sim --gpus N` runs them by default).
 Prints, per dp, how many cases have l1l2 more than 2% slower than the fastest other
 plan, and the worst ratios; `--json` writes every case with provenance.
 """
@@ -41,14 +43,14 @@ PLANS = (("l1l2", "l1l2", True), ("l1", "l1", True), ("expanded-ffd", "expanded-
          ("l1l2-unsplit", "l1l2", False))
 
 
-def case(forest, budget: int, dp: int, model, hw) -> dict:
+def case(forest, budget: int, dp: int, model, hw, ep: bool = False) -> dict:
     out = {}
     floors = plan_floors(model, hw, budget)
     for key, planner, split in PLANS:
         plan = make_plan(forest, planner, PlanConfig(dp=dp, microbatch_tokens=budget, chunk_size=model.chunk_size,
                                                      split_trees=split, **floors))
-        res = simulate(step_from_plan(plan, forest, model.chunk_size), "non-overlap", model, ParallelConfig(dp=dp),
-                       hw, cost_model="executor")
+        res = simulate(step_from_plan(plan, forest, model.chunk_size), "non-overlap", model,
+                       ParallelConfig(dp=dp, ep=dp if ep else 1), hw, cost_model="executor")
         out[key] = {"step_s": res.step_seconds, "microbatches": len(plan.microbatches),
                     "executed_tokens": plan.executed_tokens, "split_trees": plan.info.get("split_trees", [])}
     return out
@@ -61,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", default=",".join([*shapes.FAMILIES, *shapes.LONG_FAMILIES]))
     ap.add_argument("--seeds", default="101,102")
     ap.add_argument("--dp", default="1,2,4")
+    ap.add_argument("--ep", action="store_true", help="expert parallelism over the replicas (ep = dp)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     model, hw = get_model_config(args.model), load_hardware(args.hardware)
@@ -74,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             for budget in sorted({drawn, drawn // 2, int(rng.integers(4096, 49152))}):
                 for dp in dps:
                     r = {"instance": f"{fam}/{seed}@{drawn}", "family": fam, "budget": budget, "dp": dp,
-                         **case(forest, budget, dp, model, hw)}
+                         **case(forest, budget, dp, model, hw, args.ep)}
                     best_other = min(r[k]["step_s"] for k in ("l1", "expanded-ffd"))
                     r["l1l2_over_best_other"] = r["l1l2"]["step_s"] / best_other
                     r["unsplit_over_best_other"] = r["l1l2-unsplit"]["step_s"] / best_other
@@ -100,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
               f"unsplit in {cell['split_faster_than_unsplit']}, slower in {cell['split_slower_than_unsplit']}")
     if args.json:
         Path(args.json).write_text(json.dumps({"provenance": provenance(sys.argv), "hardware": args.hardware,
-                                               "model": args.model, "summary": summary, "rows": rows}, indent=1) + "\n")
+                                               "model": args.model, "ep": args.ep, "summary": summary, "rows": rows},
+                                              indent=1) + "\n")
     return 0
 
 

@@ -250,6 +250,9 @@ def _row(workload: str, planner: str, plan: Any, res: Any) -> dict[str, Any]:
         "executed_tokens": plan.executed_tokens,
         "compression": plan.expanded_tokens / max(1, plan.executed_tokens),
         "plan_seconds": plan.plan_seconds,
+        # (dp > 1) trees split over the replicas, the window trees of each
+        # (harts.plan.planners.tree_split)
+        "split_trees": [int(k) for k in plan.info.get("split_trees", [])],
         **res.to_json(),
     }
 
@@ -296,7 +299,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
         print_json(out)
     else:
         for k, v in out.items():
-            if k not in ("busy_seconds_by_kind", "trace", "gantt", "schedule_file"):
+            if k not in ("busy_seconds_by_kind", "trace", "gantt", "schedule_file") and v != []:
                 print(f"{label(k):24s} {human(k, v)}")
     for path in written:
         say_wrote(path, args.json)

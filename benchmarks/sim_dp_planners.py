@@ -47,8 +47,8 @@ def case(forest, budget: int, dp: int, model, hw, ep: bool = False) -> dict:
     out = {}
     floors = plan_floors(model, hw, budget)
     for key, planner, split in PLANS:
-        plan = make_plan(forest, planner, PlanConfig(dp=dp, microbatch_tokens=budget, chunk_size=model.chunk_size,
-                                                     split_trees=split, **floors))
+        plan = make_plan(forest, planner, PlanConfig(dp=dp, ep=dp if ep else 1, microbatch_tokens=budget,
+                                                     chunk_size=model.chunk_size, split_trees=split, **floors))
         res = simulate(step_from_plan(plan, forest, model.chunk_size), "non-overlap", model,
                        ParallelConfig(dp=dp, ep=dp if ep else 1), hw, cost_model="executor")
         out[key] = {"step_s": res.step_seconds, "microbatches": len(plan.microbatches),

@@ -72,6 +72,9 @@ def _add_step_args(p: argparse.ArgumentParser, planning: bool = True) -> None:
         return
     # defaults live in harts.plan.plan (resolved in the handler: registering stays cheap)
     p.add_argument("--dp", type=int, default=1, help="data-parallel replicas (default 1)")
+    p.add_argument("--ep", type=int, default=1,
+                   help="expert-parallel group size over the replicas (divides --dp; default 1): where the "
+                        "planners compare finished plans, a group's replicas are priced in lockstep")
     p.add_argument("--pp", type=int, default=1,
                    help="pipeline stages the plan is for (default 1; > 1 asks for at least "
                         "--microbatches-per-stage x pp microbatches per replica)")
@@ -141,6 +144,7 @@ def _config(args: argparse.Namespace):
     try:  # PlanConfig checks its fields when built
         return PlanConfig(
             dp=args.dp,
+            ep=args.ep,
             pp=args.pp,
             **extra,
             microbatch_tokens=tokens,

@@ -173,7 +173,8 @@ class _Setup:
 
         forest = self.forest(workload)
         # plan for the pipeline that is simulated (microbatches enough to fill its stages)
-        kw: dict[str, Any] = {"dp": self.parallel.dp, "pp": self.parallel.pp, "seed": self.args.seed}
+        kw: dict[str, Any] = {"dp": self.parallel.dp, "pp": self.parallel.pp, "seed": self.args.seed,
+                              "ep": self.parallel.ep if self.parallel.pp == 1 else 1}
         budget = budget or self.args.microbatch_tokens
         if budget:
             kw["microbatch_tokens"] = budget

@@ -59,7 +59,12 @@ class PlanConfig:
     `split_trees` (tree-mode planners, dp > 1): a tree holding more than a replica's share
     of the step may be split over the replicas, its trajectories in groups that each run
     as a window tree of their own, where the step load is lower
-    (`harts.plan.planners.tree_split`); False keeps every tree on one replica."""
+    (`harts.plan.planners.tree_split`); False keeps every tree on one replica.
+
+    `ep` (dp > 1, pp = 1): expert parallelism over groups of `ep` replicas. Their passes
+    run in lockstep (`harts.plan.lockstep`), so where the planners compare finished plans
+    (`chains.step_load`: split and nested trees) a group's step is its joint events,
+    each as long as its longest pass; 1 (default) prices each replica alone."""
 
     dp: int = 1
     microbatch_tokens: int = DEFAULT_MICROBATCH_TOKENS
@@ -75,6 +80,7 @@ class PlanConfig:
     consumer_floor: float = 0.0
     consumer_row_cost: float = 0.0
     split_trees: bool = True
+    ep: int = 1
 
     @property
     def target_microbatches(self) -> int:
@@ -90,6 +96,8 @@ class PlanConfig:
             raise ValueError(f"PlanConfig.dp must be >= 1, got {self.dp}")
         if self.pp < 1:
             raise ValueError(f"PlanConfig.pp must be >= 1, got {self.pp}")
+        if self.ep < 1 or self.dp % self.ep:
+            raise ValueError(f"PlanConfig.ep must be >= 1 and divide dp={self.dp}, got {self.ep}")
         if self.min_microbatches_per_stage < 1:
             raise ValueError(f"PlanConfig.min_microbatches_per_stage must be >= 1, got {self.min_microbatches_per_stage}")
         if self.microbatch_tokens < 1:

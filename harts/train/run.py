@@ -263,9 +263,9 @@ def _check_tree_mode(mc: ModelConfig) -> None:
         raise TrainError(str(err), field="mode") from None
 
 
-def _plan(config: TrainConfig, trajectories: list, mc: ModelConfig, dp: int = 1, pp: int = 1) -> Any:
+def _plan(config: TrainConfig, trajectories: list, mc: ModelConfig, dp: int = 1, pp: int = 1, ep: int = 1) -> Any:
     """The step plan: `plan.file`'s (checked against the step's forest), or the planner's
-    for `dp` replicas and `pp` stages."""
+    for `dp` replicas (in expert-parallel groups of `ep`) and `pp` stages."""
     from harts.tree import build_forest
 
     forest = build_forest(trajectories)
@@ -297,7 +297,7 @@ def _plan(config: TrainConfig, trajectories: list, mc: ModelConfig, dp: int = 1,
             raise TrainError(f"`plan.window_floors`: {err}", field="plan.window_floors") from None
     try:
         return make_plan(forest, planner, PlanConfig(microbatch_tokens=config.plan.microbatch_tokens,
-                                                     chunk_size=mc.chunk_size, dp=dp, pp=pp, **floors))
+                                                     chunk_size=mc.chunk_size, dp=dp, pp=pp, ep=ep, **floors))
     except ValueError as err:
         raise TrainError(str(err)) from None
 
@@ -353,7 +353,7 @@ def _build_distributed(config: TrainConfig, mc: ModelConfig, trajectories: list)
         try:
             parallel = config.parallel.resolve(world)
             _check_tree_mode(mc)
-            plan = _plan(config, trajectories, mc, parallel.dp, parallel.pp)
+            plan = _plan(config, trajectories, mc, parallel.dp, parallel.pp, parallel.ep)
             check_launch(parallel, world, mc, plan)
         except LaunchError as err:
             raise TrainError(str(err), field="parallel") from None

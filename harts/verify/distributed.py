@@ -32,13 +32,14 @@ from harts.tree import Trajectory
 __all__ = ["verify_distributed", "verify_distributed_dtypes"]
 
 
-def _plan(trajectories, config: ModelConfig, planner: str, microbatch_tokens: int, dp: int, pp: int = 1):
+def _plan(trajectories, config: ModelConfig, planner: str, microbatch_tokens: int, dp: int, pp: int = 1, ep: int = 1):
     from harts.config.plan import PlanConfig
     from harts.plan.planners import make_plan
     from harts.tree import build_forest
 
     return make_plan(build_forest(trajectories), planner,
-                     PlanConfig(microbatch_tokens=microbatch_tokens, chunk_size=config.chunk_size, dp=dp, pp=pp))
+                     PlanConfig(microbatch_tokens=microbatch_tokens, chunk_size=config.chunk_size, dp=dp, pp=pp,
+                                ep=ep if pp == 1 else 1))
 
 
 def _worker(payload: dict, out_path: str) -> None:
@@ -80,7 +81,7 @@ def _step_report(payload: dict, mesh, dtype: torch.dtype) -> dict[str, Any] | No
                 trajectories, mbt)
         dist.broadcast_object_list(box, src=0)
         trajectories = box[0]
-    plan = _plan(trajectories, config, payload["planner"], mbt, parallel.dp, parallel.pp)
+    plan = _plan(trajectories, config, payload["planner"], mbt, parallel.dp, parallel.pp, parallel.ep)
     extra: dict[str, Any] = {}
     model = copy.deepcopy(template)
     pm = parallelize(model, mesh, ParallelizeConfig(sequence_parallel=payload["sequence_parallel"]))
@@ -230,7 +231,7 @@ def verify_distributed_dtypes(
     # the plan is made here first so a planner's refusal, or a plan the launch cannot run,
     # is reported before workers start
     check_launch(parallel, parallel.world_size, config,
-                 _plan(trajectories, config, planner, microbatch_tokens, parallel.dp, parallel.pp))
+                 _plan(trajectories, config, planner, microbatch_tokens, parallel.dp, parallel.pp, parallel.ep))
     payload = {"schedule": schedule, "parallel": parallel, "config": config, "device": device, "dtypes": list(dtypes),
                "loss": loss,
                "microbatch_tokens": microbatch_tokens, "trajectories": trajectories, "seed": seed,

@@ -44,8 +44,9 @@ def test_a_tree_split_over_replicas_equals_the_expanded_reference(spec, planner)
     from harts.tree import build_forest
 
     trajs = long_chain_trajectories(70, [(19, 12), (32, 20), (33, 5), (60, 6)], seed=2)
+    parallel = parse_parallel(spec)
     plan = make_plan(build_forest(trajs), planner,
-                     PlanConfig(dp=2, pp=parse_parallel(spec).pp, microbatch_tokens=BUDGET,
+                     PlanConfig(dp=2, pp=parallel.pp, ep=parallel.ep, microbatch_tokens=BUDGET,
                                 chunk_size=small_config().chunk_size))
     assert plan.info["split_trees"] == [2]
     _equal_the_expanded_reference(trajs, spec, planner, small_config(), BUDGET)

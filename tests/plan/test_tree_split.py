@@ -4,14 +4,17 @@ root paths a window tree of its own; kept where the finished plan's step load is
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harts.config.plan import PlanConfig
 from harts.plan.planners import make_plan
-from harts.plan.planners.chains import heavy_trees, step_load
-from harts.plan.planners.common import ForestIndex
+from harts.plan.planners.chains import heavy_trees, lockstep_load, step_load
+from harts.plan.planners.common import ForestIndex, floored_load
 from harts.plan.planners.tree_split import group_trajectories
 from harts.tree import build_forest, shapes
 from tests.strategies import long_chain_trajectories, split_tree_cases
@@ -77,3 +80,25 @@ def test_trees_within_a_replicas_share_are_not_split():
     assert "split_trees" not in plan.info
     assert plan.executed_tokens == forest.compact_tokens
     assert np.array_equal(np.unique([m.replica for m in plan.microbatches]), [0, 1])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(split_tree_cases(), st.sampled_from((2, 4)))
+def test_an_expert_parallel_group_is_priced_in_lockstep(case, dp):
+    # ep = dp: the replicas' passes in joint events, each as long as its longest pass, so
+    # the group's step is never shorter than its heaviest replica's passes back to back
+    forest, config = case
+    config = dataclasses.replace(config, dp=dp, ep=dp, microbatch_floor=50.0, consumer_floor=10.0)
+    plan = make_plan(forest, "l1l2", config)
+    plan.validate(forest, cost_model=config.cost_model)
+    assert step_load(plan, config) == lockstep_load(plan, config)
+    assert lockstep_load(plan, config) >= floored_load(plan.microbatches, config) * (1 - 1e-9)
+    # the split is kept only where it lightens the lockstep
+    unsplit = make_plan(forest, "l1l2", dataclasses.replace(config, split_trees=False))
+    assert step_load(plan, config) <= step_load(unsplit, config) * (1 + 1e-9)
+
+
+def test_ep_must_divide_dp():
+    with pytest.raises(ValueError, match="divide dp=4"):
+        PlanConfig(dp=4, ep=3)
+

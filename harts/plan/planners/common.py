@@ -298,15 +298,23 @@ def floored_load(mbs: Sequence[Microbatch | TreeMB], config: PlanConfig) -> floa
     consumer), whichever is larger. Producers are named by position (a finished plan's
     ids)."""
     per: dict[int, float] = {}
+    for m, load in zip(mbs, floored_loads(mbs, config), strict=True):
+        per[m.replica] = per.get(m.replica, 0.0) + load
+    return max(per.values(), default=0.0)
+
+
+def floored_loads(mbs: Sequence[Microbatch | TreeMB], config: PlanConfig) -> list[float]:
+    """Each microbatch's max(load, floor), as `floored_load` sums them."""
     over = config.cost_model.microbatch_overhead
     rows = [m.executed_tokens if isinstance(m, Microbatch) else m.tokens for m in mbs]
+    out = []
     for m in mbs:
         floor, load = config.microbatch_floor, over + m.cost
         if m.producer is not None:
             floor += config.consumer_floor
             load += config.consumer_row_cost * rows[m.producer]
-        per[m.replica] = per.get(m.replica, 0.0) + max(load, floor)
-    return max(per.values(), default=0.0)
+        out.append(max(load, floor))
+    return out
 
 
 def pipelined_critical_path(loads: list[list[float]], pp: int, ends: list[float] | None = None) -> float:

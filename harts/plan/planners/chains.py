@@ -564,8 +564,8 @@ def lockstep_load(plan: Plan, config: PlanConfig) -> float:
     """The heaviest EP group's step in load units: its joint events (`harts.plan.lockstep`,
     as the executor and the simulator run them), each its kind's share (forward
     `forward_fraction`, backward the rest, forward-backward all) of its longest pass; a
-    pass is a microbatch's floored load (`floored_load` of it alone), a shadow's the
-    microbatch floor."""
+    pass is a microbatch's floored load (`floored_loads`), a shadow's the microbatch
+    floor."""
     from harts.plan.lockstep import joint_events
 
     mbs = plan.microbatches

@@ -126,32 +126,31 @@ def test_window_floors_make_the_plan_the_library_makes(tmp_path, capsys):
         assert msg in capsys.readouterr().err
 
 
+def _shape_plan_argv(tmp_path, capsys, instance: str, *flags: str) -> list[str]:
+    """`harts plan` argv (l1l2, `flags` added) over a shape family instance written with
+    `harts workload shape`."""
+    rollouts = tmp_path / "shape.jsonl"
+    assert main(["workload", "shape", "--instance", instance, "--out", str(rollouts)]) == 0
+    capsys.readouterr()
+    return ["plan", "--input", str(rollouts), "--planner", "l1l2", *flags, "--out", str(tmp_path / "p.json")]
+
+
 def test_make_says_which_trees_run_as_nested_windows(tmp_path, capsys):
     # an SWE-agent tree planned at 0.7 of the budget it was drawn at: no one window holds
     # it; at half of it a trajectory is over the budget too
-    rollouts = tmp_path / "swe.jsonl"
-    assert main(["workload", "shape", "--instance", "swe-tree/4@16384", "--out", str(rollouts)]) == 0
-    capsys.readouterr()
-    out = tmp_path / "p.json"
-    assert main(["plan", "--input", str(rollouts), "--planner", "l1l2", "--microbatch-tokens", "11468",
-                 "--out", str(out), "--json"]) == 0
+    argv = _shape_plan_argv(tmp_path, capsys, "swe-tree/4@16384", "--microbatch-tokens", "11468")
+    assert main([*argv, "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert (got["window_trees"], got["nested_trees"]) == (1, 1)
-    assert main(["plan", "--input", str(rollouts), "--planner", "l1l2", "--microbatch-tokens", "11468",
-                 "--out", str(out)]) == 0
+    assert main(argv) == 0
     assert "nested windows for 1 tree: 1 that no one window holds" in capsys.readouterr().out
-    assert main(["plan", "--input", str(rollouts), "--planner", "l1l2", "--microbatch-tokens", "8192",
-                 "--out", str(out)]) == 0
+    assert main([*argv, "--microbatch-tokens", "8192"]) == 0
     assert "1 with a trajectory over the budget" in capsys.readouterr().out
 
 
 def test_make_says_when_short_trees_join_a_window_trees_leaves(tmp_path, capsys):
     # long-agent/1 at 16k: its short trajectories ride in the first fork's consumer
-    rollouts = tmp_path / "agent.jsonl"
-    assert main(["workload", "shape", "--instance", "long-agent/1@16384", "--out", str(rollouts)]) == 0
-    capsys.readouterr()
-    out = tmp_path / "p.json"
-    argv = ["plan", "--input", str(rollouts), "--planner", "l1l2", "--microbatch-tokens", "16384", "--out", str(out)]
+    argv = _shape_plan_argv(tmp_path, capsys, "long-agent/1@16384", "--microbatch-tokens", "16384")
     assert main([*argv, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["filled_leaves"] == 1
     assert main(argv) == 0
@@ -161,12 +160,7 @@ def test_make_says_when_short_trees_join_a_window_trees_leaves(tmp_path, capsys)
 def test_make_says_when_a_tree_is_split_over_replicas(tmp_path, capsys):
     # long-group/105 drawn at 16k, planned at 8k on two replicas: the group's trajectories in
     # two window trees, one per replica (harts.plan.planners.tree_split)
-    rollouts = tmp_path / "group.jsonl"
-    assert main(["workload", "shape", "--instance", "long-group/105@16384", "--out", str(rollouts)]) == 0
-    capsys.readouterr()
-    out = tmp_path / "p.json"
-    argv = ["plan", "--input", str(rollouts), "--planner", "l1l2", "--microbatch-tokens", "8192", "--dp", "2",
-            "--out", str(out)]
+    argv = _shape_plan_argv(tmp_path, capsys, "long-group/105@16384", "--microbatch-tokens", "8192", "--dp", "2")
     assert main([*argv, "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["split_trees"] == [2] and got["window_trees"] == 2

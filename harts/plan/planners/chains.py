@@ -322,13 +322,9 @@ def plan_with_chains(forest: RolloutForest, config: PlanConfig, fn: Callable[[Ro
 
 def heavy_trees(forest: RolloutForest, dp: int) -> list[int]:
     """Roots of the trees with two or more trajectories and more than 1/dp of the forest's rows."""
-    length = np.concatenate([[0], np.cumsum(forest.node_length)])
-    end = forest.node_subtree_end
-    share = length[-1] / dp
-    count = np.bincount(forest.traj_node, minlength=forest.num_nodes)
-    count = np.concatenate([[0], np.cumsum(count)])
-    return [r for r in forest.roots.tolist() if length[end[r] + 1] - length[r] > share
-            and count[end[r] + 1] - count[r] >= 2]
+    start, end = forest.node_row_start, forest.node_subtree_end
+    return [r for r in forest.roots.tolist() if start[end[r] + 1] - start[r] > forest.num_rows / dp
+            and forest.node_occurrence[r] >= 2]
 
 
 def _chained(forest: RolloutForest, config: PlanConfig, fn: Callable[[RolloutForest, PlanConfig], Plan],
@@ -483,8 +479,7 @@ def _split_over_replicas(forest: RolloutForest, idx: ForestIndex, config: PlanCo
     from harts.plan.planners.tree_split import split_window_trees
 
     dp = config.dp
-    counts = sorted({*range(2, min(dp, 8) + 1), *(1 << j for j in range(1, dp.bit_length())), dp} - {1})
-    counts = [k for k in counts if k <= dp]
+    counts = sorted({*range(2, min(dp, 8) + 1), *(1 << j for j in range(1, dp.bit_length())), dp})
     entries = [[c] for c in chains]
     best = step_load(plan, config)
     split = []

@@ -216,7 +216,7 @@ def chain_cases(path: str, model: str, rates, hw) -> list:
             continue
         case = key.split()[0]
         if case not in forests:
-            forests[case] = build_forest(instance(case)[0])
+            forests[case] = build_forest(instance(case, seed=data.get("seed", 0))[0])
         step = step_of(forests[case], c["kind"], c["budget"], cfg.chunk_size)
         out.append(case_of(f"chains:{case}", c["kind"], step, cfg, hw, measured_s=c["seconds"]))
     return out

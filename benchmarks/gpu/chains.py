@@ -14,10 +14,14 @@ Cases (tiny-h200, bf16, activation recomputation, benchmarks/gpu/windows.py's tr
   (what a 32k-budget step of ordinary trajectories holds);
 - `tree131k`: a 16,384-token prompt with three responses of 2-8k and one that runs on to
   131,072 tokens, the l1l2 plan at 32,768;
+- `forks131k`: one 131,072-token trajectory with four branches of 2-8k tokens leaving it
+  at positions drawn past the first 8k (forks inside later pieces of the chain, on or
+  near its cuts by chance), the l1l2 plan at 32,768;
 - `chain64k`: one 65,536-token trajectory, unsplit (one microbatch, budget 131,072) and the
   l1l2 plan at 16,384.
 
-Derived: peak of the 131k cases over `ordinary32k` (total allocated, and activations above
+`--seed` draws other tokens, response lengths and fork positions (the swe-treestep-1
+preset is fixed). Derived: peak of the 131k cases over `ordinary32k` (total allocated, and activations above
 the weights and optimizer state), and chain64k's chained step over its unsplit step.
 Writes DIR/chains.json with provenance.
 """
@@ -36,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 import windows as W  # noqa: E402  (benchmarks/gpu/windows.py: trainers, run_case, provenance)
 
-CASES = ("swe32k", "swe16k", "ordinary32k", "single131k", "tree131k", "chain64k")
+CASES = ("swe32k", "swe16k", "ordinary32k", "single131k", "tree131k", "chain64k", "forks131k")
 
 
 def _traj(name: str, group: str, tokens: np.ndarray, rng: np.random.Generator):
@@ -75,6 +79,13 @@ def _instance(case: str, seed: int, scale: int):
                  for i in range(3)]
         trajs.append(_traj("long", "g", np.concatenate([prompt, _tokens(rng, 131072 - 16384)]), rng))
         return trajs, [("windows", 32768)]
+    if case == "forks131k":
+        trunk = _tokens(rng, 131072)
+        trajs = [_traj("long", "g", trunk, rng)]
+        for i, at in enumerate(sorted(rng.integers(8192 // scale, len(trunk) - 1024 // scale, 4))):
+            branch = _tokens(rng, int(rng.integers(2048, 8192)))  # divided by `scale` in _tokens
+            trajs.append(_traj(f"b{i}", "g", np.concatenate([trunk[:at], branch]), rng))
+        return trajs, [("windows", 32768)]
     if case == "chain64k":
         return [_traj("long", "g", _tokens(rng, 65536), rng)], [("tree", 131072), ("windows", 16384)]
     raise KeyError(case)
@@ -84,6 +95,7 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--model", default="tiny-h200")
+    ap.add_argument("--seed", type=int, default=0, help="draw other instances of the drawn cases")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--no-autotune", action="store_true")
@@ -101,7 +113,8 @@ def main(argv: list[str]) -> int:
     W.VOCAB = min(W.VOCAB, get_model_config(args.model).vocab_size)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    result: dict = {"provenance": W.provenance(sys.argv), "model": args.model, "cases": {}, "derived": {}}
+    result: dict = {"provenance": W.provenance(sys.argv), "model": args.model, "seed": args.seed, "cases": {},
+                    "derived": {}}
     t_start = time.perf_counter()
 
     def save():
@@ -109,7 +122,7 @@ def main(argv: list[str]) -> int:
         (out_dir / "chains.json").write_text(json.dumps(result, indent=1, default=str))
 
     for case in args.cases.split(","):
-        trajs, runs = instance(case, scale=args.scale)
+        trajs, runs = instance(case, seed=args.seed, scale=args.scale)
         for kind, budget in runs:
             key = f"{case} {kind}@{budget}"
             try:
@@ -128,7 +141,7 @@ def main(argv: list[str]) -> int:
         return next((v for k, v in c.items() if k.startswith(f"{case} {kind}@") and "seconds" in v), {})
 
     base = of("ordinary32k", "expanded")
-    for case in ("single131k", "tree131k"):
+    for case in ("single131k", "tree131k", "forks131k"):
         row = of(case, "windows")
         if row and base.get("peak_bytes"):
             result["derived"][f"{case} peak / ordinary32k"] = row["peak_bytes"] / base["peak_bytes"]

@@ -6,6 +6,9 @@
   side prepared outside the timed region (as the window suite times it); on CUDA one more
   step under torch.profiler gives the summed kernel time and the kernel launches.
 - `op_rates`: matrix-product FLOP/s and device-copy bandwidth micro-benchmarks.
+- `calibrate_host`: a shipped profile with only its host rate measured on this machine
+  (a few window and expanded steps, no profiler): what differs between machines of one
+  GPU kind.
 - `calibrate`: op rates plus a few real steps of `harts.tree.shapes` instances, fitted into
   a hardware profile's `executor` section (`harts.sim.fit_executor`): launch counts from
   the counted launches, the device terms from the kernel time, the host terms from the
@@ -26,7 +29,7 @@ import torch
 
 from harts.bench.timing import sync_cuda
 
-__all__ = ["build_net", "calibrate", "kernel_category", "measure_step", "op_rates", "trainer_for"]
+__all__ = ["build_net", "calibrate", "calibrate_host", "kernel_category", "measure_step", "op_rates", "trainer_for"]
 
 
 def _sync(device: str) -> None:
@@ -177,22 +180,15 @@ DEVICE_RATES = ("device_scale", "half_efficiency_rows", "consumer_device_s_per_p
 HOST_RATES = ("host_s_per_launch", "step_fixed_s")
 
 
-def fit_profile(prof: dict[str, Any], rows: Sequence[dict[str, Any]], model: str, unsplit_budget: int = 131072,
-                here: str = "fitted") -> tuple[dict[str, Any], dict[str, Any]]:
-    """`prof` (a hardware profile's JSON dict, copied) with its executor section fitted to
-    measured steps (`measure_instances` rows): the launch counts to the counted launches,
-    the device rates to the profiled kernel time, the host rates to the step wall time
-    (without kernel profiles: the device scale and host rates to the wall time). A row whose
-    microbatch count differs from the plan the planner gives its instance today is left out
-    (listed in the notes' `skipped_plan_changed`). Returns (profile, fit notes). The
-    profile's op rates are used as they are."""
+def _cases(prof: dict[str, Any], rows: Sequence[dict[str, Any]], model: str,
+           unsplit_budget: int) -> tuple[Any, list[Any], list[str]]:
+    """(`prof` loaded, the executor model's cases of the measured `rows`, the rows left out
+    because the planner no longer gives the plan they ran)."""
     from harts.config.models import get_model_config
-    from harts.sim.executor_rates import CATEGORY_SCALES, executor_rates_to_dict
-    from harts.sim.fit_executor import case_of, fit_launches, fit_rates, step_of
+    from harts.sim.fit_executor import case_of, step_of
     from harts.sim.hardware import profile_from_dict
     from harts.tree import build_forest, shapes
 
-    prof = copy.deepcopy(prof)
     hw = profile_from_dict(prof)
     cfg = get_model_config(model)
     cases, forests, stale = [], {}, []
@@ -214,6 +210,24 @@ def fit_profile(prof: dict[str, Any], rows: Sequence[dict[str, Any]], model: str
     if not cases:
         raise RuntimeError("calibrate: no step could be measured" + (
             f" on a plan the planner still gives ({'; '.join(stale)})" if stale else ""))
+    return hw, cases, stale
+
+
+def fit_profile(prof: dict[str, Any], rows: Sequence[dict[str, Any]], model: str, unsplit_budget: int = 131072,
+                here: str = "fitted") -> tuple[dict[str, Any], dict[str, Any]]:
+    """`prof` (a hardware profile's JSON dict, copied) with its executor section fitted to
+    measured steps (`measure_instances` rows): the launch counts to the counted launches,
+    the device rates to the profiled kernel time, the host rates to the step wall time
+    (without kernel profiles: the device scale and host rates to the wall time). A row whose
+    microbatch count differs from the plan the planner gives its instance today is left out
+    (listed in the notes' `skipped_plan_changed`). Returns (profile, fit notes). The
+    profile's op rates are used as they are."""
+    from harts.sim.executor_rates import CATEGORY_SCALES, executor_rates_to_dict
+    from harts.sim.fit_executor import fit_launches, fit_rates
+    from harts.sim.hardware import profile_from_dict
+
+    prof = copy.deepcopy(prof)
+    hw, cases, stale = _cases(prof, rows, model, unsplit_budget)
     fitted, notes = hw.executor, {"skipped_plan_changed": stale} if stale else {}
     sources = {k.removeprefix("executor."): v for k, v in hw.sources.items() if k.startswith("executor.")}
     base_name = prof.get("name", "base")
@@ -248,9 +262,6 @@ def calibrate(model: str, device: str, base: dict[str, Any], instances: Sequence
               log=print) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A hardware profile (JSON dict) for this device: `base`'s, with the op rates and the
     executor section replaced by what was measured and fitted here; and the measured rows."""
-    from harts.bench.provenance import provenance
-    from harts.sim.hardware import profile_from_dict
-
     prof = copy.deepcopy(base)
     rates = op_rates(device, n=4096 if device.startswith("cuda") else 512,
                      copy_bytes=1 << 28 if device.startswith("cuda") else 1 << 24)
@@ -263,9 +274,58 @@ def calibrate(model: str, device: str, base: dict[str, Any], instances: Sequence
                              unsplit_budget, log=log)
     prof, notes = fit_profile(prof, rows, model, unsplit_budget,
                               f"fitted by `harts sim calibrate` on {device}")
+    _this_machine(prof, name, device, model, instances, notes, "calibrate")
+    return prof, rows
+
+
+# `calibrate_host`'s steps: window and expanded steps at 8k budgets, whose host issues a
+# microbatch's launches in about the time its device runs them, so the step's time moves
+# with the host's speed (docs/BENCHMARKS.md, "Host speed")
+HOST_KINDS = ("windows", "expanded")
+
+
+def calibrate_host(model: str, device: str, base: dict[str, Any], instances: Sequence[tuple[str, int, int]],
+                   steps: int = 3, warmup: int = 1, name: str | None = None,
+                   log=print) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """`base` (a profile of this GPU kind) with only its host rate measured here: the
+    window and expanded steps of `instances` timed without a profiler, and
+    `host_s_per_launch` fitted so the executor model, every other rate `base`'s, gives
+    their times (least squares on the log error). Host speed differs between machines of
+    one GPU kind by up to 1.5x, the kernels' speed by a few percent; this pins the one
+    term a shipped profile cannot know, in the time of a few steps. Returns the profile
+    and the measured rows."""
+    from harts.sim.executor_rates import executor_rates_to_dict
+    from harts.sim.fit_executor import fit_rates
+
+    if "executor" not in base:
+        raise ValueError("calibrate_host: the base profile has no executor section to keep (use `calibrate`)")
+    rows = measure_instances(model, device, instances, HOST_KINDS, steps, warmup, 131072, profile=False, log=log)
+    prof = copy.deepcopy(base)
+    hw, cases, stale = _cases(prof, rows, model, 131072)
+    fitted, fit = fit_rates(hw.executor, cases, ["host_s_per_launch"])
+    notes = {"step": fit, **({"skipped_plan_changed": stale} if stale else {})}
+    sources = {k.removeprefix("executor."): v for k, v in hw.sources.items() if k.startswith("executor.")}
+    whats = {k: f"as in the base profile {prof.get('name', 'base')}: {v.get('what', '')}"
+             for k, v in prof["executor"].items()}
+    sources["host_s_per_launch"] = "fitted"
+    whats["host_s_per_launch"] = (f"fitted alone by `harts sim calibrate --host-only` on {device} to the step "
+                                  f"wall time of {len(cases)} steps ({', '.join(sorted({c.name for c in cases}))})")
+    prof["executor"] = executor_rates_to_dict(fitted, sources, whats)
+    _this_machine(prof, name, device, model, instances, notes, "calibrate --host-only")
+    return prof, rows
+
+
+def _this_machine(prof: dict[str, Any], name: str | None, device: str, model: str,
+                  instances: Sequence[tuple[str, int, int]], notes: dict[str, Any], how: str) -> None:
+    """Name `prof` for this machine: its device, provenance and `host_machines` (this
+    machine's host rate alone, so `harts sim` reports no spread over other machines' hosts)."""
+    from harts.bench.provenance import provenance
+    from harts.sim.hardware import profile_from_dict
+
     prof["name"] = name or f"calibrated-{device}"
     prof["device"] = (torch.cuda.get_device_name(0) if device.startswith("cuda") else f"{device} ({model})")
     prof["provenance"] = {**provenance(), "model": model, "instances": [list(i) for i in instances],
                           "fit": notes}
+    prof["host_machines"] = [{"host_s_per_launch": prof["executor"]["host_s_per_launch"]["value"],
+                              "fitted_to": f"`harts sim {how}` on this machine ({prof['device']})"}]
     profile_from_dict(prof)  # it loads
-    return prof, rows

@@ -1,13 +1,17 @@
 """`harts sim calibrate` and `harts sim validate`: the simulator measured on this machine.
 
     harts sim calibrate --out my-gpu.json [--device cuda|cpu] [--model tiny-h200]
+    harts sim calibrate --host-only --out my-h100.json [--base h100]
     harts sim validate --input rollouts.jsonl --model tiny-h200 --planner l1l2 \\
         --microbatch-tokens 16384 --hardware my-gpu.json [--json]
 
 `calibrate` runs op micro-benchmarks and a few real steps (unsplit tree, l1l2 windows and
 packed expanded of `harts.tree.shapes` instances) and writes a hardware profile whose
 executor rates are fitted to them (harts.bench.sim_measure.calibrate): `--hardware FILE`
-then simulates this machine. `validate` runs one plan of the user's rollouts on the device
+then simulates this machine. `--host-only` keeps the shipped profile of this GPU kind and
+measures only its host rate, in a few window and expanded steps
+(harts.bench.sim_measure.calibrate_host): machines of one GPU kind differ in host speed
+by up to 1.5x, and a window step at 8-16k budgets moves with it. `validate` runs one plan of the user's rollouts on the device
 and prints the simulated step beside the measured one: step total, device (kernel) time,
 host-bound idle time, and the device time by op category (attention, KDA, token-wise,
 collectives, window terms, optimizer; the device side is measured on CUDA, under
@@ -32,6 +36,7 @@ from harts.cli.common import (
 
 DEFAULT_INSTANCES = {"cuda": "grpo/0@8192,long-chain/0@16384,swe-tree/0@8192,fanout/0@8192",
                      "cpu": "grpo/0@256,long-chain/0@256"}
+HOST_INSTANCES = {"cuda": "grpo/0@8192,bushy/0@8192", "cpu": "grpo/0@256"}
 
 
 def add_measure_parsers(sim_subparsers: argparse._SubParsersAction) -> None:
@@ -40,9 +45,13 @@ def add_measure_parsers(sim_subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--out", required=True, help="hardware profile JSON to write (its folder must exist)")
     c.add_argument("--device", help="cuda (default where available) or cpu")
     c.add_argument("--model", help="model config (default: tiny-h200 on cuda, tiny-cpu on cpu)")
-    c.add_argument("--base", default="h200", help="profile whose assumptions (interconnect, attention) are kept")
+    c.add_argument("--base", help="profile whose assumptions (interconnect, attention) are kept (default h200; "
+                   "with --host-only, the shipped profile of this GPU: h100 or h200)")
+    c.add_argument("--host-only", action="store_true", help="keep --base's rates and measure only the host's "
+                   "seconds per launch (a few steps, no profiler)")
     c.add_argument("--instances", help="family/seed@budget list of harts.tree.shapes instances "
-                   f"(default cuda: {DEFAULT_INSTANCES['cuda']}; cpu: {DEFAULT_INSTANCES['cpu']})")
+                   f"(default cuda: {DEFAULT_INSTANCES['cuda']}; cpu: {DEFAULT_INSTANCES['cpu']}; "
+                   f"--host-only: {HOST_INSTANCES['cuda']} on cuda)")
     c.add_argument("--steps", type=int, default=3, help="timed steps per case (median)")
     c.add_argument("--warmup", type=int, default=1)
     c.add_argument("--unsplit-budget", type=int, default=131072, help="budget of the unsplit tree case")
@@ -101,8 +110,20 @@ def _hardware_dict(name: str) -> dict[str, Any]:
         raise UserError(f"hardware profile {name!r}: {err}") from None
 
 
+def _shipped_base(device: str) -> str:
+    """The shipped profile of this machine's GPU kind (`--host-only` without `--base`)."""
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if device.startswith("cuda") else device
+    for name in ("h100", "h200"):
+        if name in gpu.lower():
+            return name
+    raise UserError(f"--host-only: no shipped profile for {gpu!r}; give --base (a profile of this GPU kind, "
+                    "or run `harts sim calibrate` without --host-only)")
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from harts.bench.sim_measure import calibrate
+    from harts.bench.sim_measure import calibrate, calibrate_host
     from harts.sim.executor_rates import BASE_EXECUTOR
 
     check_output_path(args.out, "--out")
@@ -111,12 +132,20 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     device = _device(args.device)
     kind = "cuda" if device.startswith("cuda") else "cpu"
     model = args.model or ("tiny-h200" if kind == "cuda" else "tiny-cpu")
-    base = _hardware_dict(args.base)
-    base.setdefault("executor", json.loads(json.dumps(BASE_EXECUTOR)))
-    instances = _instances(args.instances or DEFAULT_INSTANCES[kind])
     log = (lambda *_: None) if args.json else print
-    prof, rows = calibrate(model, device, base, instances, steps=args.steps, warmup=args.warmup,
-                           unsplit_budget=args.unsplit_budget, name=Path(args.out).stem, log=log)
+    if args.host_only:
+        base = _hardware_dict(args.base or _shipped_base(device))
+        if "executor" not in base:
+            raise UserError(f"--host-only: the base profile {args.base!r} has no executor rates to keep")
+        instances = _instances(args.instances or HOST_INSTANCES[kind])
+        prof, rows = calibrate_host(model, device, base, instances, steps=args.steps, warmup=args.warmup,
+                                    name=Path(args.out).stem, log=log)
+    else:
+        base = _hardware_dict(args.base or "h200")
+        base.setdefault("executor", json.loads(json.dumps(BASE_EXECUTOR)))
+        instances = _instances(args.instances or DEFAULT_INSTANCES[kind])
+        prof, rows = calibrate(model, device, base, instances, steps=args.steps, warmup=args.warmup,
+                               unsplit_budget=args.unsplit_budget, name=Path(args.out).stem, log=log)
     write_output(args.out, "--out", json.dumps(prof, indent=1) + "\n")
     if args.rows_out:
         write_output(args.rows_out, "--rows-out", json.dumps({"provenance": prof["provenance"], "rows": rows},

@@ -61,6 +61,38 @@ def test_calibrate_on_cpu_writes_a_loadable_labelled_profile(capsys, tmp_path):
     assert all(r["seconds"] > 0 for r in measured)
 
 
+def test_host_only_calibration_keeps_the_base_and_fits_the_host_rate(capsys, tmp_path):
+    out, rows = tmp_path / "host.json", tmp_path / "rows.json"
+    run(capsys, ["sim", "calibrate", "--host-only", "--base", "h100", "--device", "cpu", "--model", "tiny-cpu",
+                 "--out", str(out), "--instances", "grpo/0@256", "--steps", "1", "--rows-out", str(rows), "--json"])
+    base, data = json.loads((HARDWARE_DIR / "h100.json").read_text()), json.loads(out.read_text())
+    for n in RATE_NAMES:
+        if n != "host_s_per_launch":
+            assert data["executor"][n]["value"] == base["executor"][n]["value"], n
+    assert data["executor"]["host_s_per_launch"]["source"] == "fitted"
+    assert data["gpu"] == base["gpu"]  # no op micro-benchmarks
+    hw = load_hardware(out)
+    # this machine's host alone: `harts sim` reports no spread over other machines' hosts
+    assert hw.host_machines == (hw.executor.host_s_per_launch,)
+    measured = json.loads(rows.read_text())["rows"]
+    assert sorted(r["kind"] for r in measured) == ["expanded", "windows"]
+    # the fit is least squares in the one rate: it prices the measured steps no worse than the base
+    from harts.bench.sim_measure import _cases
+    from harts.sim.fit_executor import predict
+
+    def rms(prof):
+        hw_, cases, _ = _cases(prof, measured, "tiny-cpu", 131072)
+        return sum((predict(hw_.executor, c) / c.measured_s - 1) ** 2 for c in cases)
+
+    assert rms(data) <= rms(base) + 1e-12
+
+
+def test_host_only_calibration_needs_a_profile_of_this_gpu_kind(capsys, tmp_path):
+    code = main(["sim", "calibrate", "--host-only", "--device", "cpu", "--out", str(tmp_path / "x.json")])
+    assert code != 0 and "--base" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_validate_on_cpu_prints_simulated_and_measured(capsys, tmp_path):
     path = tmp_path / "small.jsonl"
     save_jsonl(shapes.draw("long-chain", 0, 256, vocab_size=512), path)

@@ -254,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", help="a sim_calibrate.py file: calibrate on its --calibrate instances, hold out the rest")
     ap.add_argument("--profile", help="predict with this profile's executor rates (e.g. sim_calibrate's "
                     "profile.json) instead of fitting; every --measured row is held out")
+    ap.add_argument("--host-s-per-launch", type=float,
+                    help="predict with this host rate instead of the profile's (another machine's host)")
     ap.add_argument("--out", help="folder for <date>-<rev>-heldout-<gpu>.json")
     ap.add_argument("--write-profile", help="write the fitted executor section into this hardware profile")
     args = ap.parse_args(argv)
@@ -269,6 +271,12 @@ def main(argv: list[str] | None = None) -> int:
         sources = {k: v["source"] for k, v in prof["executor"].items()}
         whats = {k: v.get("what", "") for k, v in prof["executor"].items()}
         cases, truth, calibration = Cases(args.model, prof), [], set()
+    if args.host_s_per_launch is not None:
+        if not args.profile:
+            raise SystemExit("--host-s-per-launch needs --profile (a profile whose other rates are kept)")
+        rates = rates.with_values(host_s_per_launch=args.host_s_per_launch)
+        sources["host_s_per_launch"] = "assumption"
+        whats["host_s_per_launch"] = f"--host-s-per-launch {args.host_s_per_launch:g} (another machine's host)"
     held, stale = [], []
     for f in args.measured:
         held += [c for r in suite_rows(f) if (c := planned_case(cases, r, f, stale)) is not None]
@@ -297,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         rev = result["provenance"]["git_revision"][:7] or "norev"
-        tag = "-calibrated" if args.profile else "-new" if args.measured else ""
+        tag = ("-calibrated" if args.profile else "-new" if args.measured else "") + (
+            f"-host{args.host_s_per_launch * 1e6:.0f}us" if args.host_s_per_launch is not None else "")
         path = out / f"{_dt.date.today().isoformat()}-{rev}-heldout-{args.gpu}{tag}.json"
         path.write_text(json.dumps(result, indent=1, default=float))
         print(f"wrote {path}")

@@ -278,9 +278,11 @@ def calibrate(model: str, device: str, base: dict[str, Any], instances: Sequence
     return prof, rows
 
 
-# `calibrate_host`'s steps: window and expanded steps at 8k budgets, whose host issues a
-# microbatch's launches in about the time its device runs them, so the step's time moves
-# with the host's speed (docs/BENCHMARKS.md, "Host speed")
+# `calibrate_host`'s steps: window and expanded steps (`harts sim calibrate --host-only`
+# takes them at 16k budgets: there the host issues a microbatch's launches in about the
+# time its device runs them, as in the steps users simulate; at 8k the steps are wholly
+# host-bound and a rate fitted to them priced one machine's 16k window steps 3-10% low,
+# docs/BENCHMARKS.md, "The host rate measured on the machine")
 HOST_KINDS = ("windows", "expanded")
 
 

@@ -36,7 +36,7 @@ from harts.cli.common import (
 
 DEFAULT_INSTANCES = {"cuda": "grpo/0@8192,long-chain/0@16384,swe-tree/0@8192,fanout/0@8192",
                      "cpu": "grpo/0@256,long-chain/0@256"}
-HOST_INSTANCES = {"cuda": "grpo/0@8192,bushy/0@8192", "cpu": "grpo/0@256"}
+HOST_INSTANCES = {"cuda": "grpo/0@16384,bushy/0@16384", "cpu": "grpo/0@256"}
 
 
 def add_measure_parsers(sim_subparsers: argparse._SubParsersAction) -> None:

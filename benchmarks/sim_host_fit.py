@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({"provenance": provenance(sys.argv if argv is None else
                                                                         [sys.argv[0], *argv]),
                                                "gpu": args.gpu, "model": args.model, "suites": args.suite,
-                                               "splits": out}, indent=1) + "\n")
+                                               "splits": out}, indent=1,
+                                              default=lambda o: o.item() if hasattr(o, "item") else str(o)) + "\n")
     return 0
 
 

@@ -282,7 +282,7 @@ def calibrate(model: str, device: str, base: dict[str, Any], instances: Sequence
 # takes them at 16k budgets: there the host issues a microbatch's launches in about the
 # time its device runs them, as in the steps users simulate; at 8k the steps are wholly
 # host-bound and a rate fitted to them priced one machine's 16k window steps 3-10% low,
-# docs/BENCHMARKS.md, "The host rate measured on the machine")
+# docs/BENCHMARKS.md, "Seeds 9 and 10 held out on a slow and a fast host")
 HOST_KINDS = ("windows", "expanded")
 
 

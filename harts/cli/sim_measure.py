@@ -129,6 +129,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     check_output_path(args.out, "--out")
     if args.rows_out:
         check_output_path(args.rows_out, "--rows-out")
+    if args.host_only and args.device is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError("--host-only measures a GPU machine's host: no CUDA device here "
+                            "(--device cpu --base PROFILE runs it on this CPU)")
     device = _device(args.device)
     kind = "cuda" if device.startswith("cuda") else "cpu"
     model = args.model or ("tiny-h200" if kind == "cuda" else "tiny-cpu")

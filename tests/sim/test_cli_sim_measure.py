@@ -87,9 +87,15 @@ def test_host_only_calibration_keeps_the_base_and_fits_the_host_rate(capsys, tmp
     assert rms(data) <= rms(base) + 1e-12
 
 
-def test_host_only_calibration_needs_a_profile_of_this_gpu_kind(capsys, tmp_path):
+def test_host_only_calibration_needs_a_profile_of_this_gpu_kind(capsys, tmp_path, monkeypatch):
     code = main(["sim", "calibrate", "--host-only", "--device", "cpu", "--out", str(tmp_path / "x.json")])
     assert code != 0 and "--base" in capsys.readouterr().err
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code = main(["sim", "calibrate", "--host-only", "--out", str(tmp_path / "x.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and "CUDA" in err and err.count("\n") == 1
     assert not (tmp_path / "x.json").exists()
 
 

@@ -59,6 +59,8 @@ def split(base: dict, model: str, rows: list[dict], calibrate: set[str]) -> dict
         raise SystemExit(f"--calibrate instances not in the suites: {', '.join(sorted(unknown))}")
     cal = [r for r in rows if name(r) in calibrate and r["kind"] in HOST_KINDS]
     held = [r for r in rows if name(r) not in calibrate]
+    if not held:
+        raise SystemExit(f"--calibrate {','.join(sorted(calibrate))} leaves no instance of the suites held out")
     hw, cal_cases, _ = _cases(base, cal, model, 131072)
     fitted, fit = fit_rates(hw.executor, cal_cases, ["host_s_per_launch"])
     _, held_cases, stale = _cases(base, held, model, 131072)

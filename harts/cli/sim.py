@@ -302,6 +302,10 @@ def cmd_sim(args: argparse.Namespace) -> int:
         for k, v in out.items():
             if k not in ("busy_seconds_by_kind", "trace", "gantt", "schedule_file") and v != []:
                 print(f"{label(k):24s} {human(k, v)}")
+        if spread is not None:
+            lo, hi = min(setup.hardware.host_machines), max(setup.hardware.host_machines)
+            print(f"(over hosts: the {setup.hardware.name} machines measured, {lo * 1e6:.0f}-{hi * 1e6:.0f} us per "
+                  "launch; `harts sim calibrate --host-only` on yours measures its own)")
     for path in written:
         say_wrote(path, args.json)
     return 0

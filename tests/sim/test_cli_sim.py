@@ -230,6 +230,10 @@ def test_sim_reports_the_step_over_the_measured_hosts(capsys, tmp_path):
     assert lo <= h100["step_seconds"] <= hi and lo < hi
     assert load_hardware("h100").executor.host_s_per_launch in load_hardware("h100").host_machines
     assert "step_seconds_over_hosts" not in json.loads(run(capsys, [*common, "--hardware", "h200"])[1])
+    # the table says where the spread comes from and how to pin this machine's host
+    text = [a for a in common if a != "--json"]
+    assert "calibrate --host-only" in run(capsys, [*text, "--hardware", "h100"])[1]
+    assert "calibrate --host-only" not in run(capsys, [*text, "--hardware", "h200"])[1]
     prof = json.loads((HARDWARE_DIR / "h100.json").read_text())
     prof["host_machines"] = [{"host_s_per_launch": -1.0, "fitted_to": "x"}]
     bad = tmp_path / "bad.json"

@@ -29,7 +29,8 @@ import torch
 
 from harts.bench.timing import sync_cuda
 
-__all__ = ["build_net", "calibrate", "calibrate_host", "kernel_category", "measure_step", "op_rates", "trainer_for"]
+__all__ = ["build_net", "calibrate", "calibrate_host", "kernel_category", "measure_step", "measured_cases", "op_rates",
+           "trainer_for"]
 
 
 def _sync(device: str) -> None:
@@ -180,8 +181,8 @@ DEVICE_RATES = ("device_scale", "half_efficiency_rows", "consumer_device_s_per_p
 HOST_RATES = ("host_s_per_launch", "step_fixed_s")
 
 
-def _cases(prof: dict[str, Any], rows: Sequence[dict[str, Any]], model: str,
-           unsplit_budget: int) -> tuple[Any, list[Any], list[str]]:
+def measured_cases(prof: dict[str, Any], rows: Sequence[dict[str, Any]], model: str,
+                   unsplit_budget: int) -> tuple[Any, list[Any], list[str]]:
     """(`prof` loaded, the executor model's cases of the measured `rows`, the rows left out
     because the planner no longer gives the plan they ran)."""
     from harts.config.models import get_model_config
@@ -227,7 +228,7 @@ def fit_profile(prof: dict[str, Any], rows: Sequence[dict[str, Any]], model: str
     from harts.sim.hardware import profile_from_dict
 
     prof = copy.deepcopy(prof)
-    hw, cases, stale = _cases(prof, rows, model, unsplit_budget)
+    hw, cases, stale = measured_cases(prof, rows, model, unsplit_budget)
     fitted, notes = hw.executor, {"skipped_plan_changed": stale} if stale else {}
     sources = {k.removeprefix("executor."): v for k, v in hw.sources.items() if k.startswith("executor.")}
     base_name = prof.get("name", "base")
@@ -303,7 +304,7 @@ def calibrate_host(model: str, device: str, base: dict[str, Any], instances: Seq
         raise ValueError("calibrate_host: the base profile has no executor section to keep (use `calibrate`)")
     rows = measure_instances(model, device, instances, HOST_KINDS, steps, warmup, 131072, profile=False, log=log)
     prof = copy.deepcopy(base)
-    hw, cases, stale = _cases(prof, rows, model, 131072)
+    hw, cases, stale = measured_cases(prof, rows, model, 131072)
     fitted, fit = fit_rates(hw.executor, cases, ["host_s_per_launch"])
     notes = {"step": fit, **({"skipped_plan_changed": stale} if stale else {})}
     sources = {k.removeprefix("executor."): v for k, v in hw.sources.items() if k.startswith("executor.")}

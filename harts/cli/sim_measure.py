@@ -9,10 +9,10 @@
 packed expanded of `harts.tree.shapes` instances) and writes a hardware profile whose
 executor rates are fitted to them (harts.bench.sim_measure.calibrate): `--hardware FILE`
 then simulates this machine. `--host-only` keeps the shipped profile of this GPU kind and
-measures only its host rate, in a few window and expanded steps
+measures only its host rate, in a few window and expanded steps at 16k
 (harts.bench.sim_measure.calibrate_host): machines of one GPU kind differ in host speed
-by up to 1.5x, and a window step at 8-16k budgets moves with it. `validate` runs one plan of the user's rollouts on the device
-and prints the simulated step beside the measured one: step total, device (kernel) time,
+by up to 1.5x, and a window step at 8-16k budgets moves with it. `validate` runs one plan
+of the user's rollouts on the device and prints the simulated step beside the measured one: step total, device (kernel) time,
 host-bound idle time, and the device time by op category (attention, KDA, token-wise,
 collectives, window terms, optimizer; the device side is measured on CUDA, under
 torch.profiler, where window stash kernels count as token-wise).

@@ -15,7 +15,10 @@ by up to 1.5x, and a window step at 8-16k budgets moves with it. `validate` runs
 of the user's rollouts on the device and prints the simulated step beside the measured one: step total, device (kernel) time,
 host-bound idle time, and the device time by op category (attention, KDA, token-wise,
 collectives, window terms, optimizer; the device side is measured on CUDA, under
-torch.profiler, where window stash kernels count as token-wise).
+torch.profiler, where window stash kernels count as token-wise), and the host rate at
+which the profile would price the step as measured (`host_rate_to_match`): where it is
+far from the profile's, the error is this machine's host, which `calibrate --host-only`
+measures.
 """
 
 from __future__ import annotations
@@ -175,6 +178,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from harts.plan.schedule import build_schedule
     from harts.plan.step import step_from_plan
     from harts.sim.executor import CATEGORIES, ExecutorCostModel
+    from harts.sim.fit_executor import case_of, host_rate_to_match
     from harts.sim.hardware import load_hardware
     from harts.sim.simulate import simulate_step
     from harts.tree import build_forest
@@ -211,6 +215,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
                         "host_idle_seconds": measured.get("idle_s"), "launches": measured.get("launches"),
                         "device_by_category": measured.get("device_by_category")}}
     out["error"] = sim.step_seconds / measured["seconds"] - 1
+    # the host speed the measurement implies: what `harts sim calibrate --host-only` would
+    # fit to this step alone (None where no host rate explains it)
+    case = case_of(args.input, args.planner, step, cfg, hw)
+    out["profile_host_s_per_launch"] = hw.executor.host_s_per_launch
+    out["host_s_per_launch_to_match"] = host_rate_to_match(hw.executor, case, measured["seconds"])
     if args.json:
         print_json(out)
         return 0
@@ -227,6 +236,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
                        + [[f"  device: {c}", fmt(s["device_by_category"][c]),
                            fmt(mby.get(c)) if m["device_by_category"] is not None else "-"] for c in CATEGORIES]))
     print(f"step error {100 * out['error']:+.1f}%")
+    h, h0 = out["host_s_per_launch_to_match"], out["profile_host_s_per_launch"]
+    if h is None:
+        print(f"no host rate within 0-10x the profile's ({h0 * 1e6:.1f} us per launch) prices this step as measured: "
+              "the error is not the host's")
+    else:
+        print(f"host rate that prices this step as measured: {h * 1e6:.1f} us per launch (profile: {h0 * 1e6:.1f}); "
+              "`harts sim calibrate --host-only` fits it on this machine")
     return 0
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "device_seconds",
     "fit_launches",
     "fit_rates",
+    "host_rate_to_match",
     "predict",
     "step_of",
 ]
@@ -124,6 +125,26 @@ def _fixed(rates: ExecutorRates) -> float:
 
 def predict(rates: ExecutorRates, case: Case) -> float:
     return step_seconds_1gpu(rates, case.features, case.optimizer_s, case.passes)
+
+
+def host_rate_to_match(rates: ExecutorRates, case: Case, measured_s: float, widest: float = 10.0) -> float | None:
+    """The host seconds per launch at which the executor model prices `case` at
+    `measured_s`, every other rate kept: the host speed a measured step implies. None
+    where no rate in [0, `widest` x the profile's] does: the step's device side alone
+    prices above the measurement, or the host would have to be more than `widest` times
+    slower. The price never falls as the host rate grows, so a bisection finds it."""
+    h0 = rates.host_s_per_launch
+
+    def at(h: float) -> float:
+        return predict(rates.with_values(host_s_per_launch=h), case)
+
+    lo, hi = 0.0, widest * h0
+    if at(lo) > measured_s or at(hi) < measured_s:
+        return None
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if at(mid) < measured_s else (lo, mid)
+    return 0.5 * (lo + hi)
 
 
 def device_seconds(rates: ExecutorRates, case: Case) -> float:

@@ -112,9 +112,14 @@ def test_validate_on_cpu_prints_simulated_and_measured(capsys, tmp_path):
     assert out["measured"]["microbatches"] == out["microbatches"]
     assert out["simulated"]["device_seconds"] <= out["simulated"]["step_seconds"]
     assert sum(out["simulated"]["device_by_category"].values()) == pytest.approx(out["simulated"]["device_seconds"])
+    # the host speed the measured step implies, where one does (a CPU's host prices far above the profile's)
+    assert out["profile_host_s_per_launch"] == load_hardware("h100").executor.host_s_per_launch
+    h = out["host_s_per_launch_to_match"]
+    assert h is None or h > 0
     text = run(capsys, ["sim", "validate", "--device", "cpu", "--input", str(path), "--model", "tiny-cpu",
                         "--planner", "expanded-ffd", "--microbatch-tokens", "256", "--hardware", "h100", "--steps", "1"])
     assert "simulated" in text and "step error" in text and "device: attention" in text
+    assert "host rate that prices this step" in text or "no host rate within" in text
 
 
 def test_the_measured_expanded_step_is_the_plan_the_simulator_prices():

@@ -124,6 +124,23 @@ def test_more_host_time_per_launch_never_lowers_a_step():
     assert predict(r.with_values(host_s_per_launch=2 * r.host_s_per_launch), case) > predict(r, case)
 
 
+@pytest.mark.parametrize("scale", [0.5, 1.7, 4.0])
+def test_the_host_rate_a_measured_step_implies(scale):
+    """`host_rate_to_match` prices the step at the measurement; none where the device side
+    alone prices above it or the host would be more than 10x slower."""
+    from harts.sim.fit_executor import host_rate_to_match
+
+    hw = load_hardware("h100")
+    r = hw.executor
+    case = case_of("g", "windows", step_of(_forest(), "windows", 4096, MODEL.chunk_size), MODEL, hw)
+    measured = predict(r.with_values(host_s_per_launch=scale * r.host_s_per_launch), case)
+    h = host_rate_to_match(r, case, measured)
+    assert h is not None and predict(r.with_values(host_s_per_launch=h), case) == pytest.approx(measured, rel=1e-9)
+    assert host_rate_to_match(r, case, 0.5 * predict(r.with_values(host_s_per_launch=0.0), case)) is None
+    assert host_rate_to_match(r, case, 2 * predict(r.with_values(host_s_per_launch=10 * r.host_s_per_launch),
+                                                   case)) is None
+
+
 def test_fits_recover_the_rates_that_made_the_data():
     hw = load_hardware("h100")
     truth_rates = hw.executor.with_values(device_scale=1.7, host_s_per_launch=3.1e-5, launches_per_consumer=700.0,

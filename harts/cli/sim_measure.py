@@ -241,7 +241,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"no host rate within 0-10x the profile's ({h0 * 1e6:.1f} us per launch) prices this step as measured: "
               "the error is not the host's")
     else:
-        print(f"host rate that prices this step as measured: {h * 1e6:.1f} us per launch (profile: {h0 * 1e6:.1f}); "
+        print(f"host rate that prices this step as measured: {h * 1e6:.1f} us per launch (profile: {h0 * 1e6:.1f}; "
+              "telling where the step is host-bound, as window steps at 8-16k are); "
               "`harts sim calibrate --host-only` fits it on this machine")
     return 0
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from harts.bench.provenance import provenance  # noqa: E402
 from harts.bench.sim_measure import HOST_KINDS, measured_cases  # noqa: E402
-from harts.sim.fit_executor import fit_rates, predict  # noqa: E402
+from harts.sim.fit_executor import UNSPLIT_BUDGET, fit_rates, predict  # noqa: E402
 from harts.sim.hardware import HARDWARE_DIR  # noqa: E402
 
 
@@ -61,9 +61,9 @@ def split(base: dict, model: str, rows: list[dict], calibrate: set[str]) -> dict
     held = [r for r in rows if name(r) not in calibrate]
     if not held:
         raise SystemExit(f"--calibrate {','.join(sorted(calibrate))} leaves no instance of the suites held out")
-    hw, cal_cases, _ = measured_cases(base, cal, model, 131072)
+    hw, cal_cases, _ = measured_cases(base, cal, model, UNSPLIT_BUDGET)
     fitted, fit = fit_rates(hw.executor, cal_cases, ["host_s_per_launch"])
-    _, held_cases, stale = measured_cases(base, held, model, 131072)
+    _, held_cases, stale = measured_cases(base, held, model, UNSPLIT_BUDGET)
     shipped, refit = errors(hw.executor, held_cases), errors(fitted, held_cases)
     return {"calibrate": sorted(calibrate), "host_s_per_launch": fitted.host_s_per_launch,
             "shipped_host_s_per_launch": hw.executor.host_s_per_launch, "fit": fit, "skipped_plan_changed": stale,

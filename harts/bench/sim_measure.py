@@ -302,9 +302,13 @@ def calibrate_host(model: str, device: str, base: dict[str, Any], instances: Seq
 
     if "executor" not in base:
         raise ValueError("calibrate_host: the base profile has no executor section to keep (use `calibrate`)")
-    rows = measure_instances(model, device, instances, HOST_KINDS, steps, warmup, 131072, profile=False, log=log)
+    from harts.sim.fit_executor import UNSPLIT_BUDGET
+
+    # (no unsplit step among HOST_KINDS: the unsplit budget is the default's, unused)
+    rows = measure_instances(model, device, instances, HOST_KINDS, steps, warmup, UNSPLIT_BUDGET, profile=False,
+                             log=log)
     prof = copy.deepcopy(base)
-    hw, cases, stale = measured_cases(prof, rows, model, 131072)
+    hw, cases, stale = measured_cases(prof, rows, model, UNSPLIT_BUDGET)
     fitted, fit = fit_rates(hw.executor, cases, ["host_s_per_launch"])
     notes = {"step": fit, **({"skipped_plan_changed": stale} if stale else {})}
     sources = {k.removeprefix("executor."): v for k, v in hw.sources.items() if k.startswith("executor.")}

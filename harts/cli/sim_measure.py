@@ -144,9 +144,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     log = (lambda *_: None) if args.json else print
     if args.host_only:
         base = _hardware_dict(args.base or _shipped_base(device))
-        if "executor" not in base:
-            raise UserError(f"--host-only: the base profile {args.base!r} has no executor rates to keep")
         instances = _instances(args.instances or HOST_INSTANCES[kind])
+        if "executor" not in base:  # before any step is measured
+            raise UserError(f"--host-only: the base profile {args.base!r} has no executor rates to keep")
         prof, rows = calibrate_host(model, device, base, instances, steps=args.steps, warmup=args.warmup,
                                     name=Path(args.out).stem, log=log)
     else:

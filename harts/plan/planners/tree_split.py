@@ -11,9 +11,11 @@ computation weighted by its own group's trajectories, as L1's recomputed paths a
 `plan_with_chains` builds the split for 2 .. dp groups and keeps it where the finished
 plan's step load (`chains.step_load`) is lower.
 
-Groups are contiguous in the tree's depth-first order of trajectory ends, so a group's
-paths share as much as they can; the cuts balance the rows each group computes (a
-trajectory's rows beyond its common prefix with the one before it).
+Groups are drawn two ways (`group_trajectories`): contiguous in the tree's depth-first
+order of trajectory ends, so a group's paths share as much as they can, cut where the rows
+each group computes (a trajectory's rows beyond its common prefix with the one before it)
+are most even; or the subtrees below the tree's first fork dealt largest first to the
+lightest group.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ def split_window_trees(idx: ForestIndex, root: int, k: int, config: PlanConfig,
     """The window trees of the tree at `root` of `idx`'s forest split into k trajectory groups
     (`group_trajectories` with `how`): each group's root paths as a forest of their own,
     built into a window tree by `build(index, root)` (`plan_with_chains` passes
-    `chains.chain_windows`'s build with fewer microbatches), its microbatches in the
+    `chains.fewest_windows`), its microbatches in the
     original forest's node and trajectory ids."""
     out = []
     for group in group_trajectories(idx, root, k, how):

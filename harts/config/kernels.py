@@ -201,6 +201,11 @@ class KernelConfig:
                 kwargs[field] = settings[var]
         if env.CONV_BWD_TILES in settings:
             kwargs["conv_bwd_tiles"] = parse_ints(settings[env.CONV_BWD_TILES], 6, env.CONV_BWD_TILES)
+        if env.RECTANGLE_TRIANGLES in settings:
+            raw = settings[env.RECTANGLE_TRIANGLES]
+            if not raw.isdigit():
+                raise ValueError(f"{env.RECTANGLE_TRIANGLES}={raw!r}: expected a whole number of rows >= 0")
+            kwargs["rectangle_triangles_min_rows"] = int(raw)
         try:
             config = cls(**kwargs)
         except ValueError as err:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from harts.bench import host_probe  # noqa: E402
 from harts.bench.provenance import provenance  # noqa: E402
 from harts.bench.sim_measure import calibrate, measure_instances  # noqa: E402
 from harts.sim.hardware import HARDWARE_DIR  # noqa: E402
@@ -64,7 +65,9 @@ def main(argv: list[str]) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    result = {"provenance": provenance([sys.argv[0], *argv]), "model": args.model, "rows": [], "skipped": []}
+    result = {"provenance": provenance([sys.argv[0], *argv]), "model": args.model, "rows": [], "skipped": [],
+              # this machine's host: seconds per small dispatched op (harts.bench.host_probe)
+              "host_probe": host_probe.probe(args.device)}
     if not args.no_calibrate:
         # a shipped profile's name, or a profile file (as `harts sim calibrate --base`)
         base_path = Path(args.base) if Path(args.base).suffix else HARDWARE_DIR / f"{args.base}.json"

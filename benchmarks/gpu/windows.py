@@ -70,6 +70,8 @@ def _free() -> None:
 
 
 def provenance(argv: list[str]) -> dict:
+    from harts.bench import host_probe
+
     root = Path(__file__).resolve().parents[2]
 
     def git(*a):
@@ -93,6 +95,8 @@ def provenance(argv: list[str]) -> dict:
         "versions": versions,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "env": {k: v for k, v in os.environ.items() if k.startswith(("HARTS_", "TRITON_"))},
+        # this machine's host: seconds per small dispatched op (harts.bench.host_probe)
+        "host_probe": host_probe.probe("cuda") if torch.cuda.is_available() else None,
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 

@@ -326,6 +326,7 @@ def _this_machine(prof: dict[str, Any], name: str | None, device: str, model: st
                   instances: Sequence[tuple[str, int, int]], notes: dict[str, Any], how: str) -> None:
     """Name `prof` for this machine: its device, provenance and `host_machines` (this
     machine's host rate alone, so `harts sim` reports no spread over other machines' hosts)."""
+    from harts.bench import host_probe
     from harts.bench.provenance import provenance
     from harts.sim.hardware import profile_from_dict
 
@@ -334,5 +335,6 @@ def _this_machine(prof: dict[str, Any], name: str | None, device: str, model: st
     prof["provenance"] = {**provenance(), "model": model, "instances": [list(i) for i in instances],
                           "fit": notes}
     prof["host_machines"] = [{"host_s_per_launch": prof["executor"]["host_s_per_launch"]["value"],
-                              "fitted_to": f"`harts sim {how}` on this machine ({prof['device']})"}]
+                              "fitted_to": f"`harts sim {how}` on this machine ({prof['device']})",
+                              "probe": host_probe.probe(device)}]
     profile_from_dict(prof)  # it loads

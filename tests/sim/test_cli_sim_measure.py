@@ -74,6 +74,9 @@ def test_host_only_calibration_keeps_the_base_and_fits_the_host_rate(capsys, tmp
     hw = load_hardware(out)
     # this machine's host alone: `harts sim` reports no spread over other machines' hosts
     assert hw.host_machines == (hw.executor.host_s_per_launch,)
+    # the machine's host probe is recorded beside its fitted rate
+    probe = data["host_machines"][0]["probe"]
+    assert probe["device"] == "cpu" and probe["s_per_op"] > 0 and probe["ops_per_iteration"] > 0
     measured = json.loads(rows.read_text())["rows"]
     assert sorted(r["kind"] for r in measured) == ["expanded", "windows"]
     # the fit is least squares on the log error in the one rate: it prices the measured

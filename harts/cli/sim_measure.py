@@ -170,6 +170,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from harts.bench import host_probe
     from harts.bench.sim_measure import measure_step
     from harts.config.models import get_model_config
     from harts.config.parallel import ParallelConfig
@@ -220,6 +221,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     case = case_of(args.input, args.planner, step, cfg, hw)
     out["profile_host_s_per_launch"] = hw.executor.host_s_per_launch
     out["host_s_per_launch_to_match"] = host_rate_to_match(hw.executor, case, measured["seconds"])
+    # this machine's host beside it (harts.bench.host_probe: seconds per small dispatched op)
+    out["host_probe"] = host_probe.probe(device)
     if args.json:
         print_json(out)
         return 0

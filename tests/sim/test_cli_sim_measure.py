@@ -119,6 +119,7 @@ def test_validate_on_cpu_prints_simulated_and_measured(capsys, tmp_path):
     assert out["profile_host_s_per_launch"] == load_hardware("h100").executor.host_s_per_launch
     h = out["host_s_per_launch_to_match"]
     assert h is None or h > 0
+    assert out["host_probe"]["device"] == "cpu" and out["host_probe"]["s_per_op"] > 0
     text = run(capsys, ["sim", "validate", "--device", "cpu", "--input", str(path), "--model", "tiny-cpu",
                         "--planner", "expanded-ffd", "--microbatch-tokens", "256", "--hardware", "h100", "--steps", "1"])
     assert "simulated" in text and "step error" in text and "device: attention" in text

@@ -2,7 +2,7 @@
 same rows unsplit and against ordinary trajectories at the same budget.
 
     python3 benchmarks/gpu/chains.py [--cases swe32k,swe16k,single131k,tree131k,chain64k]
-        [--steps 2] [--no-autotune] --out DIR
+        [--steps 2] [--no-autotune] [--ab FIELD=VALUE] --out DIR
 
 Cases (tiny-h200, bf16, activation recomputation, benchmarks/gpu/windows.py's trainers and
 `run_case`: the median of `--steps` prepared steps after a warm-up, peak allocated memory):
@@ -23,6 +23,9 @@ Cases (tiny-h200, bf16, activation recomputation, benchmarks/gpu/windows.py's tr
 `--seed` draws other tokens, response lengths and fork positions (the swe-treestep-1
 preset is fixed). Derived: peak of the 131k cases over `ordinary32k` (total allocated, and activations above
 the weights and optimizer state), and chain64k's chained step over its unsplit step.
+`--ab FIELD=VALUE` runs every chained (windows) case twice in the same process, without
+and then with that `KernelConfig` setting (say `rectangle_triangles_min_rows=8192`: the
+causal squares), so a setting is compared on one machine and one warm process.
 Writes DIR/chains.json with provenance.
 """
 
@@ -101,8 +104,20 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--no-autotune", action="store_true")
     ap.add_argument("--device", default="cuda", help="cuda; cpu with --scale is a smoke run of the script")
     ap.add_argument("--scale", type=int, default=1, help="divide every length and budget by this (smoke runs)")
+    ap.add_argument("--ab", default="",
+                    help="FIELD=VALUE of harts.config.KernelConfig: every chained (windows) run again with it, "
+                         "right after the run without it, in this process (e.g. rectangle_triangles_min_rows=8192)")
     ap.add_argument("--out", default=".")
     args = ap.parse_args(argv)
+    from harts.config.kernels import KernelConfig
+
+    ab = None
+    if args.ab:
+        field, _, value = args.ab.partition("=")
+        try:
+            ab = KernelConfig.from_env(**{field: int(value) if value.isdigit() else value})
+        except (TypeError, ValueError) as err:
+            ap.error(f"--ab {args.ab}: {err}")
     if args.no_autotune:
         from common import no_autotune
 
@@ -123,10 +138,14 @@ def main(argv: list[str]) -> int:
 
     for case in args.cases.split(","):
         trajs, runs = instance(case, seed=args.seed, scale=args.scale)
-        for kind, budget in runs:
-            key = f"{case} {kind}@{budget}"
+        runs = [(kind, budget, None) for kind, budget in runs]
+        if ab is not None:
+            runs = [r for kind, budget, _ in runs
+                    for r in ([(kind, budget, None), (kind, budget, ab)] if kind == "windows" else [(kind, budget, None)])]
+        for kind, budget, kernels in runs:
+            key = f"{case} {kind}@{budget}" + (f" {args.ab}" if kernels is not None else "")
             try:
-                row = W.run_case(kind, trajs, budget, args)
+                row = W.run_case(kind, trajs, budget, args, kernels=kernels)
                 row.pop("roles", None)
                 result["cases"][key] = row
                 print(f"[{key}] {row['seconds']:.3f}s peak {row['peak_bytes'] / 2**30:.2f} GiB "
@@ -137,8 +156,9 @@ def main(argv: list[str]) -> int:
             save()
     c = result["cases"]
 
-    def of(case: str, kind: str) -> dict:
-        return next((v for k, v in c.items() if k.startswith(f"{case} {kind}@") and "seconds" in v), {})
+    def of(case: str, kind: str, ab: bool = False) -> dict:
+        return next((v for k, v in c.items() if k.startswith(f"{case} {kind}@") and "seconds" in v
+                     and k.endswith(f" {args.ab}") == (ab and bool(args.ab))), {})
 
     base = of("ordinary32k", "expanded")
     for case in ("single131k", "tree131k", "forks131k"):
@@ -150,6 +170,8 @@ def main(argv: list[str]) -> int:
     a, b = of("chain64k", "windows"), of("chain64k", "tree")
     if a and b:
         result["derived"]["chain64k chained@16k / unsplit"] = a["seconds"] / b["seconds"]
+    if (a_ab := of("chain64k", "windows", ab=True)) and b:
+        result["derived"][f"chain64k chained@16k {args.ab} / unsplit"] = a_ab["seconds"] / b["seconds"]
     print(json.dumps(result["derived"], indent=1))
     save()
     return 0

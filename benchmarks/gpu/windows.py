@@ -217,8 +217,10 @@ def prepared_steps(trainer, trajs, budget: int, n: int) -> tuple[list[float], ob
     return times, res
 
 
-def run_case(kind: str, trajs, budget: int, args) -> dict:
-    trainer, plan = _trainer(kind, trajs, budget, args.model)
+def run_case(kind: str, trajs, budget: int, args, kernels=None) -> dict:
+    """One case's prepared steps (`prepared_steps`), peak memory and its plan's windows;
+    `kernels`: a `KernelConfig` (None: the environment's)."""
+    trainer, plan = _trainer(kind, trajs, budget, args.model, kernels=kernels)
     for _ in range(args.warmup):
         trainer.step(trajs, budget)
     _sync()

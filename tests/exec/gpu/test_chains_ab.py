@@ -1,0 +1,33 @@
+"""`benchmarks/gpu/chains.py --ab` on the CPU (its smoke mode, lengths divided by
+`--scale`): the chained run again with a kernel setting, in the same process, recorded
+beside the run without it, with the same plan and the same loss."""
+
+import json
+
+import pytest
+
+from benchmarks.gpu import chains
+
+
+def test_the_chained_run_is_repeated_with_the_setting(tmp_path, monkeypatch):
+    monkeypatch.setattr(chains.W, "DEVICE", chains.W.DEVICE)
+    monkeypatch.setattr(chains.W, "VOCAB", chains.W.VOCAB)
+    assert chains.main(["--device", "cpu", "--scale", "128", "--cases", "chain64k", "--model", "tiny-cpu",
+                        "--steps", "1", "--warmup", "0", "--ab", "rectangle_triangles_min_rows=8",
+                        "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "chains.json").read_text())
+    cases = result["cases"]
+    plain = next(v for k, v in cases.items() if k.startswith("chain64k windows@") and k.endswith("@128"))
+    ab = cases["chain64k windows@128 rectangle_triangles_min_rows=8"]
+    assert plain["microbatches"] == ab["microbatches"] > 1
+    assert ab["loss"] == pytest.approx(plain["loss"], rel=1e-5)
+    assert set(result["derived"]) == {"chain64k chained@16k / unsplit",
+                                      "chain64k chained@16k rectangle_triangles_min_rows=8 / unsplit"}
+
+
+def test_an_unknown_setting_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(chains.W, "DEVICE", chains.W.DEVICE)
+    with pytest.raises(SystemExit):
+        chains.main(["--device", "cpu", "--scale", "256", "--cases", "chain64k", "--ab", "no_such_field=1",
+                     "--out", str(tmp_path)])
+    assert not (tmp_path / "chains.json").exists()

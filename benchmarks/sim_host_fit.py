@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.sim_heldout import suite_rows as heldout_rows  # noqa: E402
 from harts.bench.provenance import provenance  # noqa: E402
 from harts.bench.sim_measure import HOST_KINDS, measured_cases  # noqa: E402
 from harts.sim.fit_executor import UNSPLIT_BUDGET, fit_rates, predict  # noqa: E402
@@ -29,12 +30,16 @@ from harts.sim.hardware import HARDWARE_DIR  # noqa: E402
 
 
 def suite_rows(path: str) -> list[dict]:
-    """A window-suite file's measured steps as `harts.bench.sim_measure` rows."""
-    data = json.loads(Path(path).read_text())
-    return [{"instance": key, "family": inst["family"], "seed": inst["seed"], "budget": inst["budget"],
-             "kind": kind, "seconds": c["seconds"], "microbatches": c["microbatches"]}
-            for key, inst in data["instances"].items() for kind, c in inst["cases"].items()
-            if kind in ("tree", "windows", "expanded") and "seconds" in c]
+    """A window-suite file's tree, window and expanded steps (benchmarks/sim_heldout.py's
+    `suite_rows`) as `harts.bench.sim_measure` rows: with the family, seed and budget of
+    their instance "family/seed@budget" (an unsplit step's own budget is the unsplit one)."""
+    out = []
+    for r in heldout_rows(path):
+        if r["kind"] in ("tree", "windows", "expanded"):
+            family, rest = r["instance"].split("/")
+            seed, budget = (int(x) for x in rest.split("@"))
+            out.append({**r, "family": family, "seed": seed, "budget": budget})
+    return out
 
 
 def errors(rates, cases) -> list[dict]:

@@ -298,12 +298,10 @@ def calibrate_host(model: str, device: str, base: dict[str, Any], instances: Seq
     term a shipped profile cannot know, in the time of a few steps. Returns the profile
     and the measured rows."""
     from harts.sim.executor_rates import executor_rates_to_dict
-    from harts.sim.fit_executor import fit_rates
+    from harts.sim.fit_executor import UNSPLIT_BUDGET, fit_rates
 
     if "executor" not in base:
         raise ValueError("calibrate_host: the base profile has no executor section to keep (use `calibrate`)")
-    from harts.sim.fit_executor import UNSPLIT_BUDGET
-
     # (no unsplit step among HOST_KINDS: the unsplit budget is the default's, unused)
     rows = measure_instances(model, device, instances, HOST_KINDS, steps, warmup, UNSPLIT_BUDGET, profile=False,
                              log=log)

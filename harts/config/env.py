@@ -22,7 +22,7 @@ NORM = "HARTS_NORM"  # norm: reference ("" = auto)
 CONV_BWD_TILES = "HARTS_CONV_BWD_TILES"  # conv_bwd_tiles: "BD,BT_g,NSUB,warps_g,BT_dx,warps_dx"
 FWD_H = "HARTS_FWD_H"  # kda_fwd_h: "fla" | "BV,warps,stages" ("" = auto)
 COMPILE = "HARTS_COMPILE"  # compile: inductor | aot_eager ("" = off)
-RECTANGLE_TRIANGLES = "HARTS_RECTANGLE_TRIANGLES"  # rectangle_triangles_min_rows: rows ("" = 0, off)
+RECTANGLE_TRIANGLES = "HARTS_RECTANGLE_TRIANGLES"  # rectangle_triangles_min_rows: rows (0: off)
 KERNEL_VARIABLES = (FORCE_REFERENCE, TREE_ATTENTION, BASELINE_ATTENTION, CONV, NORM, CONV_BWD_TILES, FWD_H, COMPILE,
                     RECTANGLE_TRIANGLES)
 

@@ -128,8 +128,10 @@ class KernelConfig:
     # queries over a whole context read by row ranges (a piece of a chain of windows, or
     # segments under one shared prompt), the shorter side of that rectangle this many rows
     # or more: its backward as causal squares (harts.exec.ops.attention.triangles), where
-    # cuDNN's non-causal backward costs 1.7x per pair; 0 (the default): one call
-    rectangle_triangles_min_rows: int = 0
+    # cuDNN's non-causal backward costs 1.7x per pair; 0: always one call. In-process A/B of
+    # a 64k chain at a 16k budget on two H100s: window step 1.308 -> 1.297 s and 1.426 ->
+    # 1.341 s (benchmarks/results/chains/2026-12-07-099b971-chain64k-squares-ab-h100-a.json, -b.json)
+    rectangle_triangles_min_rows: int = 8192
 
     def __post_init__(self) -> None:
         for name, enum in _CHOICES.items():

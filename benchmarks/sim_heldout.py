@@ -20,9 +20,10 @@ calibration set's fit into a hardware profile's `executor` section (how the ship
 h100/h200 profiles were made); `--measured` adds the rows of benchmarks/gpu/sim_calibrate.py
 (their instances are held out, their calibrated profile is reported beside).
 
-A window-suite file's `windows-floored` step (l1l2 with microbatch floors) is the window
-step again where the floors kept it (left out) or L1's windowless plan (kind `l1`); a row
-whose microbatch count the planner no longer gives stops the run.
+A window-suite file's `windows-floored` step (l1l2 with the microbatch floors of the
+profile predicting it: the window plan with its blocks ordered for the host, or L1's
+windowless plan) is kind `floored`; a row whose microbatch count the planner no longer
+gives is skipped and listed.
 
 `--chains FILE` (a benchmarks/gpu/chains.py file) adds its steps to the held-out set as
 "chains:<case>": trajectories longer than the budget run as chains of windows, and the
@@ -58,6 +59,7 @@ from harts.sim.executor_rates import CATEGORY_SCALES  # noqa: E402
 # the files without kernel time by category fit the device rates but not the category scales
 TOTAL_DEVICE_RATES = tuple(n for n in DEVICE_RATES if n not in CATEGORY_SCALES)
 from harts.config.models import get_model_config  # noqa: E402
+from harts.sim.executor import plan_floors  # noqa: E402
 from harts.sim.executor_rates import BASE_EXECUTOR, executor_rates_from_dict, executor_rates_to_dict  # noqa: E402
 from harts.sim.fit_executor import KINDS, case_of, fit_launches, fit_rates, predict, step_of  # noqa: E402
 from harts.sim.hardware import HARDWARE_DIR, profile_from_dict  # noqa: E402
@@ -82,12 +84,9 @@ def suite_rows(path: str) -> list[dict]:
             if "seconds" not in c:
                 continue
             if kind == "windows-floored":
-                # l1l2 with floors ran either the window plan (the same step twice: left
-                # out) or L1's windowless plan, a step of its own
-                w = inst["cases"].get("windows", {})
-                if (c["microbatches"], c["rows"]) == (w.get("microbatches"), w.get("rows")):
-                    continue
-                kind = "l1"
+                # l1l2 with the floors of the GPU's profile: the window plan (its blocks
+                # ordered for the host) or L1's windowless plan
+                kind = "floored"
             out.append({"instance": k, "kind": kind, "seconds": c["seconds"], "microbatches": c.get("microbatches"),
                         "rows": c.get("rows"), "budget": c.get("budget"),
                         **{m: c[m] for m in ("peak_bytes", "base_bytes", "activation_peak_bytes") if m in c}})
@@ -105,7 +104,8 @@ class Cases:
         seed, budget = (int(x) for x in rest.split("@"))
         if instance not in self._forests:
             self._forests[instance] = build_forest(shapes.draw(family, seed, budget, vocab_size=min(32768, self.cfg.vocab_size)))
-        step = step_of(self._forests[instance], kind, budget, self.cfg.chunk_size)
+        floors = plan_floors(self.cfg, self.hw, budget) if kind == "floored" else None
+        step = step_of(self._forests[instance], kind, budget, self.cfg.chunk_size, floors=floors)
         return case_of(instance, kind, step, self.cfg, self.hw, **truth)
 
 
@@ -147,7 +147,7 @@ def report(rates, cases, calibration: set[str], new: set[str]) -> dict:
         sel = [r for r in rows if r["set"] == which]
         out["by_kind"][which] = {k: {"cases": len(e), "mean_abs_error": sum(map(abs, e)) / len(e),
                                      "max_abs_error": max(map(abs, e)), "within_10pct": sum(abs(x) <= 0.10 for x in e)}
-                                 for k in (*KINDS, "l1") if (e := [r["error"] for r in sel if r["kind"] == k])}
+                                 for k in (*KINDS, "floored", "l1") if (e := [r["error"] for r in sel if r["kind"] == k])}
         ranks = {}
         for inst in sorted({r["instance"] for r in sel}):
             rs = {r["kind"]: r for r in sel if r["instance"] == inst}

@@ -7,8 +7,9 @@ written ahead of the measurement, so the measurement is a held-out test of the s
 Per instance (`harts.tree.shapes`, ordinary or long families) the executor model of the
 shipped `--gpu` profile (harts/sim/hardware/<gpu>.json) prices the plan kinds the window
 suite runs (benchmarks/gpu/window_suite.py): `tree` (the rows unsplit), `windows` (l1l2 at
-the budget) and `expanded` (packed, expanded-ffd at the budget), one GPU; derived: window /
-unsplit and expanded / windows. Writes DIR/<date>-<rev>-predicted-<gpu>.json with
+the budget), `floored` (l1l2 with the profile's floors, its `--window-floors` case: the plan
+`harts train` makes) and `expanded` (packed, expanded-ffd at the budget), one GPU; derived:
+window / unsplit, floored / unsplit and expanded / windows. Writes DIR/<date>-<rev>-predicted-<gpu>.json with
 provenance; `python benchmarks/sim_heldout.py --gpu GPU --profile
 harts/sim/hardware/GPU.json --measured SUITE.json` later sets the measured steps beside the
 same model's numbers.
@@ -29,7 +30,7 @@ from harts.sim.executor_rates import executor_rates_from_dict  # noqa: E402
 from harts.sim.fit_executor import predict  # noqa: E402
 from harts.sim.hardware import HARDWARE_DIR  # noqa: E402
 
-KINDS = ("tree", "windows", "expanded")
+KINDS = ("tree", "windows", "floored", "expanded")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,10 +50,12 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"instance": inst, **{f"{k}_s": secs[k] for k in KINDS},
                      **{f"{k}_microbatches": pred[k].microbatches for k in KINDS},
                      "windows_over_tree": secs["windows"] / secs["tree"],
+                     "floored_over_tree": secs["floored"] / secs["tree"],
                      "expanded_over_windows": secs["expanded"] / secs["windows"]})
         r = rows[-1]
         print(f"{inst:24s} tree {r['tree_s']:6.3f} s  windows {r['windows_s']:6.3f} s ({r['windows_microbatches']} mbs)"
-              f"  expanded {r['expanded_s']:6.3f} s  windows/tree {r['windows_over_tree']:.3f}", flush=True)
+              f"  expanded {r['expanded_s']:6.3f} s  windows/tree {r['windows_over_tree']:.3f}"
+              f"  floored/tree {r['floored_over_tree']:.3f} ({r['floored_microbatches']} mbs)", flush=True)
     result = {"provenance": provenance([sys.argv[0], *(sys.argv[1:] if argv is None else argv)]),
               "gpu": args.gpu, "model": args.model, "profile": f"harts/sim/hardware/{args.gpu}.json", "rows": rows}
     if args.out:

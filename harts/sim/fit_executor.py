@@ -54,15 +54,21 @@ KINDS = ("tree", "windows", "expanded")
 UNSPLIT_BUDGET = 131072  # the window suite's budget of the unsplit tree
 
 
-def step_of(forest, kind: str, budget: int, chunk_size: int, unsplit_budget: int = UNSPLIT_BUDGET) -> StepWork:
-    """The step the executor runs for a plan kind (module docstring) on one GPU."""
+def step_of(forest, kind: str, budget: int, chunk_size: int, unsplit_budget: int = UNSPLIT_BUDGET,
+            floors: dict[str, float] | None = None) -> StepWork:
+    """The step the executor runs for a plan kind (module docstring) on one GPU; kind
+    `floored` is l1l2 with `floors` (`harts.sim.executor.plan_floors`: the plan `harts
+    train` makes on that GPU, windows only where they pay, its blocks ordered for the host)."""
     from harts.config.plan import PlanConfig
     from harts.plan.planners import make_plan
     from harts.plan.step import step_from_plan
 
     planner, b = {"tree": ("l1l2", max(unsplit_budget, forest.compact_tokens)), "windows": ("l1l2", budget),
-                  "expanded": ("expanded-ffd", budget), "l1": ("l1", budget)}[kind]
-    plan = make_plan(forest, planner, PlanConfig(microbatch_tokens=b, chunk_size=chunk_size))
+                  "floored": ("l1l2", budget), "expanded": ("expanded-ffd", budget), "l1": ("l1", budget)}[kind]
+    if kind == "floored" and not floors:
+        raise ValueError("kind 'floored' needs the floors (harts.sim.executor.plan_floors)")
+    extra = floors if kind == "floored" else {}
+    plan = make_plan(forest, planner, PlanConfig(microbatch_tokens=b, chunk_size=chunk_size, **extra))
     return step_from_plan(plan, forest, chunk_size)
 
 

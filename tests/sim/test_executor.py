@@ -258,3 +258,19 @@ def test_launches_scale_with_the_layers_of_a_stage():
     assert two_stages.features(0, step.microbatches[0]).layer_ratio == 1.5
     assert action_seconds(hw.executor, Phase.BWD, deep)[1] == pytest.approx(
         3 * action_seconds(hw.executor, Phase.BWD, one)[1])
+
+
+def test_the_floored_step_is_the_plan_train_makes_and_prices_no_higher():
+    """Kind `floored`: l1l2 with the profile's floors (what `harts train` plans on that GPU).
+    On stepwise/11 at 16k the h100 floors keep L1's windowless plan, which the executor
+    model prices below the window plan's step; without floors the kind is refused."""
+    from harts.sim.executor import plan_floors
+
+    hw = load_hardware("h100")
+    forest = build_forest(shapes.draw("stepwise", 11, 16384, vocab_size=32768))
+    floors = plan_floors(MODEL, hw, 16384)
+    steps = {k: step_of(forest, k, 16384, MODEL.chunk_size, floors=floors) for k in ("windows", "floored")}
+    t = {k: predict(hw.executor, case_of("s", k, s, MODEL, hw)) for k, s in steps.items()}
+    assert t["floored"] < t["windows"]
+    with pytest.raises(ValueError, match="floors"):
+        step_of(forest, "floored", 16384, MODEL.chunk_size)

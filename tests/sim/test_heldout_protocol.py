@@ -55,9 +55,21 @@ def test_predictions_written_ahead_are_what_harts_sim_prints(tmp_path, capsys):
     (row,) = json.loads(next(tmp_path.glob("*-predicted-h100.json")).read_text())["rows"]
     save_jsonl(shapes.draw("long-agent", 1, 8192, vocab_size=32768), tmp_path / "r.jsonl")
     capsys.readouterr()
-    for kind, planner, budget in (("windows", "l1l2", 8192), ("expanded", "expanded-ffd", 8192)):
+    # `floored` is what `harts sim` plans by default (`--window-floors auto`)
+    for kind, planner, floors in (("windows", "l1l2", "off"), ("floored", "l1l2", "auto"),
+                                  ("expanded", "expanded-ffd", "off")):
         assert main(["sim", "--input", str(tmp_path / "r.jsonl"), "--model", "tiny-h200", "--gpus", "1",
-                     "--planner", planner, "--microbatch-tokens", str(budget), "--hardware", "h100", "--json"]) == 0
+                     "--planner", planner, "--microbatch-tokens", "8192", "--hardware", "h100",
+                     "--window-floors", floors, "--json"]) == 0
         got = json.loads(capsys.readouterr().out)
         assert got["microbatches"] == row[f"{kind}_microbatches"]
         assert got["step_seconds"] == pytest.approx(row[f"{kind}_s"], rel=1e-9)
+
+
+def test_a_floored_suite_step_is_its_own_kind(heldout, tmp_path):
+    """A window-suite file's `windows-floored` step is read as kind `floored` (predicted
+    with the profile's floors), beside its `windows` step."""
+    case = {"seconds": 1.0, "microbatches": 3, "rows": 100, "budget": 16384}
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps({"instances": {"grpo/1@16384": {"cases": {"windows": case, "windows-floored": case}}}}))
+    assert sorted(r["kind"] for r in heldout.suite_rows(str(path))) == ["floored", "windows"]

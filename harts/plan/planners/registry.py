@@ -5,8 +5,10 @@ the config, hands trajectories longer than the budget to chains of windows
 (`harts.plan.planners.chains`, the planner planning the rest) together with the trees a
 planner names as ones it cannot lay out without recomputing rows (its `nest` function,
 given at registration: l1l2's trees whose one window does not fit), times the planner
-(wall clock, stored as `Plan.plan_seconds`) and, unless told otherwise, validates the
-result against the forest so a planner bug fails loudly at the place it happened.
+(wall clock, stored as `Plan.plan_seconds`), orders a one-replica plan's independent
+blocks for a host-bound executor where microbatch floors are given (`harts.plan.order`)
+and, unless told otherwise, validates the result against the forest so a planner bug
+fails loudly at the place it happened.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from enum import StrEnum
 
 from harts.config.plan import PlanConfig
 from harts.config.registry import Registry
+from harts.plan.order import order_blocks
 from harts.plan.plan import Plan
 from harts.tree.forest import RolloutForest
 
@@ -68,6 +71,8 @@ def make_plan(
 
     # trajectories longer than the budget: chains of windows, the rest planned by `fn`
     plan = plan_with_chains(forest, config, fn, str(planner), _NESTS.get(str(planner)))
+    # one replica with microbatch floors: its independent blocks in the cheapest order
+    plan = order_blocks(plan, config)
     seconds = time.perf_counter() - t0
     plan = dataclasses.replace(plan, plan_seconds=seconds)
     if validate:

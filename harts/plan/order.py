@@ -60,9 +60,10 @@ def blocks(plan: Plan, replica: int = 0) -> list[list[Microbatch]]:
     return out
 
 
-def host_ahead_load(mbs: Sequence[Microbatch], loads: Sequence[float], floors: Sequence[float]) -> float:
-    """The device's end, in load units, of `mbs` run in this order (module docstring):
-    `loads[i]` and `floors[i]` are microbatch `mbs[i]`'s device load and host issue time."""
+def host_ahead_load(loads: Sequence[float], floors: Sequence[float]) -> float:
+    """The device's end, in load units, of microbatches run in this order (module
+    docstring): `loads[i]` and `floors[i]` are the i-th one's device load and host issue
+    time."""
     s_host = s_end = 0.0
     for load, floor in zip(loads, floors, strict=True):
         start = max(s_end, s_host)
@@ -109,7 +110,7 @@ def order_blocks(plan: Plan, config: PlanConfig) -> Plan:
 
     def price(perm: Sequence[int]) -> float:
         seq = [m for k in perm for m in bl[k]]
-        return host_ahead_load(seq, [load[m.id] for m in seq], [floor[m.id] for m in seq])
+        return host_ahead_load([load[m.id] for m in seq], [floor[m.id] for m in seq])
 
     base = price(range(len(bl)))
     best, best_price = None, base
@@ -136,4 +137,4 @@ def plan_host_ahead_load(plan: Plan, config: PlanConfig) -> float:
     """`host_ahead_load` of a one-replica plan in its execution order."""
     load, floor = _prices(plan, config)
     seq = plan.replica_sequence(0)
-    return host_ahead_load(seq, [load[m.id] for m in seq], [floor[m.id] for m in seq])
+    return host_ahead_load([load[m.id] for m in seq], [floor[m.id] for m in seq])

@@ -24,10 +24,10 @@ def test_host_ahead_load_by_hand():
     """Loads 2, 15, 15 with a host issue time of 10 each: the small one first leaves the
     device idle while the host issues it (ends 10, 25, 40); after a large one it is issued
     while the device works (15, 20, 35)."""
-    assert order.host_ahead_load([None] * 3, [2.0, 15.0, 15.0], [10.0] * 3) == pytest.approx(40.0)
-    assert order.host_ahead_load([None] * 3, [15.0, 2.0, 15.0], [10.0] * 3) == pytest.approx(35.0)
+    assert order.host_ahead_load([2.0, 15.0, 15.0], [10.0] * 3) == pytest.approx(40.0)
+    assert order.host_ahead_load([15.0, 2.0, 15.0], [10.0] * 3) == pytest.approx(35.0)
     # host-bound throughout: the host's clock
-    assert order.host_ahead_load([None] * 3, [1.0, 1.0, 1.0], [10.0] * 3) == pytest.approx(30.0)
+    assert order.host_ahead_load([1.0, 1.0, 1.0], [10.0] * 3) == pytest.approx(30.0)
 
 
 @given(device_host_actions())
@@ -36,9 +36,9 @@ def test_host_ahead_load_is_at_least_either_side(actions):
     with no host time it is the plain sum."""
     loads = [d for d, _ in actions]
     floors = [h for _, h in actions]
-    got = order.host_ahead_load([None] * len(actions), loads, floors)
+    got = order.host_ahead_load(loads, floors)
     assert got >= sum(loads) * (1 - 1e-12) and got >= sum(floors) * (1 - 1e-12)
-    assert order.host_ahead_load([None] * len(actions), loads, [0.0] * len(actions)) == pytest.approx(sum(loads))
+    assert order.host_ahead_load(loads, [0.0] * len(actions)) == pytest.approx(sum(loads))
 
 
 def _floored(config: PlanConfig, floor: float, consumer: float) -> PlanConfig:

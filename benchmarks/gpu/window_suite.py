@@ -154,14 +154,15 @@ def main(argv: list[str]) -> int:
     result["seconds_total"] = time.perf_counter() - t_start
     save()
     print(f"\n{'instance':24s} {'rows':>7s} {'x':>5s} {'win/unsplit':>11s} {'win/exp':>8s} {'share':>6s} "
-          f"{'peak w/e':>8s} {'fid w/t':>7s}")
+          f"{'peak w/e':>8s} {'fid w/t':>7s} {'floored/unsplit':>15s}")
     for k, s in rows:
         def f(x, fmt):
             return format(x, fmt) if isinstance(x, (int, float)) else "-"
         print(f"{k:24s} {f(s.get('compact_rows'), '7d')} {f(s.get('compression'), '5.2f')} "
               f"{f(s.get('window_over_unsplit'), '11.3f')} {f(s.get('speedup_windows'), '8.2f')} "
               f"{f(s.get('share_of_unsplit_speedup'), '6.2f')} {f(s.get('peak_windows_over_expanded'), '8.3f')} "
-              f"{f(s.get('fidelity_windows_over_tree_float32', s.get('fidelity_windows_over_tree')), '7.3f')}")
+              f"{f(s.get('fidelity_windows_over_tree_float32', s.get('fidelity_windows_over_tree')), '7.3f')} "
+              f"{f(s.get('floored_over_unsplit'), '15.3f')}")
     return 0
 
 

@@ -249,6 +249,9 @@ def run_case(kind: str, trajs, budget: int, args, kernels=None) -> dict:
                           for w in trainer.windows]
         out["producer_retention"] = plan.producer_retention
         out["peak_retained_bytes"] = trainer.peak_retained_bytes
+        # what the planner chose (l1l2 with floors: "chosen": "l1" for L1's windowless plan)
+        # and how `harts.plan.order` ordered the blocks, where it moved them
+        out["plan_info"] = {k: plan.info[k] for k in ("chosen", "block_order") if k in plan.info}
     del trainer, res  # a window run's result holds the trainer's layout: free both here
     _free()
     return out

@@ -13,8 +13,10 @@ runs ahead of the device: while the device works through a large microbatch the 
 already issuing the next. A small microbatch at the start of the step (a window's
 producer holding only a short shared prompt, say) leaves the device idle while the host
 issues it; after a large one, it is issued while the device works off the large one's
-queue. `host_ahead_load` prices an order so, one action per microbatch in execution
-order, with `S` the action's start, `H` the host's issue clock and `E` the device's end:
+queue. `host_ahead_load` prices an order so, one action per pass (`passes`: a
+microbatch's forward, `forward_fraction` of its load and floor, and its backward, in the
+executor's order, a producer's backward after its last consumer's), with `S` the action's start, `H` the
+host's issue clock and `E` the device's end:
 
     S = max(E, H);  H += floor;  E = max(S + load, H)
 
@@ -108,9 +110,11 @@ def order_blocks(plan: Plan, config: PlanConfig) -> Plan:
         return plan
     load, floor = _prices(plan, config)
 
+    ff = config.cost_model.forward_fraction
+    consumers = plan.consumers()
+
     def price(perm: Sequence[int]) -> float:
-        seq = [m for k in perm for m in bl[k]]
-        return host_ahead_load([load[m.id] for m in seq], [floor[m.id] for m in seq])
+        return _actions_load([m.id for k in perm for m in bl[k]], consumers, load, floor, ff)
 
     base = price(range(len(bl)))
     best, best_price = None, base
@@ -120,7 +124,6 @@ def order_blocks(plan: Plan, config: PlanConfig) -> Plan:
             best, best_price = perm, p
     if best is None:
         return plan
-    consumers = plan.consumers()
     mbs = list(plan.microbatches)
     slot = 0
     for order, m in enumerate(m for k in best for m in bl[k]):
@@ -134,7 +137,42 @@ def order_blocks(plan: Plan, config: PlanConfig) -> Plan:
 
 
 def plan_host_ahead_load(plan: Plan, config: PlanConfig) -> float:
-    """`host_ahead_load` of a one-replica plan in its execution order."""
+    """`host_ahead_load` of a one-replica plan's passes in its execution order."""
     load, floor = _prices(plan, config)
-    seq = plan.replica_sequence(0)
-    return host_ahead_load([load[m.id] for m in seq], [floor[m.id] for m in seq])
+    return _actions_load([m.id for m in plan.replica_sequence(0)], plan.consumers(), load, floor,
+                         config.cost_model.forward_fraction)
+
+
+def passes(seq: Sequence[int], consumers: dict[int, list[int]]) -> list[tuple[int, bool]]:
+    """(microbatch id, is forward) of the microbatches `seq` (execution order) in the order
+    the executor runs their passes (`harts.sim.executor.executor_passes`, the one-stage
+    consumer-1f1b schedule): each forward in order, a consumer's or standalone microbatch's
+    backward right after its forward, a producer's right after its last consumer's backward,
+    so a chain runs its forwards and then its backwards, last piece first."""
+    pos = {m: i for i, m in enumerate(seq)}
+    waiting: dict[int, list[int]] = {}
+    for p, cs in consumers.items():
+        if p in pos:
+            waiting.setdefault(max(cs, key=pos.__getitem__), []).append(p)
+    out: list[tuple[int, bool]] = []
+
+    def backward(m: int) -> None:
+        out.append((m, False))
+        for p in waiting.get(m, ()):
+            backward(p)
+
+    for m in seq:
+        out.append((m, True))
+        if m not in consumers:
+            backward(m)
+    return out
+
+
+def _actions_load(seq: Sequence[int], consumers: dict[int, list[int]], load: dict[int, float],
+                  floor: dict[int, float], ff: float) -> float:
+    """`host_ahead_load` of the `passes` of `seq`: a forward takes `ff` of a microbatch's
+    load and floor, its backward the rest."""
+    acts = passes(seq, consumers)
+    share = [ff if fwd else 1 - ff for _, fwd in acts]
+    return host_ahead_load([x * load[m] for x, (m, _) in zip(share, acts, strict=True)],
+                           [x * floor[m] for x, (m, _) in zip(share, acts, strict=True)])

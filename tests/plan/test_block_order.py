@@ -41,6 +41,34 @@ def test_host_ahead_load_is_at_least_either_side(actions):
     assert order.host_ahead_load(loads, [0.0] * len(actions)) == pytest.approx(sum(loads))
 
 
+@pytest.mark.parametrize("instance", ["stepwise/11@16384", "grpo/2@16384", "bushy/2@4096", "long-agent/1@16384",
+                                      "long-group/2@16384"])
+def test_passes_are_the_executor_order_the_simulator_prices(instance):
+    """`order.passes` lists a plan's forwards and backwards in the order of
+    `harts.sim.executor.executor_passes` (the one-stage consumer-1f1b schedule): windows,
+    chains of windows (forwards, then backwards last piece first) and nested ones."""
+    from harts.plan.step import step_from_plan
+    from harts.sim.executor import executor_passes
+    from harts.sim.ops import Phase
+
+    family, rest = instance.split("/")
+    seed, budget = (int(x) for x in rest.split("@"))
+    forest = build_forest(shapes.draw(family, seed, budget, vocab_size=MODEL.vocab_size))
+    plan = make_plan(forest, "l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=MODEL.chunk_size))
+    assert plan.consumers()
+    step = step_from_plan(plan, forest, MODEL.chunk_size)
+    want = [(step.microbatches[i].mb, phase == Phase.FWD) for idxs, phase in executor_passes(step) for i in idxs]
+    assert order.passes([m.id for m in plan.replica_sequence(0)], plan.consumers()) == want
+
+
+def test_a_window_is_priced_by_its_passes():
+    """A producer of load 2, its consumer and a standalone microbatch of 15 each, a floor of
+    10 each and forwards a half of both: passes P.f C.f C.b P.b S.f S.b, each device end by
+    the recurrence 5, 12.5, 20, 21, 28.5, 36."""
+    got = order._actions_load([0, 1, 2], {0: [1]}, {0: 2.0, 1: 15.0, 2: 15.0}, dict.fromkeys(range(3), 10.0), 0.5)
+    assert got == pytest.approx(36.0)
+
+
 def _floored(config: PlanConfig, floor: float, consumer: float) -> PlanConfig:
     return dataclasses.replace(config, microbatch_floor=floor, consumer_floor=consumer)
 

@@ -24,8 +24,10 @@ Cases (tiny-h200, bf16, activation recomputation, benchmarks/gpu/windows.py's tr
 preset is fixed). Derived: peak of the 131k cases over `ordinary32k` (total allocated, and activations above
 the weights and optimizer state), and chain64k's chained step over its unsplit step.
 `--ab FIELD=VALUE` runs every chained (windows) case twice in the same process, without
-and then with that `KernelConfig` setting (say `rectangle_triangles_min_rows=8192`: the
-causal squares), so a setting is compared on one machine and one warm process.
+and then with that `KernelConfig` setting (say `rectangle_triangles_min_rows=0`: the causal
+squares off) or `PlanConfig` field of the window plan (say `producer_retention=0.2`: larger
+chain pieces, fewer microbatches, more memory a piece), so a setting is compared on one
+machine and one warm process, time and peak.
 Writes DIR/chains.json with provenance.
 """
 
@@ -105,17 +107,26 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--device", default="cuda", help="cuda; cpu with --scale is a smoke run of the script")
     ap.add_argument("--scale", type=int, default=1, help="divide every length and budget by this (smoke runs)")
     ap.add_argument("--ab", default="",
-                    help="FIELD=VALUE of harts.config.KernelConfig: every chained (windows) run again with it, "
-                         "right after the run without it, in this process (e.g. rectangle_triangles_min_rows=8192)")
+                    help="FIELD=VALUE of harts.config.KernelConfig or of the window plan's PlanConfig: every "
+                         "chained (windows) run again with it, right after the run without it, in this process "
+                         "(e.g. rectangle_triangles_min_rows=0, producer_retention=0.2)")
     ap.add_argument("--out", default=".")
     args = ap.parse_args(argv)
-    from harts.config.kernels import KernelConfig
+    import dataclasses
 
-    ab = None
+    from harts.config.kernels import KernelConfig
+    from harts.config.plan import PlanConfig
+
+    ab = None  # ("kernels", KernelConfig) or ("plan", PlanConfig fields)
     if args.ab:
         field, _, value = args.ab.partition("=")
         try:
-            ab = KernelConfig.from_env(**{field: int(value) if value.isdigit() else value})
+            if field in {f.name for f in dataclasses.fields(PlanConfig)} - {"microbatch_tokens", "chunk_size"}:
+                kind_of = type(getattr(PlanConfig(), field))
+                ab = ("plan", {field: value.lower() in ("1", "true") if kind_of is bool else kind_of(value)})
+                PlanConfig(**ab[1])  # refused here if out of range
+            else:
+                ab = ("kernels", KernelConfig.from_env(**{field: int(value) if value.isdigit() else value}))
         except (TypeError, ValueError) as err:
             ap.error(f"--ab {args.ab}: {err}")
     if args.no_autotune:
@@ -142,10 +153,12 @@ def main(argv: list[str]) -> int:
         if ab is not None:
             runs = [r for kind, budget, _ in runs
                     for r in ([(kind, budget, None), (kind, budget, ab)] if kind == "windows" else [(kind, budget, None)])]
-        for kind, budget, kernels in runs:
-            key = f"{case} {kind}@{budget}" + (f" {args.ab}" if kernels is not None else "")
+        for kind, budget, setting in runs:
+            key = f"{case} {kind}@{budget}" + (f" {args.ab}" if setting is not None else "")
             try:
-                row = W.run_case(kind, trajs, budget, args, kernels=kernels)
+                row = W.run_case(kind, trajs, budget, args,
+                                 kernels=setting[1] if setting and setting[0] == "kernels" else None,
+                                 plan_config=setting[1] if setting and setting[0] == "plan" else None)
                 row.pop("roles", None)
                 result["cases"][key] = row
                 print(f"[{key}] {row['seconds']:.3f}s peak {row['peak_bytes'] / 2**30:.2f} GiB "
@@ -162,11 +175,13 @@ def main(argv: list[str]) -> int:
 
     base = of("ordinary32k", "expanded")
     for case in ("single131k", "tree131k", "forks131k"):
-        row = of(case, "windows")
-        if row and base.get("peak_bytes"):
-            result["derived"][f"{case} peak / ordinary32k"] = row["peak_bytes"] / base["peak_bytes"]
-            result["derived"][f"{case} activation peak / ordinary32k"] = (
-                row["activation_peak_bytes"] / base["activation_peak_bytes"])
+        for with_ab in (False, True):
+            row = of(case, "windows", ab=with_ab)
+            name = f"{case} {args.ab}" if with_ab else case
+            if row and base.get("peak_bytes"):
+                result["derived"][f"{name} peak / ordinary32k"] = row["peak_bytes"] / base["peak_bytes"]
+                result["derived"][f"{name} activation peak / ordinary32k"] = (
+                    row["activation_peak_bytes"] / base["activation_peak_bytes"])
     a, b = of("chain64k", "windows"), of("chain64k", "tree")
     if a and b:
         result["derived"]["chain64k chained@16k / unsplit"] = a["seconds"] / b["seconds"]

@@ -101,9 +101,10 @@ def provenance(argv: list[str]) -> dict:
     }
 
 
-def _trainer(kind: str, trajs, budget: int, model: str, kernels=None):
+def _trainer(kind: str, trajs, budget: int, model: str, kernels=None, plan_config=None):
     """(trainer, plan or None) of `kind` on a fresh `model` (bf16 on CUDA, float32 on the
-    CPU); `kernels`: a `KernelConfig` (None: the environment's)."""
+    CPU); `kernels`: a `KernelConfig` (None: the environment's); `plan_config`: `PlanConfig`
+    fields of the l1l2 plan (windows kinds)."""
     from harts.config.models import get_model_config
     from harts.exec.factory import chained_expanded_plan, make_trainer
     from harts.exec.model.model import build_model
@@ -129,7 +130,7 @@ def _trainer(kind: str, trajs, budget: int, model: str, kernels=None):
     if kind == "windows-floored":
         floors = window_floors_here(cfg, budget)
     plan = make_plan(build_forest(trajs), "l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=cfg.chunk_size,
-                                                             **floors))
+                                                             **floors, **(plan_config or {})))
     # windows-resident: the producers' saved tensors left on the device (no HostOffload);
     # windows-stored: the producers' blocks not checkpointed, all they save in host memory
     return make_trainer("plan", net, plan, offload_producers=kind != "windows-resident",
@@ -217,10 +218,11 @@ def prepared_steps(trainer, trajs, budget: int, n: int) -> tuple[list[float], ob
     return times, res
 
 
-def run_case(kind: str, trajs, budget: int, args, kernels=None) -> dict:
+def run_case(kind: str, trajs, budget: int, args, kernels=None, plan_config=None) -> dict:
     """One case's prepared steps (`prepared_steps`), peak memory and its plan's windows;
-    `kernels`: a `KernelConfig` (None: the environment's)."""
-    trainer, plan = _trainer(kind, trajs, budget, args.model, kernels=kernels)
+    `kernels`: a `KernelConfig` (None: the environment's); `plan_config`: `PlanConfig` fields
+    of a windows kind's l1l2 plan."""
+    trainer, plan = _trainer(kind, trajs, budget, args.model, kernels=kernels, plan_config=plan_config)
     for _ in range(args.warmup):
         trainer.step(trajs, budget)
     _sync()

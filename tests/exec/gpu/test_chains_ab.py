@@ -31,3 +31,22 @@ def test_an_unknown_setting_is_refused(tmp_path, monkeypatch):
         chains.main(["--device", "cpu", "--scale", "256", "--cases", "chain64k", "--ab", "no_such_field=1",
                      "--out", str(tmp_path)])
     assert not (tmp_path / "chains.json").exists()
+
+
+def test_a_plan_setting_is_compared_too(tmp_path, monkeypatch):
+    """`--ab producer_retention=0.2`: the window plan's PlanConfig field, the chained run
+    repeated with it (same rows, the same loss); a value the PlanConfig refuses is refused."""
+    monkeypatch.setattr(chains.W, "DEVICE", chains.W.DEVICE)
+    monkeypatch.setattr(chains.W, "VOCAB", chains.W.VOCAB)
+    assert chains.main(["--device", "cpu", "--scale", "128", "--cases", "chain64k", "--model", "tiny-cpu",
+                        "--steps", "1", "--warmup", "0", "--ab", "producer_retention=0.2",
+                        "--out", str(tmp_path)]) == 0
+    cases = json.loads((tmp_path / "chains.json").read_text())["cases"]
+    plain = cases["chain64k windows@128"]
+    ab = cases["chain64k windows@128 producer_retention=0.2"]
+    assert "error" not in ab and ab["producer_retention"] == 0.2 and plain["producer_retention"] == 0.35
+    assert ab["rows"] == plain["rows"]
+    assert ab["loss"] == pytest.approx(plain["loss"], rel=1e-5)
+    with pytest.raises(SystemExit):
+        chains.main(["--device", "cpu", "--scale", "128", "--cases", "chain64k", "--ab", "producer_retention=-1",
+                     "--out", str(tmp_path)])

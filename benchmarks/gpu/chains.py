@@ -117,16 +117,17 @@ def main(argv: list[str]) -> int:
     from harts.config.kernels import KernelConfig
     from harts.config.plan import PlanConfig
 
-    ab = None  # ("kernels", KernelConfig) or ("plan", PlanConfig fields)
+    ab = None  # run_case's keyword arguments of the second run: kernels= or plan_config=
     if args.ab:
         field, _, value = args.ab.partition("=")
         try:
             if field in {f.name for f in dataclasses.fields(PlanConfig)} - {"microbatch_tokens", "chunk_size"}:
                 kind_of = type(getattr(PlanConfig(), field))
-                ab = ("plan", {field: value.lower() in ("1", "true") if kind_of is bool else kind_of(value)})
-                PlanConfig(**ab[1])  # refused here if out of range
+                fields = {field: value.lower() in ("1", "true") if kind_of is bool else kind_of(value)}
+                PlanConfig(**fields)  # refused here if out of range
+                ab = {"plan_config": fields}
             else:
-                ab = ("kernels", KernelConfig.from_env(**{field: int(value) if value.isdigit() else value}))
+                ab = {"kernels": KernelConfig.from_env(**{field: int(value) if value.isdigit() else value})}
         except (TypeError, ValueError) as err:
             ap.error(f"--ab {args.ab}: {err}")
     if args.no_autotune:
@@ -156,9 +157,7 @@ def main(argv: list[str]) -> int:
         for kind, budget, setting in runs:
             key = f"{case} {kind}@{budget}" + (f" {args.ab}" if setting is not None else "")
             try:
-                row = W.run_case(kind, trajs, budget, args,
-                                 kernels=setting[1] if setting and setting[0] == "kernels" else None,
-                                 plan_config=setting[1] if setting and setting[0] == "plan" else None)
+                row = W.run_case(kind, trajs, budget, args, **(setting or {}))
                 row.pop("roles", None)
                 result["cases"][key] = row
                 print(f"[{key}] {row['seconds']:.3f}s peak {row['peak_bytes'] / 2**30:.2f} GiB "

@@ -436,14 +436,16 @@ class StageCounter:
         m, lay = self.m, self.layers
         n = float(sum(w.tokens for w in works))
         blocks = n * self.recompute_working_bytes_per_token() if phase == Phase.BWD else 0.0
-        # a consumer's attention layer over its context rows: the layer's keys and values
-        # over [context | own] rows and the context's gathered for the ancestors' part; in
-        # the backward also their gradients, the zero-filled full-size gradients the own
-        # rows' shares are placed on, and the gather-add's outputs (`split_backward`)
+        # a consumer's attention layer over its context rows: one copy of the layer's keys
+        # and values per context row in the forward (`RowPlace`'s `cat` of [context | own]),
+        # two in the backward (the recomputed `cat` and its gradient, whose context part is
+        # a view the stash's gradient accumulates). Fitted to the measured peaks of chains,
+        # whose context is up to 5x their own rows (docs/BENCHMARKS.md, "The simulator's
+        # memory against measured peaks")
         context = float(sum(w.context_rows for w in works))
         mla, gattn = self._attention_kv_bytes_per_row()
         widest = max(mla if lay.num_mla else 0.0, gattn if lay.num_gated_attention else 0.0)
-        blocks += (5 if phase == Phase.BWD else 2) * context * widest
+        blocks += (2 if phase == Phase.BWD else 1) * context * widest
         if lay.num_moe:
             blocks += 2 * n * m.top_k * (m.d_model + 2 * m.expert_ffn_dim) * BF16
         head = 3 * FP32 * min(float(DEFAULT_LM_HEAD_CHUNK_ELEMENTS), n * m.vocab_size) if lay.has_lm_head else 0.0

@@ -20,6 +20,10 @@ Cases (tiny-h200, bf16, activation recomputation, benchmarks/gpu/windows.py's tr
 - `chain64k`: one 65,536-token trajectory, unsplit (one microbatch, budget 131,072) and the
   l1l2 plan at 16,384.
 
+Other lengths by name: `single<N>k` (one N x 1,024-token trajectory, l1l2 at 32,768),
+`chain<N>k` (one N x 1,024-token trajectory, unsplit and l1l2 at 16,384) and
+`ordinary16k` (four 16,000-token trajectories, the expanded step at 16,384).
+
 `--seed` draws other tokens, response lengths and fork positions (the swe-treestep-1
 preset is fixed). Derived: peak of the 131k cases over `ordinary32k` (total allocated, and activations above
 the weights and optimizer state), and chain64k's chained step over its unsplit step.
@@ -35,9 +39,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 import traceback
+import zlib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -65,7 +71,8 @@ def instance(case: str, seed: int = 0, scale: int = 1):
 
 
 def _instance(case: str, seed: int, scale: int):
-    rng = np.random.default_rng([seed, CASES.index(case)])
+    # the named cases keep their streams; other lengths draw from one keyed by the name
+    rng = np.random.default_rng([seed, CASES.index(case) if case in CASES else zlib.crc32(case.encode())])
 
     def _tokens(rng, n: int) -> np.ndarray:
         return rng.integers(1, W.VOCAB, n // scale)
@@ -91,9 +98,13 @@ def _instance(case: str, seed: int, scale: int):
             branch = _tokens(rng, int(rng.integers(2048, 8192)))  # divided by `scale` in _tokens
             trajs.append(_traj(f"b{i}", "g", np.concatenate([trunk[:at], branch]), rng))
         return trajs, [("windows", 32768)]
-    if case == "chain64k":
-        return [_traj("long", "g", _tokens(rng, 65536), rng)], [("tree", 131072), ("windows", 16384)]
-    raise KeyError(case)
+    if case == "ordinary16k":
+        return [_traj(f"o{i}", f"o{i}", _tokens(rng, 16000), rng) for i in range(4)], [("expanded", 16384)]
+    if m := re.fullmatch(r"(single|chain)(\d+)k", case):
+        n = int(m.group(2)) * 1024
+        trajs = [_traj("long", "g", _tokens(rng, n), rng)]
+        return trajs, ([("windows", 32768)] if m.group(1) == "single" else [("tree", max(131072, n)), ("windows", 16384)])
+    raise KeyError(f"unknown case {case!r}: one of {', '.join(CASES)}, ordinary16k, single<N>k, chain<N>k")
 
 
 def main(argv: list[str]) -> int:
@@ -172,20 +183,27 @@ def main(argv: list[str]) -> int:
         return next((v for k, v in c.items() if k.startswith(f"{case} {kind}@") and "seconds" in v
                      and k.endswith(f" {args.ab}") == (ab and bool(args.ab))), {})
 
-    base = of("ordinary32k", "expanded")
-    for case in ("single131k", "tree131k", "forks131k"):
-        for with_ab in (False, True):
+    cases = args.cases.split(",")
+    settings = (False, True) if args.ab else (False,)
+    for case in cases:
+        if case.startswith(("ordinary", "swe")):
+            continue
+        # a chained case against the ordinary step of its budget, where it ran
+        budget = next((b for k, b in instance(case, seed=args.seed, scale=args.scale)[1] if k == "windows"), None)
+        ref = {32768 // args.scale: "ordinary32k", 16384 // args.scale: "ordinary16k"}.get(budget)
+        base = of(ref, "expanded") if ref else {}
+        for with_ab in settings:
             row = of(case, "windows", ab=with_ab)
             name = f"{case} {args.ab}" if with_ab else case
             if row and base.get("peak_bytes"):
-                result["derived"][f"{name} peak / ordinary32k"] = row["peak_bytes"] / base["peak_bytes"]
-                result["derived"][f"{name} activation peak / ordinary32k"] = (
+                result["derived"][f"{name} peak / {ref}"] = row["peak_bytes"] / base["peak_bytes"]
+                result["derived"][f"{name} activation peak / {ref}"] = (
                     row["activation_peak_bytes"] / base["activation_peak_bytes"])
-    a, b = of("chain64k", "windows"), of("chain64k", "tree")
-    if a and b:
-        result["derived"]["chain64k chained@16k / unsplit"] = a["seconds"] / b["seconds"]
-    if (a_ab := of("chain64k", "windows", ab=True)) and b:
-        result["derived"][f"chain64k chained@16k {args.ab} / unsplit"] = a_ab["seconds"] / b["seconds"]
+        if case.startswith("chain") and (b := of(case, "tree")):
+            for with_ab in settings:
+                if a := of(case, "windows", ab=with_ab):
+                    name = f"{case} chained@16k {args.ab}" if with_ab else f"{case} chained@16k"
+                    result["derived"][f"{name} / unsplit"] = a["seconds"] / b["seconds"]
     print(json.dumps(result["derived"], indent=1))
     save()
     return 0

@@ -50,3 +50,25 @@ def test_a_plan_setting_is_compared_too(tmp_path, monkeypatch):
     with pytest.raises(SystemExit):
         chains.main(["--device", "cpu", "--scale", "128", "--cases", "chain64k", "--ab", "producer_retention=-1",
                      "--out", str(tmp_path)])
+
+
+def test_other_lengths_by_name(tmp_path, monkeypatch):
+    """`single<N>k` and `chain<N>k` take any length, `ordinary16k` is the 16k reference
+    (each chained case's peak is set against the ordinary step of its budget), and an
+    unknown name is refused."""
+    monkeypatch.setattr(chains.W, "DEVICE", chains.W.DEVICE)
+    monkeypatch.setattr(chains.W, "VOCAB", chains.W.VOCAB)
+    trajs, runs = chains.instance("single96k", scale=128)
+    assert [len(t.tokens) for t in trajs] == [96 * 1024 // 128] and runs == [("windows", 256)]
+    trajs, runs = chains.instance("chain48k", scale=128)
+    assert [len(t.tokens) for t in trajs] == [48 * 1024 // 128] and runs == [("tree", 1024), ("windows", 128)]
+    # the named cases draw what they always drew
+    assert (chains.instance("chain64k", seed=3)[0][0].tokens == chains.instance("chain64k", seed=3)[0][0].tokens).all()
+    with pytest.raises(KeyError, match="unknown case"):
+        chains.instance("triple64k")
+    assert chains.main(["--device", "cpu", "--scale", "128", "--cases", "chain48k,ordinary16k", "--model",
+                        "tiny-cpu", "--steps", "1", "--warmup", "0", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "chains.json").read_text())
+    assert {"chain48k tree@1024", "chain48k windows@128", "ordinary16k expanded@128"} <= set(result["cases"])
+    # peaks are read on CUDA only (0 on the CPU), so the CPU run derives the time ratio alone
+    assert set(result["derived"]) == {"chain48k chained@16k / unsplit"}

@@ -107,6 +107,28 @@ def test_a_piece_going_on_through_several_forks_matches_expanded(forks):
 
 @pytest.mark.parametrize("planner", ("l1", "l1l2"))
 @pytest.mark.parametrize("dtype", (torch.float64, torch.float32))
+def test_fork_branches_sunk_into_a_later_leaf_match_expanded(planner, dtype):
+    # a 200-token trunk at a 64-token budget with branches at four depths: the branches
+    # leave their own pieces' windows for one leaf under a later piece
+    # (`harts.plan.planners.leaves.sink_leaves`), which reads them through the chain's
+    # stashes (the fork rows, the states and replayed inputs where a branch starts)
+    trajs = long_chain_trajectories(200, [(30, 6), (75, 9), (120, 7), (165, 8)], seed=1)
+    config = PlanConfig(microbatch_tokens=64, chunk_size=CHUNK, microbatch_floor=40, consumer_floor=10)
+    plan = make_plan(build_forest(trajs), planner, config)
+    assert plan.info["sunk_leaves"] == 2
+    cfg = _config()
+    ref_model, _, ref = _run(cfg, trajs, dtype=dtype)
+    model, _, got = _run(cfg, trajs, plan, dtype=dtype)
+    if dtype == torch.float64:
+        _check(ref, ref_model, got, model)
+    else:
+        rep = compare_steps(ref, ref_model, got, model)
+        assert rep["rms_rel_logprob_err"] <= TOL32
+        assert rep["rms_rel_grad_err"] <= TOL32
+
+
+@pytest.mark.parametrize("planner", ("l1", "l1l2"))
+@pytest.mark.parametrize("dtype", (torch.float64, torch.float32))
 def test_a_tree_split_over_replicas_matches_expanded(explicit, planner, dtype):
     # one long tree at dp=2: its trajectories in two groups, each group's paths a window
     # tree on its own replica, the rows they share computed once per group

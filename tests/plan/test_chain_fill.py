@@ -1,6 +1,6 @@
 """Short trees beside long ones: the planner's plain microbatches (whole short trees, no
 window) move into the window trees' leaves that have room for them
-(`harts.plan.planners.chains._fill_leaves`), so the same rows run in fewer microbatches."""
+(`harts.plan.planners.leaves.fill_leaves`), so the same rows run in fewer microbatches."""
 
 from __future__ import annotations
 

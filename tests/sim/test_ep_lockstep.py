@@ -26,7 +26,7 @@ MODEL = get_model_config("tiny-h200")
 def _step(planner: str, dp: int):
     # the short tree (16 tokens) fits no window-tree leaf, so it stays a microbatch of its
     # own on one replica and the others run shadows beside it (a 9-token one would ride in a
-    # leaf: `chains._fill_leaves`)
+    # leaf: `leaves.fill_leaves`)
     trajs = long_chain_trajectories(70, [(19, 12), (32, 20), (33, 5), (60, 6)], seed=2, groups=dp, short=16)
     forest = build_forest(trajs)
     plan = make_plan(forest, planner, PlanConfig(microbatch_tokens=24, chunk_size=8, dp=dp))

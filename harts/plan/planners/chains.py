@@ -70,6 +70,7 @@ from harts.plan.planners.common import (
     pipelined_critical_path,
     sub_forest,
 )
+from harts.plan.planners.leaves import fill_leaves, sink_leaves
 from harts.tree.forest import RolloutForest
 
 __all__ = ["chain_windows", "fewest_windows", "heavy_trees", "long_roots", "path_chain", "piece_tokens",
@@ -240,26 +241,27 @@ class _Builder:
             self.build(go_on[0], go_on[1], m, mb.tokens)
 
 
-def chain_windows(idx: ForestIndex, root: int, config: PlanConfig, go_on: bool = False, through: bool = False
-                  ) -> tuple[list[TreeMB], list[int | None]]:
+def chain_windows(idx: ForestIndex, root: int, config: PlanConfig, go_on: bool = False, through: bool = False,
+                  sink: bool = True) -> tuple[list[TreeMB], list[int | None]]:
     """The window tree of the long tree at `root`: its microbatches in execution order
     (depth-first) and each one's producer (an index into that list, None for the first).
     `go_on`: a piece at a fork goes on into its largest remaining child rather than ending
     there; with `through`, on through that child, and the next, while their own rows fit
     the piece, the other children of every fork it passes its consumers (`fewest_windows`
-    builds the three ways and keeps the one with fewest microbatches)."""
+    builds the three ways and keeps the one with fewest microbatches). `sink`: leaves
+    moved into later leaves where they fit (`sink_leaves`)."""
     b = _Builder(idx, config, go_on=go_on, through=through)
     b.build(root, 0, None, 0)
-    return b.out, b.producer_of
+    return sink_leaves(b.out, b.producer_of, config) if sink else (b.out, b.producer_of)
 
 
-def fewest_windows(idx: ForestIndex, root: int, config: PlanConfig, plain: tuple | None = None
+def fewest_windows(idx: ForestIndex, root: int, config: PlanConfig, plain: tuple | None = None, sink: bool = True
                    ) -> tuple[list[TreeMB], list[int | None]]:
     """`chain_windows`'s build of the tree at `root` with the fewest microbatches: pieces
     ending at forks (`plain`, where already built), going on into one child, or going on
     through forks (ties: the first)."""
-    builds = [plain or chain_windows(idx, root, config), chain_windows(idx, root, config, go_on=True),
-              chain_windows(idx, root, config, go_on=True, through=True)]
+    builds = [plain or chain_windows(idx, root, config, sink=sink), chain_windows(idx, root, config, True, sink=sink),
+              chain_windows(idx, root, config, go_on=True, through=True, sink=sink)]
     return min(builds, key=lambda b: len(b[0]))
 
 
@@ -364,6 +366,9 @@ def _chained(forest: RolloutForest, config: PlanConfig, fn: Callable[[RolloutFor
         plain = [chain_windows(idx, r, config) for r in longs]
         # each window tree as the build with fewest microbatches (ties: pieces end at forks)
         chains = [fewest_windows(idx, r, config, p) for r, p in zip(longs, plain, strict=True)]
+        # the same without leaves sunk into later leaves (`sink_leaves`)
+        plain_kept = [chain_windows(idx, r, config, sink=False) for r in longs]
+        kept = [fewest_windows(idx, r, config, p, sink=False) for r, p in zip(longs, plain_kept, strict=True)]
     inner: list[Microbatch] = []
     mode = PlanMode.EXPANDED if expanded else PlanMode.TREE
     info: dict = {}
@@ -416,7 +421,7 @@ def _chained(forest: RolloutForest, config: PlanConfig, fn: Callable[[RolloutFor
             next_slot[r] = slot
         filled = 0
         if mode == PlanMode.TREE:
-            out, filled = _fill_leaves(out, frozen, config)
+            out, filled = fill_leaves(out, frozen, config)
         out.sort(key=lambda x: (x[0], x[1]))
         new_id = {(r, o): i for i, (r, o, _) in enumerate(out)}
         old_inner = {m.id: new_id[(m.replica, m.order)] for _, _, f in out if "m" in f for m in [f["m"]]}
@@ -449,13 +454,27 @@ def _chained(forest: RolloutForest, config: PlanConfig, fn: Callable[[RolloutFor
                           "chain_microbatches": sum(len(c[0]) for c in chains), "filled_leaves": filled,
                           "piece_tokens": piece_tokens(config)})
 
-    plan = assemble(chains)
-    if not expanded and any(c is not p for c, p in zip(chains, plain, strict=True)):
-        # where short trees filling leaves leave the plan no shorter and no lighter:
-        # pieces ending at forks
-        alt = assemble(plain)
-        if (alt.num_microbatches, step_load(alt, config)) <= (plan.num_microbatches, step_load(plan, config)):
-            plan, chains = alt, plain
+    def pick(chains: list, plain: list) -> tuple[Plan, list]:
+        plan = assemble(chains)
+        if not expanded and any(c is not p for c, p in zip(chains, plain, strict=True)):
+            # where short trees filling leaves leave the plan no shorter and no lighter:
+            # pieces ending at forks
+            alt = assemble(plain)
+            if (alt.num_microbatches, step_load(alt, config)) <= (plan.num_microbatches, step_load(plan, config)):
+                return alt, plain
+        return plan, chains
+
+    plan, chains = pick(chains, chains if expanded else plain)
+    if not expanded:
+        # sunk leaves are kept only where the finished plan has fewer microbatches and is
+        # lighter (`step_load`, floors included where given): a leaf moved under a later
+        # piece reads a longer context, which the memory rule does not charge
+        alt, alt_chains = pick(kept, plain_kept)
+        if (alt.num_microbatches <= plan.num_microbatches
+                or step_load(alt, config) <= step_load(plan, config)):
+            plan, chains = alt, alt_chains
+        else:
+            plan.info["sunk_leaves"] = alt.num_microbatches - plan.num_microbatches
     if not expanded and config.dp > 1 and config.split_trees:
         plan = _split_over_replicas(forest, idx, config, longs, chains, plan, assemble)
     if not has_long:
@@ -499,45 +518,6 @@ def _split_over_replicas(forest: RolloutForest, idx: ForestIndex, config: PlanCo
     if split:
         plan.info["split_trees"] = split
     return plan
-
-
-def _fill_leaves(out: list[tuple[int, int, dict]], frozen: list, config: PlanConfig
-                 ) -> tuple[list[tuple[int, int, dict]], int]:
-    """The planner's plain microbatches (neither producer nor consumer: whole short trees)
-    moved into the window trees' leaves of their replica that have room beside their
-    producer's retained rows (`microbatch_tokens - producer_retention x producer rows`, the
-    room `chain_windows` gives a leaf), largest first, each into the leaf it fills most
-    tightly: the same rows in fewer microbatches. A leaf is a microbatch that produces for
-    none; the moved trees read no context. Returns the entries left and how many moved."""
-    B, rho = config.microbatch_tokens, config.producer_retention
-    overhead = config.cost_model.microbatch_overhead
-    producers = {f["m"].producer for _, _, f in out if "m" in f and f["m"].producer is not None}
-    plain = [(r, o, f["m"]) for r, o, f in out
-             if "m" in f and f["m"].producer is None and f["m"].id not in producers]
-    leaves = []  # [replica, entry, room]
-    for r, _, f in out:
-        if "chain" not in f:
-            continue
-        k, i = f["chain"]
-        fz, producer_of = frozen[k]
-        if i in producer_of:
-            continue
-        p = producer_of[i]
-        leaves.append([r, f, B - rho * (fz[p][3] if p is not None else 0) - f["tokens"]])
-    moved = set()
-    for r, o, m in sorted(plain, key=lambda x: (-x[2].executed_tokens, x[0], x[1])):
-        fit = [leaf for leaf in leaves if leaf[0] == r and leaf[2] >= m.executed_tokens]
-        if not fit:
-            continue
-        leaf = min(fit, key=lambda leaf: leaf[2])
-        f = leaf[1]
-        f["pieces"] = tuple(sorted(f["pieces"] + m.pieces))
-        f["trajs"] = tuple(sorted(f["trajs"] + m.trajectories))
-        f["tokens"] += m.executed_tokens
-        f["cost"] += m.cost - overhead
-        leaf[2] -= m.executed_tokens
-        moved.add((r, o))
-    return [e for e in out if (e[0], e[1]) not in moved], len(moved)
 
 
 def step_load(plan: Plan, config: PlanConfig) -> float:

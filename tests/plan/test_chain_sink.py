@@ -1,0 +1,81 @@
+"""A long trajectory's fork branches sunk into one later leaf
+(`harts.plan.planners.leaves.sink_leaves`): the same rows in fewer microbatches, every
+plan valid and within the memory rule, and no plan longer than without sinking (where no
+tree is split over replicas, whose groupings are chosen by step load)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import harts.plan.planners.chains as chains
+from harts.config.models import get_model_config
+from harts.config.plan import PlanConfig
+from harts.plan.planners import make_plan
+from harts.sim.executor import plan_floors
+from harts.tree import build_forest, shapes
+from tests.strategies import long_chain_trajectories, long_family_plan_cases
+
+
+def _unsunk(monkeypatch, forest, planner, config):
+    with monkeypatch.context() as m:
+        m.setattr(chains, "sink_leaves", lambda mbs, producer_of, config: (mbs, producer_of))
+        return make_plan(forest, planner, config)
+
+
+def _leaves(plan):
+    producers = {m.producer for m in plan.microbatches if m.producer is not None}
+    return [m for m in plan.microbatches if m.producer is not None and m.id not in producers]
+
+
+@pytest.mark.parametrize("planner", ["l1", "l1l2"])
+def test_branches_of_four_forks_share_a_leaf(monkeypatch, planner):
+    # a 200-token trunk at a 64-token budget (pieces of 40), branches of 6-9 tokens at
+    # four depths: each fork's branch was a consumer of its own; sunk, they share a later
+    # leaf, and the short tree beside the trunk fills the room one of them left
+    forest = build_forest(long_chain_trajectories(200, [(30, 6), (75, 9), (120, 7), (165, 8)], seed=1))
+    # floors (token equivalents of the host's time a microbatch) under which a leaf moves
+    config = PlanConfig(microbatch_tokens=64, chunk_size=8, microbatch_floor=40, consumer_floor=10)
+    plan = make_plan(forest, planner, config)
+    before = _unsunk(monkeypatch, forest, planner, config)
+    plan.validate(forest, budget=64)
+    assert len(plan.microbatches) == len(before.microbatches) - 2 == 6 and plan.info["sunk_leaves"] == 2
+    assert plan.executed_tokens == before.executed_tokens == forest.compact_tokens
+    assert max(plan.memory_tokens()) <= 64
+    # one leaf holds branches of several forks and reads the longest of their root paths
+    widest = max(_leaves(plan), key=lambda m: len(m.trajectories))
+    assert len(widest.trajectories) >= 3
+    assert plan.microbatches[widest.producer].producer is not None
+
+
+def test_long_agent_12_at_16k(monkeypatch):
+    # three branch consumers of 2.8-4.6k rows under three pieces become one under the last
+    forest = build_forest(shapes.draw("long-agent", 12, 16384, vocab_size=1024))
+    floors = plan_floors(get_model_config("tiny-h200"), "h100", 16384)  # `harts train`'s on an H100
+    config = PlanConfig(microbatch_tokens=16384, chunk_size=64, **floors)
+    plan = make_plan(forest, "l1l2", config)
+    plan.validate(forest, budget=16384)
+    assert len(plan.microbatches) == 5 and len(_unsunk(monkeypatch, forest, "l1l2", config).microbatches) == 7
+    # without floors no leaf is known to be host-paced, and none moves
+    bare = PlanConfig(microbatch_tokens=16384, chunk_size=64)
+    assert make_plan(forest, "l1l2", bare).microbatches == _unsunk(monkeypatch, forest, "l1l2", bare).microbatches
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(long_family_plan_cases())
+def test_sinking_never_lengthens_a_plan(monkeypatch, case):
+    forest, config = case
+    B = config.microbatch_tokens
+    config = dataclasses.replace(config, microbatch_floor=0.4 * B, consumer_floor=0.1 * B)
+    for planner in ("l1", "l1l2"):
+        plan = make_plan(forest, planner, config)
+        plan.validate(forest, cost_model=config.cost_model)
+        assert max(m.executed_tokens for m in plan.microbatches) <= config.microbatch_tokens
+        before = _unsunk(monkeypatch, forest, planner, config)
+        if "split_trees" in plan.info or "split_trees" in before.info:
+            continue  # trees split over replicas are chosen by step load, not by count
+        assert len(plan.microbatches) <= len(before.microbatches)
+        if plan.info.get("sunk_leaves"):
+            assert len(plan.microbatches) < len(before.microbatches)

@@ -61,6 +61,11 @@ class PlanConfig:
     as a window tree of their own, where the step load is lower
     (`harts.plan.planners.tree_split`); False keeps every tree on one replica.
 
+    `sink_leaves` (tree-mode planners): in a chain of windows, a leaf the host paces (its
+    rows under `microbatch_floor + consumer_floor`) may move into a later leaf under the
+    same producer or one below it, where the finished plan is shorter and lighter
+    (`harts.plan.planners.leaves.sink_leaves`); False keeps every leaf where it was built.
+
     `ep` (dp > 1, pp = 1): expert parallelism over groups of `ep` replicas. Their passes
     run in lockstep (`harts.plan.lockstep`), so where the planners compare finished plans
     (`chains.step_load`: split and nested trees) a group's step is its joint events,
@@ -81,6 +86,7 @@ class PlanConfig:
     consumer_row_cost: float = 0.0
     split_trees: bool = True
     ep: int = 1
+    sink_leaves: bool = True
 
     @property
     def target_microbatches(self) -> int:

@@ -10,7 +10,6 @@ import dataclasses
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-import harts.plan.planners.chains as chains
 from harts.config.models import get_model_config
 from harts.config.plan import PlanConfig
 from harts.plan.planners import make_plan
@@ -19,10 +18,8 @@ from harts.tree import build_forest, shapes
 from tests.strategies import long_chain_trajectories, long_family_plan_cases
 
 
-def _unsunk(monkeypatch, forest, planner, config):
-    with monkeypatch.context() as m:
-        m.setattr(chains, "sink_leaves", lambda mbs, producer_of, config: (mbs, producer_of))
-        return make_plan(forest, planner, config)
+def _unsunk(forest, planner, config):
+    return make_plan(forest, planner, dataclasses.replace(config, sink_leaves=False))
 
 
 def _leaves(plan):
@@ -31,7 +28,7 @@ def _leaves(plan):
 
 
 @pytest.mark.parametrize("planner", ["l1", "l1l2"])
-def test_branches_of_four_forks_share_a_leaf(monkeypatch, planner):
+def test_branches_of_four_forks_share_a_leaf(planner):
     # a 200-token trunk at a 64-token budget (pieces of 40), branches of 6-9 tokens at
     # four depths: each fork's branch was a consumer of its own; sunk, they share a later
     # leaf, and the short tree beside the trunk fills the room one of them left
@@ -39,7 +36,7 @@ def test_branches_of_four_forks_share_a_leaf(monkeypatch, planner):
     # floors (token equivalents of the host's time a microbatch) under which a leaf moves
     config = PlanConfig(microbatch_tokens=64, chunk_size=8, microbatch_floor=40, consumer_floor=10)
     plan = make_plan(forest, planner, config)
-    before = _unsunk(monkeypatch, forest, planner, config)
+    before = _unsunk(forest, planner, config)
     plan.validate(forest, budget=64)
     assert len(plan.microbatches) == len(before.microbatches) - 2 == 6 and plan.info["sunk_leaves"] == 2
     assert plan.executed_tokens == before.executed_tokens == forest.compact_tokens
@@ -50,22 +47,22 @@ def test_branches_of_four_forks_share_a_leaf(monkeypatch, planner):
     assert plan.microbatches[widest.producer].producer is not None
 
 
-def test_long_agent_12_at_16k(monkeypatch):
+def test_long_agent_12_at_16k():
     # three branch consumers of 2.8-4.6k rows under three pieces become one under the last
     forest = build_forest(shapes.draw("long-agent", 12, 16384, vocab_size=1024))
     floors = plan_floors(get_model_config("tiny-h200"), "h100", 16384)  # `harts train`'s on an H100
     config = PlanConfig(microbatch_tokens=16384, chunk_size=64, **floors)
     plan = make_plan(forest, "l1l2", config)
     plan.validate(forest, budget=16384)
-    assert len(plan.microbatches) == 5 and len(_unsunk(monkeypatch, forest, "l1l2", config).microbatches) == 7
+    assert len(plan.microbatches) == 5 and len(_unsunk(forest, "l1l2", config).microbatches) == 7
     # without floors no leaf is known to be host-paced, and none moves
     bare = PlanConfig(microbatch_tokens=16384, chunk_size=64)
-    assert make_plan(forest, "l1l2", bare).microbatches == _unsunk(monkeypatch, forest, "l1l2", bare).microbatches
+    assert make_plan(forest, "l1l2", bare).microbatches == _unsunk(forest, "l1l2", bare).microbatches
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(long_family_plan_cases())
-def test_sinking_never_lengthens_a_plan(monkeypatch, case):
+def test_sinking_never_lengthens_a_plan(case):
     forest, config = case
     B = config.microbatch_tokens
     config = dataclasses.replace(config, microbatch_floor=0.4 * B, consumer_floor=0.1 * B)
@@ -73,7 +70,7 @@ def test_sinking_never_lengthens_a_plan(monkeypatch, case):
         plan = make_plan(forest, planner, config)
         plan.validate(forest, cost_model=config.cost_model)
         assert max(m.executed_tokens for m in plan.microbatches) <= config.microbatch_tokens
-        before = _unsunk(monkeypatch, forest, planner, config)
+        before = _unsunk(forest, planner, config)
         if "split_trees" in plan.info or "split_trees" in before.info:
             continue  # trees split over replicas are chosen by step load, not by count
         assert len(plan.microbatches) <= len(before.microbatches)

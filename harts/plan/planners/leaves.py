@@ -42,6 +42,8 @@ def sink_leaves(mbs: list[TreeMB], producer_of: list[int | None], config: PlanCo
     B, rho = config.microbatch_tokens, config.producer_retention
     # a leaf the host paces (its rows under a consumer's floor); without floors, none
     floor = config.microbatch_floor + config.consumer_floor
+    if not config.sink_leaves or floor <= 0:
+        return mbs, producer_of
     n = len(mbs)
     producers = {p for p in producer_of if p is not None}
 

@@ -229,9 +229,10 @@ def cmd_make(args: argparse.Namespace) -> int:
     heavy, split = int(plan.info.get("heavy_trees", 0)), [int(k) for k in plan.info.get("split_trees", [])]
     trees = windows - sum(split) + len(split)
     filled = int(plan.info.get("filled_leaves", 0))  # short trees moved into window-tree leaves
+    sunk = int(plan.info.get("sunk_leaves", 0))  # microbatches fewer by leaves sunk into later ones
     if args.json:
         print_json({**result, "window_trees": windows, "nested_trees": nested, "filled_leaves": filled,
-                    "split_trees": split, "out": args.out})
+                    "sunk_leaves": sunk, "split_trees": split, "out": args.out})
     else:
         print(_table([result]))
     detail = f"{plan.num_microbatches} microbatches"
@@ -245,6 +246,8 @@ def cmd_make(args: argparse.Namespace) -> int:
                        f"{sum(split)} window trees")
         if filled:
             detail += f"; {filled} microbatch{'es' if filled > 1 else ''} of short trees joined window-tree leaves"
+        if sunk:
+            detail += f"; {sunk} microbatch{'es' if sunk > 1 else ''} fewer by fork branches sharing a later leaf"
     say_wrote(args.out, args.json, detail)
     return 0
 

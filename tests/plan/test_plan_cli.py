@@ -157,6 +157,21 @@ def test_make_says_when_short_trees_join_a_window_trees_leaves(tmp_path, capsys)
     assert "1 microbatch of short trees joined window-tree leaves" in capsys.readouterr().out
 
 
+def test_make_says_when_fork_branches_share_a_leaf(tmp_path, capsys):
+    # long-agent/12 at 16k with the H100 floors: three branch consumers become one leaf
+    argv = _shape_plan_argv(tmp_path, capsys, "long-agent/12@16384", "--microbatch-tokens", "16384",
+                            "--window-floors", "tiny-h200,h100")
+    assert main([*argv, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["sunk_leaves"] == 2
+    assert main(argv) == 0
+    assert "2 microbatches fewer by fork branches sharing a later leaf" in capsys.readouterr().out
+    # without floors no leaf is known to be host-paced
+    bare = _shape_plan_argv(tmp_path, capsys, "long-agent/12@16384", "--microbatch-tokens", "16384")
+    assert main([*bare, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["sunk_leaves"] == 0
+
+
 def test_make_says_when_a_tree_is_split_over_replicas(tmp_path, capsys):
     # long-group/105 drawn at 16k, planned at 8k on two replicas: the group's trajectories in
     # two window trees, one per replica (harts.plan.planners.tree_split)

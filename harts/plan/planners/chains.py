@@ -260,7 +260,8 @@ def fewest_windows(idx: ForestIndex, root: int, config: PlanConfig, plain: tuple
     """`chain_windows`'s build of the tree at `root` with the fewest microbatches: pieces
     ending at forks (`plain`, where already built), going on into one child, or going on
     through forks (ties: the first)."""
-    builds = [plain or chain_windows(idx, root, config, sink=sink), chain_windows(idx, root, config, True, sink=sink),
+    builds = [plain or chain_windows(idx, root, config, sink=sink),
+              chain_windows(idx, root, config, go_on=True, sink=sink),
               chain_windows(idx, root, config, go_on=True, through=True, sink=sink)]
     return min(builds, key=lambda b: len(b[0]))
 
@@ -366,9 +367,12 @@ def _chained(forest: RolloutForest, config: PlanConfig, fn: Callable[[RolloutFor
         plain = [chain_windows(idx, r, config) for r in longs]
         # each window tree as the build with fewest microbatches (ties: pieces end at forks)
         chains = [fewest_windows(idx, r, config, p) for r, p in zip(longs, plain, strict=True)]
-        # the same without leaves sunk into later leaves (`sink_leaves`)
-        plain_kept = [chain_windows(idx, r, config, sink=False) for r in longs]
-        kept = [fewest_windows(idx, r, config, p, sink=False) for r, p in zip(longs, plain_kept, strict=True)]
+        # the same without leaves sunk into later leaves (`sink_leaves`, which moves none
+        # without floors)
+        sinking = config.sink_leaves and config.microbatch_floor + config.consumer_floor > 0
+        plain_kept = [chain_windows(idx, r, config, sink=False) for r in longs] if sinking else plain
+        kept = ([fewest_windows(idx, r, config, p, sink=False) for r, p in zip(longs, plain_kept, strict=True)]
+                if sinking else chains)
     inner: list[Microbatch] = []
     mode = PlanMode.EXPANDED if expanded else PlanMode.TREE
     info: dict = {}
@@ -465,7 +469,7 @@ def _chained(forest: RolloutForest, config: PlanConfig, fn: Callable[[RolloutFor
         return plan, chains
 
     plan, chains = pick(chains, chains if expanded else plain)
-    if not expanded:
+    if not expanded and sinking:
         # sunk leaves are kept only where the finished plan has fewer microbatches and is
         # lighter (`step_load`, floors included where given): a leaf moved under a later
         # piece reads a longer context, which the memory rule does not charge

@@ -61,8 +61,8 @@ class PlanConfig:
     as a window tree of their own, where the step load is lower
     (`harts.plan.planners.tree_split`); False keeps every tree on one replica.
 
-    `sink_leaves` (tree-mode planners): in a chain of windows, a leaf the host paces (its
-    rows under `microbatch_floor + consumer_floor`) may move into a later leaf under the
+    `sink_leaves` (tree-mode planners, dp = pp = 1): in a chain of windows, a leaf the host
+    paces (its rows under `microbatch_floor + consumer_floor`) may move into a later leaf under the
     same producer or one below it, where the finished plan is shorter and lighter
     (`harts.plan.planners.leaves.sink_leaves`); False keeps every leaf where it was built.
 

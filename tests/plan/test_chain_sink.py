@@ -55,6 +55,9 @@ def test_long_agent_12_at_16k():
     plan = make_plan(forest, "l1l2", config)
     plan.validate(forest, budget=16384)
     assert len(plan.microbatches) == 5 and len(_unsunk(forest, "l1l2", config).microbatches) == 7
+    # over replicas or pipeline stages (which the floors do not price) none moves either
+    for spread in ({"dp": 2}, {"pp": 2}):
+        assert "sunk_leaves" not in make_plan(forest, "l1l2", dataclasses.replace(config, **spread)).info
     # without floors no leaf is known to be host-paced, and none moves
     bare = PlanConfig(microbatch_tokens=16384, chunk_size=64)
     assert make_plan(forest, "l1l2", bare).microbatches == _unsunk(forest, "l1l2", bare).microbatches

@@ -70,7 +70,7 @@ from harts.plan.planners.common import (
     pipelined_critical_path,
     sub_forest,
 )
-from harts.plan.planners.leaves import fill_leaves, sink_leaves
+from harts.plan.planners.leaves import fill_leaves, sink_leaves, sinks
 from harts.tree.forest import RolloutForest
 
 __all__ = ["chain_windows", "fewest_windows", "heavy_trees", "long_roots", "path_chain", "piece_tokens",
@@ -368,8 +368,8 @@ def _chained(forest: RolloutForest, config: PlanConfig, fn: Callable[[RolloutFor
         # each window tree as the build with fewest microbatches (ties: pieces end at forks)
         chains = [fewest_windows(idx, r, config, p) for r, p in zip(longs, plain, strict=True)]
         # the same without leaves sunk into later leaves (`sink_leaves`, which moves none
-        # without floors)
-        sinking = config.sink_leaves and config.microbatch_floor + config.consumer_floor > 0
+        # without floors, or over replicas or stages)
+        sinking = sinks(config)
         plain_kept = [chain_windows(idx, r, config, sink=False) for r in longs] if sinking else plain
         kept = ([fewest_windows(idx, r, config, p, sink=False) for r, p in zip(longs, plain_kept, strict=True)]
                 if sinking else chains)

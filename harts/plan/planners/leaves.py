@@ -13,7 +13,7 @@ from __future__ import annotations
 from harts.config.plan import PlanConfig
 from harts.plan.planners.common import TreeMB
 
-__all__ = ["fill_leaves", "sink_leaves"]
+__all__ = ["fill_leaves", "sink_leaves", "sinks"]
 
 
 def _covered(mb: TreeMB, u: int) -> int:
@@ -21,6 +21,14 @@ def _covered(mb: TreeMB, u: int) -> int:
     end = mb.context.get(u, (0, 0))[1]
     a, e = mb.rows.get(u, (0, 0))
     return e if e > a and a <= end else end
+
+
+def sinks(config: PlanConfig) -> bool:
+    """Whether `sink_leaves` moves any leaf under `config`: `PlanConfig.sink_leaves`, floors
+    given (which leaves the host paces), one replica without a pipeline (the executor the
+    floors price; the host-ahead block order, `harts.plan.order`, has the same scope)."""
+    return (config.sink_leaves and config.microbatch_floor + config.consumer_floor > 0
+            and config.dp == 1 and config.pp == 1)
 
 
 def sink_leaves(mbs: list[TreeMB], producer_of: list[int | None], config: PlanConfig
@@ -36,14 +44,15 @@ def sink_leaves(mbs: list[TreeMB], producer_of: list[int | None], config: PlanCo
 
     Only leaves the host paces move: rows under a consumer's floor (`microbatch_floor +
     consumer_floor`, token equivalents of the host's time a microbatch; `PlanConfig`
-    holds 0, `harts train` and `harts sim` derive them from the GPU's profile). A larger
+    holds 0, `harts train` and `harts sim` derive them from the GPU's profile), and only on
+    one replica without a pipeline (`sinks`). A larger
     leaf's own microbatch costs the device about what its rows cost anywhere, and the
     target grown by it would hold its rows beside a longer context."""
     B, rho = config.microbatch_tokens, config.producer_retention
     # a leaf the host paces (its rows under a consumer's floor); without floors, none
-    floor = config.microbatch_floor + config.consumer_floor
-    if not config.sink_leaves or floor <= 0:
+    if not sinks(config):
         return mbs, producer_of
+    floor = config.microbatch_floor + config.consumer_floor
     n = len(mbs)
     producers = {p for p in producer_of if p is not None}
 

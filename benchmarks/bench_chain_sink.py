@@ -24,25 +24,19 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sim_window_peaks import priced  # noqa: E402  (simulated step seconds and peak of a plan)
 
 from harts.bench.provenance import provenance  # noqa: E402
 from harts.config.models import get_model_config  # noqa: E402
-from harts.config.parallel import ParallelConfig  # noqa: E402
 from harts.config.plan import PlanConfig  # noqa: E402
 from harts.plan.planners import make_plan  # noqa: E402
-from harts.plan.step import step_from_plan  # noqa: E402
 from harts.sim.executor import plan_floors  # noqa: E402
 from harts.sim.hardware import load_hardware  # noqa: E402
-from harts.sim.simulate import simulate  # noqa: E402
 from harts.tree import build_forest, shapes  # noqa: E402
 
 UNSPLIT_BUDGET = 131072
-
-
-def priced(plan, forest, model, hw) -> dict:
-    res = simulate(step_from_plan(plan, forest, model.chunk_size), "non-overlap", model, ParallelConfig(), hw,
-                   cost_model="executor")
-    return {"microbatches": len(plan.microbatches), "step_s": res.step_seconds, "peak_bytes": res.peak_memory_bytes}
 
 
 def row(instance: str, forest, budget: int, model, hw) -> dict:

@@ -79,3 +79,21 @@ def test_sinking_never_lengthens_a_plan(case):
         assert len(plan.microbatches) <= len(before.microbatches)
         if plan.info.get("sunk_leaves"):
             assert len(plan.microbatches) < len(before.microbatches)
+
+
+def test_the_benchmark_prices_both_plans(tmp_path):
+    """benchmarks/bench_chain_sink.py: the sunk and the kept plan of each instance priced
+    by the executor model, the changed ones counted, written with provenance."""
+    import json
+
+    from benchmarks import bench_chain_sink
+
+    out = tmp_path / "sink.json"
+    assert bench_chain_sink.main(["--families", "long-agent", "--seeds", "12", "--budgets", "16384",
+                                  "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert "git_revision" in got["provenance"] and got["hardware"] == "h100"
+    (row,) = got["rows"]
+    assert (row["kept"]["microbatches"], row["sunk"]["microbatches"]) == (7, 5)
+    assert row["change"] == row["sunk"]["step_s"] / row["kept"]["step_s"] - 1 < 0
+    assert got["summary"]["changed"] == got["summary"]["faster_1pct"] == 1

@@ -1,7 +1,7 @@
 """Leaves of window trees filled: what moves into a chain's leaves (microbatches that
 produce for none) once `harts.plan.planners.chains` has built its window trees.
 
-- `sink_leaves`: within one window tree, a leaf moved into a later leaf under the same
+- `sink_leaves`: within one window tree, a leaf moved into another leaf under the same
   producer or one below it, where it fits (a long trajectory's fork branches sharing one
   microbatch);
 - `fill_leaves`: the planner's plain microbatches (whole short trees) moved into the
@@ -33,7 +33,7 @@ def sinks(config: PlanConfig) -> bool:
 
 def sink_leaves(mbs: list[TreeMB], producer_of: list[int | None], config: PlanConfig
                 ) -> tuple[list[TreeMB], list[int | None]]:
-    """A window tree with each leaf (a consumer that produces for none) moved into a later
+    """A window tree with each leaf (a consumer that produces for none) moved into another
     leaf where it fits: one whose producer is the leaf's own or below it in the window tree
     and has every row of the leaf's context, computed or read, with room for both beside
     that producer's retained rows (`microbatch_tokens - producer_retention x producer
@@ -45,14 +45,13 @@ def sink_leaves(mbs: list[TreeMB], producer_of: list[int | None], config: PlanCo
     Only leaves the host paces move: rows under a consumer's floor (`microbatch_floor +
     consumer_floor`, token equivalents of the host's time a microbatch; `PlanConfig`
     holds 0, `harts train` and `harts sim` derive them from the GPU's profile), and only on
-    one replica without a pipeline (`sinks`). A larger
-    leaf's own microbatch costs the device about what its rows cost anywhere, and the
-    target grown by it would hold its rows beside a longer context."""
-    B, rho = config.microbatch_tokens, config.producer_retention
-    # a leaf the host paces (its rows under a consumer's floor); without floors, none
+    one replica without a pipeline (`sinks`). A larger leaf's own microbatch costs the
+    device about what its rows cost anywhere, and the target grown by it would hold its
+    rows beside a longer context."""
     if not sinks(config):
         return mbs, producer_of
-    floor = config.microbatch_floor + config.consumer_floor
+    B, rho = config.microbatch_tokens, config.producer_retention
+    floor = config.microbatch_floor + config.consumer_floor  # a leaf under it is host-paced
     n = len(mbs)
     producers = {p for p in producer_of if p is not None}
 
@@ -98,7 +97,7 @@ def sink_leaves(mbs: list[TreeMB], producer_of: list[int | None], config: PlanCo
 
 
 def fill_leaves(out: list[tuple[int, int, dict]], frozen: list, config: PlanConfig
-                 ) -> tuple[list[tuple[int, int, dict]], int]:
+                ) -> tuple[list[tuple[int, int, dict]], int]:
     """The planner's plain microbatches (neither producer nor consumer: whole short trees)
     moved into the window trees' leaves of their replica that have room beside their
     producer's retained rows (`microbatch_tokens - producer_retention x producer rows`, the

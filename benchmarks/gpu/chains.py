@@ -25,8 +25,9 @@ Other lengths by name: `single<N>k` (one N x 1,024-token trajectory, l1l2 at 32,
 `ordinary16k` (four 16,000-token trajectories, the expanded step at 16,384).
 
 `--seed` draws other tokens, response lengths and fork positions (the swe-treestep-1
-preset is fixed). Derived: peak of the 131k cases over `ordinary32k` (total allocated, and activations above
-the weights and optimizer state), and chain64k's chained step over its unsplit step.
+preset is fixed). Derived: each chained case's peak over the ordinary step of its budget
+(`ordinary32k` or `ordinary16k`, where it ran; total allocated, and activations above the
+weights and optimizer state), and each `chain...` case's chained step over its unsplit step.
 `--ab FIELD=VALUE` runs every chained (windows) case twice in the same process, without
 and then with that `KernelConfig` setting (say `rectangle_triangles_min_rows=0`: the causal
 squares off) or `PlanConfig` field of the window plan (say `producer_retention=0.2`: larger

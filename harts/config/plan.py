@@ -62,9 +62,10 @@ class PlanConfig:
     (`harts.plan.planners.tree_split`); False keeps every tree on one replica.
 
     `sink_leaves` (tree-mode planners, dp = pp = 1): in a chain of windows, a leaf the host
-    paces (its rows under `microbatch_floor + consumer_floor`) may move into a later leaf under the
-    same producer or one below it, where the finished plan is shorter and lighter
-    (`harts.plan.planners.leaves.sink_leaves`); False keeps every leaf where it was built.
+    paces (its rows under `microbatch_floor + consumer_floor`) may move into another leaf
+    under the same producer or one below it, where the finished plan is shorter and
+    lighter (`harts.plan.planners.leaves.sink_leaves`); False keeps every leaf where it was
+    built.
 
     `ep` (dp > 1, pp = 1): expert parallelism over groups of `ep` replicas. Their passes
     run in lockstep (`harts.plan.lockstep`), so where the planners compare finished plans

@@ -241,28 +241,27 @@ class _Builder:
             self.build(go_on[0], go_on[1], m, mb.tokens)
 
 
-def chain_windows(idx: ForestIndex, root: int, config: PlanConfig, go_on: bool = False, through: bool = False,
-                  sink: bool = True) -> tuple[list[TreeMB], list[int | None]]:
+def chain_windows(idx: ForestIndex, root: int, config: PlanConfig, go_on: bool = False, through: bool = False
+                  ) -> tuple[list[TreeMB], list[int | None]]:
     """The window tree of the long tree at `root`: its microbatches in execution order
     (depth-first) and each one's producer (an index into that list, None for the first).
     `go_on`: a piece at a fork goes on into its largest remaining child rather than ending
     there; with `through`, on through that child, and the next, while their own rows fit
     the piece, the other children of every fork it passes its consumers (`fewest_windows`
-    builds the three ways and keeps the one with fewest microbatches). `sink`: leaves
-    moved into later leaves where they fit (`sink_leaves`)."""
+    builds the three ways and keeps the one with fewest microbatches). Leaves move into
+    other leaves where `config` lets them (`sink_leaves`)."""
     b = _Builder(idx, config, go_on=go_on, through=through)
     b.build(root, 0, None, 0)
-    return sink_leaves(b.out, b.producer_of, config) if sink else (b.out, b.producer_of)
+    return sink_leaves(b.out, b.producer_of, config)
 
 
-def fewest_windows(idx: ForestIndex, root: int, config: PlanConfig, plain: tuple | None = None, sink: bool = True
+def fewest_windows(idx: ForestIndex, root: int, config: PlanConfig, plain: tuple | None = None
                    ) -> tuple[list[TreeMB], list[int | None]]:
     """`chain_windows`'s build of the tree at `root` with the fewest microbatches: pieces
     ending at forks (`plain`, where already built), going on into one child, or going on
     through forks (ties: the first)."""
-    builds = [plain or chain_windows(idx, root, config, sink=sink),
-              chain_windows(idx, root, config, go_on=True, sink=sink),
-              chain_windows(idx, root, config, go_on=True, through=True, sink=sink)]
+    builds = [plain or chain_windows(idx, root, config), chain_windows(idx, root, config, go_on=True),
+              chain_windows(idx, root, config, go_on=True, through=True)]
     return min(builds, key=lambda b: len(b[0]))
 
 
@@ -370,8 +369,9 @@ def _chained(forest: RolloutForest, config: PlanConfig, fn: Callable[[RolloutFor
         # the same without leaves sunk into later leaves (`sink_leaves`, which moves none
         # without floors, or over replicas or stages)
         sinking = sinks(config)
-        plain_kept = [chain_windows(idx, r, config, sink=False) for r in longs] if sinking else plain
-        kept = ([fewest_windows(idx, r, config, p, sink=False) for r, p in zip(longs, plain_kept, strict=True)]
+        unsunk = dataclasses.replace(config, sink_leaves=False)
+        plain_kept = [chain_windows(idx, r, unsunk) for r in longs] if sinking else plain
+        kept = ([fewest_windows(idx, r, unsunk, p) for r, p in zip(longs, plain_kept, strict=True)]
                 if sinking else chains)
     inner: list[Microbatch] = []
     mode = PlanMode.EXPANDED if expanded else PlanMode.TREE
@@ -460,7 +460,7 @@ def _chained(forest: RolloutForest, config: PlanConfig, fn: Callable[[RolloutFor
 
     def pick(chains: list, plain: list) -> tuple[Plan, list]:
         plan = assemble(chains)
-        if not expanded and any(c is not p for c, p in zip(chains, plain, strict=True)):
+        if any(c is not p for c, p in zip(chains, plain, strict=True)):
             # where short trees filling leaves leave the plan no shorter and no lighter:
             # pieces ending at forks
             alt = assemble(plain)

@@ -62,6 +62,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--window-floors", action="store_true",
                     help="also `windows-floored@B`: l1l2 with the microbatch floors of this GPU's profile "
                          "(harts.sim.executor.window_floors), windows only where they pay")
+    ap.add_argument("--kinds", default="tree,windows,expanded",
+                    help="the steps to time per instance, in this order (windows-floored is added by --window-floors)")
     ap.add_argument("--fidelity", action="store_true")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--memtrace", action="store_true",
@@ -99,10 +101,10 @@ def main(argv: list[str]) -> int:
                         "longest": int(f.traj_length.max()), "cases": {}}
                 result["instances"][key] = inst
                 # the unsplit step holds every row in one microbatch, a long family's too
-                kinds = [("tree", max(args.unsplit_budget, f.compact_tokens)), ("windows", budget),
-                         ("expanded", budget)]
-                if args.window_floors:
-                    kinds.append(("windows-floored", budget))
+                names = args.kinds.split(",")
+                if args.window_floors and "windows-floored" not in names:
+                    names.append("windows-floored")
+                kinds = [(k, max(args.unsplit_budget, f.compact_tokens) if k == "tree" else budget) for k in names]
                 for kind, b in kinds:
                     t0 = time.perf_counter()
                     try:
@@ -113,6 +115,7 @@ def main(argv: list[str]) -> int:
                     except Exception as err:  # noqa: BLE001 - record and go on
                         inst["cases"][kind] = W.case_error(err)
                         print(f"[{key} {kind}@{b}] ERROR {type(err).__name__}: {err}", flush=True)
+                    save()  # a run stopped by its time limit keeps every case it finished
                 if args.fidelity:
                     try:
                         fid = W.fidelity_case(trajs, budget, args)

@@ -76,3 +76,16 @@ def test_with_floors_the_lighter_of_nested_and_own_is_kept():
     # a consumer floor far above every microbatch's load: L1's plan, which has no
     # consumers, is the lighter
     assert chose == [True, True, True, False]
+
+
+def test_trees_that_solve_alone_but_not_together_are_nested():
+    # three trees of a drawn forest need 2 + 3 slots with windows beside one more
+    # microbatch of the third's rows: six, where L1 takes five and the search stops.
+    # Each alone solves, so no single tree was named and l1l2 fell to L1's recomputation
+    forest = build_forest(shapes.draw("stepwise", 22, 512, vocab_size=256))
+    config = PlanConfig(microbatch_tokens=480, chunk_size=8, producer_retention=0.5)
+    assert plan_with(forest, config).executed_tokens > forest.compact_tokens
+    assert nested_trees(forest, config) == [0, 26]
+    plan = make_plan(forest, "l1l2", config)
+    assert plan.executed_tokens == forest.compact_tokens
+    assert plan.info["nested_trees"] == 2

@@ -120,7 +120,11 @@ def nested_trees(forest: RolloutForest, config: PlanConfig) -> list[int]:
     (`cells.first_slots` up to twice it, and no more than the slots the planner searches:
     L1's slot count per replica): a trunk whose branches do not fit beside its retained
     rows, say. A window per cell would leave them to L1's recomputation; `make_plan` runs
-    them as nested windows (`chains.chain_windows`), every row computed once."""
+    them as nested windows (`chains.chain_windows`), every row computed once. Where each
+    tree solves alone but their slots beside the other trees' rows need more than the
+    searched slots and the planner's own plan recomputes rows, the forest has no windowed
+    plan there: every over-budget tree is named, and the nested plan competes with the
+    planner's own by `step_load`."""
     idx = ForestIndex(forest, config.cost_model)
     budget = config.microbatch_tokens
     over = [r for r in idx.roots if idx.sub_rows[r] > budget]
@@ -131,11 +135,22 @@ def nested_trees(forest: RolloutForest, config: PlanConfig) -> list[int]:
     # its trees are chained anyway and the rest planned on their own, so only the first bound
     searched = math.inf if int(forest.traj_length.max()) > budget else \
         math.ceil(len(l1_microbatches(idx, config)[0]) / config.dp)
-    out = []
+    out, need = [], 0
     for r in over:
         first = first_slots(idx, budget, r)
-        if all(solver.solved(k, [r]) is None for k in range(first, int(min(2 * first + 1, searched)) + 1)):
+        own = next((k for k in range(first, int(min(2 * first + 1, searched)) + 1)
+                    if solver.solved(k, [r]) is not None), None)
+        if own is None:
             out.append(r)
+        else:
+            need += own
+    # each tree solves alone, but their slots beside the other trees' rows pass the
+    # searched slots: where the planner's own plan then recomputes rows, the forest had
+    # no windowed plan there, and every over-budget tree is named
+    rest = sum(idx.sub_rows[r] for r in idx.roots if idx.sub_rows[r] <= budget)
+    if (not out and need + math.ceil(rest / budget) > searched * config.dp
+            and plan_with(forest, config).executed_tokens > forest.compact_tokens):
+        return over
     return out
 
 

@@ -132,6 +132,12 @@ class KernelConfig:
     # a 64k chain at a 16k budget on two H100s: window step 1.308 -> 1.297 s and 1.426 ->
     # 1.341 s (benchmarks/results/chains/2026-12-07-099b971-chain64k-squares-ab-h100-a.json, -b.json)
     rectangle_triangles_min_rows: int = 8192
+    # a chain of windows' outer stashes (those of every producer up a reader's chain but its
+    # nearest) stay on the device, nearest first, while their attention rows sum to at most
+    # this many microbatch budgets; the farther ones' keys and values wait in host memory,
+    # copied in for each read (`harts.exec.stash.StashPart`), so what a chain keeps on the
+    # device stops growing with its length. Below five budgets of trajectory no stash moves
+    chain_stash_device_budgets: float = 4.0
 
     def __post_init__(self) -> None:
         for name, enum in _CHOICES.items():
@@ -163,6 +169,9 @@ class KernelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name}={value!r}: expected a non-negative integer")
+        budgets = self.chain_stash_device_budgets
+        if not isinstance(budgets, int | float) or isinstance(budgets, bool) or not budgets >= 0:
+            raise ValueError(f"chain_stash_device_budgets={budgets!r}: expected a number of budgets >= 0")
         if not isinstance(self.kda_fwd_h_programs_per_sm, int | float) or self.kda_fwd_h_programs_per_sm <= 0:
             raise ValueError(f"kda_fwd_h_programs_per_sm={self.kda_fwd_h_programs_per_sm!r}: expected a positive number")
 

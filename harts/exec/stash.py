@@ -111,6 +111,116 @@ def _leaf(t: Tensor) -> Tensor:
     return leaf
 
 
+class StashPart:
+    """One kept attention input of a stash (keys or values over the rows consumers read),
+    read through `read()` rather than a detached leaf: on the device, or, once
+    `copy_to_host` moved it, from host memory, copied in for each read. Its gradient is
+    accumulated where the tensor lives when each reader's backward runs (`grad` on the
+    device, `grad_host` in host memory; a reader whose forward ran before the move has its
+    backward land in host memory too), in the readers' order, each reader's gradient added
+    in the tensor's dtype as autograd adds into a leaf's `.grad`: the values do not depend
+    on where it lives.
+
+    `out` is the producer's tensor, which its backward runs through; moving it frees its
+    device storage (`untyped_storage().resize_(0)`, after every part of the stash was
+    copied out: keys and values may be views of one projection's output): the producer's
+    graph needs its `grad_fn`, not its data, where the producer recomputes its blocks in
+    its backward (the stash is then the only holder of that storage; a producer that stores
+    its activations may have saved it, and is never moved: `harts.exec.layouts.plan`)."""
+
+    __slots__ = ("_anchor", "device", "grad", "grad_host", "host", "out", "stream")
+
+    def __init__(self, t: Tensor):
+        self.out = t
+        self.device = t.device
+        self.host: Tensor | None = None
+        self.grad: Tensor | None = None
+        self.grad_host: Tensor | None = None
+        self.stream = None  # the copy stream on CUDA, once moved
+        # the read's only autograd input: its output requires grad where the kept tensor does
+        self._anchor = torch.empty(0).requires_grad_(t.requires_grad)
+
+    def read(self) -> Tensor:
+        """The tensor on its device, for one reader (autograd hands its gradient back here)."""
+        return _StashRead.apply(self, self._anchor)
+
+    def nbytes(self) -> int:
+        return self.out.numel() * self.out.element_size()
+
+    def copy_to_host(self, stream=None) -> int:
+        """Copy the tensor and the gradient accumulated so far to host memory (pinned, on
+        `stream`, on CUDA); reads and gradients go there from now on. The bytes copied
+        (0 where it was moved before); `free` then releases the device storage."""
+        if self.host is not None:
+            return 0
+        self.stream = stream
+        self.host = self._copy_out(self.out)
+        if self.grad is not None:
+            self.grad_host, self.grad = self._copy_out(self.grad), None
+        return self.nbytes()
+
+    def free(self) -> None:
+        self.out.untyped_storage().resize_(0)
+
+    def _copy_out(self, t: Tensor) -> Tensor:
+        if self.device.type != "cuda":
+            return t.detach().clone()
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            host.copy_(t.detach(), non_blocking=True)
+        t.record_stream(self.stream)
+        return host
+
+    def _copy_in(self, host: Tensor) -> Tensor:
+        """`host` on the device, for the compute stream (after the copy stream's work)."""
+        if self.device.type != "cuda":
+            return host.detach()
+        with torch.cuda.stream(self.stream):
+            dev = host.to(self.device, non_blocking=True)
+        current = torch.cuda.current_stream(self.device)
+        current.wait_stream(self.stream)
+        dev.record_stream(current)
+        return dev
+
+    def accumulate(self, g: Tensor) -> None:
+        if self.host is None:
+            self.grad = g.clone() if self.grad is None else self.grad.add_(g)
+            return
+        if self.grad_host is None:
+            self.grad_host = self._copy_out(g)
+        elif self.device.type != "cuda":
+            self.grad_host.add_(g)
+        else:  # in through the copy stream, added on the compute stream, out again
+            acc = self._copy_in(self.grad_host).add_(g)
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self.stream):
+                self.grad_host.copy_(acc, non_blocking=True)
+            acc.record_stream(self.stream)
+
+    def take_grad(self) -> Tensor | None:
+        """The accumulated gradient on the device, for the producer's backward."""
+        if self.grad_host is not None:
+            return self._copy_in(self.grad_host)
+        return self.grad
+
+
+class _StashRead(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, part: StashPart, anchor: Tensor) -> Tensor:  # noqa: ARG004
+        ctx.part = part
+        return part.out.detach() if part.host is None else part._copy_in(part.host)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        ctx.part.accumulate(g)
+        return None, None
+
+
+def _read(x):
+    return x.read() if isinstance(x, StashPart) else x
+
+
 class Stash:
     """What a producer microbatch hands to its consumers.
 
@@ -248,10 +358,12 @@ class Stash:
         return self.kda_states[layer][self.state_keys.index((global_row, position))]
 
     def leaves(self) -> Stash:
-        """A view whose tensors are detached leaves (created once, shared by all consumers)."""
+        """A view whose tensors are detached leaves (created once, shared by all consumers);
+        attention inputs are `StashPart`s, read through `StashPart.read`."""
         if not self._leaves:
             for key, ts in self.inputs.items():
-                self._leaves[("in", key)] = tuple(_leaf(t) for t in ts)
+                wrap = StashPart if stash_category(key[1]) == "attention" else _leaf
+                self._leaves[("in", key)] = tuple(wrap(t) for t in ts)
             for layer, st in self.kda_states.items():
                 if st is not None:
                     self._leaves[("kda", layer)] = _leaf(st)
@@ -267,15 +379,30 @@ class Stash:
 
     def input_parts(self, key: tuple[int, str]) -> tuple[tuple[Tensor, ...], ...]:
         """Per tensor of input `key`, its rows as parts to be joined in order (one here)."""
-        return tuple((t,) for t in self.inputs[key])
+        return tuple((_read(t),) for t in self.inputs[key])
+
+    def stash_parts(self) -> list[StashPart]:
+        """The attention inputs' `StashPart`s (once `leaves` made them)."""
+        return [x for ts in self._leaves.values() if isinstance(ts, tuple) for x in ts if isinstance(x, StashPart)]
+
+    def parts_to_host(self, stream=None) -> int:
+        """Every `StashPart` copied to host memory, then their device storage freed; the
+        bytes moved."""
+        parts = self.stash_parts()
+        moved = [p.copy_to_host(stream) for p in parts]
+        for p, n in zip(parts, moved, strict=True):
+            if n:
+                p.free()
+        return sum(moved)
 
     def producer_backward_pairs(self) -> tuple[list[Tensor], list[Tensor]]:
         outs, grads = [], []
         for key, ts in self.inputs.items():
             for t, leaf in zip(ts, self._leaves.get(("in", key), ()), strict=False):
-                if leaf.grad is not None:
+                grad = leaf.take_grad() if isinstance(leaf, StashPart) else leaf.grad
+                if grad is not None:
                     outs.append(t)
-                    grads.append(leaf.grad)
+                    grads.append(grad)
         for layer, st in self.kda_states.items():
             leaf = self._leaves.get(("kda", layer))
             if leaf is not None and leaf.grad is not None:
@@ -298,7 +425,7 @@ class _ChainInputs:
         self._parts = parts
 
     def __getitem__(self, key: tuple[int, str]) -> tuple[Tensor, ...]:
-        groups = [p.inputs[key] for p in self._parts]
+        groups = [[_read(t) for t in p.inputs[key]] for p in self._parts]
         return tuple(torch.cat(ts) for ts in zip(*groups, strict=True))
 
     def __contains__(self, key: object) -> bool:
@@ -333,7 +460,7 @@ class ChainStash:
     def input_parts(self, key: tuple[int, str]) -> tuple[tuple[Tensor, ...], ...]:
         """Per tensor of input `key`, its producers' rows farthest first, unjoined: a reader
         joins them with its own rows in one copy (`RowPlace`, a conv's input)."""
-        return tuple(zip(*(p.inputs[key] for p in self.parts), strict=True))
+        return tuple(zip(*([_read(t) for t in p.inputs[key]] for p in self.parts), strict=True))
 
     def state_at(self, layer: int, global_row: int, position: int) -> Tensor:
         stash = self._state_of.get((global_row, position))

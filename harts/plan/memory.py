@@ -19,8 +19,9 @@ def memory_tokens(plan: Any) -> list[float]:
     windows the outer producers' saved tensors wait in host memory (on CUDA,
     `harts.exec.offload`), and their stashes, which the running microbatch reads
     (`harts.exec.stash.ChainStash`), are not charged: each holds about its own rows'
-    attention keys/values, linear in the chain's depth, not a bound this rule gives
-    (docs/ARCHITECTURE.md, "Chains of windows")."""
+    attention keys/values, linear in the chain's depth up to the rows the executor keeps
+    on the device (`KernelConfig.chain_stash_device_budgets`; farther ones wait in host
+    memory), not a bound this rule gives (docs/ARCHITECTURE.md, "Chains of windows")."""
     mbs = plan.microbatches
     mem = [float(mb.executed_tokens) for mb in mbs]
     inner: dict[int, tuple[int, int]] = {}  # mb -> (producer order, producer id)

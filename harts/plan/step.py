@@ -194,11 +194,47 @@ def tree_microbatch_work(mb: Microbatch, forest: RolloutForest, chunk_size: int 
     )
 
 
+def outer_stashes_on_host(plan: Plan, device_budgets: float | None = None) -> tuple[set[int], dict[int, int]]:
+    """(producers whose stash moves to host memory, reader -> its context rows read from
+    there) under the executor's rule for a chain's outer stashes
+    (`harts.exec.layouts.plan._WindowRun.outer_stashes_to_host`): a reader's producers above
+    its nearest stay on the device, nearest first, while the rows their consumers read sum
+    to at most `device_budgets` (default `KernelConfig.chain_stash_device_budgets`)
+    microbatch budgets. A reader is charged every row of a moved stash its consumers read,
+    a bound on its own context's share."""
+    if device_budgets is None:
+        from harts.config.kernels import KernelConfig
+
+        device_budgets = KernelConfig().chain_stash_device_budgets
+    cap = device_budgets * plan.microbatch_tokens
+    parent = {mb.id: mb.producer for mb in plan.microbatches}
+    read: dict[int, int] = {}
+    moved: set[int] = set()
+    host_rows: dict[int, int] = {}
+    for mb in plan.microbatches:
+        if mb.producer is None or parent[mb.producer] is None:
+            continue
+        rows = on_host = 0
+        p = parent[mb.producer]
+        while p is not None:
+            if p not in read:
+                read[p] = plan.read_rows(p)
+            rows += read[p]
+            if rows > cap:
+                moved.add(p)
+                on_host += read[p]
+            p = parent[p]
+        if on_host:
+            host_rows[mb.id] = on_host
+    return moved, host_rows
+
+
 def step_from_plan(plan: Plan, forest: RolloutForest, chunk_size: int = 64) -> StepWork:
     traj_len = forest.traj_length
     kda = plan_kda_calls_of(plan, forest, chunk_size)
     works = []
     producers = {mb.producer for mb in plan.microbatches if mb.producer is not None}
+    moved, host_rows = outer_stashes_on_host(plan)
     for mb in plan.microbatches:
         if plan.mode == PlanMode.EXPANDED and not mb.pieces:
             w = expanded_microbatch(mb.id, mb.replica, traj_len[list(mb.trajectories)].tolist(), chunk_size,
@@ -209,5 +245,7 @@ def step_from_plan(plan: Plan, forest: RolloutForest, chunk_size: int = 64) -> S
             w = dataclasses.replace(w, read_rows=plan.read_rows(mb.id))
         if mb.context:
             w = dataclasses.replace(w, context_rows=sum(int(p.end - p.start) for p in mb.context))
+        if mb.id in moved or mb.id in host_rows:
+            w = dataclasses.replace(w, stash_on_host=mb.id in moved, host_context_rows=host_rows.get(mb.id, 0))
         works.append(w)
     return StepWork(tuple(works), plan.dp, expanded_tokens=int(forest.expanded_tokens), label=plan.planner)

@@ -54,6 +54,10 @@ class MicrobatchWork:
     logit_rows: int | None = None  # rows through the LM head; None = tokens
     read_rows: int | None = None  # a producer: its rows its consumers read; None = tokens
     context_rows: int = 0  # a consumer: the rows it reads from its producers' stashes
+    # a chain's outer stashes past the rows kept on the device (`outer_stashes_on_host`): a
+    # producer whose stash moves to host memory; a reader's context rows read from there
+    stash_on_host: bool = False
+    host_context_rows: int = 0
 
     def __post_init__(self) -> None:
         if self.tokens < 0 or self.attn_pairs_causal < 0 or self.attn_pairs_tree < 0 or self.context_rows < 0:

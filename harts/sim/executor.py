@@ -25,7 +25,8 @@ max(device, host), which the model charged until 2026-12-05.
   chain of windows too: `bind`), a producer's saved tensors
   go to host memory and back (`offload_bytes_per_producer_row` / `offload_bytes_per_s` each
   way, on a copy stream beside the forward's and the backward's kernels: the longer of the
-  two counts);
+  two counts), and a long chain's outer stashes in host memory are read in at the same
+  rate (`MicrobatchWork.host_context_rows`: once in a forward, three times in a backward);
 - host: launches of the microbatch x `host_s_per_launch`, with the launches counted as
   `launches_per_microbatch` + `launches_per_extra_kda_round` per KDA round past the first
   + `launches_per_consumer` for a consumer (stash assembly, state handoff)
@@ -108,6 +109,8 @@ class MicrobatchFeatures:
     # KDA (`SCALED_KINDS`), each priced at its category scale
     fwd_parts: tuple[float, float, float] = (0.0, 0.0, 0.0)
     bwd_parts: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    # a reader's keys and values of outer stashes held in host memory, bytes read per pass
+    host_read_bytes: float = 0.0
 
 
 # the op kinds with a scale of their own (ExecutorRates.attention_tree_scale, ...), in
@@ -161,6 +164,11 @@ def action_seconds(rates: ExecutorRates, phase: Phase, f: MicrobatchFeatures) ->
     # its backward, on a copy stream of their own (harts.exec.offload): each way overlaps
     # that action's kernels, so it costs only where it is the longer of the two
     copy = f.rows * rates.offload_bytes_per_producer_row / rates.offload_bytes_per_s if f.producer else 0.0
+    # outer stashes of a long chain in host memory (`harts.exec.stash.StashPart`), on the
+    # same kind of copy stream: read in for the forward; in the backward read in for the
+    # recomputation, and their gradient accumulators in and out again
+    read = f.host_read_bytes / rates.offload_bytes_per_s
+    copy += read if phase == Phase.FWD else 3.0 * read
     if phase == Phase.FWD:
         device = max(f.forward_passes * scaled_seconds(rates, f.fwd_s, f.fwd_parts) * eff, copy) + f.comm_fwd_s
         return device, host * rates.forward_host_share
@@ -266,7 +274,8 @@ class ExecutorCostModel(CostModel):
             producer_rows=self._rows.get(work.producer, 0) if consumer else 0,
             producer=work.mb in self._producers, layer_ratio=self._layers[stage] / self.rates.reference_layers,
             forward_passes=float(statistics_forwards(self.model)),
-            sequences=sum(r.sequences for r in work.kda_rounds), fwd_parts=parts_f, bwd_parts=parts_b)
+            sequences=sum(r.sequences for r in work.kda_rounds), fwd_parts=parts_f, bwd_parts=parts_b,
+            host_read_bytes=work.host_context_rows * self.stages[stage].attention_kv_bytes_per_row())
 
     def device_by_category(self, step: StepWork) -> dict[str, float]:
         """One GPU's simulated device seconds by op category (the categories `harts sim

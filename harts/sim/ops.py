@@ -409,6 +409,12 @@ class StageCounter:
         gattn = m.attn_num_heads * 2 * m.attn_head_dim * BF16
         return float(mla), float(gattn)
 
+    def attention_kv_bytes_per_row(self) -> float:
+        """Keys and values of one row over every full-attention layer of the stage: what a
+        stash keeps per row it hands on."""
+        mla, gattn = self._attention_kv_bytes_per_row()
+        return self.layers.num_mla * mla + self.layers.num_gated_attention * gattn
+
     def stash_bytes(self, work: MicrobatchWork, consumers: int) -> float:
         """A window producer's stash with its gradients, once its consumers' backwards have
         run (`harts.exec.stash`): per row its consumers read (`work.read_rows`), the keys
@@ -419,6 +425,8 @@ class StageCounter:
         stash also keeps (a few rows per consumer) are left out."""
         m, lay = self.m, self.layers
         read = work.tokens if work.read_rows is None else work.read_rows
+        if work.stash_on_host:  # an outer stash of a long chain: its keys and values in host memory
+            read = 0
         mla, gattn = self._attention_kv_bytes_per_row()
         kv = lay.num_mla * mla + lay.num_gated_attention * gattn
         states = (lay.num_kda * m.kda_num_heads * m.kda_head_dim * m.kda_head_v_dim

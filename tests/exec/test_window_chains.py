@@ -6,6 +6,7 @@ first chunk, on a cut, one past a cut and deep; drawn fork positions too."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -247,3 +248,58 @@ def test_nested_window_trees_match_expanded(family, seed, budget):
     ref_model, _, ref = _run(cfg, trajs, loss=loss)
     model, _, got = _run(cfg, trajs, plan, loss=loss)
     _check(ref, ref_model, got, model)
+
+
+@pytest.mark.parametrize("dtype", (torch.float64, torch.float32))
+def test_outer_stashes_in_host_memory_match_expanded(explicit, dtype):
+    # with no outer stash allowed on the device (`chain_stash_device_budgets=0`) every stash
+    # above a reader's nearest producer moves to host memory once a deeper piece is kept:
+    # the step equals the expanded reference, and the step that moves none bit for bit (the
+    # same operations, in the same order, on tensors copied to and from host memory)
+    from harts.config.kernels import KernelConfig
+
+    trajs, ref_model, ref = explicit
+    cfg = _config()
+    if dtype == torch.float32:
+        ref_model, _, ref = _run(cfg, trajs, dtype=dtype)
+    plan = _plan(trajs, "l1l2")
+    runs = {}
+    for budgets in (0.0, 1e9):
+        model = build_model(cfg, seed=3, dtype=dtype, recompute=True)
+        trainer = PlanTrainer(model, plan, loss=LOSS, kernels=KernelConfig(chain_stash_device_budgets=budgets))
+        runs[budgets] = (model, trainer, trainer.forward_backward(trajs, 1 << 20))
+    model, trainer, got = runs[0.0]
+    moved = [w for w in trainer.windows if w.stash_host_bytes]
+    # pieces two or more below a producer read its stash as an outer one
+    assert len(moved) >= 3 and all(w.stash_host_bytes <= w.retained_bytes for w in moved)
+    assert not any(w.stash_host_bytes for w in runs[1e9][1].windows)
+    if dtype == torch.float64:
+        _check(ref, ref_model, got, model)
+    else:
+        rep = compare_steps(ref, ref_model, got, model)
+        assert rep["rms_rel_logprob_err"] <= TOL32 and rep["rms_rel_grad_err"] <= TOL32
+    kept = runs[1e9]
+    assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(got.logprobs, kept[2].logprobs, strict=True))
+    for (name, p), q in zip(model.named_parameters(), kept[0].parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad), name
+
+
+@pytest.mark.parametrize("budgets", (0.0, 1.0, 2.0))
+def test_the_simulator_moves_the_stashes_the_executor_moves(explicit, budgets):
+    # `harts.plan.step.outer_stashes_on_host` names the producers whose stash the executor
+    # moves to host memory under the same rule, and the readers that read from there
+    from harts.config.kernels import KernelConfig
+    from harts.plan.step import outer_stashes_on_host
+
+    trajs = explicit[0]
+    plan = _plan(trajs, "l1l2")
+    model = build_model(_config(), seed=3, dtype=torch.float64, recompute=True)
+    trainer = PlanTrainer(model, plan, loss=LOSS, kernels=KernelConfig(chain_stash_device_budgets=budgets))
+    trainer.forward_backward(trajs, 1 << 20)
+    moved, host_rows = outer_stashes_on_host(plan, budgets)
+    assert {w.producer for w in trainer.windows if w.stash_host_bytes} == moved
+    # the chain is eight pieces deep: at two budgets of 24 rows only its first stash moves
+    assert len(moved) >= (4 if budgets < 2 else 1)
+    # only readers two or more pieces below a producer read from host memory
+    mbs = plan.microbatches
+    assert host_rows and all(mbs[mbs[r].producer].producer is not None for r in host_rows)

@@ -149,3 +149,42 @@ def test_lower_checks_layout():
         lower(step, build_schedule("non-overlap", step, 1), cost)
     cp, lane = lower_bound(lower(step, build_schedule("non-overlap", step, 2), cost))
     assert cp > 0 and lane > 0
+
+
+def test_a_long_chains_outer_stashes_in_host_memory_lower_its_peak_not_its_rows():
+    """One trajectory of 20 budgets: under the executor's rule for outer stashes
+    (`harts.plan.step.outer_stashes_on_host`) the farther producers' keys and values are
+    not charged on the device, and the readers below them pay the copies in."""
+    import dataclasses
+
+    import numpy as np
+
+    from harts.config.plan import PlanConfig
+    from harts.plan.planners import make_plan
+    from harts.plan.step import outer_stashes_on_host, step_from_plan
+    from harts.tree import build_forest
+    from harts.tree.trajectory import Trajectory
+
+    budget, chunk = 2048, TINY.chunk_size
+    tokens = np.random.default_rng(0).integers(1, 100, 20 * budget)
+    mask = np.ones(tokens.size, bool)
+    mask[0] = False
+    forest = build_forest([Trajectory.make("t", "t", tokens, loss_mask=mask, advantage=1.0)])
+    plan = make_plan(forest, "l1l2", PlanConfig(microbatch_tokens=budget, chunk_size=chunk))
+    step = step_from_plan(plan, forest, chunk)
+    moved, host_rows = outer_stashes_on_host(plan)
+    assert moved and {w.mb for w in step.microbatches if w.stash_on_host} == moved
+    assert {w.mb: w.host_context_rows for w in step.microbatches if w.host_context_rows} == host_rows
+    # a reader reads from host memory at most the rows above its four budgets on the device
+    for w in step.microbatches:
+        assert w.host_context_rows <= max(0, w.context_rows - 4 * budget + plan.microbatch_tokens)
+    kept = StepWork(tuple(dataclasses.replace(w, stash_on_host=False, host_context_rows=0)
+                          for w in step.microbatches), 1, expanded_tokens=step.expanded_tokens)
+    par = ParallelConfig()
+    cost = make_cost_model("executor", TINY, par, HW)
+    p = next(w for w in step.microbatches if w.stash_on_host)
+    assert cost.stages[0].stash_bytes(p, 1) < cost.stages[0].stash_bytes(dataclasses.replace(p, stash_on_host=False), 1)
+    on_host = simulate(step, "consumer-1f1b", TINY, par, HW, cost_model="executor")
+    on_device = simulate(kept, "consumer-1f1b", TINY, par, HW, cost_model="executor")
+    assert on_host.peak_memory_bytes < on_device.peak_memory_bytes
+    assert on_host.step_seconds >= on_device.step_seconds

@@ -107,6 +107,9 @@ class WindowStats:
     # bytes of the producer's saved tensors held in host memory across the window
     # (`PlanLayout(offload_producers=...)`, harts.exec.offload)
     offloaded_bytes: int = 0
+    # bytes of its stash's keys and values moved to host memory as an outer stash of a long
+    # chain (`KernelConfig.chain_stash_device_budgets`)
+    stash_host_bytes: int = 0
 
 
 @dataclass
@@ -166,8 +169,29 @@ class _WindowRun:
             tr = self.layout
             tr._open_bytes += w.stats.retained_bytes
             tr.peak_retained_bytes = max(tr.peak_retained_bytes, tr._open_bytes)
+            self.outer_stashes_to_host(producer, ctx.device)
 
         return hook
+
+    def outer_stashes_to_host(self, producer: int, device: torch.device) -> None:
+        """The rule for what a chain keeps on the device: the stashes up `producer`'s chain
+        above it (outer to its consumers) stay, nearest first, while their attention rows
+        sum to at most `KernelConfig.chain_stash_device_budgets` microbatch budgets; the
+        farther ones' keys and values move to host memory (`Stash.parts_to_host`). Only where
+        producers recompute their blocks (a model built with `recompute`, the default, and
+        `producer_recompute`): a producer that stores its activations may have saved the
+        tensors its stash keeps."""
+        tr = self.layout
+        if not (tr.producer_recompute and getattr(tr.model, "recompute", False)):
+            return
+        cap, rows = tr.kernels.chain_stash_device_budgets * tr.plan.microbatch_tokens, 0
+        for p in self.chain(producer)[1:]:
+            w = self.open[p]
+            if w.stash is None:
+                continue
+            rows += len(w.stash.input_rows.get("attention", ()))
+            if rows > cap:
+                w.stats.stash_host_bytes += w.stash.parts_to_host(tr.copy_stream(device))
 
     def offload(self, producer: int) -> HostOffload:
         """The saved-tensor hooks of a producer's forward (`Microbatch.saved_tensor_hooks`)."""
@@ -328,6 +352,14 @@ class PlanLayout(LayoutBase):
         self.peak_retained_bytes = 0
         self._open_bytes = 0
         self._packed = PackedLayout()
+
+    def copy_stream(self, device: torch.device):
+        """The stream outer stashes move to and from host memory on (CUDA; None elsewhere)."""
+        if device.type != "cuda":
+            return None
+        if getattr(self, "_copy_stream", None) is None:
+            self._copy_stream = torch.cuda.Stream(device=device)
+        return self._copy_stream
 
     def bind(self, model: torch.nn.Module, kernels: KernelConfig, kernel_record: KernelRecord) -> PlanLayout:
         super().bind(model, kernels, kernel_record)

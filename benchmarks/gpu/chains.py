@@ -139,7 +139,9 @@ def main(argv: list[str]) -> int:
                 PlanConfig(**fields)  # refused here if out of range
                 ab = {"plan_config": fields}
             else:
-                ab = {"kernels": KernelConfig.from_env(**{field: int(value) if value.isdigit() else value})}
+                default = getattr(KernelConfig(), field, None)
+                typed = type(default)(value) if type(default) in (int, float) else value
+                ab = {"kernels": KernelConfig.from_env(**{field: typed})}
         except (TypeError, ValueError) as err:
             ap.error(f"--ab {args.ab}: {err}")
     if args.no_autotune:

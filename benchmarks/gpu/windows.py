@@ -247,6 +247,7 @@ def run_case(kind: str, trajs, budget: int, args, kernels=None, plan_config=None
         out["windows"] = [{"producer": w.producer, "consumers": w.consumers, "producer_rows": w.producer_rows,
                            "context_rows_read": w.context_rows_read, "retained_bytes": w.retained_bytes,
                            "held_bytes": w.held_bytes, "offloaded_bytes": w.offloaded_bytes,
+                           "stash_host_bytes": w.stash_host_bytes,
                            "plan_retained_tokens": plan.producer_retention * w.producer_rows}
                           for w in trainer.windows]
         out["producer_retention"] = plan.producer_retention

@@ -23,8 +23,9 @@ CONV_BWD_TILES = "HARTS_CONV_BWD_TILES"  # conv_bwd_tiles: "BD,BT_g,NSUB,warps_g
 FWD_H = "HARTS_FWD_H"  # kda_fwd_h: "fla" | "BV,warps,stages" ("" = auto)
 COMPILE = "HARTS_COMPILE"  # compile: inductor | aot_eager ("" = off)
 RECTANGLE_TRIANGLES = "HARTS_RECTANGLE_TRIANGLES"  # rectangle_triangles_min_rows: rows (0: off)
+CHAIN_STASH_BUDGETS = "HARTS_CHAIN_STASH_BUDGETS"  # chain_stash_device_budgets: budgets >= 0
 KERNEL_VARIABLES = (FORCE_REFERENCE, TREE_ATTENTION, BASELINE_ATTENTION, CONV, NORM, CONV_BWD_TILES, FWD_H, COMPILE,
-                    RECTANGLE_TRIANGLES)
+                    RECTANGLE_TRIANGLES, CHAIN_STASH_BUDGETS)
 
 TRACKING_URI = "MLFLOW_TRACKING_URI"
 SUPPRESS_URL_PRINTING = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"

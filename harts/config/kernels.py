@@ -217,11 +217,18 @@ class KernelConfig:
             if not raw.isdigit():
                 raise ValueError(f"{env.RECTANGLE_TRIANGLES}={raw!r}: expected a whole number of rows >= 0")
             kwargs["rectangle_triangles_min_rows"] = int(raw)
+        if env.CHAIN_STASH_BUDGETS in settings:
+            raw = settings[env.CHAIN_STASH_BUDGETS]
+            try:
+                kwargs["chain_stash_device_budgets"] = float(raw)
+            except ValueError:
+                raise ValueError(f"{env.CHAIN_STASH_BUDGETS}={raw!r}: expected a number of budgets >= 0") from None
         try:
             config = cls(**kwargs)
         except ValueError as err:
             var = {"tree_attention": env.TREE_ATTENTION, "baseline_attention": env.BASELINE_ATTENTION,
-                   "conv": env.CONV, "norm": env.NORM, "kda_fwd_h": env.FWD_H, "compile": env.COMPILE}
+                   "conv": env.CONV, "norm": env.NORM, "kda_fwd_h": env.FWD_H, "compile": env.COMPILE,
+                   "chain_stash_device_budgets": env.CHAIN_STASH_BUDGETS}
             field = str(err).split("=", 1)[0]
             raise ValueError(f"{var.get(field, field)}: {err}") from None
         return config.replace(**overrides) if overrides else config

@@ -199,13 +199,14 @@ def outer_stashes_on_host(plan: Plan, device_budgets: float | None = None) -> tu
     there) under the executor's rule for a chain's outer stashes
     (`harts.exec.layouts.plan._WindowRun.outer_stashes_to_host`): a reader's producers above
     its nearest stay on the device, nearest first, while the rows their consumers read sum
-    to at most `device_budgets` (default `KernelConfig.chain_stash_device_budgets`)
-    microbatch budgets. A reader is charged every row of a moved stash its consumers read,
-    a bound on its own context's share."""
+    to at most `device_budgets` (default: `KernelConfig.from_env`'s
+    `chain_stash_device_budgets`, what a trainer in this environment runs with) microbatch
+    budgets. A reader is charged every row of a moved stash its consumers read, a bound on
+    its own context's share."""
     if device_budgets is None:
         from harts.config.kernels import KernelConfig
 
-        device_budgets = KernelConfig().chain_stash_device_budgets
+        device_budgets = KernelConfig.from_env().chain_stash_device_budgets
     cap = device_budgets * plan.microbatch_tokens
     parent = {mb.id: mb.producer for mb in plan.microbatches}
     read: dict[int, int] = {}

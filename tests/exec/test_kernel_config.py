@@ -70,10 +70,12 @@ def test_from_env_reads_the_variables_once_when_built(clean_env):
     clean_env.setenv(env.COMPILE, "inductor")
     clean_env.setenv(env.FORCE_REFERENCE, "1")
     clean_env.setenv(env.RECTANGLE_TRIANGLES, "8192")
+    clean_env.setenv(env.CHAIN_STASH_BUDGETS, "2.5")
     k = KernelConfig.from_env()
     assert k == KernelConfig(tree_attention="varlen", baseline_attention="graph", conv="reference",
                              conv_bwd_tiles=(128, 32, 8, 8, 32, 4), kda_fwd_h="fla", compile="inductor",
-                             force_reference=True, rectangle_triangles_min_rows=8192)
+                             force_reference=True, rectangle_triangles_min_rows=8192,
+                             chain_stash_device_budgets=2.5)
     assert KernelConfig.from_env(tree_attention="flex").tree_attention == "flex"  # overrides on top
     clean_env.setenv(env.FORCE_REFERENCE, "0")
     assert not KernelConfig.from_env().force_reference
@@ -83,7 +85,8 @@ def test_from_env_reads_the_variables_once_when_built(clean_env):
 @pytest.mark.parametrize("var, value", [(env.TREE_ATTENTION, "grpah"), (env.BASELINE_ATTENTION, "cudnn-graph"),
                                         (env.CONV, "fused"), (env.FWD_H, "16"), (env.CONV_BWD_TILES, "1,2"),
                                         (env.COMPILE, "eager"), (env.RECTANGLE_TRIANGLES, "-1"),
-                                        (env.RECTANGLE_TRIANGLES, "8k")])
+                                        (env.RECTANGLE_TRIANGLES, "8k"), (env.CHAIN_STASH_BUDGETS, "-1"),
+                                        (env.CHAIN_STASH_BUDGETS, "four")])
 def test_from_env_names_the_variable_of_a_bad_value(clean_env, var, value):
     clean_env.setenv(var, value)
     with pytest.raises(ValueError, match=var):

@@ -72,3 +72,21 @@ def test_other_lengths_by_name(tmp_path, monkeypatch):
     assert {"chain48k tree@1024", "chain48k windows@128", "ordinary16k expanded@128"} <= set(result["cases"])
     # peaks are read on CUDA only (0 on the CPU), so the CPU run derives the time ratio alone
     assert set(result["derived"]) == {"chain48k chained@16k / unsplit"}
+
+
+def test_outer_stashes_in_host_memory_are_compared(tmp_path, monkeypatch):
+    """`--ab chain_stash_device_budgets=0.5`: a trajectory of four budgets run again with
+    the stashes past half a budget above each reader in host memory; the same loss, and
+    the moved bytes recorded per window."""
+    monkeypatch.setattr(chains.W, "DEVICE", chains.W.DEVICE)
+    monkeypatch.setattr(chains.W, "VOCAB", chains.W.VOCAB)
+    assert chains.main(["--device", "cpu", "--scale", "256", "--cases", "single131k", "--model", "tiny-cpu",
+                        "--steps", "1", "--warmup", "0", "--ab", "chain_stash_device_budgets=0.5",
+                        "--out", str(tmp_path)]) == 0
+    cases = json.loads((tmp_path / "chains.json").read_text())["cases"]
+    plain = next(v for k, v in cases.items() if k.startswith("single131k windows@") and "=" not in k)
+    ab = next(v for k, v in cases.items() if k.endswith("chain_stash_device_budgets=0.5"))
+    assert "error" not in ab and ab["rows"] == plain["rows"]
+    assert not any(w["stash_host_bytes"] for w in plain["windows"])
+    assert sum(w["stash_host_bytes"] > 0 for w in ab["windows"]) >= 1
+    assert ab["loss"] == pytest.approx(plain["loss"], rel=1e-5)

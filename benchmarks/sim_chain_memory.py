@@ -3,7 +3,9 @@
 
     python benchmarks/sim_chain_memory.py [--hardware h100] [--model tiny-h200]
         [--budgets 16384,32768] [--lengths 4,8,16,32] [--shapes single,tree,forks]
-        [--seeds 0] [--json OUT.json]
+        [--seeds 0] [--rules 1] [--json OUT.json]
+    python benchmarks/sim_chain_memory.py --families long-agent,long-group [--seeds 0,...,7]
+        [--budgets 8192,16384,32768] [--rules 1] [--json OUT.json]
 
 For every shape, budget B and length (in budgets) the l1l2 plan at B is simulated on one GPU
 of the profile (executor cost model) three times: with the executor's rule for a chain's
@@ -13,6 +15,12 @@ budgets, `harts.plan.step.outer_stashes_on_host`), with every stash on the devic
 off), and with every outer stash in host memory (0 budgets). Each peak is set against the
 expanded step of four ordinary trajectories of B - 768 tokens at B (what a step of ordinary
 trajectories at that budget holds), and each step time against the rule off.
+
+`--rules` adds rules of other budget counts. `--families` takes the benchmark suites' long
+families (`harts.tree.shapes`, family/seed@budget) instead of the shapes and lengths, with
+the microbatch floors `harts train` plans with (`harts.sim.executor.plan_floors`), each peak
+set against the expanded step of the same forest at the same budget (the window suite's
+memory target).
 
 Shapes: `single`, one trajectory of the length; `tree`, a B/2-token prompt under three
 responses of 2-8k tokens and one running on to the length; `forks`, one trajectory of the
@@ -94,11 +102,63 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lengths", default="4,8,16,32", help="trajectory lengths, in budgets")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--seeds", default="0")
+    ap.add_argument("--rules", default="", help="other budget counts to simulate the rule at, comma-separated")
+    ap.add_argument("--families", default="", help="long families of harts.tree.shapes instead of the shapes")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     model, hw = get_model_config(args.model), load_hardware(args.hardware)
     default = KernelConfig().chain_stash_device_budgets
     rules = {"default": None, "off": 1e12, "all": 0.0}
+    rules.update({f"{float(b):g}": float(b) for b in args.rules.split(",") if b})
+    rows = families(args, model, hw, rules) if args.families else shapes_rows(args, model, hw, rules, default)
+    if args.json:
+        out = {"annotation": "simulated peaks of long trajectories' window plans with the outer stashes' rule "
+                             "at its default, off, moving every outer stash, and at --rules "
+                             "(benchmarks/sim_chain_memory.py)",
+               "provenance": provenance(sys.argv), "hardware": args.hardware, "model": args.model,
+               "default_device_budgets": default, "rows": rows}
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+def families(args, model, hw, rules: dict) -> list[dict]:
+    from harts.sim.executor import plan_floors
+    from harts.tree import shapes
+
+    rows = []
+    print("peak / expanded step of the same forest at the budget; step time / rule off")
+    for fam in args.families.split(","):
+        for budget in (int(b) for b in args.budgets.split(",")):
+            for seed in (int(s) for s in args.seeds.split(",")):
+                forest = build_forest(shapes.draw(fam, seed, budget, vocab_size=model.vocab_size))
+                config = PlanConfig(microbatch_tokens=budget, chunk_size=model.chunk_size,
+                                    **plan_floors(model, hw, budget))
+                expanded = simulated(make_plan(forest, "expanded-ffd", config), forest, model, hw, None)
+                plan = make_plan(forest, "l1l2", config)
+                r = {"instance": f"{fam}/{seed}@{budget}", "family": fam, "budget": budget, "seed": seed,
+                     "rows": int(forest.compact_tokens), "microbatches": plan.num_microbatches,
+                     "expanded_peak_bytes": expanded["peak_bytes"]}
+                for name, b in rules.items():
+                    r[name] = simulated(plan, forest, model, hw, b)
+                    r[name]["peak_over_expanded"] = r[name]["peak_bytes"] / expanded["peak_bytes"]
+                for name in rules:
+                    r[name]["step_over_off"] = r[name]["step_s"] / r["off"]["step_s"]
+                rows.append(r)
+                print(f"{r['instance']:22s} ({r['microbatches']:2d} mbs)  "
+                      + "  ".join(f"{n} {r[n]['peak_over_expanded']:.3f} ({r[n]['step_over_off']:.3f})"
+                                  for n in rules), flush=True)
+    print("\nper family and budget: mean (max) peak / expanded, and max step / rule off, per rule")
+    for fam in args.families.split(","):
+        for budget in (int(b) for b in args.budgets.split(",")):
+            sel = [r for r in rows if r["family"] == fam and r["budget"] == budget]
+            print(f"{fam + '@' + str(budget):18s} " + "  ".join(
+                f"{n} {sum(r[n]['peak_over_expanded'] for r in sel) / len(sel):.3f} "
+                f"({max(r[n]['peak_over_expanded'] for r in sel):.3f}; {max(r[n]['step_over_off'] for r in sel):.3f})"
+                for n in rules))
+    return rows
+
+
+def shapes_rows(args, model, hw, rules: dict, default: float) -> list[dict]:
     rows = []
     print(f"peak / ordinary step at the budget; step time / rule off (rule: outer stashes on the device up to "
           f"{default:g} budgets)")
@@ -125,13 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{shape:6s} {k:2d} x {budget:5d} ({r['microbatches']:3d} mbs)  "
                           + "  ".join(f"{n} {r[n]['peak_over_ordinary']:.3f} ({r[n]['step_over_off']:.3f})"
                                       for n in rules), flush=True)
-    if args.json:
-        out = {"annotation": "simulated peaks of long trajectories' window plans with the outer stashes' rule "
-                             "at its default, off and moving every outer stash (benchmarks/sim_chain_memory.py)",
-               "provenance": provenance(sys.argv), "hardware": args.hardware, "model": args.model,
-               "default_device_budgets": default, "rows": rows}
-        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

@@ -188,3 +188,26 @@ def test_a_long_chains_outer_stashes_in_host_memory_lower_its_peak_not_its_rows(
     on_device = simulate(kept, "consumer-1f1b", TINY, par, HW, cost_model="executor")
     assert on_host.peak_memory_bytes < on_device.peak_memory_bytes
     assert on_host.step_seconds >= on_device.step_seconds
+
+
+def test_the_chain_memory_benchmark_compares_the_rules(tmp_path):
+    """benchmarks/sim_chain_memory.py: each plan simulated under the outer stashes' rule at
+    its default, off, moving every outer stash and at `--rules`, written with provenance;
+    moving more never raises the peak."""
+    import json
+
+    from benchmarks import sim_chain_memory
+
+    out = tmp_path / "mem.json"
+    assert sim_chain_memory.main(["--budgets", "4096", "--lengths", "8", "--shapes", "single,forks",
+                                  "--rules", "1", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert list(got)[:2] == ["annotation", "provenance"] and got["default_device_budgets"] == 4.0
+    for row in got["rows"]:
+        peaks = [row[k]["peak_bytes"] for k in ("off", "default", "1", "all")]
+        assert peaks == sorted(peaks, reverse=True) and peaks[0] > peaks[-1]
+        assert row["off"]["moved_producers"] == 0 < row["all"]["moved_producers"]
+    assert sim_chain_memory.main(["--families", "long-agent", "--seeds", "12", "--budgets", "16384",
+                                  "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["instance"] == "long-agent/12@16384" and row["all"]["peak_over_expanded"] < row["off"]["peak_over_expanded"]

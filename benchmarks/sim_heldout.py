@@ -202,7 +202,9 @@ def fit_profile_rates(gpu: str, hw_dict: dict, model: str, calibration: set[str]
 
 def chain_cases(path: str, model: str, rates, hw) -> list:
     """The measured steps of a benchmarks/gpu/chains.py file as cases ("chains:<case>",
-    the kind as measured), their rollouts rebuilt by chains.py's own `instance`."""
+    the kind as measured), their rollouts rebuilt by chains.py's own `instance`. Steps run
+    again with an `--ab` setting (keys ending in FIELD=VALUE) are left out: the cases are
+    priced with the default plan and kernels."""
     from dataclasses import replace
 
     from benchmarks.gpu.chains import instance
@@ -212,7 +214,7 @@ def chain_cases(path: str, model: str, rates, hw) -> list:
     hw = replace(hw, executor=rates)
     out, forests = [], {}
     for key, c in data["cases"].items():
-        if "seconds" not in c:
+        if "seconds" not in c or "=" in key.split()[-1]:
             continue
         case = key.split()[0]
         if case not in forests:

@@ -94,6 +94,16 @@ def simulated(plan, forest, model, hw, device_budgets: float | None) -> dict:
             "moved_producers": sum(w.stash_on_host for w in step.microbatches)}
 
 
+def under_rules(row: dict, plan, forest, model, hw, rules: dict, ratio: str, reference_peak: float) -> None:
+    """`row[name]` for each rule: the plan simulated under it, its peak over
+    `reference_peak` (as `ratio`) and its step over the rule off's."""
+    for name, b in rules.items():
+        row[name] = simulated(plan, forest, model, hw, b)
+        row[name][ratio] = row[name]["peak_bytes"] / reference_peak
+    for name in rules:
+        row[name]["step_over_off"] = row[name]["step_s"] / row["off"]["step_s"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hardware", default="h100")
@@ -138,11 +148,7 @@ def families(args, model, hw, rules: dict) -> list[dict]:
                 r = {"instance": f"{fam}/{seed}@{budget}", "family": fam, "budget": budget, "seed": seed,
                      "rows": int(forest.compact_tokens), "microbatches": plan.num_microbatches,
                      "expanded_peak_bytes": expanded["peak_bytes"]}
-                for name, b in rules.items():
-                    r[name] = simulated(plan, forest, model, hw, b)
-                    r[name]["peak_over_expanded"] = r[name]["peak_bytes"] / expanded["peak_bytes"]
-                for name in rules:
-                    r[name]["step_over_off"] = r[name]["step_s"] / r["off"]["step_s"]
+                under_rules(r, plan, forest, model, hw, rules, "peak_over_expanded", expanded["peak_bytes"])
                 rows.append(r)
                 print(f"{r['instance']:22s} ({r['microbatches']:2d} mbs)  "
                       + "  ".join(f"{n} {r[n]['peak_over_expanded']:.3f} ({r[n]['step_over_off']:.3f})"
@@ -176,11 +182,7 @@ def shapes_rows(args, model, hw, rules: dict, default: float) -> list[dict]:
                     r = {"shape": shape, "budget": budget, "budgets_long": k, "seed": seed,
                          "rows": int(forest.compact_tokens), "microbatches": plan.num_microbatches,
                          "ordinary_peak_bytes": base["peak_bytes"]}
-                    for name, b in rules.items():
-                        r[name] = simulated(plan, forest, model, hw, b)
-                        r[name]["peak_over_ordinary"] = r[name]["peak_bytes"] / base["peak_bytes"]
-                    for name in rules:
-                        r[name]["step_over_off"] = r[name]["step_s"] / r["off"]["step_s"]
+                    under_rules(r, plan, forest, model, hw, rules, "peak_over_ordinary", base["peak_bytes"])
                     rows.append(r)
                     print(f"{shape:6s} {k:2d} x {budget:5d} ({r['microbatches']:3d} mbs)  "
                           + "  ".join(f"{n} {r[n]['peak_over_ordinary']:.3f} ({r[n]['step_over_off']:.3f})"

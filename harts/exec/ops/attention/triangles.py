@@ -39,7 +39,7 @@ def squares(queries: int, keys: int) -> tuple[int, int]:
 
 # rows of the longer side per group of squares: the squares' query and key rows are
 # gathered per call (the shorter side's rows once per square) and their gradient shares
-# come back in float32, so one call over every square held about 40 KB per row of a
+# come back in float32, so one call over every square held about 36 KB per row of a
 # 240k-row context at once (tiny-h200's MLA: a 262k trajectory's chain at a 32k budget);
 # groups of at most this many rows bound that, each writing its own range of the longer
 # side's gradients

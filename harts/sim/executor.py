@@ -275,7 +275,9 @@ class ExecutorCostModel(CostModel):
             producer=work.mb in self._producers, layer_ratio=self._layers[stage] / self.rates.reference_layers,
             forward_passes=float(statistics_forwards(self.model)),
             sequences=sum(r.sequences for r in work.kda_rounds), fwd_parts=parts_f, bwd_parts=parts_b,
-            host_read_bytes=work.host_context_rows * self.stages[stage].attention_kv_bytes_per_row())
+            # the executor moves outer stashes on one pipeline stage, where producers recompute
+            host_read_bytes=(work.host_context_rows * self.stages[stage].attention_kv_bytes_per_row()
+                             if self.parallel.pp == 1 and self.recompute else 0.0))
 
     def device_by_category(self, step: StepWork) -> dict[str, float]:
         """One GPU's simulated device seconds by op category (the categories `harts sim

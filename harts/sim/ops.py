@@ -425,7 +425,7 @@ class StageCounter:
         stash also keeps (a few rows per consumer) are left out."""
         m, lay = self.m, self.layers
         read = work.tokens if work.read_rows is None else work.read_rows
-        if work.stash_on_host:  # an outer stash of a long chain: its keys and values in host memory
+        if work.stash_on_host and self.recompute:  # an outer stash of a long chain: its keys and values in host memory
             read = 0
         mla, gattn = self._attention_kv_bytes_per_row()
         kv = lay.num_mla * mla + lay.num_gated_attention * gattn

@@ -2,7 +2,7 @@
 same rows unsplit and against ordinary trajectories at the same budget.
 
     python3 benchmarks/gpu/chains.py [--cases swe32k,swe16k,single131k,tree131k,chain64k]
-        [--steps 2] [--no-autotune] [--ab FIELD=VALUE] --out DIR
+        [--steps 2] [--no-autotune] [--ab FIELD=VALUE] [--memtrace] --out DIR
 
 Cases (tiny-h200, bf16, activation recomputation, benchmarks/gpu/windows.py's trainers and
 `run_case`: the median of `--steps` prepared steps after a warm-up, peak allocated memory):
@@ -122,6 +122,9 @@ def main(argv: list[str]) -> int:
                     help="FIELD=VALUE of harts.config.KernelConfig or of the window plan's PlanConfig: every "
                          "chained (windows) run again with it, right after the run without it, in this process "
                          "(e.g. rectangle_triangles_min_rows=0, producer_retention=0.2)")
+    ap.add_argument("--memtrace", action="store_true",
+                    help="after each chained (windows) case, one step under CUDA memory history "
+                         "(windows.memtrace_case: marks per microbatch, live allocations at the peak by call site)")
     ap.add_argument("--out", default=".")
     args = ap.parse_args(argv)
     import dataclasses
@@ -144,6 +147,8 @@ def main(argv: list[str]) -> int:
                 ab = {"kernels": KernelConfig.from_env(**{field: typed})}
         except (TypeError, ValueError) as err:
             ap.error(f"--ab {args.ab}: {err}")
+    if args.memtrace and args.device != "cuda":
+        ap.error("--memtrace needs --device cuda (torch.cuda memory history)")
     if args.no_autotune:
         from common import no_autotune
 
@@ -179,6 +184,14 @@ def main(argv: list[str]) -> int:
             except Exception as err:  # a case that fails is recorded, the others run
                 result["cases"][key] = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()}
                 print(f"[{key}] FAILED {type(err).__name__}: {err}", flush=True)
+            if args.memtrace and kind == "windows" and setting is None:
+                try:
+                    m = W.memtrace_case(kind, trajs, budget, args)
+                    result.setdefault("memtrace", {})[key] = m
+                    W.print_memtrace(key, m, top=10)
+                except Exception as err:  # noqa: BLE001 - record and go on
+                    result.setdefault("memtrace", {})[key] = {"error": f"{type(err).__name__}: {err}"}
+                    print(f"[{key}] memtrace FAILED {type(err).__name__}: {err}", flush=True)
             save()
     c = result["cases"]
 

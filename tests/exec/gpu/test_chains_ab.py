@@ -90,3 +90,13 @@ def test_outer_stashes_in_host_memory_are_compared(tmp_path, monkeypatch):
     assert not any(w["stash_host_bytes"] for w in plain["windows"])
     assert sum(w["stash_host_bytes"] > 0 for w in ab["windows"]) >= 1
     assert ab["loss"] == pytest.approx(plain["loss"], rel=1e-5)
+
+
+def test_a_memory_trace_needs_cuda(tmp_path, monkeypatch):
+    """`--memtrace` (one chained step under CUDA memory history) is refused on the CPU
+    before any case runs."""
+    monkeypatch.setattr(chains.W, "DEVICE", chains.W.DEVICE)
+    with pytest.raises(SystemExit):
+        chains.main(["--device", "cpu", "--scale", "256", "--cases", "single131k", "--memtrace",
+                     "--out", str(tmp_path)])
+    assert not (tmp_path / "chains.json").exists()

@@ -151,11 +151,15 @@ def test_lower_checks_layout():
     assert cp > 0 and lane > 0
 
 
-def test_a_long_chains_outer_stashes_in_host_memory_lower_its_peak_not_its_rows():
+def test_a_long_chains_outer_stashes_in_host_memory_lower_its_peak_not_its_rows(monkeypatch):
     """One trajectory of 20 budgets: under the executor's rule for outer stashes
     (`harts.plan.step.outer_stashes_on_host`) the farther producers' keys and values are
     not charged on the device, and the readers below them pay the copies in."""
     import dataclasses
+
+    from harts.config import env
+
+    monkeypatch.delenv(env.CHAIN_STASH_BUDGETS, raising=False)  # the rule at its default
 
     import numpy as np
 
@@ -190,13 +194,16 @@ def test_a_long_chains_outer_stashes_in_host_memory_lower_its_peak_not_its_rows(
     assert on_host.step_seconds >= on_device.step_seconds
 
 
-def test_the_chain_memory_benchmark_compares_the_rules(tmp_path):
+def test_the_chain_memory_benchmark_compares_the_rules(tmp_path, monkeypatch):
     """benchmarks/sim_chain_memory.py: each plan simulated under the outer stashes' rule at
     its default, off, moving every outer stash and at `--rules`, written with provenance;
     moving more never raises the peak."""
     import json
 
     from benchmarks import sim_chain_memory
+    from harts.config import env
+
+    monkeypatch.delenv(env.CHAIN_STASH_BUDGETS, raising=False)  # the rule at its default
 
     out = tmp_path / "mem.json"
     assert sim_chain_memory.main(["--budgets", "4096", "--lengths", "8", "--shapes", "single,forks",

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sim_window_peaks import priced  # noqa: E402  (simulated step seconds and peak of a plan)
 
-from harts.bench.provenance import provenance  # noqa: E402
+from harts.bench.provenance import write_result  # noqa: E402
 from harts.config.models import get_model_config  # noqa: E402
 from harts.config.plan import PlanConfig  # noqa: E402
 from harts.plan.planners import make_plan  # noqa: E402
@@ -90,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                                         default=0.0)}
     print(json.dumps(summary))
     if args.json:
-        Path(args.json).write_text(json.dumps({"provenance": provenance(sys.argv), "hardware": args.hardware,
-                                               "model": args.model, "summary": summary, "rows": rows}, indent=1) + "\n")
+        write_result(args.json, hardware=args.hardware, model=args.model, summary=summary, rows=rows)
     return 0
 
 

@@ -24,7 +24,6 @@ provenance. The model's own errors against measured steps are in docs/BENCHMARKS
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -32,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_window_repack import family_args, instances, unsplit_plan  # noqa: E402
 
-from harts.bench.provenance import provenance  # noqa: E402
+from harts.bench.provenance import write_result  # noqa: E402
 from harts.config.models import get_model_config  # noqa: E402
 from harts.config.plan import PlanConfig  # noqa: E402
 from harts.plan.planners import make_plan  # noqa: E402
@@ -80,9 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             summary[f"{fam}@{budget}"] = cell
             print(f"{fam + '@' + str(budget):18s} " + " | ".join(f"{m:.3f} ({x:.3f})" for m, x in cell.values()))
     if args.json:
-        Path(args.json).write_text(json.dumps({"provenance": provenance(sys.argv), "hardware": args.hardware,
-                                               "model": args.model, "settings": keys, "summary": summary,
-                                               "rows": rows}, indent=1) + "\n")
+        write_result(args.json, hardware=args.hardware, model=args.model, settings=keys, summary=summary, rows=rows)
     return 0
 
 

@@ -16,7 +16,6 @@ family and budget; `--json` writes every row with provenance.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harts.bench.provenance import provenance  # noqa: E402
+from harts.bench.provenance import write_result  # noqa: E402
 from harts.config.models import get_model_config  # noqa: E402
 from harts.config.plan import PlanConfig  # noqa: E402
 from harts.plan.planners import make_plan  # noqa: E402
@@ -101,8 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     over = {k: sum(r[k]["microbatches"] > r["bound"] for r in rows) for k in ("cells", "repacked")}
     print(f"instances over the bound: {over['cells']} -> {over['repacked']} of {len(rows)}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"provenance": provenance(sys.argv), "hardware": args.hardware,
-                                               "model": args.model, "over_bound": over, "rows": rows}, indent=1))
+        write_result(args.json, hardware=args.hardware, model=args.model, over_bound=over, rows=rows)
     return 0
 
 

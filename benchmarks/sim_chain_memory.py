@@ -33,7 +33,6 @@ the host copies, these are predictions.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from unittest import mock
@@ -43,7 +42,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import harts.plan.step as plan_step  # noqa: E402
-from harts.bench.provenance import provenance  # noqa: E402
+from harts.bench.provenance import write_result  # noqa: E402
 from harts.config.kernels import KernelConfig  # noqa: E402
 from harts.config.models import get_model_config  # noqa: E402
 from harts.config.parallel import ParallelConfig  # noqa: E402
@@ -94,14 +93,17 @@ def simulated(plan, forest, model, hw, device_budgets: float | None) -> dict:
             "moved_producers": sum(w.stash_on_host for w in step.microbatches)}
 
 
-def under_rules(row: dict, plan, forest, model, hw, rules: dict, ratio: str, reference_peak: float) -> None:
+def under_rules(label: str, row: dict, plan, forest, model, hw, rules: dict, ratio: str,
+                reference_peak: float) -> None:
     """`row[name]` for each rule: the plan simulated under it, its peak over
-    `reference_peak` (as `ratio`) and its step over the rule off's."""
+    `reference_peak` (as `ratio`) and its step over the rule off's; printed after `label`."""
     for name, b in rules.items():
         row[name] = simulated(plan, forest, model, hw, b)
         row[name][ratio] = row[name]["peak_bytes"] / reference_peak
     for name in rules:
         row[name]["step_over_off"] = row[name]["step_s"] / row["off"]["step_s"]
+    print(f"{label} ({row['microbatches']:3d} mbs)  "
+          + "  ".join(f"{n} {row[n][ratio]:.3f} ({row[n]['step_over_off']:.3f})" for n in rules), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,12 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     rules.update({f"{float(b):g}": float(b) for b in args.rules.split(",") if b})
     rows = families(args, model, hw, rules) if args.families else shapes_rows(args, model, hw, rules, default)
     if args.json:
-        out = {"annotation": "simulated peaks of long trajectories' window plans with the outer stashes' rule "
-                             "at its default, off, moving every outer stash, and at --rules "
-                             "(benchmarks/sim_chain_memory.py)",
-               "provenance": provenance(sys.argv), "hardware": args.hardware, "model": args.model,
-               "default_device_budgets": default, "rows": rows}
-        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+        write_result(args.json, annotation="simulated peaks of long trajectories' window plans with the outer "
+                     "stashes' rule at its default, off, moving every outer stash, and at --rules "
+                     "(benchmarks/sim_chain_memory.py)",
+                     hardware=args.hardware, model=args.model, default_device_budgets=default, rows=rows)
     return 0
 
 
@@ -148,11 +148,9 @@ def families(args, model, hw, rules: dict) -> list[dict]:
                 r = {"instance": f"{fam}/{seed}@{budget}", "family": fam, "budget": budget, "seed": seed,
                      "rows": int(forest.compact_tokens), "microbatches": plan.num_microbatches,
                      "expanded_peak_bytes": expanded["peak_bytes"]}
-                under_rules(r, plan, forest, model, hw, rules, "peak_over_expanded", expanded["peak_bytes"])
+                under_rules(f"{r['instance']:22s}", r, plan, forest, model, hw, rules, "peak_over_expanded",
+                            expanded["peak_bytes"])
                 rows.append(r)
-                print(f"{r['instance']:22s} ({r['microbatches']:2d} mbs)  "
-                      + "  ".join(f"{n} {r[n]['peak_over_expanded']:.3f} ({r[n]['step_over_off']:.3f})"
-                                  for n in rules), flush=True)
     print("\nper family and budget: mean (max) peak / expanded, and max step / rule off, per rule")
     for fam in args.families.split(","):
         for budget in (int(b) for b in args.budgets.split(",")):
@@ -182,11 +180,9 @@ def shapes_rows(args, model, hw, rules: dict, default: float) -> list[dict]:
                     r = {"shape": shape, "budget": budget, "budgets_long": k, "seed": seed,
                          "rows": int(forest.compact_tokens), "microbatches": plan.num_microbatches,
                          "ordinary_peak_bytes": base["peak_bytes"]}
-                    under_rules(r, plan, forest, model, hw, rules, "peak_over_ordinary", base["peak_bytes"])
+                    under_rules(f"{shape:6s} {k:2d} x {budget:5d}", r, plan, forest, model, hw, rules,
+                                "peak_over_ordinary", base["peak_bytes"])
                     rows.append(r)
-                    print(f"{shape:6s} {k:2d} x {budget:5d} ({r['microbatches']:3d} mbs)  "
-                          + "  ".join(f"{n} {r[n]['peak_over_ordinary']:.3f} ({r[n]['step_over_off']:.3f})"
-                                      for n in rules), flush=True)
     return rows
 
 

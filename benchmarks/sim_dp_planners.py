@@ -20,7 +20,6 @@ plan, and the worst ratios; `--json` writes every case with provenance.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harts.bench.provenance import provenance  # noqa: E402
+from harts.bench.provenance import write_result  # noqa: E402
 from harts.config.models import get_model_config  # noqa: E402
 from harts.config.parallel import ParallelConfig  # noqa: E402
 from harts.config.plan import PlanConfig  # noqa: E402
@@ -102,9 +101,7 @@ def main(argv: list[str] | None = None) -> int:
               f"unsplit slower in {cell['unsplit_slower']} (worst {cell['unsplit_worst']:.3f}x); split faster than "
               f"unsplit in {cell['split_faster_than_unsplit']}, slower in {cell['split_slower_than_unsplit']}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"provenance": provenance(sys.argv), "hardware": args.hardware,
-                                               "model": args.model, "ep": args.ep, "summary": summary, "rows": rows},
-                                              indent=1) + "\n")
+        write_result(args.json, hardware=args.hardware, model=args.model, ep=args.ep, summary=summary, rows=rows)
     return 0
 
 

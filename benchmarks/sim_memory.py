@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.sim_heldout import suite_rows  # noqa: E402
-from harts.bench.provenance import provenance  # noqa: E402
+from harts.bench.provenance import write_result  # noqa: E402
 from harts.config.models import get_model_config  # noqa: E402
 from harts.config.parallel import ParallelConfig  # noqa: E402
 from harts.sim.executor import ExecutorCostModel  # noqa: E402
@@ -118,8 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{kind:8s} steps {s['steps']:2d}  mean |err| {s['mean_abs_error']:5.1%}  max {s['max_abs_error']:5.1%}  "
                   f"within 5% {s['within_5pct']}/{s['steps']}  within 10% {s['within_10pct']}/{s['steps']}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"provenance": provenance(sys.argv), "gpu": args.gpu, "model": args.model,
-                                               "summary": summary, "rows": rows}, indent=1))
+        write_result(args.json, gpu=args.gpu, model=args.model, summary=summary, rows=rows)
     return 0
 
 

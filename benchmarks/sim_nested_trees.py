@@ -18,7 +18,6 @@ row with provenance.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_window_repack import family_args, instances, unsplit_plan  # noqa: E402
 
-from harts.bench.provenance import provenance  # noqa: E402
+from harts.bench.provenance import write_result  # noqa: E402
 from harts.config.models import get_model_config  # noqa: E402
 from harts.config.parallel import ParallelConfig  # noqa: E402
 from harts.config.plan import PlanConfig  # noqa: E402
@@ -80,8 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     for fam, c in counts.items():
         print(f"{fam:12s} {c['cases']:4d} {c['nested']:4d}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"provenance": provenance(sys.argv), "hardware": args.hardware,
-                                               "model": args.model, "counts": counts, "rows": rows}, indent=1) + "\n")
+        write_result(args.json, hardware=args.hardware, model=args.model, counts=counts, rows=rows)
     return 0
 
 

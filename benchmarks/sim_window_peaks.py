@@ -22,7 +22,6 @@ provenance.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -30,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_window_repack import family_args, instances, unsplit_plan  # noqa: E402
 
-from harts.bench.provenance import provenance  # noqa: E402
+from harts.bench.provenance import write_result  # noqa: E402
 from harts.config.models import get_model_config  # noqa: E402
 from harts.config.parallel import ParallelConfig  # noqa: E402
 from harts.config.plan import PlanConfig  # noqa: E402
@@ -102,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                   + "  ".join(f"{k} {m:.3f} ({x:.3f})" for k, (m, x) in
                               ((k, cell[k]) for k in ("peak", "step", "capped_peak", "capped_step"))))
     if args.json:
-        Path(args.json).write_text(json.dumps({"provenance": provenance(sys.argv), "hardware": args.hardware,
-                                               "model": args.model, "summary": summary, "rows": rows}, indent=1) + "\n")
+        write_result(args.json, hardware=args.hardware, model=args.model, summary=summary, rows=rows)
     return 0
 
 

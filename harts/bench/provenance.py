@@ -81,3 +81,12 @@ def provenance(argv: list[str] | None = None) -> dict[str, Any]:
         "device": device_info(),
         "date_utc": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+
+
+def write_result(path: str | Path, annotation: str | None = None, **fields: Any) -> None:
+    """A benchmark's result file: its `annotation` (where given) and this process's
+    `provenance` first, then `fields`, as indented JSON."""
+    import json
+
+    head = {} if annotation is None else {"annotation": annotation}
+    Path(path).write_text(json.dumps({**head, "provenance": provenance(sys.argv), **fields}, indent=1) + "\n")

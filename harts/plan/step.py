@@ -203,12 +203,14 @@ def outer_stashes_on_host(plan: Plan, device_budgets: float | None = None) -> tu
     `chain_stash_device_budgets`, what a trainer in this environment runs with) microbatch
     budgets. A reader is charged every row of a moved stash its consumers read, a bound on
     its own context's share."""
+    parent = {mb.id: mb.producer for mb in plan.microbatches}
+    if not any(p is not None and parent[p] is not None for p in parent.values()):
+        return set(), {}  # no chain of windows: no stash is outer to any reader
     if device_budgets is None:
         from harts.config.kernels import KernelConfig
 
         device_budgets = KernelConfig.from_env().chain_stash_device_budgets
     cap = device_budgets * plan.microbatch_tokens
-    parent = {mb.id: mb.producer for mb in plan.microbatches}
     read: dict[int, int] = {}
     moved: set[int] = set()
     host_rows: dict[int, int] = {}

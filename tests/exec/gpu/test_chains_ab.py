@@ -9,9 +9,14 @@ import pytest
 from benchmarks.gpu import chains
 
 
-def test_the_chained_run_is_repeated_with_the_setting(tmp_path, monkeypatch):
+@pytest.fixture(autouse=True)
+def _restore_windows_module(monkeypatch):
+    """chains.main sets the device and vocabulary of benchmarks/gpu/windows.py; restored after each test."""
     monkeypatch.setattr(chains.W, "DEVICE", chains.W.DEVICE)
     monkeypatch.setattr(chains.W, "VOCAB", chains.W.VOCAB)
+
+
+def test_the_chained_run_is_repeated_with_the_setting(tmp_path):
     assert chains.main(["--device", "cpu", "--scale", "128", "--cases", "chain64k", "--model", "tiny-cpu",
                         "--steps", "1", "--warmup", "0", "--ab", "rectangle_triangles_min_rows=8",
                         "--out", str(tmp_path)]) == 0
@@ -25,19 +30,16 @@ def test_the_chained_run_is_repeated_with_the_setting(tmp_path, monkeypatch):
                                       "chain64k chained@16k rectangle_triangles_min_rows=8 / unsplit"}
 
 
-def test_an_unknown_setting_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(chains.W, "DEVICE", chains.W.DEVICE)
+def test_an_unknown_setting_is_refused(tmp_path):
     with pytest.raises(SystemExit):
         chains.main(["--device", "cpu", "--scale", "256", "--cases", "chain64k", "--ab", "no_such_field=1",
                      "--out", str(tmp_path)])
     assert not (tmp_path / "chains.json").exists()
 
 
-def test_a_plan_setting_is_compared_too(tmp_path, monkeypatch):
+def test_a_plan_setting_is_compared_too(tmp_path):
     """`--ab producer_retention=0.2`: the window plan's PlanConfig field, the chained run
     repeated with it (same rows, the same loss); a value the PlanConfig refuses is refused."""
-    monkeypatch.setattr(chains.W, "DEVICE", chains.W.DEVICE)
-    monkeypatch.setattr(chains.W, "VOCAB", chains.W.VOCAB)
     assert chains.main(["--device", "cpu", "--scale", "128", "--cases", "chain64k", "--model", "tiny-cpu",
                         "--steps", "1", "--warmup", "0", "--ab", "producer_retention=0.2",
                         "--out", str(tmp_path)]) == 0
@@ -52,12 +54,10 @@ def test_a_plan_setting_is_compared_too(tmp_path, monkeypatch):
                      "--out", str(tmp_path)])
 
 
-def test_other_lengths_by_name(tmp_path, monkeypatch):
+def test_other_lengths_by_name(tmp_path):
     """`single<N>k` and `chain<N>k` take any length, `ordinary16k` is the 16k reference
     (each chained case's peak is set against the ordinary step of its budget), and an
     unknown name is refused."""
-    monkeypatch.setattr(chains.W, "DEVICE", chains.W.DEVICE)
-    monkeypatch.setattr(chains.W, "VOCAB", chains.W.VOCAB)
     trajs, runs = chains.instance("single96k", scale=128)
     assert [len(t.tokens) for t in trajs] == [96 * 1024 // 128] and runs == [("windows", 256)]
     trajs, runs = chains.instance("chain48k", scale=128)
@@ -74,12 +74,10 @@ def test_other_lengths_by_name(tmp_path, monkeypatch):
     assert set(result["derived"]) == {"chain48k chained@16k / unsplit"}
 
 
-def test_outer_stashes_in_host_memory_are_compared(tmp_path, monkeypatch):
+def test_outer_stashes_in_host_memory_are_compared(tmp_path):
     """`--ab chain_stash_device_budgets=0.5`: a trajectory of four budgets run again with
     the stashes past half a budget above each reader in host memory; the same loss, and
     the moved bytes recorded per window."""
-    monkeypatch.setattr(chains.W, "DEVICE", chains.W.DEVICE)
-    monkeypatch.setattr(chains.W, "VOCAB", chains.W.VOCAB)
     assert chains.main(["--device", "cpu", "--scale", "256", "--cases", "single131k", "--model", "tiny-cpu",
                         "--steps", "1", "--warmup", "0", "--ab", "chain_stash_device_budgets=0.5",
                         "--out", str(tmp_path)]) == 0
@@ -92,10 +90,9 @@ def test_outer_stashes_in_host_memory_are_compared(tmp_path, monkeypatch):
     assert ab["loss"] == pytest.approx(plain["loss"], rel=1e-5)
 
 
-def test_a_memory_trace_needs_cuda(tmp_path, monkeypatch):
+def test_a_memory_trace_needs_cuda(tmp_path):
     """`--memtrace` (one chained step under CUDA memory history) is refused on the CPU
     before any case runs."""
-    monkeypatch.setattr(chains.W, "DEVICE", chains.W.DEVICE)
     with pytest.raises(SystemExit):
         chains.main(["--device", "cpu", "--scale", "256", "--cases", "single131k", "--memtrace",
                      "--out", str(tmp_path)])

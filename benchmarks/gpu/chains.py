@@ -22,7 +22,10 @@ Cases (tiny-h200, bf16, activation recomputation, benchmarks/gpu/windows.py's tr
 
 Other lengths by name: `single<N>k` (one N x 1,024-token trajectory, l1l2 at 32,768),
 `chain<N>k` (one N x 1,024-token trajectory, unsplit and l1l2 at 16,384) and
-`ordinary16k` (four 16,000-token trajectories, the expanded step at 16,384).
+`ordinary16k` (four 16,000-token trajectories, the expanded step at 16,384). A benchmark
+family's instance by name, `family/seed@budget` (`harts.tree.shapes.draw`; `--seed` adds to
+its seed): unsplit, the l1l2 plan with this GPU's microbatch floors (`windows-floored`, the
+plan `harts train` makes) and the expanded step, all three at the budget but the unsplit.
 
 `--seed` draws other tokens, response lengths and fork positions (the swe-treestep-1
 preset is fixed). Derived: each chained case's peak over the ordinary step of its budget
@@ -31,8 +34,11 @@ weights and optimizer state), and each `chain...` case's chained step over its u
 `--ab FIELD=VALUE` runs every chained (windows) case twice in the same process, without
 and then with that `KernelConfig` setting (say `rectangle_triangles_min_rows=0`: the causal
 squares off) or `PlanConfig` field of the window plan (say `producer_retention=0.2`: larger
-chain pieces, fewer microbatches, more memory a piece), so a setting is compared on one
-machine and one warm process, time and peak.
+chain pieces, fewer microbatches, more memory a piece; the expanded step's plan takes it
+too, its long trajectories being chains of the same pieces), so a setting is compared on
+one machine and one warm process, time and peak. A family instance's derived figures: its
+floored window step over the unsplit step and its window peak over the expanded step's,
+each with and without the setting.
 Writes DIR/chains.json with provenance.
 """
 
@@ -101,6 +107,13 @@ def _instance(case: str, seed: int, scale: int):
         return trajs, [("windows", 32768)]
     if case == "ordinary16k":
         return [_traj(f"o{i}", f"o{i}", _tokens(rng, 16000), rng) for i in range(4)], [("expanded", 16384)]
+    if m := re.fullmatch(r"([a-z-]+)/(\d+)@(\d+)", case):  # a benchmark family's instance
+        from harts.tree import build_forest, shapes
+
+        budget = int(m.group(3))
+        trajs = shapes.draw(m.group(1), int(m.group(2)) + seed, budget // scale, vocab_size=W.VOCAB)
+        rows = build_forest(trajs).compact_tokens
+        return trajs, [("tree", max(131072, rows * scale)), ("windows-floored", budget), ("expanded", budget)]
     if m := re.fullmatch(r"(single|chain)(\d+)k", case):
         n = int(m.group(2)) * 1024
         trajs = [_traj("long", "g", _tokens(rng, n), rng)]
@@ -138,7 +151,9 @@ def main(argv: list[str]) -> int:
         try:
             if field in {f.name for f in dataclasses.fields(PlanConfig)} - {"microbatch_tokens", "chunk_size"}:
                 kind_of = type(getattr(PlanConfig(), field))
-                fields = {field: value.lower() in ("1", "true") if kind_of is bool else kind_of(value)}
+                kind_of = float if kind_of is type(None) else kind_of  # an optional number
+                fields = {field: None if value.lower() == "none" else
+                          value.lower() in ("1", "true") if kind_of is bool else kind_of(value)}
                 PlanConfig(**fields)  # refused here if out of range
                 ab = {"plan_config": fields}
             else:
@@ -171,8 +186,11 @@ def main(argv: list[str]) -> int:
         trajs, runs = instance(case, seed=args.seed, scale=args.scale)
         runs = [(kind, budget, None) for kind, budget in runs]
         if ab is not None:
+            # the chained kinds again with the setting; the expanded baseline too where it is a
+            # plan's field (its long trajectories are chains of the same pieces)
+            again = ("windows", "windows-floored") + (("expanded",) if "plan_config" in ab else ())
             runs = [r for kind, budget, _ in runs
-                    for r in ([(kind, budget, None), (kind, budget, ab)] if kind == "windows" else [(kind, budget, None)])]
+                    for r in ([(kind, budget, None), (kind, budget, ab)] if kind in again else [(kind, budget, None)])]
         for kind, budget, setting in runs:
             key = f"{case} {kind}@{budget}" + (f" {args.ab}" if setting is not None else "")
             try:
@@ -203,6 +221,16 @@ def main(argv: list[str]) -> int:
     settings = (False, True) if args.ab else (False,)
     for case in cases:
         if case.startswith(("ordinary", "swe")):
+            continue
+        if "/" in case:  # a family instance
+            b = of(case, "tree")
+            for with_ab in settings:
+                name = f"{case} {args.ab}" if with_ab else case
+                w, e = of(case, "windows-floored", ab=with_ab), of(case, "expanded", ab=with_ab)
+                if w and b:
+                    result["derived"][f"{name} floored / unsplit"] = w["seconds"] / b["seconds"]
+                if w and e.get("peak_bytes"):
+                    result["derived"][f"{name} floored peak / expanded"] = w["peak_bytes"] / e["peak_bytes"]
             continue
         # a chained case against the ordinary step of its budget, where it ran
         budget = next((b for k, b in instance(case, seed=args.seed, scale=args.scale)[1] if k == "windows"), None)

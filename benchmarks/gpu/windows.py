@@ -104,7 +104,7 @@ def provenance(argv: list[str]) -> dict:
 def _trainer(kind: str, trajs, budget: int, model: str, kernels=None, plan_config=None):
     """(trainer, plan or None) of `kind` on a fresh `model` (bf16 on CUDA, float32 on the
     CPU); `kernels`: a `KernelConfig` (None: the environment's); `plan_config`: `PlanConfig`
-    fields of the l1l2 plan (windows kinds)."""
+    fields of the l1l2 plan (windows kinds) and of the expanded-ffd plan's chains."""
     from harts.config.models import get_model_config
     from harts.exec.factory import chained_expanded_plan, make_trainer
     from harts.exec.model.model import build_model
@@ -121,7 +121,7 @@ def _trainer(kind: str, trajs, budget: int, model: str, kernels=None, plan_confi
     if kind == "expanded":
         # a trajectory longer than the budget: the expanded-ffd plan's chain of windows, as
         # `harts train` runs it, so every microbatch stays within the budget
-        chained = chained_expanded_plan(trajs, budget, cfg.chunk_size)
+        chained = chained_expanded_plan(trajs, budget, cfg.chunk_size, **(plan_config or {}))
         if chained is not None:
             return make_trainer("plan", net, chained, kernels=kernels), chained
     if kind in ("expanded", "tree"):

@@ -19,6 +19,15 @@ DEFAULT_MICROBATCH_TOKENS = 131_072
 # the conservative bound (every activation kept).
 DEFAULT_PRODUCER_RETENTION = 0.35
 
+# What a chain piece (a trajectory longer than the budget, cut inside a node) holds per row
+# of its context beside its own rows, in the same units: the stashes of the pieces above it
+# (their attention keys/values, conv tails and KDA states, 0.053 of a row's activations per
+# row on tiny-h200, benchmarks/results/chains/2026-12-06-fc6da58-chain64k-h100.json) and the
+# transient of reading them (about 0.02 more, single131k's activation peak against an
+# ordinary 32k step's). A chain piece pays the smaller of this x its context rows and the
+# producer charge above (`harts.plan.memory.chain_charge`); None: the producer charge alone.
+DEFAULT_CHAIN_RETENTION: float | None = None
+
 # Pipeline fill. With pp stages a 1F1B pipeline runs pp warm-up forwards on its first stage
 # before the first backward, so a replica needs at least pp microbatches for every stage to
 # be busy at once; with m microbatches the fill and drain leave (pp - 1) / (m + pp - 1) of
@@ -88,6 +97,7 @@ class PlanConfig:
     split_trees: bool = True
     ep: int = 1
     sink_leaves: bool = True
+    chain_retention: float | None = DEFAULT_CHAIN_RETENTION
 
     @property
     def target_microbatches(self) -> int:
@@ -111,6 +121,8 @@ class PlanConfig:
             raise ValueError(f"PlanConfig.microbatch_tokens must be >= 1, got {self.microbatch_tokens}")
         if not self.producer_retention >= 0:
             raise ValueError(f"PlanConfig.producer_retention must be >= 0, got {self.producer_retention}")
+        if self.chain_retention is not None and not self.chain_retention >= 0:
+            raise ValueError(f"PlanConfig.chain_retention must be >= 0 or None, got {self.chain_retention}")
         if not self.time_limit > 0:
             raise ValueError(f"PlanConfig.time_limit must be > 0, got {self.time_limit}")
         if self.chunk_size < 1:

@@ -31,12 +31,13 @@ TRAINER_KINDS = ("expanded", "tree", "plan", "prefix-merged")
 
 
 def chained_expanded_plan(trajectories: Sequence[Any], microbatch_tokens: int, chunk_size: int,
-                          forest: Any = None) -> Any:
+                          forest: Any = None, **plan_fields: Any) -> Any:
     """The expanded baseline's plan where a trajectory is longer than `microbatch_tokens`:
     the expanded-ffd plan, whose chains of windows (`harts.plan.planners.chains`) keep every
     microbatch within the budget; None where every trajectory fits (the packed layout, the
-    "expanded" kind, runs them). `forest`: the trajectories' forest where the caller has it.
-    Raises ValueError for a budget the planner refuses."""
+    "expanded" kind, runs them). `forest`: the trajectories' forest where the caller has it;
+    `plan_fields`: other `PlanConfig` fields (the chains' retentions). Raises ValueError for
+    a budget the planner refuses."""
     longest = int(forest.traj_length.max()) if forest is not None and forest.num_trajectories else \
         max((len(t) for t in trajectories), default=0)
     if longest <= microbatch_tokens:
@@ -46,7 +47,8 @@ def chained_expanded_plan(trajectories: Sequence[Any], microbatch_tokens: int, c
     from harts.tree import build_forest
 
     forest = forest if forest is not None else build_forest(trajectories)
-    return make_plan(forest, "expanded-ffd", PlanConfig(microbatch_tokens=microbatch_tokens, chunk_size=chunk_size))
+    return make_plan(forest, "expanded-ffd", PlanConfig(microbatch_tokens=microbatch_tokens, chunk_size=chunk_size,
+                                                        **plan_fields))
 
 
 def make_trainer(kind: str, model: Any, plan: Any = None, *, optimizer: OptimizerConfig | None = None,

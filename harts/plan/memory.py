@@ -21,7 +21,12 @@ def memory_tokens(plan: Any) -> list[float]:
     (`harts.exec.stash.ChainStash`), are not charged: each holds about its own rows'
     attention keys/values, linear in the chain's depth up to the rows the executor keeps
     on the device (`KernelConfig.chain_stash_device_budgets`; farther ones wait in host
-    memory), not a bound this rule gives (docs/ARCHITECTURE.md, "Chains of windows")."""
+    memory), not a bound this rule gives (docs/ARCHITECTURE.md, "Chains of windows").
+
+    With `chain_retention` set, a chain piece that continues its producer's rows inside a
+    node (`continues`) pays the smaller of that charge and `chain_retention` x its context
+    rows (`chain_charge`): what it holds for every row above it, the stashes of the pieces
+    it reads and the transient of reading them."""
     mbs = plan.microbatches
     mem = [float(mb.executed_tokens) for mb in mbs]
     inner: dict[int, tuple[int, int]] = {}  # mb -> (producer order, producer id)
@@ -32,9 +37,27 @@ def memory_tokens(plan: Any) -> list[float]:
                 if mb.id not in inner or inner[mb.id][0] < prod.order:
                     inner[mb.id] = (prod.order, p)
     read = {p: read_rows(plan, p) for p in {p for _, p in inner.values()}}
+    cr = getattr(plan, "chain_retention", None)
     for m, (_, p) in inner.items():
-        mem[m] += plan.producer_retention * read[p]
+        charge = plan.producer_retention * read[p]
+        mb = mbs[m]
+        if cr is not None and mb.producer == p and continues(mb.pieces, mbs[p].pieces):
+            charge = chain_charge(charge, cr, sum(e - a for _, a, e in mb.context))
+        mem[m] += charge
     return mem
+
+
+def continues(pieces, producer_pieces) -> bool:
+    """Whether a microbatch with `pieces` ((node, start, end) each) starts inside a node
+    where its producer's rows (`producer_pieces`) end: a chain piece cut inside a node."""
+    ends = {(v, e) for v, _, e in producer_pieces}
+    return any(a > 0 and (v, a) in ends for v, a, _ in pieces)
+
+
+def chain_charge(producer_charge: float, chain_retention: float, context_rows: int) -> float:
+    """What a chain piece that continues its producer pays beside its rows: the smaller
+    of the producer's charge and `chain_retention` x its context rows."""
+    return min(producer_charge, chain_retention * context_rows)
 
 
 def read_rows(plan: Any, producer: int) -> int:

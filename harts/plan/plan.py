@@ -187,6 +187,7 @@ class Plan:
     cost_model: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     plan_seconds: float = 0.0
+    chain_retention: float | None = None
     forest: dict[str, int] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -279,6 +280,7 @@ class Plan:
             "dp": self.dp,
             "microbatch_tokens": self.microbatch_tokens,
             "producer_retention": self.producer_retention,
+            "chain_retention": self.chain_retention,
             "cost_model": self.cost_model,
             "seed": self.seed,
             "plan_seconds": self.plan_seconds,
@@ -304,6 +306,7 @@ class Plan:
             microbatch_tokens=int(d["microbatch_tokens"]),
             microbatches=tuple(Microbatch.from_dict(m) for m in d["microbatches"]),
             producer_retention=float(d["producer_retention"]),
+            chain_retention=None if d.get("chain_retention") is None else float(d["chain_retention"]),
             cost_model=dict(d["cost_model"]),
             seed=int(d["seed"]),
             plan_seconds=float(d["plan_seconds"]),
@@ -380,8 +383,9 @@ def _validate(plan: Plan, forest: RolloutForest, budget: int, cost_model: Any) -
         bad(f"dp must be >= 1, got {plan.dp}")
     if budget < 1:
         bad(f"budget must be >= 1, got {budget}")
-    if not plan.producer_retention >= 0:
-        bad(f"producer_retention must be >= 0, got {plan.producer_retention}")
+    for name in ("producer_retention", "chain_retention"):
+        if getattr(plan, name) is not None and not getattr(plan, name) >= 0:
+            bad(f"{name} must be >= 0, got {getattr(plan, name)}")
     mbs = plan.microbatches
     n = len(mbs)
     if n == 0:

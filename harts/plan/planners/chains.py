@@ -58,6 +58,7 @@ from collections.abc import Callable
 import numpy as np
 
 from harts.config.plan import PlanConfig
+from harts.plan.memory import chain_charge
 from harts.plan.metrics import slot_loads
 from harts.plan.plan import Microbatch, Piece, Plan, PlanMode, forest_digest
 from harts.plan.planners.common import (
@@ -91,6 +92,10 @@ def piece_tokens(config: PlanConfig) -> int:
     return piece
 
 
+class _Stalled(Exception):
+    """A chain charge left a piece less than a chunk beside its producer."""
+
+
 def long_roots(idx: ForestIndex, budget: int) -> list[int]:
     """Roots of the trees with a trajectory longer than the budget."""
     roots = set()
@@ -117,6 +122,7 @@ class _Builder:
         self.B = config.microbatch_tokens
         self.C = config.chunk_size
         self.rho = config.producer_retention
+        self.cr = config.chain_retention
         self.P = piece_tokens(config)
         self.path = path  # nodes of one trajectory's path (expanded copies), else None
         self.out: list[TreeMB] = []
@@ -169,16 +175,30 @@ class _Builder:
                 mb.rows[w] = (a, idx.length[w])
                 mb.tokens += idx.length[w] - a
 
+    def _room(self, d0: int, o: int, held: int) -> float:
+        """Rows a stem starting at depth d0 (offset o in its node) may hold beside its
+        producer's `held` rows: the budget less the memory rule's charge
+        (`harts.plan.memory`), the chain charge for a piece cut inside a node."""
+        charge = self.rho * held
+        if self.cr is not None and o > 0:
+            charge = chain_charge(charge, self.cr, d0)
+        return self.B - charge
+
     def build(self, v: int, o: int, producer: int | None, held: int) -> None:
         idx = self.idx
-        room = self.B - self.rho * held
+        d0 = idx.start[v] + o
+        room = self._room(d0, o, held)
         if self._rows_below(v, o) <= room:
             self._take_subtree(self._new(producer, v, o), v, o)
             return
-        d0 = idx.start[v] + o
         m = self._new(producer, v, o)
         mb = self.out[m]
-        cut = (d0 + self.P) // self.C * self.C
+        # a piece's rows: P beside a producer piece of at most P rows; with a chain
+        # retention, what the memory rule leaves beside this one's producer
+        piece = self.P if self.cr is None else int(room)
+        cut = (d0 + piece) // self.C * self.C
+        if cut <= d0:
+            raise _Stalled(d0)
         if cut < idx.end[v]:  # a chain piece inside the node
             mb.rows[v] = (o, cut - idx.start[v])
             mb.tokens = cut - d0
@@ -192,7 +212,7 @@ class _Builder:
         if self.path is None:  # whole child subtrees join the producer while it stays a piece
             rest = []
             for c in sorted(kids, key=lambda c: (-idx.sub_rows[c], c)):
-                if mb.tokens + idx.sub_rows[c] <= self.P:
+                if mb.tokens + idx.sub_rows[c] <= piece:
                     self._take_subtree(m, c, 0)
                 else:
                     rest.append(c)
@@ -201,7 +221,7 @@ class _Builder:
         side: list[int] = []  # children of the nodes the piece went on through: its consumers too
         while self.go_on and kids:
             c = max(kids, key=lambda c: (idx.sub_rows[c], -c))
-            cut = (idx.start[c] + self.P - mb.tokens) // self.C * self.C
+            cut = (idx.start[c] + piece - mb.tokens) // self.C * self.C
             if cut >= idx.end[c] and self.through:  # the child's own rows fit: through it, on to its children
                 mb.rows[c] = (0, idx.length[c])
                 mb.tokens += idx.length[c]
@@ -209,7 +229,7 @@ class _Builder:
                 side += [k for k in kids if k != c]
                 kids = []
                 for k in sorted(self._kids(c), key=lambda k: (-idx.sub_rows[k], k)):
-                    if mb.tokens + idx.sub_rows[k] <= self.P:
+                    if mb.tokens + idx.sub_rows[k] <= piece:
                         self._take_subtree(m, k, 0)
                     else:
                         kids.append(k)
@@ -251,7 +271,10 @@ def chain_windows(idx: ForestIndex, root: int, config: PlanConfig, go_on: bool =
     builds the three ways and keeps the one with fewest microbatches). Leaves move into
     other leaves where `config` lets them (`sink_leaves`)."""
     b = _Builder(idx, config, go_on=go_on, through=through)
-    b.build(root, 0, None, 0)
+    try:
+        b.build(root, 0, None, 0)
+    except _Stalled:  # a chain charge leaving no chunk beside a producer: the producer charge alone
+        return chain_windows(idx, root, dataclasses.replace(config, chain_retention=None), go_on, through)
     return sink_leaves(b.out, b.producer_of, config)
 
 
@@ -273,9 +296,12 @@ def path_chain(idx: ForestIndex, traj: int, config: PlanConfig) -> tuple[list[Tr
     L = idx.traj_length[traj]
     d, held, producer = 0, 0, None
     while True:
-        last = L - d <= b.B - b.rho * held
-        cut = L if last else (d + b.P) // b.C * b.C
         v = next(u for u in path if idx.start[u] <= d < idx.end[u])
+        room = b._room(d, d - idx.start[v], held)
+        last = L - d <= room
+        cut = L if last else (d + (b.P if b.cr is None else int(room))) // b.C * b.C
+        if cut <= d:
+            return path_chain(idx, traj, dataclasses.replace(config, chain_retention=None))
         m = b._new(producer, v, d - idx.start[v])
         mb = b.out[m]
         for u in path:
@@ -452,7 +478,8 @@ def _chained(forest: RolloutForest, config: PlanConfig, fn: Callable[[RolloutFor
                 executed_tokens=f["tokens"], expanded_tokens=sum(idx.traj_length[t] for t in f["trajs"]),
                 cost=f["cost"]))
         return Plan(mode=mode, planner=name, dp=dp, microbatch_tokens=budget, microbatches=tuple(mbs_out),
-                    producer_retention=config.producer_retention, cost_model=cm.spec(), seed=config.seed,
+                    producer_retention=config.producer_retention, chain_retention=config.chain_retention,
+                    cost_model=cm.spec(), seed=config.seed,
                     forest=forest_digest(forest),
                     info={**info, "chains": len(chains), "nested_trees": len(nested), "heavy_trees": len(extra),
                           "chain_microbatches": sum(len(c[0]) for c in chains), "filled_leaves": filled,

@@ -267,6 +267,7 @@ def finalize_tree(
         microbatch_tokens=config.microbatch_tokens,
         microbatches=tuple(out),
         producer_retention=config.producer_retention,
+        chain_retention=config.chain_retention,
         cost_model=cm.spec(),
         seed=config.seed,
         forest=forest_digest(idx.forest),

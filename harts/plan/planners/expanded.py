@@ -56,6 +56,7 @@ def plan_expanded_ffd(forest: RolloutForest, config: PlanConfig) -> Plan:
         microbatch_tokens=budget,
         microbatches=tuple(mbs),
         producer_retention=config.producer_retention,
+        chain_retention=config.chain_retention,
         cost_model=cm.spec(),
         seed=config.seed,
         forest=forest_digest(forest),

@@ -331,7 +331,21 @@ def plan_with_chains(forest: RolloutForest, config: PlanConfig, fn: Callable[[Ro
     sub-forest, and the long and named trees are chained (module docstring). With dp > 1
     a tree-mode plan also competes, by step load, with one in which every tree holding
     more than a replica's share of the rows is a window tree that may be split over the
-    replicas (`harts.plan.planners.tree_split`)."""
+    replicas (`harts.plan.planners.tree_split`). With `config.chain_retention` set, the
+    plan with chain pieces sized by their context competes with the plan under the
+    producer charge alone (fewer microbatches, then the lighter `step_load`): pieces
+    filled from the first leave a short last piece, a microbatch the host issues whole."""
+    plan = _with_chains(forest, config, fn, name, nest)
+    if config.chain_retention is None or not plan.info.get("chains") and not plan.info.get("nested_trees"):
+        return plan
+    alt = _with_chains(forest, dataclasses.replace(config, chain_retention=None), fn, name, nest)
+    if (alt.num_microbatches, step_load(alt, config)) < (plan.num_microbatches, step_load(plan, config) * (1 - 1e-9)):
+        return alt
+    return plan
+
+
+def _with_chains(forest: RolloutForest, config: PlanConfig, fn: Callable[[RolloutForest, PlanConfig], Plan],
+                 name: str, nest: Callable[[RolloutForest, PlanConfig], list[int]] | None) -> Plan:
     plan = _chained(forest, config, fn, name, nest, [])
     if name == "expanded-ffd" or config.dp < 2 or not config.split_trees or not forest.num_trajectories:
         return plan

@@ -955,6 +955,10 @@ def family_plan_cases(draw: st.DrawFn, chunk: int = 8):
                               producer_retention=draw(st.sampled_from((0.35, 0.2, 0.5))))
 
 
+# chain pieces under the producer charge alone (None) or sized by their context
+CHAIN_RETENTIONS = st.sampled_from((None, 0.076, 0.0, 0.3))
+
+
 @st.composite
 def long_family_plan_cases(draw: st.DrawFn, chunk: int = 8):
     """A long family's drawn instance (paths past the budget it was drawn at, beside short
@@ -967,7 +971,8 @@ def long_family_plan_cases(draw: st.DrawFn, chunk: int = 8):
     forest = build_forest(shapes.draw(family, draw(st.integers(0, 50)), drawn, vocab_size=256))
     budget = max(2 * chunk, int(drawn * draw(st.floats(0.8, 1.2))))
     return forest, PlanConfig(microbatch_tokens=budget, chunk_size=chunk, dp=draw(st.integers(1, 3)),
-                              producer_retention=draw(st.sampled_from((0.35, 0.2, 0.5))))
+                              producer_retention=draw(st.sampled_from((0.35, 0.2, 0.5))),
+                              chain_retention=draw(CHAIN_RETENTIONS))
 
 
 @st.composite
@@ -982,4 +987,5 @@ def split_tree_cases(draw: st.DrawFn, chunk: int = 8):
     drawn = draw(st.sampled_from((256, 384, 512)))
     forest = build_forest(shapes.draw(family, draw(st.integers(0, 50)), drawn, vocab_size=256))
     budget = max(2 * chunk, int(drawn * draw(st.floats(0.5, 1.5))))
-    return forest, PlanConfig(microbatch_tokens=budget, chunk_size=chunk, dp=draw(st.integers(2, 4)))
+    return forest, PlanConfig(microbatch_tokens=budget, chunk_size=chunk, dp=draw(st.integers(2, 4)),
+                              chain_retention=draw(CHAIN_RETENTIONS))

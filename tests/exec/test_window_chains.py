@@ -82,6 +82,38 @@ def test_explicit_forks_match_expanded(explicit, planner):
     assert trainer.peak_retained_bytes > 0
 
 
+@pytest.mark.parametrize("planner", PLANNERS)
+def test_pieces_sized_by_their_context_match_expanded(explicit, planner):
+    # `chain_retention`: a piece cut inside a node pays the smaller of its producer's charge
+    # and chain_retention x its context rows, so the first pieces run longer than
+    # `piece_tokens`, the later ones shorter as their context grows
+    trajs, ref_model, ref = explicit
+    forest = build_forest(trajs)
+    config = PlanConfig(microbatch_tokens=BUDGET, chunk_size=CHUNK, chain_retention=0.1)
+    plan = make_plan(forest, planner, config)
+    assert plan.chain_retention == 0.1
+    base = make_plan(forest, planner, PlanConfig(microbatch_tokens=BUDGET, chunk_size=CHUNK))
+    assert plan.num_microbatches < base.num_microbatches
+    assert max(m.executed_tokens for m in plan.microbatches) > piece_tokens(config)
+    assert max(plan.memory_tokens()) <= BUDGET
+    plan.validate(forest)
+    model, _, got = _run(_config(), trajs, plan)
+    _check(ref, ref_model, got, model)
+
+
+def test_a_chain_charge_leaving_no_chunk_falls_back_to_the_producer_charge():
+    # at two chunks a budget and retention 0.9, a first piece of the whole budget (the
+    # fork at its end) leaves the stems below it less than a chunk: the chain is built
+    # under the producer charge
+    trajs = long_chain_trajectories(40, [(16, 9)], seed=2)
+    forest = build_forest(trajs)
+    kw = dict(microbatch_tokens=2 * CHUNK, chunk_size=CHUNK, producer_retention=0.9)
+    for planner in PLANNERS:
+        plan = make_plan(forest, planner, PlanConfig(**kw, chain_retention=0.05))
+        plan.validate(forest)
+        assert max(plan.memory_tokens()) <= 2 * CHUNK
+
+
 @pytest.mark.parametrize("forks", ([(28, 6), (30, 7), (60, 5)], [(27, 6), (29, 5), (31, 4), (62, 3)]))
 def test_a_piece_going_on_through_several_forks_matches_expanded(forks):
     # forks two rows apart whose branches do not fit beside the piece: the piece goes on

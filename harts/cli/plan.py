@@ -86,6 +86,10 @@ def _add_step_args(p: argparse.ArgumentParser, planning: bool = True) -> None:
     p.add_argument("--producer-retention", type=float, default=None,
                    help="memory a retained producer row costs relative to a computed row "
                         "(default 0.35: full activation recomputation)")
+    p.add_argument("--chain-retention", type=_retention_or_off, default=None, metavar="R|off",
+                   help="a chain piece (a trajectory longer than the budget, cut inside a node) pays the smaller "
+                        "of its producer's charge and R x its context rows; off: the producer charge alone "
+                        "(default: PlanConfig's)")
     p.add_argument("--time-limit", type=float, default=2.0,
                    help="ortools-ffd search limit (CP-SAT deterministic time, ~seconds; default 2)")
     p.add_argument("--plan-seed", type=int, default=0, help="seed of search-based planners (default 0)")
@@ -127,6 +131,15 @@ def _forest(args: argparse.Namespace):
     return load_forest(args)
 
 
+def _retention_or_off(text: str):
+    if text.lower() == "off":
+        return "off"
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'off', got {text!r}") from None
+
+
 def _config(args: argparse.Namespace):
     from harts.config.plan import DEFAULT_MICROBATCH_TOKENS, DEFAULT_PRODUCER_RETENTION, PlanConfig
 
@@ -139,6 +152,8 @@ def _config(args: argparse.Namespace):
             tokens = workload_config(args.workload, args.seed, args.set).microbatch_tokens
     retention = DEFAULT_PRODUCER_RETENTION if args.producer_retention is None else args.producer_retention
     extra = {} if args.microbatches_per_stage is None else {"min_microbatches_per_stage": args.microbatches_per_stage}
+    if getattr(args, "chain_retention", None) is not None:
+        extra["chain_retention"] = None if args.chain_retention == "off" else args.chain_retention
     if getattr(args, "window_floors", None):
         extra.update(_window_floors(args.window_floors, tokens))
     try:  # PlanConfig checks its fields when built

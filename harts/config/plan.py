@@ -76,6 +76,11 @@ class PlanConfig:
     lighter (`harts.plan.planners.leaves.sink_leaves`); False keeps every leaf where it was
     built.
 
+    `chain_retention`: with a number c, a chain piece cut inside a node pays the smaller of
+    the producer charge and c x its context rows (`harts.plan.memory.chain_charge`), so a
+    long chain's first pieces are longer than `piece_tokens`; None charges the producer's
+    rows alone (`DEFAULT_CHAIN_RETENTION`).
+
     `ep` (dp > 1, pp = 1): expert parallelism over groups of `ep` replicas. Their passes
     run in lockstep (`harts.plan.lockstep`), so where the planners compare finished plans
     (`chains.step_load`: split and nested trees) a group's step is its joint events,

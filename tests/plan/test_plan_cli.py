@@ -183,3 +183,22 @@ def test_make_says_when_a_tree_is_split_over_replicas(tmp_path, capsys):
     said = capsys.readouterr().out
     assert "nested windows for 1 tree: 1 with a trajectory over the budget" in said
     assert "1 tree split over replicas into 2 window trees" in said
+
+
+def test_chain_retention_sizes_the_pieces_and_off_restores_the_producer_charge(tmp_path, capsys):
+    # swe-treestep-1 at 16,384: its longest trajectory (46,635 tokens) is a chain; charged
+    # by their context its first pieces take the whole budget, fewer microbatches
+    plans = {}
+    for value in ("off", "0.076"):
+        out = tmp_path / f"{value}.json"
+        assert main(["plan", "--planner", "l1l2", "--workload", "swe-treestep-1", "--microbatch-tokens", "16384",
+                     "--chain-retention", value, "--out", str(out)]) == 0
+        plans[value] = Plan.load(out)
+    assert plans["off"].chain_retention is None and plans["0.076"].chain_retention == 0.076
+    assert plans["0.076"].num_microbatches < plans["off"].num_microbatches
+    assert max(m.executed_tokens for m in plans["0.076"].microbatches) == 16384
+    assert max(plans["0.076"].memory_tokens()) <= 16384
+    capsys.readouterr()
+    assert main(["plan", "--planner", "l1l2", "--workload", "swe-treestep-1", "--chain-retention", "x",
+                 "--out", str(tmp_path / "x.json")]) == 2
+    assert "expected a number or 'off'" in capsys.readouterr().err

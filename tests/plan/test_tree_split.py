@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from harts.config.plan import PlanConfig
 from harts.plan.planners import make_plan
-from harts.plan.planners.chains import heavy_trees, lockstep_load, step_load
-from harts.plan.planners.common import ForestIndex, floored_load
+from harts.plan.planners.chains import heavy_trees, step_load
+from harts.plan.planners.common import ForestIndex, floored_load, lockstep_load
 from harts.plan.planners.tree_split import group_trajectories
 from harts.tree import build_forest, shapes
 from tests.strategies import long_chain_trajectories, split_tree_cases

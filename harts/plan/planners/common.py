@@ -461,3 +461,48 @@ def sub_forest(forest: RolloutForest, roots: list[int], trajs: list[int] | None 
         traj_node=new_id[forest.traj_node[tmap]],
     )
     return sub, keep, tmap
+
+
+def step_load(plan: Plan, config: PlanConfig) -> float:
+    """A finished plan's step in the planners' load units: without a pipeline the
+    heaviest replica's `floored_load` (its loads summed, each at least its microbatch
+    floor), or with expert parallelism (`config.ep` > 1) the heaviest EP group's
+    `lockstep_load`; with a pipeline the pipelined critical path of its slot loads."""
+    if config.pp <= 1:
+        if config.ep > 1:
+            return lockstep_load(plan, config)
+        return floored_load(plan.microbatches, config)
+    from harts.plan.metrics import slot_loads
+
+    loads = slot_loads(plan).T.tolist()
+    ff = config.cost_model.forward_fraction
+    ends = [pipeline_ends(row, ff) for row in loads]
+    return pipelined_critical_path(loads, config.pp, ends)
+
+
+def lockstep_load(plan: Plan, config: PlanConfig) -> float:
+    """The heaviest EP group's step in load units: its joint events (`harts.plan.lockstep`,
+    as the executor and the simulator run them), each its kind's share (forward
+    `forward_fraction`, backward the rest, forward-backward all) of its longest pass; a
+    pass is a microbatch's floored load (`floored_loads`), a shadow's the microbatch
+    floor."""
+    from harts.plan.lockstep import joint_events
+
+    mbs = plan.microbatches
+    load = dict(zip((m.id for m in mbs), floored_loads(mbs, config), strict=True))
+    ff = config.cost_model.forward_fraction
+    share = {"F": ff, "B": 1.0 - ff, "FB": 1.0}
+    worst = 0.0
+    for first in range(0, plan.dp, config.ep):
+        group = range(first, min(first + config.ep, plan.dp))
+        if not any(m.replica in group for m in mbs):
+            continue
+        total = 0.0
+        for e in joint_events(mbs, group):
+            passes = [load[i] for i in e.members.values()]
+            if len(e.members) < len(group):
+                passes.append(config.microbatch_floor)
+            total += share[e.kind] * max(passes)
+        worst = max(worst, total)
+    return worst
+

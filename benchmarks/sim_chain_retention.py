@@ -13,7 +13,9 @@ expanded-ffd plan are simulated on one GPU of the profile (executor cost model, 
 stashes' rule at its default) with `chain_retention` None (the producer charge alone) and at
 each of `--retentions`: microbatches, step time over the unsplit step of the same rows (one
 microbatch, the budget raised to the rows), and the window plan's peak over the expanded
-step's under the same retention (the window suite's memory target) and under None. The
+step's under the same retention (the window suite's memory target) and under None, and a
+single trajectory's peak over an ordinary step of its budget (four trajectories of B - 768
+tokens, expanded). The
 simulator's peaks are within 3.7% of the measured window and chain steps
 (docs/BENCHMARKS.md, "The simulator's memory against measured peaks").
 """
@@ -62,6 +64,21 @@ def instance(name: str, vocab: int):
     return shapes.draw(family, seed, budget, vocab_size=vocab), budget
 
 
+def ordinary_peak(budget: int, model, hw) -> float:
+    """The simulated peak of an ordinary step at `budget`: four trajectories of budget - 768
+    tokens, expanded (benchmarks/sim_chain_memory.py's reference)."""
+    trajs = []
+    for i in range(4):
+        mask = np.ones(budget - 768, bool)
+        mask[0] = False
+        trajs.append(Trajectory.make(f"o{i}", f"o{i}", np.random.default_rng(i).integers(1, model.vocab_size,
+                                                                                        budget - 768),
+                                     loss_mask=mask, advantage=1.0))
+    forest = build_forest(trajs)
+    plan = make_plan(forest, "expanded-ffd", PlanConfig(microbatch_tokens=budget, chunk_size=model.chunk_size))
+    return _sim(plan, forest, model, hw)["peak_bytes"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hardware", default="h100")
@@ -70,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", default="long-agent,long-group")
     ap.add_argument("--seeds", default="0,1,2,3,4,5")
     ap.add_argument("--budgets", default="8192,16384,32768")
-    ap.add_argument("--chains", default="chain40k@16384,chain64k@16384,chain96k@16384,single131k@32768,"
-                                        "single196k@32768,single262k@32768")
+    ap.add_argument("--chains", default="chain32k@16384,chain64k@16384,chain96k@16384,chain256k@16384,"
+                                        "single64k@32768,single131k@32768,single196k@32768,single262k@32768,"
+                                        "single512k@32768")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     model, hw = get_model_config(args.model), load_hardware(args.hardware)
@@ -98,10 +116,19 @@ def main(argv: list[str] | None = None) -> int:
         base_e = r["by_retention"]["None"]["expanded"]["peak_bytes"]
         for v in r["by_retention"].values():
             v["peak_over_expanded_none"] = v["windows"]["peak_bytes"] / base_e
+        if "/" not in name:  # one long trajectory: against an ordinary step of the budget
+            r["ordinary_peak_bytes"] = ordinary_peak(budget, model, hw)
+            for v in r["by_retention"].values():
+                v["peak_over_ordinary"] = v["windows"]["peak_bytes"] / r["ordinary_peak_bytes"]
         rows.append(r)
         print(f"{name:24s} {rows_n:7d}  " + "  ".join(
             f"{v['windows']['microbatches']:14d} {v['over_unsplit']:9.3f} {v['peak_over_expanded']:9.3f} "
             f"{v['peak_over_expanded_none']:14.3f}" for v in r["by_retention"].values()), flush=True)
+    chains = [r for r in rows if "ordinary_peak_bytes" in r]
+    if chains:
+        print("\none trajectory, peak / ordinary step of the budget: " + ", ".join(
+            f"{r['instance']} " + " -> ".join(f"{v['peak_over_ordinary']:.3f}" for v in r["by_retention"].values())
+            for r in chains))
     print("\nmean (max) window step / unsplit, and max peak / expanded (same retention), per group")
     groups: dict = {}
     for r in rows:

@@ -39,9 +39,9 @@ from harts.tree import build_forest, shapes  # noqa: E402
 UNSPLIT_BUDGET = 131072
 
 
-def row(instance: str, forest, budget: int, model, hw) -> dict:
+def row(instance: str, forest, budget: int, model, hw, **fields) -> dict:
     chunk = model.chunk_size
-    config = PlanConfig(microbatch_tokens=budget, chunk_size=chunk, **plan_floors(model, hw, budget))
+    config = PlanConfig(microbatch_tokens=budget, chunk_size=chunk, **plan_floors(model, hw, budget), **fields)
     unsplit = make_plan(forest, "l1l2", PlanConfig(microbatch_tokens=max(UNSPLIT_BUDGET, forest.compact_tokens),
                                                    chunk_size=chunk))
     out = {"instance": instance, "rows": int(forest.compact_tokens),
@@ -65,15 +65,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", default=",".join(shapes.LONG_FAMILIES))
     ap.add_argument("--seeds", default=",".join(str(s) for s in range(12)))
     ap.add_argument("--budgets", default="8192,16384,32768")
+    ap.add_argument("--chain-retention", default=None, metavar="R|off",
+                    help="PlanConfig.chain_retention of every plan (default: PlanConfig's)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    fields = {} if args.chain_retention is None else {
+        "chain_retention": None if args.chain_retention == "off" else float(args.chain_retention)}
     model, hw = get_model_config(args.model), load_hardware(args.hardware)
     rows = []
     for fam in args.families.split(","):
         for budget in (int(b) for b in args.budgets.split(",")):
             for seed in (int(s) for s in args.seeds.split(",")):
                 forest = build_forest(shapes.draw(fam, seed, budget, vocab_size=model.vocab_size))
-                r = row(f"{fam}/{seed}@{budget}", forest, budget, model, hw)
+                r = row(f"{fam}/{seed}@{budget}", forest, budget, model, hw, **fields)
                 rows.append(r)
                 if r["kept"]["microbatches"] != r["sunk"]["microbatches"] or abs(r["change"]) > 1e-9:
                     k, s = r["kept"], r["sunk"]

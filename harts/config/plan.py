@@ -26,7 +26,9 @@ DEFAULT_PRODUCER_RETENTION = 0.35
 # transient of reading them (about 0.02 more, single131k's activation peak against an
 # ordinary 32k step's). A chain piece pays the smaller of this x its context rows and the
 # producer charge above (`harts.plan.memory.chain_charge`); None: the producer charge alone.
-DEFAULT_CHAIN_RETENTION: float | None = None
+# Simulated over the long families and single trajectories it takes the step 3-4% closer to
+# the unsplit one at 16k (benchmarks/results/sim/2026-12-07-717e380-chain-retention-h100.json).
+DEFAULT_CHAIN_RETENTION: float | None = 0.076
 
 # Pipeline fill. With pp stages a 1F1B pipeline runs pp warm-up forwards on its first stage
 # before the first backward, so a replica needs at least pp microbatches for every stage to

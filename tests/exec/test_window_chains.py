@@ -42,8 +42,8 @@ def _run(cfg, trajs, plan=None, dtype=torch.float64, loss=LOSS):
     return model, trainer, trainer.forward_backward(trajs, 1 << 20)
 
 
-def _plan(trajs, planner, budget=BUDGET):
-    return make_plan(build_forest(trajs), planner, PlanConfig(microbatch_tokens=budget, chunk_size=CHUNK))
+def _plan(trajs, planner, budget=BUDGET, **fields):
+    return make_plan(build_forest(trajs), planner, PlanConfig(microbatch_tokens=budget, chunk_size=CHUNK, **fields))
 
 
 def _check(ref, ref_model, got, got_model):
@@ -92,7 +92,7 @@ def test_pieces_sized_by_their_context_match_expanded(explicit, planner):
     config = PlanConfig(microbatch_tokens=BUDGET, chunk_size=CHUNK, chain_retention=0.1)
     plan = make_plan(forest, planner, config)
     assert plan.chain_retention == 0.1
-    base = make_plan(forest, planner, PlanConfig(microbatch_tokens=BUDGET, chunk_size=CHUNK))
+    base = make_plan(forest, planner, PlanConfig(microbatch_tokens=BUDGET, chunk_size=CHUNK, chain_retention=None))
     assert plan.num_microbatches < base.num_microbatches
     assert max(m.executed_tokens for m in plan.microbatches) > piece_tokens(config)
     assert max(plan.memory_tokens()) <= BUDGET
@@ -124,14 +124,15 @@ def test_a_piece_going_on_through_several_forks_matches_expanded(forks):
 
     trajs = long_chain_trajectories(84, forks, seed=4)
     forest = build_forest(trajs)
-    config = PlanConfig(microbatch_tokens=BUDGET, chunk_size=CHUNK)
+    # pieces of `piece_tokens` rows throughout (the producer charge alone)
+    config = PlanConfig(microbatch_tokens=BUDGET, chunk_size=CHUNK, chain_retention=None)
     idx = ForestIndex(forest, config.cost_model)
     mbs, _ = chain_windows(idx, int(forest.roots[0]), config, go_on=True, through=True)
     trunk_nodes = [len([v for v in m.rows if len(idx.children[v]) > 1]) for m in mbs]
     assert max(trunk_nodes) >= 2, "a piece spanning two forks"
     assert any(len({idx.parent[v] for v in m.rows if idx.parent[v] not in m.rows}) > 1 for m in mbs), \
         "a leaf holding branches of two forks"
-    plan = _plan(trajs, "l1l2")
+    plan = make_plan(forest, "l1l2", config)
     assert plan.num_microbatches == len(mbs)
     ref_model, _, ref = _run(_config(), trajs)
     model, _, got = _run(_config(), trajs, plan)
@@ -146,7 +147,8 @@ def test_fork_branches_sunk_into_a_later_leaf_match_expanded(planner, dtype):
     # (`harts.plan.planners.leaves.sink_leaves`), which reads them through the chain's
     # stashes (the fork rows, the states and replayed inputs where a branch starts)
     trajs = long_chain_trajectories(200, [(30, 6), (75, 9), (120, 7), (165, 8)], seed=1)
-    config = PlanConfig(microbatch_tokens=64, chunk_size=CHUNK, microbatch_floor=40, consumer_floor=10)
+    config = PlanConfig(microbatch_tokens=64, chunk_size=CHUNK, microbatch_floor=40, consumer_floor=10,
+                        chain_retention=None)
     plan = make_plan(build_forest(trajs), planner, config)
     assert plan.info["sunk_leaves"] == 2
     cfg = _config()
@@ -324,7 +326,7 @@ def test_the_simulator_moves_the_stashes_the_executor_moves(explicit, budgets):
     from harts.plan.step import outer_stashes_on_host
 
     trajs = explicit[0]
-    plan = _plan(trajs, "l1l2")
+    plan = _plan(trajs, "l1l2", chain_retention=None)  # pieces of `piece_tokens` rows, eight deep
     model = build_model(_config(), seed=3, dtype=torch.float64, recompute=True)
     trainer = PlanTrainer(model, plan, loss=LOSS, kernels=KernelConfig(chain_stash_device_budgets=budgets))
     trainer.forward_backward(trajs, 1 << 20)

@@ -48,7 +48,7 @@ def test_long_agent_short_trajectories_ride_in_a_consumer():
     # long-agent/1 at 16k: 1-3 short trajectories (8,052 rows) beside a long agent tree;
     # they fill one of its leaves
     forest = build_forest(shapes.draw("long-agent", 1, 16384, vocab_size=1024))
-    plan = make_plan(forest, "l1l2", PlanConfig(microbatch_tokens=16384, chunk_size=64))
+    plan = make_plan(forest, "l1l2", PlanConfig(microbatch_tokens=16384, chunk_size=64, chain_retention=None))
     # every microbatch left is the window tree's: the short trees' own one is gone
     assert plan.info["filled_leaves"] == 1 and len(plan.microbatches) == plan.info["chain_microbatches"]
     plain, _ = _plain_and_leaves(plan)

@@ -34,7 +34,8 @@ def test_branches_of_four_forks_share_a_leaf(planner):
     # leaf, and the short tree beside the trunk fills the room one of them left
     forest = build_forest(long_chain_trajectories(200, [(30, 6), (75, 9), (120, 7), (165, 8)], seed=1))
     # floors (token equivalents of the host's time a microbatch) under which a leaf moves
-    config = PlanConfig(microbatch_tokens=64, chunk_size=8, microbatch_floor=40, consumer_floor=10)
+    config = PlanConfig(microbatch_tokens=64, chunk_size=8, microbatch_floor=40, consumer_floor=10,
+                        chain_retention=None)
     plan = make_plan(forest, planner, config)
     before = _unsunk(forest, planner, config)
     plan.validate(forest, budget=64)
@@ -51,15 +52,18 @@ def test_long_agent_12_at_16k():
     # three branch consumers of 2.8-4.6k rows under three pieces become one under the last
     forest = build_forest(shapes.draw("long-agent", 12, 16384, vocab_size=1024))
     floors = plan_floors(get_model_config("tiny-h200"), "h100", 16384)  # `harts train`'s on an H100
-    config = PlanConfig(microbatch_tokens=16384, chunk_size=64, **floors)
+    config = PlanConfig(microbatch_tokens=16384, chunk_size=64, **floors, chain_retention=None)
     plan = make_plan(forest, "l1l2", config)
     plan.validate(forest, budget=16384)
     assert len(plan.microbatches) == 5 and len(_unsunk(forest, "l1l2", config).microbatches) == 7
+    # pieces sized by their context (the default chain charge) reach 5 without sinking
+    charged = dataclasses.replace(config, chain_retention=0.076)
+    assert len(_unsunk(forest, "l1l2", charged).microbatches) == 5
     # over replicas or pipeline stages (which the floors do not price) none moves either
     for spread in ({"dp": 2}, {"pp": 2}):
         assert "sunk_leaves" not in make_plan(forest, "l1l2", dataclasses.replace(config, **spread)).info
     # without floors no leaf is known to be host-paced, and none moves
-    bare = PlanConfig(microbatch_tokens=16384, chunk_size=64)
+    bare = PlanConfig(microbatch_tokens=16384, chunk_size=64, chain_retention=None)
     assert make_plan(forest, "l1l2", bare).microbatches == _unsunk(forest, "l1l2", bare).microbatches
 
 
@@ -92,7 +96,7 @@ def test_the_benchmark_prices_both_plans(tmp_path):
 
     out = tmp_path / "sink.json"
     assert bench_chain_sink.main(["--families", "long-agent", "--seeds", "12", "--budgets", "16384",
-                                  "--json", str(out)]) == 0
+                                  "--chain-retention", "off", "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     assert "git_revision" in got["provenance"] and got["hardware"] == "h100"
     (row,) = got["rows"]

@@ -21,6 +21,7 @@ from harts.exec.loss import PolicyLossConfig
 from harts.exec.model.model import build_model
 from harts.exec.trainer import ExpandedTrainer
 from harts.exec.window import PlanTrainer
+from harts.plan.memory import chain_charge, continues
 from harts.plan.planners import PlanConfig, make_plan
 from harts.plan.planners.l1l2 import pipeline
 from harts.tree import build_forest, shapes
@@ -95,7 +96,10 @@ def test_memory_rule_charges_only_the_rows_consumers_read():
     mem = plan.memory_tokens()
     for m in plan.microbatches:
         if m.producer is not None:
-            assert mem[m.id] == pytest.approx(m.executed_tokens + plan.producer_retention * plan.read_rows(m.producer))
+            charge = plan.producer_retention * plan.read_rows(m.producer)
+            if plan.chain_retention is not None and continues(m.pieces, plan.microbatches[m.producer].pieces):
+                charge = chain_charge(charge, plan.chain_retention, sum(e - a for _, a, e in m.context))
+            assert mem[m.id] == pytest.approx(m.executed_tokens + charge)
 
 
 @pytest.mark.parametrize(("family", "seed", "budget"), [("bushy", 1, 256), ("stepwise", 0, 256), ("grpo", 0, 256)])

@@ -149,8 +149,10 @@ def test_make_says_which_trees_run_as_nested_windows(tmp_path, capsys):
 
 
 def test_make_says_when_short_trees_join_a_window_trees_leaves(tmp_path, capsys):
-    # long-agent/1 at 16k: its short trajectories ride in the first fork's consumer
-    argv = _shape_plan_argv(tmp_path, capsys, "long-agent/1@16384", "--microbatch-tokens", "16384")
+    # long-agent/1 at 16k, pieces of `piece_tokens` rows: its short trajectories ride in the
+    # first fork's consumer
+    argv = _shape_plan_argv(tmp_path, capsys, "long-agent/1@16384", "--microbatch-tokens", "16384",
+                            "--chain-retention", "off")
     assert main([*argv, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["filled_leaves"] == 1
     assert main(argv) == 0

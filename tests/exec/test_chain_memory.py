@@ -28,7 +28,9 @@ SLACK = 1.25  # a window may keep this much more per row than the chain's first
 
 def _windows(n: int):
     (traj,) = long_chain_trajectories(PIECE * n, [], seed=1)[:1]
-    plan = make_plan(build_forest([traj]), "l1l2", PlanConfig(microbatch_tokens=BUDGET, chunk_size=CHUNK))
+    # pieces of `piece_tokens` rows throughout (the producer charge alone): equal pieces
+    plan = make_plan(build_forest([traj]), "l1l2", PlanConfig(microbatch_tokens=BUDGET, chunk_size=CHUNK,
+                                                              chain_retention=None))
     assert len(plan.microbatches) == n
     cfg = get_model_config("tiny-cpu").replace(num_layers=2, kda_per_mla=1, chunk_size=CHUNK, aux_scope="global")
     model = build_model(cfg, seed=3, dtype=torch.float32)

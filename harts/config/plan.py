@@ -27,7 +27,9 @@ DEFAULT_PRODUCER_RETENTION = 0.35
 # ordinary 32k step's). A chain piece pays the smaller of this x its context rows and the
 # producer charge above (`harts.plan.memory.chain_charge`); None: the producer charge alone.
 # Simulated over the long families and single trajectories it takes the step 3-4% closer to
-# the unsplit one at 16k (benchmarks/results/sim/2026-12-07-717e380-chain-retention-h100.json).
+# the unsplit one at 16k (benchmarks/results/sim/2026-12-07-717e380-chain-retention-h100.json);
+# measured on the 64k chain at 16k, 5 pieces instead of 6, 1.7% faster at a 1.9% lower peak
+# (benchmarks/results/chains/2026-12-08-c1ab792-chain64k-chain-retention-ab-h100.json).
 DEFAULT_CHAIN_RETENTION: float | None = 0.076
 
 # Pipeline fill. With pp stages a 1F1B pipeline runs pp warm-up forwards on its first stage
@@ -80,8 +82,8 @@ class PlanConfig:
 
     `chain_retention`: with a number c, a chain piece cut inside a node pays the smaller of
     the producer charge and c x its context rows (`harts.plan.memory.chain_charge`), so a
-    long chain's first pieces are longer than `piece_tokens`; None charges the producer's
-    rows alone (`DEFAULT_CHAIN_RETENTION`).
+    long chain's first pieces are longer than `piece_tokens` (default 0.076,
+    `DEFAULT_CHAIN_RETENTION`); None charges the producer's rows alone.
 
     `ep` (dp > 1, pp = 1): expert parallelism over groups of `ep` replicas. Their passes
     run in lockstep (`harts.plan.lockstep`), so where the planners compare finished plans

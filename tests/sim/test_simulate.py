@@ -218,3 +218,24 @@ def test_the_chain_memory_benchmark_compares_the_rules(tmp_path, monkeypatch):
                                   "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     assert row["instance"] == "long-agent/12@16384" and row["all"]["peak_over_expanded"] < row["off"]["peak_over_expanded"]
+
+
+def test_the_chain_retention_benchmark_prices_both_charges(tmp_path):
+    """benchmarks/sim_chain_retention.py: each instance's floored window plan and expanded
+    plan simulated with the producer charge alone and with a chain charge, written with
+    provenance; the 64k chain at 16k takes a piece fewer under the charge, no slower."""
+    import json
+
+    from benchmarks import sim_chain_retention
+
+    out = tmp_path / "cr.json"
+    assert sim_chain_retention.main(["--families", "long-agent", "--seeds", "12", "--budgets", "16384",
+                                     "--chains", "chain64k@16384", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert list(got)[:2] == ["annotation", "provenance"] and got["retentions"] == [None, 0.076]
+    agent, chain = got["rows"]
+    assert agent["instance"] == "long-agent/12@16384" and "ordinary_peak_bytes" not in agent
+    by = chain["by_retention"]
+    assert (by["None"]["windows"]["microbatches"], by["0.076"]["windows"]["microbatches"]) == (6, 5)
+    assert by["0.076"]["over_unsplit"] < by["None"]["over_unsplit"]
+    assert by["0.076"]["peak_over_ordinary"] > 0 and by["0.076"]["peak_over_expanded"] > 0

@@ -87,7 +87,7 @@ class PlanConfig:
 
     `ep` (dp > 1, pp = 1): expert parallelism over groups of `ep` replicas. Their passes
     run in lockstep (`harts.plan.lockstep`), so where the planners compare finished plans
-    (`chains.step_load`: split and nested trees) a group's step is its joint events,
+    (`common.step_load`: split and nested trees) a group's step is its joint events,
     each as long as its longest pass; 1 (default) prices each replica alone."""
 
     dp: int = 1

@@ -9,7 +9,7 @@ window tree of its own, puts the tree's work on several replicas at the price of
 computing the rows the groups share once per group (each copy an independent
 computation weighted by its own group's trajectories, as L1's recomputed paths are).
 `plan_with_chains` builds the split for 2 .. dp groups and keeps it where the finished
-plan's step load (`chains.step_load`) is lower.
+plan's step load (`common.step_load`) is lower.
 
 Groups are drawn two ways (`group_trajectories`): contiguous in the tree's depth-first
 order of trajectory ends, so a group's paths share as much as they can, cut where the rows

@@ -31,6 +31,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sim_chain_memory import _traj  # noqa: E402  (benchmarks/sim_chain_memory.py)
 
 from harts.bench.provenance import write_result  # noqa: E402
 from harts.config.models import get_model_config  # noqa: E402
@@ -42,7 +45,6 @@ from harts.sim.executor import plan_floors  # noqa: E402
 from harts.sim.hardware import load_hardware  # noqa: E402
 from harts.sim.simulate import simulate  # noqa: E402
 from harts.tree import build_forest, shapes  # noqa: E402
-from harts.tree.trajectory import Trajectory  # noqa: E402
 
 
 def _sim(plan, forest, model, hw) -> dict:
@@ -55,10 +57,7 @@ def instance(name: str, vocab: int):
     """(trajectories, budget) of `family/seed@budget` or `chain<N>k@B` / `single<N>k@B`."""
     if m := re.fullmatch(r"(?:chain|single)(\d+)k@(\d+)", name):
         n = int(m.group(1)) * 1024
-        tokens = np.random.default_rng(n).integers(1, vocab, n)
-        mask = np.ones(n, bool)
-        mask[0] = False
-        return [Trajectory.make("long", "g", tokens, loss_mask=mask, advantage=1.0)], int(m.group(2))
+        return [_traj("long", np.random.default_rng(n).integers(1, vocab, n))], int(m.group(2))
     family, rest = name.split("/")
     seed, budget = (int(x) for x in rest.split("@"))
     return shapes.draw(family, seed, budget, vocab_size=vocab), budget
@@ -67,13 +66,7 @@ def instance(name: str, vocab: int):
 def ordinary_peak(budget: int, model, hw) -> float:
     """The simulated peak of an ordinary step at `budget`: four trajectories of budget - 768
     tokens, expanded (benchmarks/sim_chain_memory.py's reference)."""
-    trajs = []
-    for i in range(4):
-        mask = np.ones(budget - 768, bool)
-        mask[0] = False
-        trajs.append(Trajectory.make(f"o{i}", f"o{i}", np.random.default_rng(i).integers(1, model.vocab_size,
-                                                                                        budget - 768),
-                                     loss_mask=mask, advantage=1.0))
+    trajs = [_traj(f"o{i}", np.random.default_rng(i).integers(1, model.vocab_size, budget - 768)) for i in range(4)]
     forest = build_forest(trajs)
     plan = make_plan(forest, "expanded-ffd", PlanConfig(microbatch_tokens=budget, chunk_size=model.chunk_size))
     return _sim(plan, forest, model, hw)["peak_bytes"]

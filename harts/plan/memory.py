@@ -37,12 +37,12 @@ def memory_tokens(plan: Any) -> list[float]:
                 if mb.id not in inner or inner[mb.id][0] < prod.order:
                     inner[mb.id] = (prod.order, p)
     read = {p: read_rows(plan, p) for p in {p for _, p in inner.values()}}
-    cr = getattr(plan, "chain_retention", None)
     for m, (_, p) in inner.items():
         charge = plan.producer_retention * read[p]
         mb = mbs[m]
-        if cr is not None and mb.producer == p and continues(mb.pieces, mbs[p].pieces):
-            charge = chain_charge(charge, cr, sum(e - a for _, a, e in mb.context))
+        if mb.producer == p:
+            charge = consumer_charge(charge, plan.chain_retention, mb.pieces, mbs[p].pieces,
+                                     sum(e - a for _, a, e in mb.context))
         mem[m] += charge
     return mem
 
@@ -52,6 +52,16 @@ def continues(pieces, producer_pieces) -> bool:
     where its producer's rows (`producer_pieces`) end: a chain piece cut inside a node."""
     ends = {(v, e) for v, _, e in producer_pieces}
     return any(a > 0 and (v, a) in ends for v, a, _ in pieces)
+
+
+def consumer_charge(producer_charge: float, chain_retention: float | None, pieces, producer_pieces,
+                    context_rows: int) -> float:
+    """What a consumer with `pieces` pays beside its rows under its producer (computing
+    `producer_pieces`): the producer's charge, or where `chain_retention` is set and the
+    consumer `continues` the producer's rows, the `chain_charge` over its `context_rows`."""
+    if chain_retention is not None and continues(pieces, producer_pieces):
+        return chain_charge(producer_charge, chain_retention, context_rows)
+    return producer_charge
 
 
 def chain_charge(producer_charge: float, chain_retention: float, context_rows: int) -> float:

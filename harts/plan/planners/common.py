@@ -505,4 +505,3 @@ def lockstep_load(plan: Plan, config: PlanConfig) -> float:
             total += share[e.kind] * max(passes)
         worst = max(worst, total)
     return worst
-

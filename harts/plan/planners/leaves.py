@@ -11,7 +11,7 @@ produce for none) once `harts.plan.planners.chains` has built its window trees.
 from __future__ import annotations
 
 from harts.config.plan import PlanConfig
-from harts.plan.memory import chain_charge, continues
+from harts.plan.memory import consumer_charge
 from harts.plan.planners.common import TreeMB
 
 __all__ = ["fill_leaves", "sink_leaves", "sinks"]
@@ -79,12 +79,11 @@ def sink_leaves(mbs: list[TreeMB], producer_of: list[int | None], config: PlanCo
             if j == i or j in gone or producer_of[i] not in chain_above[j]:
                 continue
             p = mbs[producer_of[j]]
-            charge = rho * p.tokens
-            if config.chain_retention is not None and continues(_pieces(mbs[j]), _pieces(p)):
-                ctx = dict(mbs[j].context)
-                for u, (_, e) in L.context.items():
-                    ctx[u] = (0, max(e, ctx.get(u, (0, 0))[1]))
-                charge = chain_charge(charge, config.chain_retention, sum(e - a for a, e in ctx.values()))
+            ctx = dict(mbs[j].context)  # the merged leaf's context: the longer of each root path
+            for u, (_, e) in L.context.items():
+                ctx[u] = (0, max(e, ctx.get(u, (0, 0))[1]))
+            charge = consumer_charge(rho * p.tokens, config.chain_retention, _pieces(mbs[j]), _pieces(p),
+                                     sum(e - a for a, e in ctx.values()))
             room = B - charge - mbs[j].tokens - L.tokens
             if room >= 0 and all(_covered(p, u) >= e for u, (_, e) in L.context.items()):
                 fits.append((room, -j, j))
@@ -129,9 +128,8 @@ def fill_leaves(out: list[tuple[int, int, dict]], frozen: list, config: PlanConf
         if i in producer_of:
             continue
         p = producer_of[i]
-        charge = rho * (fz[p][3] if p is not None else 0)
-        if p is not None and config.chain_retention is not None and continues(fz[i][0], fz[p][0]):
-            charge = chain_charge(charge, config.chain_retention, sum(e - a for _, a, e in fz[i][1]))
+        charge = 0.0 if p is None else consumer_charge(rho * fz[p][3], config.chain_retention, fz[i][0], fz[p][0],
+                                                       sum(e - a for _, a, e in fz[i][1]))
         leaves.append([r, f, B - charge - f["tokens"]])
     moved = set()
     for r, o, m in sorted(plain, key=lambda x: (-x[2].executed_tokens, x[0], x[1])):
